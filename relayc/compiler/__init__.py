@@ -1,0 +1,1 @@
+"""Code generation: annotated graph -> generated Python module, the writer and the targets."""

@@ -1,0 +1,1 @@
+"""Shared verify kernels: Triton kernels, vectorised torch paths and plain-torch references."""

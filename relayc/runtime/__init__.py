@@ -1,0 +1,1 @@
+"""What generated modules import at run time: device helpers, events, graph runner."""
