@@ -1,0 +1,136 @@
+"""The `relayc` command line.
+
+Exit codes: 0 success, 1 spec errors (printed as ``path:line:col: error: ...``),
+2 usage errors (bad arguments, unreadable files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from relayc.specs.errors import SpecErrors
+
+EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A command-line mistake: reported in one line, exit code 2."""
+
+
+def _existing_files(paths: Sequence[str]) -> list[Path]:
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise UsageError(f"no such spec file: {', '.join(missing)}")
+    return [Path(p) for p in paths]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from relayc.specs.loader import Library, display_path, load_document
+
+    failed = False
+    for path in _existing_files(args.specs):
+        try:
+            document = load_document(path)
+        except SpecErrors as exc:
+            print(exc.render(), file=sys.stderr)
+            failed = True
+            continue
+        if not args.quiet:
+            what = (
+                f"library `{document.name}`"
+                if isinstance(document, Library)
+                else f"algorithm `{document.algorithm}`, {len(document.steps)} steps"
+            )
+            print(f"{display_path(path)}: ok ({what}, {len(document.fields)} fields)")
+    return EXIT_SPEC_ERRORS if failed else EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from relayc.specs.explain import explain
+    from relayc.specs.loader import load_document
+
+    failed = False
+    for i, path in enumerate(_existing_files(args.specs)):
+        try:
+            document = load_document(path)
+        except SpecErrors as exc:
+            print(exc.render(), file=sys.stderr)
+            failed = True
+            continue
+        if i:
+            print()
+        print(explain(document))
+    return EXIT_SPEC_ERRORS if failed else EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from relayc.specs.jsonschema import spec_json_schema
+
+    text = json.dumps(spec_json_schema(), indent=2, sort_keys=True) + "\n"
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="relayc",
+        description="Compile relay-state specs for overlapped speculative decoding.",
+        epilog="Exit codes: 0 ok, 1 spec errors, 2 usage errors.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser(
+        "validate",
+        help="check spec files and report every error",
+        description="Validate spec files; every error is printed as "
+        "path:line:col: error: message (hint).",
+    )
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec YAML files")
+    p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser(
+        "explain",
+        help="print a readable table of a spec",
+        description="Print the dims, engine inputs, relay fields and steps of each spec.",
+    )
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec YAML files")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of the spec format",
+        description="Print the JSON Schema of spec files, for YAML editors "
+        "(see the README: 'Editor support').",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.set_defaults(func=cmd_schema)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except UsageError as exc:
+        print(f"relayc {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

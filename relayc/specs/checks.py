@@ -1,0 +1,452 @@
+"""Cross-reference checks of a spec: what pydantic's per-entity validation cannot see.
+
+Dims named by shapes, imports, names defined twice, values a step reads that no
+one provides, stash targets, host/device placement and capture buckets.
+Dataflow across iterations (a relay field read but never stashed, a field
+stashed but never read, dtype/shape agreement between ops and fields) is the
+graph passes' job (:mod:`relayc.graph.passes`), which run on a spec these
+checks accepted.
+"""
+
+from __future__ import annotations
+
+from relayc.specs.errors import SpecError, did_you_mean, join_hints, quoted_list
+from relayc.specs.loader import Parts, Spec
+from relayc.specs.schema import (
+    FLOAT_DTYPES,
+    REF_KINDS,
+    Dim,
+    Input,
+    RelayField,
+    Step,
+    fill_fits_dtype,
+)
+from relayc.specs.yamlsrc import Path
+
+_LIBRARY_KEYS = ("library", "version", "description", "dims", "inputs", "fields")
+
+
+def check_library(lib: Parts, errors: list[SpecError]) -> None:
+    """Checks of a library file on its own."""
+    for key in sorted(lib.has - set(_LIBRARY_KEYS)):
+        errors.append(
+            SpecError(
+                lib.index.key((key,)),
+                f"a library cannot have `{key}`",
+                f"a library holds only {quoted_list(_LIBRARY_KEYS[3:])}; move `{key}` to an "
+                "algorithm spec",
+            )
+        )
+    _check_definitions(lib, lib.dims, errors)
+
+
+def check_algorithm(
+    parts: Parts,
+    libraries: dict[str, tuple[Parts, str]],
+    errors: list[SpecError],
+    content_hash: str,
+) -> Spec | None:
+    """Checks of an algorithm spec; returns the resolved Spec when the file is whole."""
+    index = parts.index
+    if parts.library is not None:
+        if parts.algorithm is not None:
+            errors.append(
+                SpecError(
+                    index.key(("library",)),
+                    "a file is either an `algorithm` or a `library`, not both",
+                    "remove one of the two keys",
+                )
+            )
+        else:
+            check_library(parts, errors)
+        return None
+    if parts.algorithm is None:
+        if "algorithm" not in parts.has:
+            errors.append(
+                SpecError(
+                    index.value(()),
+                    "the spec does not say what it describes",
+                    "add `algorithm: <name>` (or `library: <name>` for a file "
+                    "of shared definitions)",
+                )
+            )
+        return None
+    for key in ("prefill", "steps", "capture"):
+        if key not in parts.has:
+            errors.append(
+                SpecError(
+                    index.value(()),
+                    f"algorithm `{parts.algorithm}` is missing `{key}`",
+                    _MISSING_HINTS[key],
+                )
+            )
+    if "steps" in parts.has and not parts.steps and ("file", "partial") not in parts.broken:
+        errors.append(
+            SpecError(
+                index.key(("steps",)),
+                "`steps` is empty",
+                "a decode iteration has at least one step",
+            )
+        )
+
+    dims, inputs, fields, origin = _merge_imports(parts, libraries, errors)
+    _check_definitions(parts, dims, errors)
+    _check_steps(parts, inputs, fields, libraries, errors)
+    _check_capture(parts, errors)
+
+    if errors or parts.broken or parts.prefill is None or parts.capture is None:
+        return None
+    return Spec(
+        path=parts.path,
+        algorithm=parts.algorithm,
+        description=parts.description,
+        content_hash=content_hash,
+        dims=dims,
+        inputs=inputs,
+        fields=fields,
+        prefill=parts.prefill,
+        steps=tuple(step for _, step in parts.steps),
+        capture=parts.capture,
+        origin=origin,
+    )
+
+
+_MISSING_HINTS = {
+    "prefill": "add the step that seeds the relay for a new request: `prefill: {name: ..., "
+    "op: ..., writes: [...], stash: {...}}`",
+    "steps": "add `steps:`, the ordered steps of one decode iteration",
+    "capture": "add `capture: {batch_sizes: [1, 2, 4, 8], max_batch_size: 8}`",
+}
+
+
+def _merge_imports(
+    parts: Parts, libraries: dict[str, tuple[Parts, str]], errors: list[SpecError]
+) -> tuple[dict[str, Dim], dict[str, Input], dict[str, RelayField], dict[str, str]]:
+    dims: dict[str, Dim] = {}
+    inputs: dict[str, Input] = {}
+    fields: dict[str, RelayField] = {}
+    origin: dict[str, str] = {}
+    for path, imp in parts.imports:
+        if imp.file not in libraries:
+            continue
+        lib = libraries[imp.file][0]
+        for section, merged in (("dims", dims), ("inputs", inputs)):
+            for name, entity in getattr(lib, section).items():
+                merged.setdefault(name, entity)
+        for i, name in enumerate(imp.fields):
+            if name not in lib.fields:
+                if (("fields", name)) in lib.broken:
+                    continue
+                errors.append(
+                    SpecError(
+                        parts.index.value((*path, "fields", i)),
+                        f"`{imp.file}` defines no field `{name}`",
+                        join_hints(
+                            did_you_mean(name, lib.fields), f"it defines {quoted_list(lib.fields)}"
+                        ),
+                    )
+                )
+                continue
+            if name in fields:
+                errors.append(
+                    SpecError(
+                        parts.index.value((*path, "fields", i)),
+                        f"field `{name}` is imported twice",
+                        "list it in one import only",
+                    )
+                )
+                continue
+            fields[name] = lib.fields[name]
+            origin[name] = lib.path
+    for section, merged in (("dims", dims), ("inputs", inputs), ("fields", fields)):
+        noun = section[:-1]
+        for name, entity in getattr(parts, section).items():
+            if name in merged:
+                errors.append(
+                    SpecError(
+                        entity.loc,
+                        f"{noun} `{name}` is defined here and imported",
+                        f"it comes from {merged[name].loc}; remove one definition",
+                    )
+                )
+                continue
+            merged[name] = entity
+            if section == "fields":
+                origin[name] = parts.path
+    return dims, inputs, fields, origin  # type: ignore[return-value]
+
+
+def _check_definitions(parts: Parts, dims: dict[str, Dim], errors: list[SpecError]) -> None:
+    """Dims have a value source; shapes name dims; fill values fit their dtype."""
+    index = parts.index
+    for name, dim in parts.dims.items():
+        if dim.default is None and dim.supplied_by is None:
+            errors.append(
+                SpecError(
+                    dim.loc,
+                    f"dim `{name}` has no value",
+                    "give it a `default:` or say where the engine supplies it with `supplied_by:`",
+                )
+            )
+    known_dims = set(dims) | {n for s, n in parts.broken if s == "dims"}
+    for section in ("inputs", "fields"):
+        entities: dict[str, Input | RelayField] = getattr(parts, section)
+        for name, entity in entities.items():
+            for i, entry in enumerate(entity.shape):
+                if isinstance(entry, str) and entry not in known_dims:
+                    errors.append(
+                        SpecError(
+                            index.value((section, name, "shape", i)),
+                            f"shape of {section[:-1]} `{name}` names undefined dim `{entry}`",
+                            join_hints(
+                                did_you_mean(entry, dims),
+                                f"define it under `dims:` (defined: {quoted_list(dims)})"
+                                if dims
+                                else "define it under `dims:`",
+                            ),
+                        )
+                    )
+    for name, fld in parts.fields.items():
+        for key in ("init", "poison"):
+            value = getattr(fld, key)
+            if value is None or value in ("empty", "zeros"):
+                continue
+            if not fill_fits_dtype(value, fld.dtype):
+                errors.append(
+                    SpecError(
+                        index.value(("fields", name, key)),
+                        f"`{key}` value {value!r} of field `{name}` does not fit dtype `{fld.dtype}`",
+                        "use a value the dtype can hold"
+                        + ("" if fld.dtype in FLOAT_DTYPES else " (a whole number in range)"),
+                    )
+                )
+
+
+def _check_steps(
+    parts: Parts,
+    inputs: dict[str, Input],
+    fields: dict[str, RelayField],
+    libraries: dict[str, tuple[Parts, str]],
+    errors: list[SpecError],
+) -> None:
+    index = parts.index
+    broken_steps = {n for s, n in parts.broken if s == "steps"}
+    broken_fields = {n for s, n in parts.broken if s == "fields"} | {
+        n for lib, _ in libraries.values() for s, n in lib.broken if s == "fields"
+    }
+    importable = {n for lib, _ in libraries.values() for n in lib.fields}
+    any_broken_import = any(s == "imports" for s, _ in parts.broken)
+
+    seen: dict[str, Step] = {}
+    ordered: list[tuple[Path, Step]] = []
+    if parts.prefill is not None:
+        ordered.append((("prefill",), parts.prefill))
+    ordered.extend(parts.steps)
+    stashed_by: dict[str, Step] = {}
+    for path, step in ordered:
+        is_prefill = path == ("prefill",)
+        if step.name in REF_KINDS:
+            errors.append(
+                SpecError(
+                    index.value((*path, "name")),
+                    f"`{step.name}` is reserved and cannot name a step",
+                    "`relay.` and `input.` prefix relay fields and engine "
+                    "inputs; pick another name",
+                )
+            )
+        elif step.name in seen:
+            errors.append(
+                SpecError(
+                    index.value((*path, "name")),
+                    f"duplicate step name `{step.name}`",
+                    f"first used at {seen[step.name].loc}; step names are unique",
+                )
+            )
+        outputs = set()
+        for i, out in enumerate(step.writes):
+            if out in outputs:
+                errors.append(
+                    SpecError(
+                        index.value((*path, "writes", i)),
+                        f"step `{step.name}` writes `{out}` twice",
+                        "list each output once",
+                    )
+                )
+            outputs.add(out)
+
+        for param, ref in step.reads.items():
+            loc = index.value((*path, "reads", param))
+            kind, _, name = ref.partition(".")
+            if kind == "relay":
+                if is_prefill:
+                    errors.append(
+                        SpecError(
+                            loc,
+                            f"the prefill step reads `{ref}`",
+                            "nothing is relayed for a request before its "
+                            "prefill; read engine inputs instead",
+                        )
+                    )
+                elif name not in fields and name not in broken_fields and not any_broken_import:
+                    hint = did_you_mean(name, fields)
+                    if name in importable:
+                        hint = join_hints(
+                            hint,
+                            f"`{name}` is in an imported library: add it "
+                            "to that import's `fields:`",
+                        )
+                    errors.append(
+                        SpecError(
+                            loc,
+                            f"step `{step.name}` reads `{ref}`, which is not a relay field of "
+                            f"this algorithm",
+                            join_hints(hint, _defined("relay fields", fields)),
+                        )
+                    )
+            elif kind == "input":
+                if name not in inputs and not any_broken_import:
+                    errors.append(
+                        SpecError(
+                            loc,
+                            f"step `{step.name}` reads `{ref}`, which is not an engine input",
+                            join_hints(
+                                did_you_mean(name, inputs),
+                                _defined("inputs", inputs) or "declare it under `inputs:`",
+                            ),
+                        )
+                    )
+            else:
+                _check_step_ref(step, ref, kind, name, loc, seen, broken_steps, errors)
+
+        for field_name, out in step.stash.items():
+            loc = index.key((*path, "stash", field_name))
+            if field_name not in fields:
+                if field_name not in broken_fields and not any_broken_import:
+                    errors.append(
+                        SpecError(
+                            loc,
+                            f"step `{step.name}` stashes into `{field_name}`, which is not a "
+                            "relay field of this algorithm",
+                            join_hints(
+                                did_you_mean(field_name, fields), _defined("relay fields", fields)
+                            ),
+                        )
+                    )
+            elif field_name in stashed_by and not is_prefill:
+                errors.append(
+                    SpecError(
+                        loc,
+                        f"relay field `{field_name}` is stashed twice",
+                        f"also stashed by step `{stashed_by[field_name].name}`"
+                        "; one step writes each field",
+                    )
+                )
+            elif not is_prefill:
+                stashed_by[field_name] = step
+            if out not in outputs:
+                errors.append(
+                    SpecError(
+                        index.value((*path, "stash", field_name)),
+                        f"step `{step.name}` stashes `{out}`, which it does not write",
+                        join_hints(
+                            did_you_mean(out, outputs),
+                            f"add it to `writes:` (writes {quoted_list(step.writes)})"
+                            if step.writes
+                            else "add it to `writes:`",
+                        ),
+                    )
+                )
+        if step.name not in REF_KINDS:
+            seen.setdefault(step.name, step)
+
+
+def _check_step_ref(
+    step: Step,
+    ref: str,
+    source: str,
+    output: str,
+    loc,
+    seen: dict[str, Step],
+    broken_steps: set[str],
+    errors: list[SpecError],
+) -> None:
+    producer = seen.get(source)
+    if producer is None:
+        if source in broken_steps:
+            return
+        errors.append(
+            SpecError(
+                loc,
+                f"step `{step.name}` reads `{ref}`, but no earlier step is named `{source}`",
+                join_hints(
+                    did_you_mean(source, [*seen, *REF_KINDS]),
+                    "steps run in order and read what earlier steps wrote; engine inputs "
+                    "are `input.<name>`, relay fields `relay.<field>`",
+                ),
+            )
+        )
+        return
+    if output not in producer.writes:
+        errors.append(
+            SpecError(
+                loc,
+                f"step `{step.name}` reads `{ref}`, but step `{source}` does not write `{output}`",
+                join_hints(
+                    did_you_mean(output, producer.writes),
+                    f"`{source}` writes {quoted_list(producer.writes)}"
+                    if producer.writes
+                    else None,
+                ),
+            )
+        )
+        return
+    if step.placement == "host" and producer.placement == "device":
+        errors.append(
+            SpecError(
+                loc,
+                f"host step `{step.name}` reads `{ref}`, produced on the device by `{source}`",
+                "host steps run before the captured graph and feed it; make "
+                f"`{step.name}` a device step or read relay fields instead",
+            )
+        )
+
+
+def _defined(what: str, names) -> str | None:
+    names = list(names)
+    return f"{what}: {quoted_list(names)}" if names else None
+
+
+def _check_capture(parts: Parts, errors: list[SpecError]) -> None:
+    capture = parts.capture
+    if capture is None:
+        return
+    sizes = capture.batch_sizes
+    index = parts.index
+    if not sizes:
+        errors.append(
+            SpecError(
+                index.value(("capture", "batch_sizes")),
+                "`batch_sizes` is empty",
+                "list at least one batch size",
+            )
+        )
+        return
+    for i in range(1, len(sizes)):
+        if sizes[i] <= sizes[i - 1]:
+            errors.append(
+                SpecError(
+                    index.value(("capture", "batch_sizes", i)),
+                    f"batch sizes must be strictly ascending: {sizes[i]} follows {sizes[i - 1]}",
+                    "sort them and drop repeats",
+                )
+            )
+            break
+    if max(sizes) > capture.max_batch_size:
+        errors.append(
+            SpecError(
+                index.value(("capture", "max_batch_size")),
+                f"`max_batch_size` {capture.max_batch_size} is below the "
+                f"largest captured batch size {max(sizes)}",
+                "raise `max_batch_size` or drop the larger buckets",
+            )
+        )

@@ -1,0 +1,70 @@
+"""Located spec errors: every user error names a file, line and column.
+
+Errors render as ``path:line:col: error: <what is wrong> (<hint>)`` -- the format
+compilers use, so editors and terminals turn them into links.  A loader collects
+every error of a file before raising, so one run shows them all.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, order=True)
+class SourceLoc:
+    """A position in a spec file; ``line`` and ``col`` are 1-based."""
+
+    path: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True)
+class SpecError:
+    """One problem in a spec, at a location, with an optional hint on how to fix it."""
+
+    loc: SourceLoc
+    message: str
+    hint: str | None = None
+
+    def render(self) -> str:
+        text = f"{self.loc}: error: {self.message}"
+        return f"{text} ({self.hint})" if self.hint else text
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+class SpecErrors(Exception):
+    """Raised with every error found in a spec (and the files it imports)."""
+
+    def __init__(self, errors: Sequence[SpecError]) -> None:
+        self.errors: list[SpecError] = sorted(set(errors), key=_error_order)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return "\n".join(e.render() for e in self.errors)
+
+
+def _error_order(error: SpecError) -> tuple[SourceLoc, str]:
+    return (error.loc, error.message)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
+    """``did you mean `x`?`` for the closest candidate, or None when none is close."""
+    matches = difflib.get_close_matches(str(name), sorted(set(candidates)), n=1, cutoff=0.6)
+    return f"did you mean `{matches[0]}`?" if matches else None
+
+
+def join_hints(*hints: str | None) -> str | None:
+    parts = [h for h in hints if h]
+    return "; ".join(parts) if parts else None
+
+
+def quoted_list(names: Iterable[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)

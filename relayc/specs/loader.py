@@ -1,0 +1,327 @@
+"""Loading spec files: YAML -> validated, resolved :class:`Spec`.
+
+Loading never stops at the first problem: the file is validated as a whole by
+pydantic, then each entity on its own so that cross-reference checks can run on
+everything that is well formed, and all errors (of the file and of the
+libraries it imports) are raised together as :class:`SpecErrors`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
+from relayc.specs.messages import translate
+from relayc.specs.schema import (
+    Capture,
+    Dim,
+    Import,
+    Input,
+    RelayField,
+    SpecFile,
+    Step,
+)
+from relayc.specs.yamlsrc import LocIndex, Path, load_yaml
+
+BUNDLED_DIR = FsPath(__file__).resolve().parent
+
+
+@dataclass
+class Parts:
+    """The well-formed entities of one file, each with its path in the document.
+
+    Built from a fully valid file or, when some entities are broken, from those
+    that validate on their own; ``broken`` holds names of entities that did not,
+    so references to them do not produce follow-on errors.
+    """
+
+    path: str
+    index: LocIndex
+    algorithm: str | None = None
+    library: str | None = None
+    description: str = ""
+    imports: list[tuple[Path, Import]] = field(default_factory=list)
+    dims: dict[str, Dim] = field(default_factory=dict)
+    inputs: dict[str, Input] = field(default_factory=dict)
+    fields: dict[str, RelayField] = field(default_factory=dict)
+    prefill: Step | None = None
+    steps: list[tuple[Path, Step]] = field(default_factory=list)
+    capture: Capture | None = None
+    broken: set[tuple[str, str]] = field(default_factory=set)
+    has: set[str] = field(default_factory=set)  # top-level keys present in the file
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A validated algorithm spec with its imports resolved.
+
+    ``dims``, ``inputs`` and ``fields`` merge the imported definitions (first,
+    in import order) with the file's own, in declaration order: that order is
+    the order of everything generated from the spec.
+    """
+
+    path: str
+    algorithm: str
+    description: str
+    content_hash: str
+    dims: dict[str, Dim]
+    inputs: dict[str, Input]
+    fields: dict[str, RelayField]
+    prefill: Step
+    steps: tuple[Step, ...]
+    capture: Capture
+    origin: dict[str, str]  # relay field -> the file that defines it
+
+    @property
+    def relay_fields(self) -> list[str]:
+        return list(self.fields)
+
+
+def display_path(path: str | os.PathLike[str]) -> str:
+    """Paths in messages and generated headers: relative to the cwd when below it,
+    and bundled specs as `relayc/specs/<name>` wherever relayc is installed."""
+    resolved = FsPath(path).resolve()
+    if resolved.parent == BUNDLED_DIR:
+        return f"relayc/specs/{resolved.name}"
+    try:
+        return str(resolved.relative_to(FsPath.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def bundled_spec_paths() -> list[FsPath]:
+    """The bundled algorithm specs (libraries excluded), sorted by name."""
+    return sorted(p for p in BUNDLED_DIR.glob("*.yaml") if not _is_library_file(p))
+
+
+def _is_library_file(path: FsPath) -> bool:
+    return path.read_text(encoding="utf-8").lstrip().startswith("library:")
+
+
+@dataclass(frozen=True)
+class Library:
+    """A validated library file: shared dims, inputs and fields."""
+
+    path: str
+    name: str
+    description: str
+    dims: dict[str, Dim]
+    inputs: dict[str, Input]
+    fields: dict[str, RelayField]
+
+
+def load_spec(path: str | os.PathLike[str]) -> Spec:
+    """Load and validate an algorithm spec file; raises :class:`SpecErrors`."""
+    document = load_document(path)
+    if isinstance(document, Library):
+        raise SpecErrors(
+            [
+                SpecError(
+                    SourceLoc(document.path, 1, 1),
+                    f"`{document.path}` is a library, not an algorithm spec",
+                    "pass the algorithm specs that import it",
+                )
+            ]
+        )
+    return document
+
+
+def load_document(path: str | os.PathLike[str]) -> Spec | Library:
+    """Load and validate a spec file of either kind; raises :class:`SpecErrors`."""
+    shown = display_path(path)
+    try:
+        text = FsPath(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecErrors(
+            [SpecError(SourceLoc(shown, 1, 1), f"cannot read spec: {_why(exc)}", "check the path")]
+        ) from None
+    return load_spec_text(text, shown, base_dir=FsPath(path).resolve().parent)
+
+
+def load_spec_text(text: str, path: str, *, base_dir: FsPath | None = None) -> Spec | Library:
+    """Load a spec file's text; ``path`` is used in messages, ``base_dir`` for imports."""
+    from relayc.specs.checks import check_algorithm
+
+    errors: list[SpecError] = []
+    parts = parse_parts(text, path, errors)
+    if parts is None:
+        raise SpecErrors(errors)
+    libraries = _load_imports(parts, base_dir or FsPath.cwd(), errors)
+    spec = check_algorithm(parts, libraries, errors, _hash(text, libraries))
+    if not errors and parts.library is not None and not parts.broken:
+        return Library(
+            path=parts.path,
+            name=parts.library,
+            description=parts.description,
+            dims=parts.dims,
+            inputs=parts.inputs,
+            fields=parts.fields,
+        )
+    if errors or spec is None:
+        raise SpecErrors(errors or [SpecError(parts.index.value(()), "invalid spec")])
+    return spec
+
+
+def _hash(text: str, libraries: dict[str, tuple[Parts, str]]) -> str:
+    digest = hashlib.sha256(text.encode("utf-8"))
+    for name in sorted(libraries):
+        digest.update(b"\0" + libraries[name][1].encode("utf-8"))
+    return digest.hexdigest()[:16]
+
+
+def parse_parts(text: str, path: str, errors: list[SpecError]) -> Parts | None:
+    """YAML text -> the well-formed entities of the file; appends every error found."""
+    data, index, yaml_errors = load_yaml(text, path)
+    errors.extend(yaml_errors)
+    if data is None and yaml_errors:
+        return None
+    if not isinstance(data, dict):
+        errors.append(
+            SpecError(
+                index.value(()),
+                "a spec file must be a mapping of sections",
+                "start with `algorithm: <name>` or `library: <name>`",
+            )
+        )
+        return None
+    try:
+        valid = SpecFile.model_validate(data)
+    except ValidationError as exc:
+        errors.extend(translate(exc, index, data))
+        return _partial_parts(data, index, path)
+    return _parts_from_valid(valid, data, index, path)
+
+
+def _locate(model: BaseModel, loc: SourceLoc) -> None:
+    model._loc = loc  # type: ignore[attr-defined]
+
+
+def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -> Parts:
+    _locate(valid, index.value(()))
+    parts = Parts(
+        path=path,
+        index=index,
+        algorithm=valid.algorithm,
+        library=valid.library,
+        description=valid.description,
+        has=set(data),
+    )
+    for section in ("dims", "inputs", "fields"):
+        entries: dict[str, Any] = getattr(valid, section)
+        for name, entity in entries.items():
+            _locate(entity, index.key((section, name)))
+            getattr(parts, section)[name] = entity
+    for i, imp in enumerate(valid.imports):
+        _locate(imp, index.value(("imports", i)))
+        parts.imports.append((("imports", i), imp))
+    for i, step in enumerate(valid.steps):
+        _locate(step, index.value(("steps", i)))
+        parts.steps.append((("steps", i), step))
+    if valid.prefill is not None:
+        _locate(valid.prefill, index.key(("prefill",)))
+        parts.prefill = valid.prefill
+    if valid.capture is not None:
+        _locate(valid.capture, index.key(("capture",)))
+        parts.capture = valid.capture
+    return parts
+
+
+def _validated(model: type[BaseModel], raw: Any, loc: SourceLoc) -> Any:
+    try:
+        entity = model.model_validate(raw)
+    except ValidationError:
+        return None
+    _locate(entity, loc)
+    return entity
+
+
+def _partial_parts(data: dict, index: LocIndex, path: str) -> Parts:
+    """The entities of a file with errors that still validate on their own."""
+    parts = Parts(path=path, index=index, has=set(data))
+    for key in ("algorithm", "library", "description"):
+        if isinstance(data.get(key), str):
+            setattr(parts, key, data[key])
+    models: dict[str, type[BaseModel]] = {"dims": Dim, "inputs": Input, "fields": RelayField}
+    for section, model in models.items():
+        raw = data.get(section)
+        if not isinstance(raw, dict):
+            continue
+        for name, entry in raw.items():
+            entity = _validated(model, entry, index.key((section, name)))
+            if entity is None or not isinstance(name, str):
+                parts.broken.add((section, str(name)))
+            else:
+                getattr(parts, section)[name] = entity
+    for section, model in (("imports", Import), ("steps", Step)):
+        raw = data.get(section)
+        if not isinstance(raw, list):
+            continue
+        for i, entry in enumerate(raw):
+            entity = _validated(model, entry, index.value((section, i)))
+            if entity is not None:
+                getattr(parts, section).append(((section, i), entity))
+            elif isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                parts.broken.add((section, entry["name"]))
+    if "prefill" in data:
+        parts.prefill = _validated(Step, data["prefill"], index.key(("prefill",)))
+        if parts.prefill is None:
+            parts.broken.add(("prefill", "prefill"))
+    if "capture" in data:
+        parts.capture = _validated(Capture, data["capture"], index.key(("capture",)))
+    parts.broken.add(("file", "partial"))
+    return parts
+
+
+def _why(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+def _load_imports(
+    parts: Parts, base_dir: FsPath, errors: list[SpecError]
+) -> dict[str, tuple[Parts, str]]:
+    """Library files imported by ``parts``, keyed by their `file:` text."""
+    libraries: dict[str, tuple[Parts, str]] = {}
+    for path, imp in parts.imports:
+        if imp.file in libraries:
+            continue
+        loc = parts.index.value((*path, "file"))
+        target = (base_dir / imp.file).resolve()
+        try:
+            text = target.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            errors.append(
+                SpecError(
+                    loc,
+                    f"cannot import `{imp.file}`: {_why(exc)}",
+                    "paths are relative to the importing file",
+                )
+            )
+            parts.broken.add(("imports", imp.file))
+            continue
+        lib_errors: list[SpecError] = []
+        lib = parse_parts(text, display_path(target), lib_errors)
+        errors.extend(lib_errors)
+        if lib is None:
+            parts.broken.add(("imports", imp.file))
+            continue
+        if lib.library is None:
+            errors.append(
+                SpecError(
+                    loc,
+                    f"`{imp.file}` is not a library",
+                    "only files starting with `library: <name>` can be imported",
+                )
+            )
+            parts.broken.add(("imports", imp.file))
+            continue
+        from relayc.specs.checks import check_library
+
+        check_library(lib, errors)
+        libraries[imp.file] = (lib, text)
+    return libraries

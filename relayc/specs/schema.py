@@ -1,0 +1,270 @@
+"""The spec language: pydantic models of one YAML spec file.
+
+A file is either an *algorithm* spec (``algorithm: eagle``: dims, relay fields,
+engine inputs, the prefill step and the decode steps of one algorithm) or a
+*library* (``library: common``: dims, inputs and fields that several algorithms
+import, so a shared relay field is defined once).
+
+Every model is frozen and rejects unknown keys; every field carries a
+description, which feeds ``relayc schema`` (the JSON Schema editors use).
+These models check the *shape* of a file; cross-references (dims named by a
+shape, values a step reads, imports) are checked by :mod:`relayc.specs.checks`.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+from pydantic_core import PydanticCustomError
+
+from relayc.specs.errors import SourceLoc
+
+DTYPES: tuple[str, ...] = ("int32", "int64", "float32", "bfloat16", "float16", "bool", "model")
+INTEGER_DTYPES = frozenset({"int32", "int64"})
+FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16", "model"})
+DType = Literal["int32", "int64", "float32", "bfloat16", "float16", "bool", "model"]
+
+IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+REF_KINDS = ("relay", "input")
+_INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+
+
+def _identifier(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value  # the str type check reports it
+    if not IDENTIFIER_RE.match(value) or keyword.iskeyword(value):
+        raise PydanticCustomError(
+            "relayc_identifier",
+            "`{value}` is not a valid name (use letters, digits and `_`, not starting with a "
+            "digit, and not a Python keyword: names become attributes in generated code)",
+            {"value": value},
+        )
+    return value
+
+
+def _ref(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    head, dot, tail = value.partition(".")
+    if not dot or not IDENTIFIER_RE.match(head) or not IDENTIFIER_RE.match(tail):
+        raise PydanticCustomError(
+            "relayc_ref",
+            "`{value}` is not a value reference (write `relay.<field>` for a relay field "
+            "resolved at the start of the iteration, `input.<name>` for an engine input, or "
+            "`<step>.<output>` for the output of an earlier step)",
+            {"value": value},
+        )
+    return value
+
+
+def _dim_entry(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise PydanticCustomError(
+            "relayc_dim_entry",
+            "shape entries are dim names or positive integers, got {value!r}",
+            {"value": value},
+        )
+    if isinstance(value, int) and value <= 0:
+        raise PydanticCustomError(
+            "relayc_dim_entry",
+            "a literal size in a shape must be positive, got {value}",
+            {"value": value},
+        )
+    return _identifier(value) if isinstance(value, str) else value
+
+
+def _init_policy(value: Any) -> Any:
+    if value in ("empty", "zeros"):
+        return value
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value
+    raise PydanticCustomError(
+        "relayc_init",
+        "`init` must be `empty`, `zeros` or a number to fill with, got {value!r}",
+        {"value": value},
+    )
+
+
+Identifier = Annotated[str, BeforeValidator(_identifier)]
+ValueRef = Annotated[str, BeforeValidator(_ref)]
+DimEntry = Annotated[str | int, BeforeValidator(_dim_entry)]
+InitPolicy = Annotated[
+    Literal["empty", "zeros"] | bool | int | float, BeforeValidator(_init_policy)
+]
+
+
+class SpecModel(BaseModel):
+    """Base of every spec entity: frozen, unknown keys rejected, a source location."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+    _loc: SourceLoc | None = PrivateAttr(default=None)
+
+    @property
+    def loc(self) -> SourceLoc:
+        if self._loc is None:
+            raise RuntimeError(f"{type(self).__name__} was built without a source location")
+        return self._loc
+
+
+class Dim(SpecModel):
+    """A symbolic size bound at run time."""
+
+    default: int | None = Field(
+        default=None, gt=0, description="Value used when the engine does not bind this dim."
+    )
+    supplied_by: str | None = Field(
+        default=None,
+        description="Where the engine takes the value from (e.g. `model hidden size`), for "
+        "dims with no sensible default.",
+    )
+    doc: str = Field(default="", description="What the dim measures.")
+
+
+class Input(SpecModel):
+    """A per-iteration value the engine provides (e.g. `seq_lens`, `req_pool_indices`)."""
+
+    dtype: DType = Field(description="Element type.")
+    shape: list[DimEntry] = Field(
+        default_factory=list,
+        description="Per-request row shape in dims (`[]` for one value per request).",
+    )
+    device: Literal["device", "host"] = Field(
+        default="device", description="Where the engine provides it: on the device or the host."
+    )
+    doc: str = Field(default="", description="What the input holds.")
+
+
+class RelayField(SpecModel):
+    """Per-request state carried from one decode iteration to the next."""
+
+    dtype: DType = Field(description="Element type; `model` is the model's dtype.")
+    shape: list[DimEntry] = Field(
+        default_factory=list,
+        description="Per-row shape in dims: `[]`, `[topk]`, `[num_steps, topk]`, `[hidden]`.",
+    )
+    init: InitPolicy = Field(
+        default="empty",
+        description="Initial buffer contents: `empty` (uninitialised), `zeros`, or a fill value.",
+    )
+    poison: bool | int | float | None = Field(
+        default=None,
+        description="Value the buffer starts with in debug mode, so a read-before-write is "
+        "caught. Default: NaN for floats, the dtype's minimum for integers.",
+    )
+    alloc: Literal["eager", "lazy"] = Field(
+        default="eager",
+        description="`eager`: allocated with the FutureMap; `lazy`: on the first stash that "
+        "carries the field.",
+    )
+    host_mirror: bool = Field(
+        default=False,
+        description="Keep a pinned host copy, filled after the publish event (SGLang keeps one "
+        "for `new_seq_lens`).",
+    )
+    publish: Literal["stash", "early"] = Field(
+        default="stash",
+        description="Which event makes the field visible: `stash` at the end of the iteration, "
+        "or `early` right after the step that writes it (SGLang publishes `new_seq_lens` at the "
+        "end of verify, before draft extend).",
+    )
+    export: bool = Field(
+        default=False,
+        description="The engine itself reads the field (so stashing it without a decode step "
+        "reading it is not a dead relay field).",
+    )
+    doc: str = Field(min_length=1, description="What the field is for.")
+
+
+class Step(SpecModel):
+    """One step of a decode iteration (or the prefill step): runs a node op."""
+
+    name: Identifier = Field(
+        description="Unique step name; outputs are referenced as `<name>.<output>`."
+    )
+    op: Identifier = Field(description="The node op the step runs (see `relayc/nodes/`).")
+    placement: Literal["device", "host"] = Field(
+        default="device",
+        description="`device`: may run inside the captured graph; `host`: runs on the host "
+        "before the graph (e.g. n-gram drafting).",
+    )
+    reads: dict[Identifier, ValueRef] = Field(
+        default_factory=dict,
+        description="Op parameter -> value: `relay.<field>`, `input.<name>` or `<step>.<output>`.",
+    )
+    writes: list[Identifier] = Field(
+        default_factory=list, description="The op outputs this step produces."
+    )
+    stash: dict[Identifier, Identifier] = Field(
+        default_factory=dict,
+        description="Relay field -> output of this step, written to the relay for the next "
+        "iteration.",
+    )
+    doc: str = Field(default="", description="What the step does.")
+
+
+class Capture(SpecModel):
+    """CUDA-graph capture settings for the device part of the decode step."""
+
+    batch_sizes: list[Annotated[int, Field(gt=0)]] = Field(
+        description="Batch-size buckets captured as graphs, ascending."
+    )
+    max_batch_size: int = Field(gt=0, description="Largest batch the engine runs.")
+
+
+class Import(SpecModel):
+    """Shared definitions taken from a library file."""
+
+    file: str = Field(min_length=1, description="Library file, relative to this file.")
+    fields: list[Identifier] = Field(
+        default_factory=list,
+        description="The library's relay fields this algorithm relays (dims and inputs of the "
+        "library are all visible).",
+    )
+
+
+class SpecFile(SpecModel):
+    """One spec file: an algorithm (`algorithm:`) or a shared library (`library:`)."""
+
+    version: Literal[1] = Field(default=1, description="Spec format version.")
+    algorithm: Identifier | None = Field(
+        default=None, description="Algorithm name; the generated module is named after it."
+    )
+    library: Identifier | None = Field(
+        default=None, description="Library name, for files that only hold shared definitions."
+    )
+    description: str = Field(default="", description="What this file describes.")
+    imports: list[Import] = Field(default_factory=list, description="Libraries imported.")
+    dims: dict[Identifier, Dim] = Field(default_factory=dict, description="Symbolic sizes.")
+    inputs: dict[Identifier, Input] = Field(
+        default_factory=dict, description="Values the engine provides each iteration."
+    )
+    fields: dict[Identifier, RelayField] = Field(
+        default_factory=dict, description="Relay fields, per request-pool slot."
+    )
+    prefill: Step | None = Field(
+        default=None, description="The step that seeds the relay for a new request."
+    )
+    steps: list[Step] = Field(
+        default_factory=list, description="The ordered steps of one decode iteration."
+    )
+    capture: Capture | None = Field(default=None, description="Graph capture settings.")
+
+
+def fill_fits_dtype(value: bool | int | float, dtype: str) -> bool:
+    """Whether a fill/poison value is representable in ``dtype``."""
+    if dtype == "bool":
+        return isinstance(value, bool) or value in (0, 1)
+    if dtype in INTEGER_DTYPES:
+        if isinstance(value, float) and not value.is_integer():
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        lo, hi = _INT_RANGES[dtype]
+        return lo <= int(value) <= hi
+    return True

@@ -1,0 +1,181 @@
+"""YAML with source locations.
+
+PyYAML's composer gives nodes with marks; we construct plain Python data from
+them ourselves so that every mapping key and value keeps its line and column
+(indexed by its path from the document root), duplicate keys are reported
+instead of silently overwritten, and no YAML construct can raise anything but a
+located :class:`SpecError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from relayc.specs.errors import SourceLoc, SpecError
+
+Path = tuple[str | int, ...]
+_MAX_DEPTH = 64
+
+
+@dataclass
+class LocIndex:
+    """Where each path of a document stands: the value and, for mapping entries, the key."""
+
+    path: str
+    values: dict[Path, SourceLoc] = field(default_factory=dict)
+    keys: dict[Path, SourceLoc] = field(default_factory=dict)
+
+    def value(self, path: Path) -> SourceLoc:
+        """The location of the value at ``path``, or of its nearest located ancestor."""
+        for n in range(len(path), -1, -1):
+            loc = self.values.get(path[:n])
+            if loc is not None:
+                return loc
+        return SourceLoc(self.path, 1, 1)
+
+    def key(self, path: Path) -> SourceLoc:
+        """The location of the key of the entry at ``path`` (its value for list items)."""
+        return self.keys.get(path) or self.value(path)
+
+
+def _mark(path: str, mark: yaml.Mark | None) -> SourceLoc:
+    if mark is None:
+        return SourceLoc(path, 1, 1)
+    return SourceLoc(path, mark.line + 1, mark.column + 1)
+
+
+class _Builder:
+    def __init__(self, path: str) -> None:
+        self.index = LocIndex(path)
+        self.errors: list[SpecError] = []
+        self._constructor = yaml.SafeLoader("")
+
+    def build(self, node: yaml.Node, path: Path, active: frozenset[int]) -> Any:
+        loc = _mark(self.index.path, node.start_mark)
+        self.index.values[path] = loc
+        if id(node) in active or len(path) > _MAX_DEPTH:
+            self.errors.append(
+                SpecError(
+                    loc,
+                    "recursive or too deeply nested YAML",
+                    "specs are plain trees; remove the alias",
+                )
+            )
+            return None
+        active = active | {id(node)}
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, path, active)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, (*path, i), active) for i, item in enumerate(node.value)]
+        return self._scalar(node, loc)
+
+    def _mapping(self, node: yaml.MappingNode, path: Path, active: frozenset[int]) -> dict:
+        result: dict[str, Any] = {}
+        try:
+            self._constructor.flatten_mapping(node)  # resolves `<<` merge keys
+        except yaml.YAMLError as exc:
+            self.errors.append(
+                SpecError(
+                    _mark(self.index.path, node.start_mark), f"invalid YAML merge: {_problem(exc)}"
+                )
+            )
+        for key_node, value_node in node.value:
+            key_loc = _mark(self.index.path, key_node.start_mark)
+            if not isinstance(key_node, yaml.ScalarNode):
+                self.errors.append(
+                    SpecError(
+                        key_loc,
+                        "mapping keys must be plain names",
+                        "a key cannot be a list or a mapping",
+                    )
+                )
+                continue
+            key = self._scalar(key_node, key_loc)
+            if not isinstance(key, str):
+                hint = "keys are names such as `dtype` or `topk_p`"
+                if isinstance(key, bool) or key is None:
+                    hint = (
+                        "YAML reads unquoted `on`, `off`, `yes`, `no`, `true`, `null` as "
+                        "booleans or null; quote the key if you meant a name"
+                    )
+                self.errors.append(
+                    SpecError(key_loc, f"mapping key `{key_node.value}` is not a name", hint)
+                )
+                continue
+            if key in result:
+                first = self.index.keys[(*path, key)]
+                self.errors.append(
+                    SpecError(
+                        key_loc,
+                        f"duplicate key `{key}`",
+                        f"first defined at line {first.line}; remove or rename one",
+                    )
+                )
+                continue
+            self.index.keys[(*path, key)] = key_loc
+            result[key] = self.build(value_node, (*path, key), active)
+        return result
+
+    def _scalar(self, node: yaml.Node, loc: SourceLoc) -> Any:
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            self.errors.append(
+                SpecError(
+                    loc,
+                    f"unsupported YAML value: {_problem(exc)}",
+                    "use plain strings, numbers, lists and mappings",
+                )
+            )
+            return None
+
+
+def _problem(exc: yaml.YAMLError) -> str:
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return str(problem)
+
+
+def load_yaml(text: str, path: str) -> tuple[Any, LocIndex, list[SpecError]]:
+    """Parse one YAML document; returns (data, locations, errors)."""
+    builder = _Builder(path)
+    try:
+        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        message = f"YAML syntax error: {exc.problem or exc.context}"
+        hint = f"while {exc.context}" if exc.context and exc.problem else None
+        return None, builder.index, [SpecError(_mark(path, mark), message, hint)]
+    except yaml.YAMLError as exc:
+        return (
+            None,
+            builder.index,
+            [SpecError(SourceLoc(path, 1, 1), f"YAML error: {_problem(exc)}")],
+        )
+    except RecursionError:
+        return None, builder.index, [SpecError(SourceLoc(path, 1, 1), "YAML nested too deeply")]
+    if not nodes:
+        return (
+            None,
+            builder.index,
+            [
+                SpecError(
+                    SourceLoc(path, 1, 1),
+                    "the spec file is empty",
+                    "start with `algorithm: <name>`",
+                )
+            ],
+        )
+    if len(nodes) > 1:
+        loc = _mark(path, nodes[1].start_mark)
+        builder.errors.append(
+            SpecError(
+                loc,
+                "a spec file holds one YAML document",
+                "remove the `---` and what follows, or split the file",
+            )
+        )
+    data = builder.build(nodes[0], (), frozenset())
+    return data, builder.index, builder.errors
