@@ -13,7 +13,6 @@ from __future__ import annotations
 from relayc.specs.errors import SpecError, did_you_mean, join_hints, quoted_list
 from relayc.specs.loader import Parts, Spec
 from relayc.specs.schema import (
-    FLOAT_DTYPES,
     REF_KINDS,
     Dim,
     Input,
@@ -66,8 +65,8 @@ def check_algorithm(
                 SpecError(
                     index.value(()),
                     "the spec does not say what it describes",
-                    "add `algorithm: <name>` (or `library: <name>` for a file "
-                    "of shared definitions)",
+                    "add `algorithm: <name>`, or `library: <name>` for a file "
+                    "of shared definitions",
                 )
             )
         return None
@@ -188,7 +187,9 @@ def _check_definitions(parts: Parts, dims: dict[str, Dim], errors: list[SpecErro
                     "give it a `default:` or say where the engine supplies it with `supplied_by:`",
                 )
             )
-    known_dims = set(dims) | {n for s, n in parts.broken if s == "dims"}
+    if any(s == "dims" for s, _ in parts.broken):
+        return  # undefined-dim errors would only echo the broken dims section
+    known_dims = set(dims)
     for section in ("inputs", "fields"):
         entities: dict[str, Input | RelayField] = getattr(parts, section)
         for name, entity in entities.items():
@@ -200,7 +201,7 @@ def _check_definitions(parts: Parts, dims: dict[str, Dim], errors: list[SpecErro
                             f"shape of {section[:-1]} `{name}` names undefined dim `{entry}`",
                             join_hints(
                                 did_you_mean(entry, dims),
-                                f"define it under `dims:` (defined: {quoted_list(dims)})"
+                                f"define it under `dims:`; defined: {quoted_list(dims)}"
                                 if dims
                                 else "define it under `dims:`",
                             ),
@@ -216,10 +217,16 @@ def _check_definitions(parts: Parts, dims: dict[str, Dim], errors: list[SpecErro
                     SpecError(
                         index.value(("fields", name, key)),
                         f"`{key}` value {value!r} of field `{name}` does not fit dtype `{fld.dtype}`",
-                        "use a value the dtype can hold"
-                        + ("" if fld.dtype in FLOAT_DTYPES else " (a whole number in range)"),
+                        _FILL_HINTS.get(fld.dtype, "use a value the dtype can hold"),
                     )
                 )
+
+
+_FILL_HINTS = {
+    "bool": "use `true` or `false`",
+    "int32": "use a whole number within the int32 range",
+    "int64": "use a whole number within the int64 range",
+}
 
 
 def _check_steps(
@@ -231,11 +238,13 @@ def _check_steps(
 ) -> None:
     index = parts.index
     broken_steps = {n for s, n in parts.broken if s == "steps"}
-    broken_fields = {n for s, n in parts.broken if s == "fields"} | {
-        n for lib, _ in libraries.values() for s, n in lib.broken if s == "fields"
-    }
     importable = {n for lib, _ in libraries.values() for n in lib.fields}
+    # With a broken definition or import, "not defined" errors would only echo it.
     any_broken_import = any(s == "imports" for s, _ in parts.broken)
+    unsure_fields = any_broken_import or any(
+        s == "fields" for p in (parts, *(lib for lib, _ in libraries.values())) for s, _ in p.broken
+    )
+    unsure_inputs = any_broken_import or any(s == "inputs" for s, _ in parts.broken)
 
     seen: dict[str, Step] = {}
     ordered: list[tuple[Path, Step]] = []
@@ -287,7 +296,7 @@ def _check_steps(
                             "prefill; read engine inputs instead",
                         )
                     )
-                elif name not in fields and name not in broken_fields and not any_broken_import:
+                elif name not in fields and not unsure_fields:
                     hint = did_you_mean(name, fields)
                     if name in importable:
                         hint = join_hints(
@@ -304,7 +313,7 @@ def _check_steps(
                         )
                     )
             elif kind == "input":
-                if name not in inputs and not any_broken_import:
+                if name not in inputs and not unsure_inputs:
                     errors.append(
                         SpecError(
                             loc,
@@ -321,7 +330,7 @@ def _check_steps(
         for field_name, out in step.stash.items():
             loc = index.key((*path, "stash", field_name))
             if field_name not in fields:
-                if field_name not in broken_fields and not any_broken_import:
+                if not unsure_fields:
                     errors.append(
                         SpecError(
                             loc,
@@ -350,7 +359,7 @@ def _check_steps(
                         f"step `{step.name}` stashes `{out}`, which it does not write",
                         join_hints(
                             did_you_mean(out, outputs),
-                            f"add it to `writes:` (writes {quoted_list(step.writes)})"
+                            f"add it to `writes:`; it writes {quoted_list(step.writes)}"
                             if step.writes
                             else "add it to `writes:`",
                         ),

@@ -62,8 +62,11 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
 
 
 def join_hints(*hints: str | None) -> str | None:
-    parts = [h for h in hints if h]
-    return "; ".join(parts) if parts else None
+    """Join hint sentences: after a question a space, otherwise a semicolon."""
+    text = ""
+    for hint in (h for h in hints if h):
+        text += (" " if text.endswith("?") else "; ") + hint if text else hint
+    return text or None
 
 
 def quoted_list(names: Iterable[str]) -> str:

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
 from relayc.specs.messages import translate
 from relayc.specs.schema import (
+    IDENTIFIER_RE,
     Capture,
     Dim,
     Import,
@@ -101,7 +103,8 @@ def bundled_spec_paths() -> list[FsPath]:
 
 
 def _is_library_file(path: FsPath) -> bool:
-    return path.read_text(encoding="utf-8").lstrip().startswith("library:")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return isinstance(data, dict) and "library" in data
 
 
 @dataclass(frozen=True)
@@ -249,18 +252,20 @@ def _partial_parts(data: dict, index: LocIndex, path: str) -> Parts:
             setattr(parts, key, data[key])
     models: dict[str, type[BaseModel]] = {"dims": Dim, "inputs": Input, "fields": RelayField}
     for section, model in models.items():
-        raw = data.get(section)
+        raw = data.get(section, {})
         if not isinstance(raw, dict):
+            parts.broken.add((section, "*"))
             continue
         for name, entry in raw.items():
             entity = _validated(model, entry, index.key((section, name)))
-            if entity is None or not isinstance(name, str):
+            if entity is None or not IDENTIFIER_RE.match(str(name)):
                 parts.broken.add((section, str(name)))
             else:
                 getattr(parts, section)[name] = entity
     for section, model in (("imports", Import), ("steps", Step)):
-        raw = data.get(section)
+        raw = data.get(section, [])
         if not isinstance(raw, list):
+            parts.broken.add((section, "*"))
             continue
         for i, entry in enumerate(raw):
             entity = _validated(model, entry, index.value((section, i)))

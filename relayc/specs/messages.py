@@ -130,7 +130,7 @@ def _one(err: Any, index: LocIndex, data: Any, prefix: Path) -> SpecError:
     value = err.get("input")
     if loc and loc[-1] == "[key]":  # an invalid mapping key
         key_path = loc[:-1]
-        return SpecError(index.key(key_path), _custom_message(err), None)
+        return SpecError(index.key(key_path), *_custom(err))
     where = describe(loc, data)
     if kind == "extra_forbidden":
         parent, key = loc[:-1], str(loc[-1])
@@ -146,7 +146,9 @@ def _one(err: Any, index: LocIndex, data: Any, prefix: Path) -> SpecError:
         model = model_at(parent)
         described = model.model_fields.get(key) if model else None
         hint = f"add `{key}:`" + (
-            f" -- {described.description}" if described and described.description else ""
+            f": {_lower_first(described.description).rstrip('.')}"
+            if described and described.description
+            else ""
         )
         return SpecError(index.key(parent), f"{describe(parent, data)} is missing `{key}`", hint)
     if kind == "literal_error":
@@ -154,17 +156,19 @@ def _one(err: Any, index: LocIndex, data: Any, prefix: Path) -> SpecError:
         options = [o.strip().strip("'") for o in expected.replace(" or ", ", ").split(",")]
         options = [o for o in options if o]
         if loc[-1] == "dtype":
-            message = f"unknown dtype {kind_of(value)} in {describe(loc[:-1], data)}"
+            shown = f"`{value}`" if isinstance(value, str) else kind_of(value)
+            message = f"unknown dtype {shown} in {describe(loc[:-1], data)}"
         elif loc[-1] == "version":
             message = f"unsupported spec version {kind_of(value)}"
         else:
             message = f"{where} must be one of {quoted_list(options)}, got {kind_of(value)}"
         hint = did_you_mean(str(value), options) if isinstance(value, str) else None
-        return SpecError(
-            index.value(loc), message, join_hints(hint, f"allowed: {quoted_list(options)}")
-        )
+        if "must be one of" not in message:
+            hint = join_hints(hint, f"allowed: {quoted_list(options)}")
+        return SpecError(index.value(loc), message, hint)
     if kind.startswith("relayc_"):
-        return SpecError(index.value(loc), f"{where}: {_custom_message(err)}")
+        message, hint = _custom(err)
+        return SpecError(index.value(loc), f"{where}: {message}", hint)
     if kind in _EXPECTED:
         return SpecError(
             index.value(loc), f"{where} must be {_EXPECTED[kind]}, got {kind_of(value)}"
@@ -181,10 +185,14 @@ def _one(err: Any, index: LocIndex, data: Any, prefix: Path) -> SpecError:
     return SpecError(index.value(loc), f"{where}: {err['msg']}")
 
 
-def _custom_message(err: Any) -> str:
-    message = str(err["msg"])
-    return (
-        message[0].lower() + message[1:]
-        if message[:1].isupper() and message[1:2].islower()
-        else message
-    )
+def _lower_first(text: str) -> str:
+    return text[0].lower() + text[1:] if text[:1].isupper() and text[1:2].islower() else text
+
+
+def _custom(err: Any) -> tuple[str, str | None]:
+    """A relayc validator's message, split into (message, hint) at its parenthesis."""
+    message = _lower_first(str(err["msg"]))
+    head, paren, tail = message.partition(" (")
+    if paren and tail.endswith(")"):
+        return head, tail[:-1]
+    return message, None

@@ -187,7 +187,9 @@ class Step(SpecModel):
     name: Identifier = Field(
         description="Unique step name; outputs are referenced as `<name>.<output>`."
     )
-    op: Identifier = Field(description="The node op the step runs (see `relayc/nodes/`).")
+    op: Identifier = Field(
+        description="The node op the step runs; ops are registered in `relayc/nodes/`."
+    )
     placement: Literal["device", "host"] = Field(
         default="device",
         description="`device`: may run inside the captured graph; `host`: runs on the host "

@@ -146,7 +146,7 @@ def load_yaml(text: str, path: str) -> tuple[Any, LocIndex, list[SpecError]]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         message = f"YAML syntax error: {exc.problem or exc.context}"
-        hint = f"while {exc.context}" if exc.context and exc.problem else None
+        hint = exc.context if exc.context and exc.problem else None
         return None, builder.index, [SpecError(_mark(path, mark), message, hint)]
     except yaml.YAMLError as exc:
         return (
