@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -102,3 +103,75 @@ def test_triton_matches_reference(case: tuple[int, int, int, int], mode: TreeMas
     draft = _draft(case, seed=17)
     want = _reference(draft, mode)
     _assert_same(_run(draft, mode, "triton", want), want)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    ["torch", pytest.param("triton", marks=needs_triton)],
+)
+def test_unselected_parent_leaves_node_unlinked(backend: str) -> None:
+    # NaN logits can select a node without its parent; SGLang then leaves the node out of
+    # the links and stops its ancestor walk. Point some beams at a candidate that was never
+    # selected and check every implementation agrees with the reference.
+    draft = _draft((3, 2, 5, 12), seed=5)
+    parent_list = draft.parent_list.clone()
+    parent_list[:, 3::2] += 10_000
+    broken = DraftResult(**{**draft.__dict__, "parent_list": parent_list})
+    for mode in TreeMaskMode:
+        want = _reference(broken, mode)
+        assert (want.retrive_next_sibling == -1).sum() > (
+            _reference(draft, mode).retrive_next_sibling == -1
+        ).sum()
+        _assert_same(_run(broken, mode, backend, want), want)
+
+
+def test_int32_seq_lens_give_int64_positions() -> None:
+    draft = _draft((3, 2, 3, 6), seed=9)
+    narrow = DraftResult(**{**draft.__dict__, "seq_lens": draft.seq_lens.to(torch.int32)})
+    want = _reference(draft, TreeMaskMode.FULL_MASK)
+    _assert_same(_run(narrow, TreeMaskMode.FULL_MASK, "torch", want), want)
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "message"),
+    [
+        (
+            "top_scores_index",
+            lambda d: d.top_scores_index[:, 1:],
+            "`top_scores_index` must have shape",
+        ),
+        ("draft_tokens", lambda d: d.draft_tokens[:1], "`draft_tokens` must have shape"),
+        ("parent_list", lambda d: d.parent_list[:, :-1], "`parent_list` must have shape"),
+        ("parent_list", lambda d: d.parent_list.int(), "`parent_list` must be int64"),
+        ("num_verify_tokens", lambda d: 99, "exceeds the 15 nodes"),
+    ],
+)
+def test_bad_inputs_name_the_argument(
+    field: str, bad: Callable[[DraftResult], object], message: str
+) -> None:
+    draft = _draft((3, 2, 4, 9), seed=1)
+    broken = DraftResult(**{**draft.__dict__, field: bad(draft)})
+    with pytest.raises(ValueError, match=message):
+        _reference_free_build(broken)
+
+
+def test_wrong_tree_mask_buf_is_rejected() -> None:
+    draft = _draft((3, 2, 4, 9), seed=1)
+    with pytest.raises(ValueError, match="`tree_mask_buf` must be"):
+        _reference_free_build(draft, tree_mask_buf=torch.zeros(5, dtype=torch.bool))
+
+
+def _reference_free_build(draft: DraftResult, **buffers: torch.Tensor) -> BuiltTree:
+    return build_tree(
+        draft.verified_id,
+        draft.parent_list,
+        draft.top_scores_index,
+        draft.draft_tokens,
+        draft.seq_lens,
+        draft.seq_lens_sum,
+        draft.topk,
+        draft.spec_steps,
+        draft.num_verify_tokens,
+        backend="torch",
+        **buffers,
+    )

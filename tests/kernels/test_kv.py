@@ -155,7 +155,8 @@ def test_fill_accept_out_cache_loc(case: tuple, pad_slot: int, backend: str) -> 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fill_accept_skips_minus_one_anywhere(backend: str) -> None:
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_fill_accept_skips_minus_one_anywhere(dtype: torch.dtype, backend: str) -> None:
     # SGLang's kernel skips -1 wherever it sits, not only in the padded tail.
     gen = torch.Generator().manual_seed(3)
     batch_size, width, n = 5, 7, 11
@@ -163,7 +164,7 @@ def test_fill_accept_skips_minus_one_anywhere(backend: str) -> None:
     accept_index[torch.rand(batch_size, width, generator=gen) < 0.4] = -1
     accept_index[2] = -1  # a request with nothing accepted at all
     out_cache_loc = torch.randperm(POOL_SLOTS, generator=gen)[: batch_size * n] + 1
-    _check_fill_accept(accept_index, out_cache_loc, 0, backend)
+    _check_fill_accept(accept_index.to(dtype), out_cache_loc.to(dtype), 0, backend)
 
 
 def _check_fill_accept(
