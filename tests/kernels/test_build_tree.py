@@ -107,7 +107,7 @@ def test_triton_matches_reference(case: tuple[int, int, int, int], mode: TreeMas
 
 @pytest.mark.parametrize(
     "backend",
-    ["torch", pytest.param("triton", marks=needs_triton)],
+    ["auto", "torch", pytest.param("triton", marks=needs_triton)],
 )
 def test_unselected_parent_leaves_node_unlinked(backend: str) -> None:
     # NaN logits can select a node without its parent; SGLang then leaves the node out of

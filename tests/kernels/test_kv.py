@@ -55,7 +55,7 @@ def _windows(
 WINDOW_CASES = [(1, 1, True), (3, 7, True), (3, 5, False), (1, 64, False), (64, 16, True)]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize(("batch_size", "n", "uniform"), WINDOW_CASES)
 def test_assign_and_read_req_to_token_pool(
@@ -154,7 +154,7 @@ def test_fill_accept_out_cache_loc(case: tuple, pad_slot: int, backend: str) -> 
             assert (accept_index[:, 1:] == -1).all()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_fill_accept_skips_minus_one_anywhere(dtype: torch.dtype, backend: str) -> None:
     # SGLang's kernel skips -1 wherever it sits, not only in the padded tail.
