@@ -78,6 +78,47 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    from relayc.compiler.writer import GENERATED_DIR, compile_spec, regenerate_bundled, write
+
+    if args.bundled:
+        for path in regenerate_bundled():
+            print(f"wrote {path.relative_to(GENERATED_DIR.parent.parent)}")
+        return EXIT_OK
+    if not args.specs:
+        raise UsageError("give spec files to compile, or --bundled")
+    failed = False
+    for path in _existing_files(args.specs):
+        try:
+            output = compile_spec(path, args.output)
+        except SpecErrors as exc:
+            print(exc.render(), file=sys.stderr)
+            failed = True
+            continue
+        print(f"{'wrote' if write(output) else 'unchanged'} {output.path}")
+    return EXIT_SPEC_ERRORS if failed else EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from relayc.compiler.writer import stale_bundled
+
+    try:
+        diffs = stale_bundled()
+    except SpecErrors as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_SPEC_ERRORS
+    if diffs:
+        sys.stdout.write("".join(diffs))
+        print(
+            f"relayc check: {len(diffs)} generated module(s) are stale; run "
+            "`relayc compile --bundled`",
+            file=sys.stderr,
+        )
+        return EXIT_SPEC_ERRORS
+    print("relayc check: generated modules are up to date")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="relayc",
@@ -104,6 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec YAML files")
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser(
+        "compile",
+        help="generate one Python module per algorithm spec",
+        description="Validate and analyse each spec, then write "
+        "<DIR>/<algorithm>.py (only when its bytes change).",
+    )
+    p.add_argument("specs", nargs="*", metavar="SPEC", help="algorithm spec YAML files")
+    p.add_argument("-o", "--output", metavar="DIR", default=".", help="output folder")
+    p.add_argument(
+        "--bundled", action="store_true", help="regenerate relayc/generated/ from the bundled specs"
+    )
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser(
+        "check",
+        help="fail if relayc/generated/ is stale",
+        description="Regenerate the bundled specs in memory and exit 1, "
+        "printing a diff, if a checked-in generated module differs.",
+    )
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser(
         "schema",

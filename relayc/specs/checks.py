@@ -10,7 +10,7 @@ checks accepted.
 
 from __future__ import annotations
 
-from relayc.specs.errors import SpecError, did_you_mean, join_hints, quoted_list
+from relayc.specs.errors import SourceLoc, SpecError, did_you_mean, join_hints, quoted_list
 from relayc.specs.loader import Parts, Spec
 from relayc.specs.schema import (
     REF_KINDS,
@@ -107,7 +107,23 @@ def check_algorithm(
         steps=tuple(step for _, step in parts.steps),
         capture=parts.capture,
         origin=origin,
+        entry_locs=_entry_locs(parts),
     )
+
+
+def _entry_locs(parts: Parts) -> dict[tuple[str, str, str], SourceLoc]:
+    steps = [(("prefill",), parts.prefill), *parts.steps]
+    locs: dict[tuple[str, str, str], SourceLoc] = {}
+    for path, step in steps:
+        if step is None:
+            continue
+        for param in step.reads:
+            locs[(step.name, "reads", param)] = parts.index.value((*path, "reads", param))
+        for i, out in enumerate(step.writes):
+            locs[(step.name, "writes", out)] = parts.index.value((*path, "writes", i))
+        for field_name in step.stash:
+            locs[(step.name, "stash", field_name)] = parts.index.key((*path, "stash", field_name))
+    return locs
 
 
 _MISSING_HINTS = {

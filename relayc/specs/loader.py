@@ -79,6 +79,15 @@ class Spec:
     steps: tuple[Step, ...]
     capture: Capture
     origin: dict[str, str]  # relay field -> the file that defines it
+    # (step name, "reads" | "writes" | "stash", parameter / output / field) -> where it is
+    entry_locs: dict[tuple[str, str, str], SourceLoc] = field(default_factory=dict)
+
+    def locate(self, step: str, section: str, key: str) -> SourceLoc:
+        """Where a step's read, write or stash entry is, falling back to the step."""
+        loc = self.entry_locs.get((step, section, key))
+        if loc is not None:
+            return loc
+        return next(s.loc for s in (self.prefill, *self.steps) if s.name == step)
 
     @property
     def relay_fields(self) -> list[str]:

@@ -1,0 +1,68 @@
+"""Compiling specs to files: one module per algorithm, rewritten only on change."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+from relayc.compiler.codegen import generate_relay_module
+from relayc.graph.passes import analyse
+from relayc.specs.loader import bundled_spec_paths, load_spec
+
+GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
+
+
+@dataclass(frozen=True)
+class Output:
+    path: Path
+    text: str
+
+
+def compile_spec(spec_path: str | Path, out_dir: str | Path) -> Output:
+    """Generate the module of one spec; raises SpecErrors."""
+    spec = load_spec(spec_path)
+    graphs = analyse(spec)
+    shown_dir = Path(out_dir).as_posix()
+    return Output(Path(out_dir) / f"{spec.algorithm}.py", generate_relay_module(graphs, shown_dir))
+
+
+def write(output: Output) -> bool:
+    """Write ``output`` unless the file already holds those bytes; True when written."""
+    path = output.path
+    if path.exists() and path.read_text(encoding="utf-8") == output.text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(output.text, encoding="utf-8")
+    return True
+
+
+def stale_bundled() -> list[str]:
+    """Unified diffs of every checked-in generated module that differs from its spec."""
+    diffs = []
+    for spec_path in bundled_spec_paths():
+        output = compile_spec(spec_path, "relayc/generated")
+        target = GENERATED_DIR / output.path.name
+        current = target.read_text(encoding="utf-8") if target.exists() else ""
+        if current != output.text:
+            diffs.append(
+                "".join(
+                    difflib.unified_diff(
+                        current.splitlines(keepends=True),
+                        output.text.splitlines(keepends=True),
+                        f"relayc/generated/{output.path.name} (checked in)",
+                        f"relayc/generated/{output.path.name} (from {spec_path.name})",
+                    )
+                )
+            )
+    return diffs
+
+
+def regenerate_bundled() -> list[Path]:
+    written = []
+    for spec_path in bundled_spec_paths():
+        output = compile_spec(spec_path, "relayc/generated")
+        output = Output(GENERATED_DIR / output.path.name, output.text)
+        if write(output):
+            written.append(output.path)
+    return written

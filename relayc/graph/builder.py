@@ -1,0 +1,138 @@
+"""Build the torch.fx graph of one decode iteration (and of the prefill) from a Spec.
+
+Placeholders stand for engine inputs (`input_<name>`) and for relay fields
+resolved at the start of the iteration (`relay_<field>`); each step is one
+`call_function` node targeting its op, with one `getitem` node per output it
+writes; the output node maps each relay field to the value stashed into it for
+the next iteration. Every node carries its spec location in ``node.meta["loc"]``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+
+from relayc.nodes.registry import Op, all_ops, get_op
+from relayc.specs.errors import SpecError, SpecErrors, did_you_mean, join_hints, quoted_list
+from relayc.specs.loader import Spec
+from relayc.specs.schema import Step
+
+
+@dataclass
+class IterationGraphs:
+    """The graphs of one algorithm plus analysis results that belong to no single node."""
+
+    spec: Spec
+    decode: fx.Graph
+    prefill: fx.Graph
+    analysis: dict[str, Any] = field(default_factory=dict)
+
+
+def _placeholder(graph: fx.Graph, name: str, kind: str, ident: str, spec: Spec) -> fx.Node:
+    node = graph.placeholder(name)
+    node.meta["kind"] = kind
+    node.meta["ident"] = ident
+    entity = spec.fields[ident] if kind == "relay" else spec.inputs[ident]
+    node.meta["loc"] = entity.loc
+    return node
+
+
+def _check_signature(spec: Spec, step: Step, op: Op, errors: list[SpecError]) -> None:
+    for param in step.reads:
+        if param not in op.inputs:
+            errors.append(
+                SpecError(
+                    spec.locate(step.name, "reads", param),
+                    f"op `{op.name}` has no parameter `{param}` (step `{step.name}`)",
+                    join_hints(
+                        did_you_mean(param, op.inputs), f"its parameters: {quoted_list(op.inputs)}"
+                    ),
+                )
+            )
+    missing = [p for p, t in op.inputs.items() if not t.optional and p not in step.reads]
+    if missing:
+        errors.append(
+            SpecError(
+                step.loc,
+                f"step `{step.name}` does not bind {quoted_list(missing)} of op `{op.name}`",
+                f"add them to `reads:` ({', '.join(f'{p}: ...' for p in missing)})",
+            )
+        )
+    for out in step.writes:
+        if out not in op.outputs:
+            errors.append(
+                SpecError(
+                    spec.locate(step.name, "writes", out),
+                    f"op `{op.name}` has no output `{out}` (step `{step.name}`)",
+                    join_hints(
+                        did_you_mean(out, op.outputs), f"its outputs: {quoted_list(op.outputs)}"
+                    ),
+                )
+            )
+    if op.placement not in ("any", step.placement):
+        errors.append(
+            SpecError(
+                step.loc,
+                f"op `{op.name}` runs on the {op.placement}, but step `{step.name}` is "
+                f"placed on the {step.placement}",
+                f"set `placement: {op.placement}`",
+            )
+        )
+
+
+def _build(spec: Spec, steps: tuple[Step, ...], errors: list[SpecError], phase: str) -> fx.Graph:
+    graph = fx.Graph()
+    values: dict[str, fx.Node] = {}
+    for name in spec.inputs:
+        values[f"input.{name}"] = _placeholder(graph, f"input_{name}", "input", name, spec)
+    if phase == "decode":
+        for name in spec.fields:
+            values[f"relay.{name}"] = _placeholder(graph, f"relay_{name}", "relay", name, spec)
+    stashed: dict[str, fx.Node] = {}
+    for step in steps:
+        op = get_op(step.op)
+        if op is None:
+            errors.append(
+                SpecError(
+                    step.loc,
+                    f"unknown op `{step.op}` in step `{step.name}`",
+                    join_hints(
+                        did_you_mean(step.op, all_ops()),
+                        "ops are registered in relayc/nodes/ (`relayc.nodes.register`)",
+                    ),
+                )
+            )
+            continue
+        _check_signature(spec, step, op, errors)
+        kwargs = {p: values[ref] for p, ref in step.reads.items() if ref in values}
+        call = graph.call_function(op, kwargs=kwargs)
+        call._rename(step.name)
+        call.meta.update(kind="step", step=step, op=op, loc=step.loc, phase=phase)
+        for out in step.writes:
+            item = graph.call_function(operator.getitem, (call, out))
+            item._rename(f"{step.name}_{out}")
+            item.meta.update(
+                kind="value", step=step, output=out, loc=spec.locate(step.name, "writes", out)
+            )
+            values[f"{step.name}.{out}"] = item
+        for field_name, out in step.stash.items():
+            if f"{step.name}.{out}" in values:
+                stashed[field_name] = values[f"{step.name}.{out}"]
+    out_node = graph.output(stashed)
+    out_node.meta.update(kind="stash", phase=phase)
+    return graph
+
+
+def build_graphs(spec: Spec) -> IterationGraphs:
+    """The decode-iteration and prefill graphs of ``spec``; raises located SpecErrors."""
+    errors: list[SpecError] = []
+    decode = _build(spec, spec.steps, errors, "decode")
+    prefill = _build(spec, (spec.prefill,), errors, "prefill")
+    if errors:
+        raise SpecErrors(errors)
+    decode.lint()
+    prefill.lint()
+    return IterationGraphs(spec=spec, decode=decode, prefill=prefill)

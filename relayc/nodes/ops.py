@@ -1,0 +1,226 @@
+"""The built-in node ops named by the bundled specs.
+
+Shapes are per request (the batch dimension is implied) in dims; `N` below is
+`num_draft_tokens`, the verify window with the root. Implementations are bound
+by the engine that runs them.
+"""
+
+from __future__ import annotations
+
+from relayc.nodes.registry import Op, TensorType, register
+
+T = TensorType
+N = "num_draft_tokens"
+PARENTS = "topk*(num_steps-1)+1"
+
+_SLOTS = {"req_pool_indices": T("int64", (), doc="request-pool slots")}
+_LENS = {"seq_lens": T("int64", (), doc="KV length before this iteration")}
+_DRAFTING = {
+    "parent_list": T("int64", (PARENTS,), doc="parent of each kept beam, flattened"),
+    "top_scores_index": T("int64", (f"{N}-1",), doc="selected candidates, ascending"),
+    "draft_tokens": T("int64", (f"{N}-1",), doc="tokens of the selected candidates"),
+}
+_TREE = {
+    "candidates": T("int64", (N,), doc="tree tokens, the root first"),
+    "tree_mask": T("bool", (N, N), doc="ancestor mask over the window"),
+    "positions": T("int64", (N,), doc="position of each tree node"),
+    "retrive_index": T("int64", (N,)),
+    "retrive_next_token": T("int64", (N,), doc="first child, -1 = none"),
+    "retrive_next_sibling": T("int64", (N,), doc="next sibling, -1 = none"),
+}
+_ACCEPTED = {
+    "accept_index": T("int64", (N,), doc="accepted node rows, -1 padded"),
+    "accept_lens": T("int32", (), doc="tokens emitted, bonus included"),
+    "accept_tokens": T("int64", (N,), doc="emitted tokens, left-aligned"),
+    "bonus_tokens": T("int64", (), doc="target token after the last accepted node"),
+}
+_FIRST_TOP_K = {
+    "topk_p": T("float32", ("topk",)),
+    "topk_index": T("int64", ("topk",)),
+}
+_STEP_TOP_K = {
+    "topk_p": T("float32", ("num_steps", "topk")),
+    "topk_index": T("int64", ("num_steps", "topk")),
+}
+_PREFILLED = {"next_tokens": T("int64", ()), "seq_lens": T("int64", ())}
+_EXTEND_INPUTS = {
+    "accept_index": _ACCEPTED["accept_index"],
+    "accept_lens": _ACCEPTED["accept_lens"],
+    "accept_tokens": _ACCEPTED["accept_tokens"],
+    **_LENS,
+    **_SLOTS,
+}
+
+for op in (
+    # Non-speculative decoding.
+    Op(
+        "target_prefill",
+        {**_SLOTS, **_LENS},
+        {"next_tokens": T("int64", ())},
+        doc="target forward over the prompt, first sampled token",
+    ),
+    Op(
+        "target_decode",
+        {"input_ids": T("int64", ()), **_SLOTS, **_LENS},
+        {"logits": T("float32", ("vocab",))},
+        doc="one target forward per request",
+    ),
+    Op(
+        "sample",
+        {"logits": T("float32", ("vocab",))},
+        {"next_tokens": T("int64", ())},
+        doc="greedy or sampled next token",
+    ),
+    # Shared by the tree algorithms.
+    Op(
+        "build_tree",
+        {"bonus_tokens": T("int64", ()), **_DRAFTING, **_LENS},
+        _TREE,
+        doc="verify tree from drafting results (relayc.kernels.build_tree)",
+    ),
+    Op(
+        "target_verify",
+        {k: _TREE[k] for k in ("candidates", "tree_mask", "positions")} | _LENS | _SLOTS,
+        {"logits": T("float32", (N, "vocab")), "hidden_states": T("model", (N, "hidden"))},
+        doc="one target forward over every tree node",
+    ),
+    Op(
+        "accept_tree",
+        {
+            "logits": T("float32", (N, "vocab")),
+            "candidates": _TREE["candidates"],
+            "retrive_index": _TREE["retrive_index"],
+            "retrive_next_token": _TREE["retrive_next_token"],
+            "retrive_next_sibling": _TREE["retrive_next_sibling"],
+        },
+        _ACCEPTED,
+        doc="greedy or target-only sampling acceptance over the tree",
+    ),
+    Op(
+        "compact_accepted_kv",
+        {
+            "accept_index": _ACCEPTED["accept_index"],
+            "accept_lens": _ACCEPTED["accept_lens"],
+            **_LENS,
+            **_SLOTS,
+        },
+        {"new_seq_lens": T("int64", ())},
+        doc="move accepted KV to contiguous positions",
+    ),
+    # EAGLE.
+    Op(
+        "eagle_prefill",
+        {**_SLOTS, **_LENS},
+        {
+            **_PREFILLED,
+            **_FIRST_TOP_K,
+            "hidden_states": T("model", ("hidden",)),
+            "draft_probs": T("float32", ("vocab",)),
+        },
+        doc="target prefill, then the draft head over the prompt",
+    ),
+    Op(
+        "eagle_draft",
+        {
+            **_FIRST_TOP_K,
+            "hidden_states": T("model", ("hidden",)),
+            "draft_probs": T("float32", ("vocab",), optional=True),
+            **_LENS,
+            **_SLOTS,
+        },
+        {**_DRAFTING, "chain_draft_probs": T("float32", ("num_steps", "vocab"))},
+        doc="expand the relayed top-k for num_steps draft-head steps",
+    ),
+    Op(
+        "eagle_draft_extend",
+        {"hidden_states": T("model", (N, "hidden")), **_EXTEND_INPUTS},
+        {
+            **_FIRST_TOP_K,
+            "hidden_states": T("model", ("hidden",)),
+            "draft_probs": T("float32", ("vocab",)),
+        },
+        doc="draft head over the accepted tokens; next top-k",
+    ),
+    # Multi-layer EAGLE (MTP).
+    Op(
+        "mtp_prefill",
+        {**_SLOTS, **_LENS},
+        {**_PREFILLED, **_STEP_TOP_K},
+        doc="target prefill, then every draft layer proposes its step",
+    ),
+    Op(
+        "mtp_select",
+        dict(_STEP_TOP_K),
+        dict(_DRAFTING),
+        doc="drafting results from the relayed per-step top-k",
+    ),
+    Op(
+        "mtp_draft_extend",
+        {"hidden_states": T("model", (N, "hidden")), **_EXTEND_INPUTS},
+        dict(_STEP_TOP_K),
+        doc="draft layers over the accepted tokens",
+    ),
+    # N-gram.
+    Op(
+        "ngram_prefill",
+        {**_SLOTS, **_LENS},
+        {
+            "accept_tokens": _ACCEPTED["accept_tokens"],
+            "accept_lens": _ACCEPTED["accept_lens"],
+            "seq_lens": T("int64", ()),
+        },
+        doc="target prefill; first token as an accept row",
+    ),
+    Op(
+        "ngram_propose",
+        dict(_SLOTS),
+        {"proposals": T("int64", (N, N)), "proposal_keys": T("int64", (N,))},
+        placement="host",
+        doc="suffix-match proposals from the host's token history",
+    ),
+    Op(
+        "ngram_splice",
+        {
+            "accept_tokens": _ACCEPTED["accept_tokens"],
+            "accept_lens": _ACCEPTED["accept_lens"],
+            "proposals": T("int64", (N, N)),
+            "proposal_keys": T("int64", (N,)),
+            **_LENS,
+        },
+        _TREE,
+        doc="pick proposals for the relayed accepted tokens; lay out the tree",
+    ),
+    # Standalone draft model.
+    Op(
+        "standalone_prefill",
+        {**_SLOTS, **_LENS},
+        {**_PREFILLED, **_FIRST_TOP_K, "draft_probs": T("float32", ("vocab",))},
+        doc="target and draft prefill",
+    ),
+    Op(
+        "standalone_draft",
+        {**_FIRST_TOP_K, "draft_probs": T("float32", ("vocab",)), **_LENS, **_SLOTS},
+        {**_DRAFTING, "chain_draft_probs": T("float32", ("num_steps", "vocab"))},
+        doc="continue the chain with num_steps - 1 draft forwards",
+    ),
+    Op(
+        "accept_chain",
+        {
+            "logits": T("float32", (N, "vocab")),
+            "candidates": _TREE["candidates"],
+            "draft_probs": T("float32", ("num_steps", "vocab")),
+        },
+        _ACCEPTED,
+        doc="greedy or rejection sampling with real draft probabilities",
+    ),
+    Op(
+        "standalone_draft_extend",
+        {
+            k: _EXTEND_INPUTS[k]
+            for k in ("accept_tokens", "accept_lens", "seq_lens", "req_pool_indices")
+        },
+        {**_FIRST_TOP_K, "draft_probs": T("float32", ("vocab",))},
+        doc="draft model over the accepted tokens; next top-k",
+    ),
+):
+    register(op)
