@@ -339,7 +339,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     if args.format == "svg" and not args.output:
-        return usage("--format svg writes binary output: give -o FILE")
+        return usage("--format svg needs -o FILE (svg is not written to stdout)")
     if not Path(args.spec).is_file():
         return usage(f"no such spec file: {args.spec}")
     try:
