@@ -58,7 +58,7 @@ def _check_signature(spec: Spec, step: Step, op: Op, errors: list[SpecError]) ->
             SpecError(
                 step.loc,
                 f"step `{step.name}` does not bind {quoted_list(missing)} of op `{op.name}`",
-                f"add them to `reads:` ({', '.join(f'{p}: ...' for p in missing)})",
+                "add to `reads:`: " + ", ".join(f"`{p}: ...`" for p in missing),
             )
         )
     for out in step.writes:
@@ -101,7 +101,7 @@ def _build(spec: Spec, steps: tuple[Step, ...], errors: list[SpecError], phase: 
                     f"unknown op `{step.op}` in step `{step.name}`",
                     join_hints(
                         did_you_mean(step.op, all_ops()),
-                        "ops are registered in relayc/nodes/ (`relayc.nodes.register`)",
+                        "ops are registered in relayc/nodes/ with `relayc.nodes.registry.register`",
                     ),
                 )
             )

@@ -76,21 +76,19 @@ def relay_inference(
                     spec.locate(step, "reads", param),
                     f"step `{step}` reads relay field `{name}`, but no step stashes it and the "
                     "prefill does not seed it",
-                    f"stash an output into `{name}` (`stash: {{{name}: <output>}}`) in the step "
-                    "that produces it, or stop reading it",
+                    f"add `stash: {{{name}: <output>}}` to the step that produces it, or stop "
+                    "reading it",
                 )
             )
         elif reading_steps and not seeded and fld.init == "empty" and stasher is not None:
             step = reading_steps[0]
             errors.append(
                 SpecError(
-                    spec.locate("prefill", "stash", name)
-                    if name in spec.prefill.stash
-                    else spec.prefill.loc,
+                    spec.prefill.loc,
                     f"the prefill does not seed relay field `{name}`, which step `{step}` reads "
                     "in a request's first decode iteration",
-                    "stash it in the prefill step, or give the field an `init:` (zeros or a fill "
-                    "value) so the first read is defined",
+                    "stash it in the prefill step, or give the field an `init:` of zeros or a "
+                    "fill value so the first read is defined",
                 )
             )
         elif not reading_steps and not fld.export:
