@@ -40,17 +40,26 @@ def sample_residual_reference(target: list[float], residual: list[float], coin: 
 def sample_residual_torch(
     target: torch.Tensor, residual: torch.Tensor, coins: torch.Tensor
 ) -> torch.Tensor:
-    """Rows at once: ``target``/``residual`` ``[B, V]`` float32, ``coins`` ``[B]`` -> ``[B]`` int64."""
+    """Rows at once: ``target``/``residual`` ``[B, V]`` float32, ``coins`` ``[B]`` -> ``[B]`` int64.
+
+    The two fallbacks are rare, so they are computed only for the rows that need
+    them (a host sync each, cheap on the CPU this path is for).
+    """
     vocab = target.shape[-1]
-    weights = torch.where((residual.sum(-1) > 0)[:, None], residual, target)
-    cdf = weights.cumsum(-1)
+    cdf = residual.cumsum(-1)
+    empty = cdf[:, -1] <= 0
+    if empty.any():
+        cdf[empty] = target[empty].cumsum(-1)
     u = coins * cdf[:, -1]
-    # cdf never decreases, so the count of entries <= u is the first index above u.
-    first_above = (cdf <= u[:, None]).sum(-1)
-    token_ids = torch.arange(vocab, device=target.device)
-    last_positive = torch.where(weights > 0, token_ids, -1).amax(-1)
-    fallback = torch.where(last_positive >= 0, last_positive, vocab - 1)
-    return torch.where(first_above < vocab, first_above, fallback)
+    # right=True: the first index whose cdf is > u (cdf never decreases).
+    sampled = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]
+    overshot = sampled >= vocab
+    if overshot.any():
+        weights = torch.where(empty[:, None], target, residual)[overshot]
+        token_ids = torch.arange(vocab, device=target.device)
+        last_positive = torch.where(weights > 0, token_ids, -1).amax(-1)
+        sampled[overshot] = torch.where(last_positive >= 0, last_positive, vocab - 1)
+    return sampled
 
 
 @jit

@@ -100,9 +100,9 @@ def _chain_sampling_torch(
 
     target = target_probs[rows, num_accepted]
     if num_drafts > 0:
-        draft = draft_probs[rows, num_accepted.clamp(max=num_drafts - 1)]
-        rejected_one = (num_accepted < num_drafts)[:, None]
-        residual = torch.where(rejected_one, (target - draft).clamp(min=0), target)
+        draft = draft_probs[rows, num_accepted.clamp(max=num_drafts - 1)]  # a copy
+        draft.masked_fill_((num_accepted == num_drafts)[:, None], 0.0)
+        residual = (target - draft).clamp_(min=0)
     else:
         residual = target
     sampled = sample_residual_torch(target, residual, uniform_samples_for_final_sampling)

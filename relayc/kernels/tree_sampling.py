@@ -188,15 +188,18 @@ def _tree_sampling_torch(
 
     last_rows = rows * num_draft + last
     target = target_rows[last_rows]
-    subtract_draft = (num_accepted < num_spec_step - 1)[:, None]
-    draft = draft_probs.reshape(batch * num_draft, vocab)[last_rows]
-    residual = torch.where(subtract_draft, (target - draft).clamp(min=0), target)
-    # amax, not a plain scatter: a token may sit on a rejected and an untried child.
-    # Only rejected nodes point at their token, the others add a 0 at token 0.
-    excluded = torch.zeros_like(residual).scatter_reduce(
-        1, torch.where(rejected, candidates, 0), rejected.to(residual.dtype), reduce="amax"
+    draft = draft_probs.reshape(batch * num_draft, vocab)[last_rows]  # a copy: safe to edit
+    draft.masked_fill_((num_accepted == num_spec_step - 1)[:, None], 0.0)
+    residual = (target - draft).clamp_(min=0)
+    # Multiply rejected tokens by 0 and everything else by 1 (non-rejected nodes all
+    # point at token 0): unlike a plain scatter this is right when one token sits on
+    # both a rejected and an untried child.
+    residual.scatter_reduce_(
+        1,
+        torch.where(rejected, candidates, 0),
+        (~rejected).to(residual.dtype),
+        reduce="prod",
     )
-    residual = torch.where(excluded > 0, 0.0, residual)
     sampled = sample_residual_torch(target, residual, uniform_samples_for_final_sampling)
     emitted = torch.where(slots == num_accepted[:, None], sampled[:, None], emitted)
 

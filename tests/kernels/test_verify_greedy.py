@@ -131,3 +131,23 @@ def test_rejects_wrong_dtype():
     trees = chain([0, 1])
     with pytest.raises(TypeError, match=r"`target_predict` must be torch\.int64"):
         run(verify_tree_greedy, trees, torch.tensor([[1, 2]], dtype=torch.int32), 2)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_argmax_ties_go_to_the_lowest_token(backend):
+    # The kernel takes target_predict as given; the contract is that the caller's
+    # argmax breaks ties towards the lowest id, which torch.argmax does. Tokens 1 and 3
+    # tie at the root, and the child drafting 1 is accepted although 3 is tried first.
+    trees = DraftTrees(
+        candidates=torch.tensor([[0, 3, 1]]),
+        retrive_index=torch.arange(3)[None],
+        retrive_next_token=torch.tensor([[1, -1, -1]]),
+        retrive_next_sibling=torch.tensor([[-1, 2, -1]]),
+        parent=torch.tensor([[-1, 0, 0]]),
+        depth=torch.tensor([[0, 1, 1]]),
+    )
+    logits = torch.tensor([[[0.0, 2.0, 0.0, 2.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]])
+    target = logits.argmax(-1)
+    predicts, accept_index, num = run(verify_tree_greedy, trees, target, 3, backend=backend)
+    assert num.tolist() == [1] and accept_index.tolist() == [[0, 2, -1]]
+    assert predicts.tolist() == [1, POISON_PREDICT, 3]
