@@ -225,6 +225,12 @@ def chain_speculative_sampling(
         return
     if batch == 0:
         return
+    if num_drafts == 0:
+        # Triton's launcher rejects the null data pointer of an empty tensor; with no
+        # drafts the kernel never reads these, so one-element stand-ins will do.
+        placeholder_ids = draft_token_ids.new_zeros(1)
+        placeholder_floats = uniform_samples.new_zeros(1)
+        args = (*args[:3], placeholder_ids, placeholder_floats, *args[5:7], placeholder_floats)
     _chain_sampling_kernel[(batch,)](
         *args,
         num_drafts,
