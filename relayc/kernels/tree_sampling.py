@@ -8,8 +8,11 @@ Per request, starting at the root with ``coin = uniform_samples[b, 0]``:
   probability ``p = target_probs[b, node, token]`` to ``prob_acc``; accept the
   first child with ``p > 0`` and ``coin <= prob_acc / threshold_acc`` or
   ``p >= threshold_single``. With both thresholds 1 this draws a token from the
-  target distribution by inverse CDF over the children, so it is lossless;
-  smaller thresholds trade exactness for acceptance, as in SGLang;
+  target distribution by inverse CDF over the children, and with ``draft_probs``
+  zero (SGLang's target-only call) the whole step is lossless; smaller
+  thresholds trade exactness for acceptance, as in SGLang. A non-zero
+  ``draft_probs`` is subtracted in the final draw exactly as SGLang does, which
+  is not lossless in general (acceptance ignores it);
 - on accepting child ``c``: ``prob_acc = 0``, ``coin = uniform_samples[b, c]``
   and the walk continues at ``c`` (at most ``S`` accepted, ``S + 1`` being
   ``accept_index.shape[1]``);
