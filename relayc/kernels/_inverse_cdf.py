@@ -1,0 +1,131 @@
+"""Inverse-CDF sampling of the residual distribution, shared by the sampling kernels.
+
+Both tree and chain speculative sampling end by drawing one token from an
+unnormalised residual ``w = relu(target - draft)`` (some tokens masked out) with
+one uniform ``coin`` per request. The rule, identical in the reference, the torch
+path and the Triton helper (it is FlashInfer's, which SGLang's kernel uses):
+
+- if ``w`` sums to zero (the draft covered all of the target's mass, or rounding
+  emptied it), sample from the plain ``target`` row instead: it is the honest
+  distribution there, where SGLang would return token ``V - 1``;
+- ``u = coin * sum(w)``; the token is the first ``i`` with ``cumsum(w)[i] > u``;
+- if rounding leaves no such ``i`` (``coin`` within an ulp of 1), take the last
+  ``i`` with ``w[i] > 0``; if there is none either (an all-zero target row, bad
+  input), take ``V - 1`` like SGLang.
+
+Sums are float32 in an order each backend picks, so the backends agree exactly
+only where the sums are exact; the tests use probabilities on a 2^-12 grid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relayc.kernels._triton import jit, tl
+
+
+def sample_residual_reference(target: list[float], residual: list[float], coin: float) -> int:
+    """One row, plain loops (the definition)."""
+    weights = residual if sum(residual) > 0 else target
+    u = coin * sum(weights)
+    running = 0.0
+    for token, w in enumerate(weights):
+        running += w
+        if running > u:
+            return token
+    positive = [token for token, w in enumerate(weights) if w > 0]
+    return positive[-1] if positive else len(weights) - 1
+
+
+def sample_residual_torch(
+    target: torch.Tensor, residual: torch.Tensor, coins: torch.Tensor
+) -> torch.Tensor:
+    """Rows at once: ``target``/``residual`` ``[B, V]`` float32, ``coins`` ``[B]`` -> ``[B]`` int64.
+
+    The two fallbacks are rare, so they are computed only for the rows that need
+    them (a host sync each, cheap on the CPU this path is for).
+    """
+    vocab = target.shape[-1]
+    cdf = residual.cumsum(-1)
+    empty = cdf[:, -1] <= 0
+    if empty.any():
+        cdf[empty] = target[empty].cumsum(-1)
+    u = coins * cdf[:, -1]
+    # right=True: the first index whose cdf is > u (cdf never decreases).
+    sampled = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]
+    overshot = sampled >= vocab
+    if overshot.any():
+        weights = torch.where(empty[:, None], target, residual)[overshot]
+        token_ids = torch.arange(vocab, device=target.device)
+        last_positive = torch.where(weights > 0, token_ids, -1).amax(-1)
+        sampled[overshot] = torch.where(last_positive >= 0, last_positive, vocab - 1)
+    return sampled
+
+
+@jit
+def _residual_tile(
+    target_row_ptr,
+    draft_row_ptr,
+    subtract_draft,
+    excluded_tokens,
+    excluded,
+    offs,
+    vocab,
+):
+    in_vocab = offs < vocab
+    target = tl.load(target_row_ptr + offs, mask=in_vocab, other=0.0)
+    # A bound rather than `in_vocab & subtract_draft`: the interpreter rejects a load
+    # mask built from a vector & scalar.
+    draft_end = tl.where(subtract_draft, vocab, 0)
+    draft = tl.load(draft_row_ptr + offs, mask=offs < draft_end, other=0.0)
+    hit = (offs[:, None] == excluded_tokens[None, :]) & excluded[None, :]
+    is_excluded = tl.max(hit.to(tl.int32), axis=1) > 0
+    residual = tl.where(is_excluded, 0.0, tl.maximum(target - draft, 0.0))
+    return target, residual
+
+
+@jit
+def sample_residual_triton(
+    target_row_ptr,
+    draft_row_ptr,
+    subtract_draft,
+    excluded_tokens,
+    excluded,
+    vocab,
+    coin,
+    BLOCK_V: tl.constexpr,
+):
+    """Draw from ``relu(target - draft)`` (draft only if ``subtract_draft``) with the
+    tokens in ``excluded_tokens[excluded]`` zeroed; two passes over the row."""
+    residual_total = 0.0
+    target_total = 0.0
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        target, residual = _residual_tile(
+            target_row_ptr, draft_row_ptr, subtract_draft, excluded_tokens, excluded, offs, vocab
+        )
+        residual_total += tl.sum(residual, axis=0)
+        target_total += tl.sum(target, axis=0)
+    use_residual = residual_total > 0
+    u = coin * tl.where(use_residual, residual_total, target_total)
+
+    first_above = vocab
+    last_positive = -1
+    running = 0.0
+    for start in range(0, vocab, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        target, residual = _residual_tile(
+            target_row_ptr, draft_row_ptr, subtract_draft, excluded_tokens, excluded, offs, vocab
+        )
+        weights = tl.where(use_residual, residual, target)
+        cdf = tl.cumsum(weights, axis=0) + running
+        in_vocab = offs < vocab
+        first_above = tl.minimum(
+            first_above, tl.min(tl.where((cdf > u) & in_vocab, offs, vocab), axis=0)
+        )
+        last_positive = tl.maximum(
+            last_positive, tl.max(tl.where((weights > 0) & in_vocab, offs, -1), axis=0)
+        )
+        running += tl.sum(weights, axis=0)
+    fallback = tl.where(last_positive >= 0, last_positive, vocab - 1)
+    return tl.where(first_above < vocab, first_above, fallback)

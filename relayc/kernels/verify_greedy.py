@@ -1,0 +1,221 @@
+"""Greedy tree verification: accept the longest root path the target's argmax agrees with.
+
+Drop-in for SGLang's ``sgl_kernel.verify_tree_greedy`` (same arguments, order,
+dtypes and in-place outputs; layout in ``_tree_layout``). Per request, starting
+at the root: try the current node's children in sibling order and accept the
+first whose token equals ``target_predict`` of the last accepted node; stop when
+no child matches, the node has no children, or ``S`` drafts are accepted. Then
+
+- ``accept_index[b, :k + 1]`` = global ids of the root and the ``k`` accepted
+  nodes, the rest -1 (SGLang leaves the tail as the caller filled it, which is
+  -1 there, so writing -1 changes nothing for SGLang's callers);
+- ``accept_token_num[b]`` = ``k``;
+- ``predicts[g]`` = ``target_predict[g]`` for every ``g`` on that path (the last
+  one is the bonus token); entries off the path are left untouched, like SGLang.
+
+``target_predict`` is the target's argmax per node, computed by the caller; ties
+must go to the lowest token id (``torch.argmax`` does this) so that every backend
+and the engine agree on one token.
+
+Each node is visited at most once, so every implementation bounds its walk by
+``N - 1`` steps: a malformed tree with a cycle ends instead of hanging.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relayc.kernels._backend import resolve_backend
+from relayc.kernels._tree_layout import check_tree_args, expect_tensor
+from relayc.kernels._triton import jit, next_power_of_2, tl
+
+
+def verify_tree_greedy_reference(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+) -> None:
+    """Plain loops, one request at a time; the definition the other paths are tested against."""
+    batch = candidates.shape[0]
+    max_accept = accept_index.shape[1] - 1
+    target_flat = target_predict.reshape(-1).tolist()
+    for b in range(batch):
+        tokens = candidates[b].tolist()
+        global_ids = retrive_index[b].tolist()
+        first_child = retrive_next_token[b].tolist()
+        next_sibling = retrive_next_sibling[b].tolist()
+
+        path = [global_ids[0]]
+        node = 0
+        while len(path) - 1 < max_accept:
+            want = target_flat[path[-1]]
+            child = first_child[node]
+            while child != -1 and tokens[child] != want:
+                child = next_sibling[child]
+            if child == -1:
+                break
+            path.append(global_ids[child])
+            node = child
+
+        for slot in range(max_accept + 1):
+            accept_index[b, slot] = path[slot] if slot < len(path) else -1
+        accept_token_num[b] = len(path) - 1
+        for g in path:
+            predicts[g] = target_flat[g]
+
+
+def _verify_tree_greedy_torch(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+) -> None:
+    """All requests in lockstep; each step tries one node per request."""
+    batch, num_draft = candidates.shape
+    num_spec_step = accept_index.shape[1]
+    device = candidates.device
+    rows = torch.arange(batch, device=device)
+    slots = torch.arange(num_spec_step, device=device)
+    target_flat = target_predict.reshape(-1)
+
+    path = torch.full((batch, num_spec_step), -1, dtype=torch.int64, device=device)
+    path[:, 0] = retrive_index[:, 0]
+    last_global = retrive_index[:, 0].clone()
+    num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
+    cur = retrive_next_token[:, 0].clone()
+    if num_spec_step == 1:
+        cur.fill_(-1)
+
+    for _ in range(num_draft - 1):
+        active = cur >= 0
+        node = cur.clamp(min=0)
+        node_global = retrive_index[rows, node]
+        accept = active & (candidates[rows, node] == target_flat[last_global])
+        num_accepted += accept
+        path = torch.where(
+            accept[:, None] & (slots == num_accepted[:, None]), node_global[:, None], path
+        )
+        last_global = torch.where(accept, node_global, last_global)
+        following = torch.where(
+            accept, retrive_next_token[rows, node], retrive_next_sibling[rows, node]
+        )
+        following = torch.where(accept & (num_accepted == num_spec_step - 1), -1, following)
+        cur = torch.where(active, following, cur)
+
+    accept_index.copy_(path)
+    accept_token_num.copy_(num_accepted)
+    on_path = path[path >= 0]
+    predicts[on_path] = target_flat[on_path].to(predicts.dtype)
+
+
+@jit
+def _verify_tree_greedy_kernel(
+    predicts_ptr,
+    accept_index_ptr,
+    accept_token_num_ptr,
+    candidates_ptr,
+    retrive_index_ptr,
+    retrive_next_token_ptr,
+    retrive_next_sibling_ptr,
+    target_predict_ptr,
+    num_draft,
+    num_spec_step,
+    BLOCK_S: tl.constexpr,
+):
+    # One program per request. The accepted path is kept in registers and stored
+    # once at the end, so no element is written twice by different threads.
+    b = tl.program_id(0).to(tl.int64)
+    row = b * num_draft
+    slots = tl.arange(0, BLOCK_S)
+
+    root_global = tl.load(retrive_index_ptr + row)
+    path = tl.where(slots == 0, root_global, -1)
+    last_global = root_global
+    num_accepted = tl.full((), 0, tl.int32)
+    cur = tl.load(retrive_next_token_ptr + row)
+    cur = tl.where(num_spec_step > 1, cur, -1)
+
+    for _ in range(num_draft - 1):
+        active = cur >= 0
+        node = tl.where(active, cur, 0)
+        node_global = tl.load(retrive_index_ptr + row + node)
+        token = tl.load(candidates_ptr + row + node)
+        want = tl.load(target_predict_ptr + last_global)
+        accept = active & (token == want)
+        num_accepted += accept.to(tl.int32)
+        path = tl.where(accept & (slots == num_accepted), node_global, path)
+        last_global = tl.where(accept, node_global, last_global)
+        following = tl.where(
+            accept,
+            tl.load(retrive_next_token_ptr + row + node),
+            tl.load(retrive_next_sibling_ptr + row + node),
+        )
+        following = tl.where(accept & (num_accepted == num_spec_step - 1), -1, following)
+        cur = tl.where(active, following, cur)
+
+    in_row = slots < num_spec_step
+    tl.store(accept_index_ptr + b * num_spec_step + slots, path.to(tl.int32), mask=in_row)
+    tl.store(accept_token_num_ptr + b, num_accepted)
+    on_path = in_row & (slots <= num_accepted)
+    bonus_and_accepted = tl.load(target_predict_ptr + path, mask=on_path, other=0)
+    tl.store(predicts_ptr + path, bonus_and_accepted.to(tl.int32), mask=on_path)
+
+
+def verify_tree_greedy(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+    backend: str = "auto",
+) -> None:
+    """Greedy tree verification in place; see the module docstring for the contract.
+
+    Shapes: candidates / retrive_* / target_predict ``[B, N]`` int64; predicts
+    ``[B * N]``, accept_index ``[B, S + 1]``, accept_token_num ``[B]`` int32.
+    """
+    shape = check_tree_args(
+        predicts,
+        accept_index,
+        accept_token_num,
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+    )
+    expect_tensor(
+        target_predict, "target_predict", (shape.batch, shape.num_draft_tokens), torch.int64
+    )
+    args = (
+        predicts,
+        accept_index,
+        accept_token_num,
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        target_predict,
+    )
+    if resolve_backend(backend, candidates.device) == "torch":
+        _verify_tree_greedy_torch(*args)
+        return
+    if shape.batch == 0:
+        return
+    _verify_tree_greedy_kernel[(shape.batch,)](
+        *args,
+        shape.num_draft_tokens,
+        shape.num_spec_step,
+        BLOCK_S=next_power_of_2(shape.num_spec_step),
+    )
