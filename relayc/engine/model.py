@@ -2,7 +2,7 @@
 
 Module names mirror transformers' ``LlamaForCausalLM`` so a Hugging Face
 ``state_dict`` loads key for key (see weights.py). The constructor allocates
-uninitialised weights without touching the global RNG; use
+uninitialised weights (``torch.empty``: no global RNG draw, no init cost); use
 ``weights.random_model`` or ``weights.load_checkpoint`` to get a usable model.
 
 ``forward(batch)`` runs on the paged KV cache (extend / decode / verify);
@@ -37,11 +37,35 @@ class ForwardOutput:
     hidden_states: torch.Tensor  # [T, hidden] pre-final-norm, every new token
 
 
+def _empty(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype))
+
+
+class Linear(nn.Module):
+    """``nn.Linear`` without bias or its random init; weights come from weights.py."""
+
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _empty(out_features, in_features, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _empty(num_embeddings, dim, dtype=dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.empty(size, dtype=dtype))
+        self.weight = _empty(size, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 and scale after casting back, as transformers does,
@@ -78,10 +102,10 @@ class LlamaAttention(nn.Module):
         super().__init__()
         c, dt = config, config.dtype
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False, dtype=dt)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False, dtype=dt)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False, dtype=dt)
-        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False, dtype=dt)
+        self.q_proj = Linear(c.hidden_size, c.num_heads * c.head_dim, dt)
+        self.k_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, dt)
+        self.v_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, dt)
+        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, dt)
 
     def forward(
         self,
@@ -102,9 +126,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         h, i, dt = config.hidden_size, config.intermediate_size, config.dtype
-        self.gate_proj = nn.Linear(h, i, bias=False, dtype=dt)
-        self.up_proj = nn.Linear(h, i, bias=False, dtype=dt)
-        self.down_proj = nn.Linear(i, h, bias=False, dtype=dt)
+        self.gate_proj = Linear(h, i, dt)
+        self.up_proj = Linear(h, i, dt)
+        self.down_proj = Linear(i, h, dt)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -135,7 +159,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, config.dtype)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
 
@@ -144,17 +168,12 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu") -> None:
         super().__init__()
         self.config = config
-        with torch.device("meta"):
-            self.model = LlamaModel(config)
-            self.lm_head = nn.Linear(
-                config.hidden_size, config.vocab_size, bias=False, dtype=config.dtype
-            )
-        self.to_empty(device=device)
+        self.model = LlamaModel(config)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, config.dtype)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position).to(
-            device
-        )
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
+        self.to(device)
 
     @property
     def device(self) -> torch.device:
