@@ -32,6 +32,10 @@ class PagedAttentionMetadata:
     def build(cls, batch: ForwardBatch) -> PagedAttentionMetadata:
         num_tokens, bs = batch.input_ids.numel(), batch.batch_size
         p_max, q_max = batch.max_prefix_len, batch.max_extend_len
+        if p_max > batch.req_to_token.shape[1]:
+            raise ValueError(
+                f"max_prefix_len {p_max} exceeds the req_to_token width {batch.req_to_token.shape[1]}"
+            )
         device = batch.input_ids.device
         ext, pre = batch.extend_lens, batch.prefix_lens
         starts = torch.cumsum(ext, 0) - ext  # [B]

@@ -170,10 +170,10 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, config.dtype)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
         self.to(device)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     @property
     def device(self) -> torch.device:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relayc.engine.config import ModelConfig
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.weights import random_model
@@ -182,3 +183,32 @@ def test_build_rejects_inconsistent_batches(model: LlamaForCausalLM) -> None:
         ForwardBatch.build(ForwardMode.EXTEND, [[1, 2]], [1], [0], [1], table, cache)
     with pytest.raises(ValueError, match="tree_mask is required"):
         ForwardBatch.build(ForwardMode.VERIFY, [[1, 2]], [1], [0], [1, 2], table, cache)
+
+
+def test_bfloat16_paged_decode_tracks_float32() -> None:
+    """Half precision runs end to end (cache in bf16) and stays near the float32 logits."""
+    full = random_model(seed=11)
+    half = random_model(ModelConfig(dtype=torch.bfloat16), seed=11)  # the same weights, rounded
+    prompt, follow = _tokens(9, seed=60), _tokens(4, seed=61)
+    runs = []
+    for model in (full, half):
+        driver = PagedDriver(model)
+        assert driver.kv_cache.k[0].dtype == model.config.dtype
+        req = driver.new_request()
+        driver.extend([req], [prompt], all_logits=False)
+        runs.append(torch.cat([driver.decode([req], [t]) for t in follow]))
+    assert runs[1].dtype == torch.float32 and torch.isfinite(runs[1]).all()
+    scale = runs[0].abs().max().item()
+    assert (runs[1] - runs[0]).abs().max().item() < 0.05 * scale
+    assert (runs[1].argmax(-1) == runs[0].argmax(-1)).float().mean() >= 0.75
+
+
+def test_max_prefix_len_beyond_the_table_is_rejected(model: LlamaForCausalLM) -> None:
+    driver = PagedDriver(model, max_context=16)
+    req = driver.new_request()
+    batch = ForwardBatch.build(
+        ForwardMode.DECODE, [[1]], [req], [0], [1], driver.req_pool.req_to_token, driver.kv_cache
+    )
+    batch.max_prefix_len = 17
+    with pytest.raises(ValueError, match="max_prefix_len 17"):
+        model(batch)
