@@ -50,6 +50,9 @@ class ReqToTokenPool:
         for index in indices:
             if not 1 <= index <= self.size:
                 raise ValueError(f"request slot {index} is outside 1..{self.size}")
+        doubled = set(indices) & set(self._free)
+        if doubled or len(set(indices)) != len(indices):
+            raise ValueError(f"request slots freed twice: {sorted(doubled) or indices}")
         self._free.extend(indices)
 
 

@@ -29,6 +29,10 @@ class SamplingParams:
     seed: int | None = None  # None = the engine seed plus the request id
     stop_token_ids: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Callers pass lists; a tuple keeps the params hashable and immutable.
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
     def validate(self, vocab_size: int) -> None:
         """Raise ``ValueError`` naming the first bad field and its allowed range."""
         if self.max_new_tokens <= 0:

@@ -44,6 +44,11 @@ def test_req_pool_never_hands_out_slot_zero() -> None:
     assert pool.alloc(1) == [taken[1]]
     with pytest.raises(ValueError, match="outside"):
         pool.free(0)
+    with pytest.raises(ValueError, match="twice"):
+        pool.free([taken[0], taken[0]])
+    pool.free(taken[0])
+    with pytest.raises(ValueError, match="twice"):
+        pool.free(taken[0])
 
 
 def test_kv_cache_layout_and_write() -> None:

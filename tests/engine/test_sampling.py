@@ -116,5 +116,6 @@ def test_defaults_validate_and_seed_resolution() -> None:
     params = SamplingParams()
     params.validate(VOCAB)
     assert params == SamplingParams(32, 0.0, 0, 1.0, None, ())
+    assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)  # type: ignore[arg-type]
     assert params.resolve_seed(engine_seed=100, request_id=7) == 107
     assert SamplingParams(seed=5).resolve_seed(engine_seed=100, request_id=7) == 5
