@@ -1,0 +1,130 @@
+"""The paged KV cache, laid out as SGLang lays it out.
+
+Three pieces, each with one job:
+
+* ``ReqToTokenPool`` maps a request slot to the KV slots of its tokens:
+  ``req_to_token[req_pool_index, position] -> kv slot`` (int32).
+* ``TokenToKVPool`` hands out and takes back KV slots (a free list).
+* ``KVCache`` holds the K/V tensors, ``k[layer][kv_slot] -> [num_kv_heads, head_dim]``.
+
+Slot 0 of both pools is reserved and never handed out: CUDA-graph padding rows
+use request slot 0, whose row of ``req_to_token`` stays all zeros, so they read
+and write KV slot 0 and never touch a live request's cache.
+
+The model never writes ``req_to_token``: a forward writes the new tokens' K/V at
+``out_cache_loc`` and reads the cached prefix through ``req_to_token[r, :prefix_len]``;
+the scheduler records the new slots in ``req_to_token`` once it commits the
+tokens (for a draft tree, only the accepted ones).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relayc.engine.config import ModelConfig
+
+
+class ReqToTokenPool:
+    """Request slots ``1..size`` and the ``[size + 1, max_context]`` slot table."""
+
+    def __init__(self, size: int, max_context: int, device: torch.device | str = "cpu") -> None:
+        if size <= 0 or max_context <= 0:
+            raise ValueError(f"size and max_context must be positive; got {size}, {max_context}")
+        self.size = size
+        self.max_context = max_context
+        self.req_to_token = torch.zeros((size + 1, max_context), dtype=torch.int32, device=device)
+        self._free: list[int] = list(range(1, size + 1))
+
+    def available_size(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int = 1) -> list[int] | None:
+        """``n`` request slots, or None when fewer than ``n`` are free."""
+        if n > len(self._free):
+            return None
+        taken, self._free = self._free[:n], self._free[n:]
+        return taken
+
+    def free(self, indices: int | list[int]) -> None:
+        indices = [indices] if isinstance(indices, int) else list(indices)
+        for index in indices:
+            if not 1 <= index <= self.size:
+                raise ValueError(f"request slot {index} is outside 1..{self.size}")
+        doubled = set(indices) & set(self._free)
+        if doubled or len(set(indices)) != len(indices):
+            raise ValueError(f"request slots freed twice: {sorted(doubled) or indices}")
+        self._free.extend(indices)
+
+
+class TokenToKVPool:
+    """Allocator of KV slots ``1..size``; the free list lives on the device.
+
+    ``alloc`` slices the free list, so it neither synchronises nor launches work
+    that waits on the GPU: the scheduler can allocate for step i+1 while step i
+    runs. ``check=True`` validates every ``free`` on the host (a sync): use it in
+    tests to catch a double free or a freed padding slot.
+    """
+
+    def __init__(
+        self, size: int, device: torch.device | str = "cpu", *, check: bool = False
+    ) -> None:
+        if size <= 0:
+            raise ValueError(f"size must be positive; got {size}")
+        self.size = size
+        self.device = torch.device(device)
+        self.check = check
+        self._free = torch.arange(1, size + 1, dtype=torch.int64, device=self.device)
+
+    def available_size(self) -> int:
+        return self._free.numel()
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """``n`` KV slots as an int64 tensor, or None when fewer than ``n`` are free."""
+        if n > self._free.numel():
+            return None
+        taken, self._free = self._free[:n], self._free[n:]
+        return taken
+
+    def free(self, slots: torch.Tensor) -> None:
+        slots = slots.reshape(-1).to(device=self.device, dtype=torch.int64)
+        if slots.numel() == 0:
+            return
+        if self.check:
+            host = slots.tolist()
+            if min(host) < 1 or max(host) > self.size:
+                raise ValueError(f"freed KV slots must lie in 1..{self.size}; got {sorted(host)}")
+            doubled = set(host) & set(self._free.tolist())
+            if doubled or len(set(host)) != len(host):
+                raise ValueError(f"KV slots freed twice: {sorted(doubled) or host}")
+        self._free = torch.cat([self._free, slots])
+
+
+class KVCache:
+    """K and V buffers ``[num_layers][size + 1, num_kv_heads, head_dim]``; row 0 is padding."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (size + 1, num_kv_heads, head_dim)
+        self.size = size
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @classmethod
+    def for_model(
+        cls, config: ModelConfig, size: int, device: torch.device | str = "cpu"
+    ) -> KVCache:
+        return cls(
+            config.num_layers, size, config.num_kv_heads, config.head_dim, config.dtype, device
+        )
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k``/``v`` ``[T, num_kv_heads, head_dim]`` at KV ``slots`` ``[T]``."""
+        self.k[layer][slots] = k.to(self.k[layer].dtype)
+        self.v[layer][slots] = v.to(self.v[layer].dtype)

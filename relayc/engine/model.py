@@ -1,0 +1,216 @@
+"""A Llama-architecture decoder in plain torch.
+
+Module names mirror transformers' ``LlamaForCausalLM`` so a Hugging Face
+``state_dict`` loads key for key (see weights.py). The constructor allocates
+uninitialised weights (``torch.empty``: no global RNG draw, no init cost); use
+``weights.random_model`` or ``weights.load_checkpoint`` to get a usable model.
+
+``forward(batch)`` runs on the paged KV cache (extend / decode / verify);
+``forward_dense(input_ids)`` runs one sequence with no cache at all and is the
+independent path the naive reference generator uses.
+
+Both return ``ForwardOutput.hidden_states``: the last decoder layer's output
+*before* the final RMSNorm, for every new token. The post-norm states that the
+original EAGLE heads were trained on are ``model.model.norm(hidden_states)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from relayc.engine.attention import PagedAttentionMetadata, dense_causal_attention, paged_attention
+from relayc.engine.config import ModelConfig
+from relayc.engine.forward_batch import ForwardBatch, ForwardMode
+
+# (layer index, q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, H, D]
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [R, vocab] float32; R = B for extend/decode, T for verify / all-logits
+    hidden_states: torch.Tensor  # [T, hidden] pre-final-norm, every new token
+
+
+def _empty(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype))
+
+
+class Linear(nn.Module):
+    """``nn.Linear`` without bias or its random init; weights come from weights.py."""
+
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _empty(out_features, in_features, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _empty(num_embeddings, dim, dtype=dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _empty(size, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and scale after casting back, as transformers does,
+        # so half-precision checkpoints give the logits they were trained with.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables ``[max_position, head_dim]`` in float32, indexed by position."""
+
+    def __init__(self, head_dim: int, theta: float, max_position: int) -> None:
+        super().__init__()
+        inv_freq = 1.0 / theta ** (
+            torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        )
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        angles = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x [T, heads, head_dim]`` (the rotate-half convention of HF Llama)."""
+        cos = self.cos[positions][:, None, :].to(x.dtype)
+        sin = self.sin[positions][:, None, :].to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c, dt = config, config.dtype
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = Linear(c.hidden_size, c.num_heads * c.head_dim, dt)
+        self.k_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, dt)
+        self.v_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, dt)
+        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, dt)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        layer: int,
+        attend: AttendFn,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = rotary(self.q_proj(x).view(tokens, self.num_heads, self.head_dim), positions)
+        k = rotary(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim), positions)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        return self.o_proj(attend(layer, q, k, v).reshape(tokens, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, i, dt = config.hidden_size, config.intermediate_size, config.dtype
+        self.gate_proj = Linear(h, i, dt)
+        self.up_proj = Linear(h, i, dt)
+        self.down_proj = Linear(i, h, dt)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, config.dtype
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        layer: int,
+        attend: AttendFn,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, layer, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, config.dtype)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, config.dtype)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
+        self.to(device)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def _decoder(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn
+    ) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        for index, layer in enumerate(self.model.layers):
+            x = layer(x, positions, self.rotary, index, attend)
+        return x
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model.norm(hidden)).float()
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        """One step on the paged cache; logits per request (extend/decode) or per token (verify)."""
+        meta = PagedAttentionMetadata.build(batch)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return paged_attention(q, k, v, layer, batch, meta)
+
+        hidden = self._decoder(batch.input_ids, batch.positions, attend)
+        if batch.mode is ForwardMode.EXTEND and not batch.return_all_logits:
+            last = torch.cumsum(batch.extend_lens, 0) - 1
+            return ForwardOutput(self._logits(hidden[last]), hidden)
+        return ForwardOutput(self._logits(hidden), hidden)
+
+    @torch.no_grad()
+    def forward_dense(self, input_ids: torch.Tensor) -> ForwardOutput:
+        """One whole sequence ``[S]`` from position 0, causal, no KV cache; logits ``[S, vocab]``."""
+        positions = torch.arange(input_ids.numel(), device=input_ids.device)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return dense_causal_attention(q, k, v)
+
+        hidden = self._decoder(input_ids, positions, attend)
+        return ForwardOutput(self._logits(hidden), hidden)

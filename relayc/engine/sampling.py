@@ -1,0 +1,130 @@
+"""Sampling parameters and a batched, counter-keyed sampler.
+
+Randomness is a pure function of ``(seed, position, token id)``: a 32-bit
+integer hash computed on the device gives every candidate token its own
+uniform, and the sampler takes the Gumbel-max over the filtered logits. So a
+request's draw at a position never depends on which other requests share the
+batch, on how many steps ran before it, or on the position being a device value
+the host has not seen yet (overlap and speculative decoding both need that).
+The hash uses only int64 arithmetic that cannot overflow, so CPU and CUDA agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_SEED_MASK = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 32
+    temperature: float = 0.0  # 0 = greedy (argmax, lowest token id on ties)
+    top_k: int = 0  # 0 = no top-k filter
+    top_p: float = 1.0
+    seed: int | None = None  # None = the engine seed plus the request id
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Callers pass lists; a tuple keeps the params hashable and immutable.
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise ``ValueError`` naming the first bad field and its allowed range."""
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"`max_new_tokens` must be positive; got {self.max_new_tokens}")
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"`temperature` must be >= 0 (0 = greedy); got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"`top_p` must be in (0, 1]; got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"`top_k` must be >= 0 (0 = off); got {self.top_k}")
+        bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"`stop_token_ids` {bad} are outside the vocabulary [0, {vocab_size})")
+
+    def resolve_seed(self, engine_seed: int, request_id: int) -> int:
+        return self.seed if self.seed is not None else engine_seed + request_id
+
+
+@dataclass
+class SamplingBatch:
+    """Per-request sampling settings as device tensors ``[B]``."""
+
+    temperatures: torch.Tensor  # float32
+    top_ks: torch.Tensor  # int64, 0 = off
+    top_ps: torch.Tensor  # float32
+    seeds: torch.Tensor  # int64, non-negative
+
+    @classmethod
+    def build(
+        cls, params: Sequence[SamplingParams], seeds: Sequence[int], device: torch.device | str
+    ) -> SamplingBatch:
+        def tensor(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(
+            temperatures=tensor([p.temperature for p in params], torch.float32),
+            top_ks=tensor([p.top_k for p in params], torch.int64),
+            top_ps=tensor([p.top_p for p in params], torch.float32),
+            seeds=tensor([s & _SEED_MASK for s in seeds], torch.int64),
+        )
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche hash on int64 holding values < 2**32.
+
+    Multipliers are below 2**31, so every product stays below 2**63: exact on
+    any device, no reliance on signed overflow wrapping.
+    """
+    x = (x ^ (x >> 16)) * 0x7FEB352D & _MASK32
+    x = (x ^ (x >> 15)) * 0x6B43A9B5 & _MASK32
+    x = (x ^ (x >> 16)) * 0x4C8F6E2B & _MASK32
+    return x ^ (x >> 15)
+
+
+def keyed_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Uniforms in (0, 1) ``[B, vocab]``, a pure function of (seed, position, token id)."""
+    key = _mix32((seeds & _MASK32) ^ _mix32((seeds >> 32) ^ 0x2545F491))
+    key = _mix32(key ^ _mix32(positions & _MASK32))[:, None]
+    tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)[None, :]
+    bits = _mix32(key ^ _mix32(tokens ^ 0x5BD1E995)) >> 8  # 24 bits: exact in float32
+    return (bits.float() + 0.5) * (1.0 / (1 << 24))
+
+
+def filter_logits(logits: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every token outside each row's top-k, then outside its top-p nucleus.
+
+    A token survives top-p when the probability mass ranked strictly above it is
+    below ``top_p``; the most likely token always survives. Ties rank by token id.
+    """
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    drop = (top_ks[:, None] > 0) & (rank >= top_ks[:, None])
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_above = torch.cumsum(probs, dim=-1) - probs
+    drop = drop | ((mass_above >= top_ps[:, None]) & (rank > 0))
+    return torch.full_like(logits, float("-inf")).scatter(
+        -1, order, sorted_logits.masked_fill(drop, float("-inf"))
+    )
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch, positions: torch.Tensor) -> torch.Tensor:
+    """Next token ``[B]`` int64 from ``logits [B, vocab]``.
+
+    ``positions [B]`` is where each sampled token will sit in its sequence; it
+    keys the randomness together with the request's seed.
+    """
+    logits = logits.float()
+    greedy = batch.temperatures <= 0.0
+    temperatures = torch.where(greedy, 1.0, batch.temperatures)
+    filtered = filter_logits(logits / temperatures[:, None], batch.top_ks, batch.top_ps)
+    uniform = keyed_uniform(batch.seeds, positions.to(torch.int64), logits.shape[-1])
+    gumbel = -torch.log(-torch.log(uniform))
+    sampled = torch.argmax(filtered + gumbel, dim=-1)
+    return torch.where(greedy, torch.argmax(logits, dim=-1), sampled)

@@ -1,0 +1,176 @@
+"""Model weights: seeded random initialisation and Hugging Face-format checkpoints.
+
+A checkpoint directory is what ``LlamaForCausalLM.save_pretrained`` writes:
+``config.json`` plus ``model.safetensors``, or shards named in
+``model.safetensors.index.json``. Tensor names are the transformers names, which
+are also this model's ``state_dict`` keys.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from relayc.engine.config import ModelConfig
+from relayc.engine.model import LlamaForCausalLM
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# Old transformers versions stored the RoPE frequencies; we recompute them.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded into the model; the message says why."""
+
+
+def _expected_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """State-dict entries a checkpoint must provide (the tied LM head is not one of them)."""
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    return state
+
+
+def init_random(model: LlamaForCausalLM, seed: int, std: float = 0.2) -> LlamaForCausalLM:
+    """Fill ``model`` in place: N(0, std) matrices, unit norms; same seed, same weights.
+
+    The default std is large for an LLM on purpose: with the usual 0.02 the tiny
+    tied model just echoes its last token, a weak workload for scheduler tests;
+    0.2 gives varied greedy continuations with top-1/top-2 logit gaps far above
+    float32 noise.
+
+    Draws on the CPU from a private generator in name order, so the weights do
+    not depend on the device, the global RNG or module construction order.
+    """
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in sorted(_expected_tensors(model).items()):
+            if name.endswith("norm.weight"):
+                values = torch.ones(tensor.shape)
+            else:
+                values = torch.randn(tensor.shape, generator=generator) * std
+            tensor.copy_(values.to(tensor.dtype))
+    return model
+
+
+def random_model(
+    config: ModelConfig | None = None, seed: int = 0, device: torch.device | str = "cpu"
+) -> LlamaForCausalLM:
+    """A randomly initialised model; the tiny default config when ``config`` is None."""
+    return init_random(LlamaForCausalLM(config or ModelConfig(), device=device), seed)
+
+
+def _shard_files(directory: Path) -> list[Path]:
+    index = directory / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [directory / name for name in sorted(set(weight_map.values()))]
+    if (directory / SINGLE_FILE).is_file():
+        return [directory / SINGLE_FILE]
+    found = sorted(directory.glob("*.safetensors"))
+    if not found:
+        raise CheckpointError(f"no *.safetensors files in checkpoint directory {directory}")
+    return found
+
+
+def load_checkpoint(
+    directory: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> LlamaForCausalLM:
+    """Build a model from a Hugging Face Llama checkpoint directory.
+
+    ``dtype`` overrides the checkpoint's ``torch_dtype``. Raises ``CheckpointError``
+    naming the tensor when one is missing, unexpected or has the wrong shape.
+    """
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"checkpoint directory {directory} has no config.json")
+    config = ModelConfig.from_hf_config(json.loads(config_path.read_text()))
+    if dtype is not None:
+        config = config.replace(dtype=dtype)
+    model = LlamaForCausalLM(config, device=device)
+    expected = _expected_tensors(model)
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for path in _shard_files(directory):
+            if not path.is_file():
+                raise CheckpointError(f"shard {path.name} named in {INDEX_FILE} is missing")
+            with safe_open(str(path), framework="pt") as shard:
+                for name in shard.keys():
+                    if name.endswith(_IGNORED_SUFFIXES):
+                        continue
+                    if name == "lm_head.weight" and config.tie_word_embeddings:
+                        continue
+                    if name not in expected:
+                        raise CheckpointError(f"unexpected tensor `{name}` in {path.name}")
+                    tensor = shard.get_tensor(name)
+                    target = expected[name]
+                    if tensor.shape != target.shape:
+                        raise CheckpointError(
+                            f"tensor `{name}` in {path.name} has shape {list(tensor.shape)}, "
+                            f"the config needs {list(target.shape)}"
+                        )
+                    target.copy_(tensor.to(dtype=target.dtype))
+                    loaded.add(name)
+    missing = sorted(set(expected) - loaded)
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {directory} lacks tensor `{missing[0]}`"
+            + (
+                f" and {len(missing) - 1} more: {', '.join(missing[1:])}"
+                if len(missing) > 1
+                else ""
+            )
+        )
+    return model
+
+
+def save_checkpoint(
+    model: LlamaForCausalLM, directory: str | Path, max_shard_bytes: int | None = None
+) -> Path:
+    """Write ``config.json`` and safetensors in the Hugging Face layout ``load_checkpoint`` reads.
+
+    With ``max_shard_bytes`` the tensors are split across shards plus an index file.
+    """
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(
+        json.dumps(model.config.to_hf_config(), indent=2, sort_keys=True) + "\n"
+    )
+    tensors = {
+        name: tensor.detach().to("cpu").contiguous()
+        for name, tensor in sorted(_expected_tensors(model).items())
+    }
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(directory / SINGLE_FILE), metadata=metadata)
+        return directory
+    weight_map: dict[str, str] = {}
+    for number, shard in enumerate(shards, start=1):
+        filename = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / filename), metadata=metadata)
+        weight_map.update(dict.fromkeys(shard, filename))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return directory

@@ -1,0 +1,61 @@
+"""Request-slot and KV-slot allocators."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relayc.engine.config import ModelConfig
+from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
+
+
+def test_kv_pool_hands_out_every_slot_but_zero_then_reports_full() -> None:
+    pool = TokenToKVPool(10, check=True)
+    first, second = pool.alloc(4), pool.alloc(6)
+    assert first is not None and second is not None
+    assert sorted(torch.cat([first, second]).tolist()) == list(range(1, 11))
+    assert pool.alloc(1) is None and pool.available_size() == 0
+    pool.free(first)
+    assert pool.alloc(5) is None  # a failed alloc takes nothing
+    again = pool.alloc(4)
+    assert again is not None and sorted(again.tolist()) == sorted(first.tolist())
+
+
+def test_kv_pool_check_catches_double_free_and_padding_slot() -> None:
+    pool = TokenToKVPool(4, check=True)
+    slots = pool.alloc(2)
+    assert slots is not None
+    pool.free(slots)
+    with pytest.raises(ValueError, match="twice"):
+        pool.free(slots[:1])
+    with pytest.raises(ValueError, match=r"1\.\.4"):
+        pool.free(torch.tensor([0]))
+    pool.free(torch.tensor([], dtype=torch.int64))
+    assert pool.available_size() == 4
+
+
+def test_req_pool_never_hands_out_slot_zero() -> None:
+    pool = ReqToTokenPool(3, max_context=16)
+    assert pool.req_to_token.shape == (4, 16) and pool.req_to_token.dtype == torch.int32
+    taken = pool.alloc(3)
+    assert taken is not None and sorted(taken) == [1, 2, 3]
+    assert pool.alloc(1) is None
+    pool.free(taken[1])
+    assert pool.alloc(1) == [taken[1]]
+    with pytest.raises(ValueError, match="outside"):
+        pool.free(0)
+    with pytest.raises(ValueError, match="twice"):
+        pool.free([taken[0], taken[0]])
+    pool.free(taken[0])
+    with pytest.raises(ValueError, match="twice"):
+        pool.free(taken[0])
+
+
+def test_kv_cache_layout_and_write() -> None:
+    config = ModelConfig(num_layers=2, num_kv_heads=2, head_dim=8)
+    cache = KVCache.for_model(config, size=5)
+    assert len(cache.k) == 2 and cache.k[0].shape == (6, 2, 8)
+    k = torch.randn(2, 2, 8)
+    cache.write(1, torch.tensor([4, 2]), k, -k)
+    assert torch.equal(cache.k[1][4], k[0]) and torch.equal(cache.v[1][2], -k[1])
+    assert not cache.k[0].any() and not cache.k[1][0].any()

@@ -1,0 +1,120 @@
+"""Config parsing, seeded initialisation, and checkpoint save/load with its error messages."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from relayc.engine.config import TINY_CONFIG, ModelConfig
+from relayc.engine.weights import CheckpointError, load_checkpoint, random_model, save_checkpoint
+
+SMALL = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, head_dim=8)
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_random_init_is_seeded_and_leaves_global_rng_alone() -> None:
+    state = torch.random.get_rng_state()
+    a, b = random_model(SMALL, seed=3), random_model(SMALL, seed=3)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert _same_weights(a, b)
+    assert not _same_weights(a, random_model(SMALL, seed=4))
+    assert torch.equal(a.model.norm.weight, torch.ones(32))
+
+
+def test_tiny_default_is_byte_level_gqa() -> None:
+    assert TINY_CONFIG.vocab_size == 259 and TINY_CONFIG.num_kv_heads < TINY_CONFIG.num_heads
+    model = random_model()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("max_shard_bytes", [None, 4096])
+def test_save_load_round_trip(tmp_path: Path, tied: bool, max_shard_bytes: int | None) -> None:
+    model = random_model(SMALL.replace(tie_word_embeddings=tied, rope_theta=1234.5), seed=1)
+    save_checkpoint(model, tmp_path, max_shard_bytes=max_shard_bytes)
+    assert (tmp_path / "model.safetensors.index.json").is_file() == (max_shard_bytes is not None)
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.config == model.config
+    assert _same_weights(loaded, model)
+    ids = torch.tensor([1, 5, 7, 2])
+    torch.testing.assert_close(loaded.forward_dense(ids).logits, model.forward_dense(ids).logits)
+
+
+def test_load_with_dtype_override(tmp_path: Path) -> None:
+    save_checkpoint(random_model(SMALL, seed=1), tmp_path)
+    loaded = load_checkpoint(tmp_path, dtype=torch.bfloat16)
+    assert loaded.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert loaded.forward_dense(torch.tensor([1, 2, 3])).logits.dtype == torch.float32
+
+
+def _rewrite(directory: Path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = directory / "model.safetensors"
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path))
+
+
+def test_load_errors_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
+        load_checkpoint(tmp_path)
+    save_checkpoint(random_model(SMALL, seed=1), tmp_path)
+
+    _rewrite(tmp_path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(
+        CheckpointError, match=r"lacks tensor `model\.layers\.1\.mlp\.up_proj\.weight`"
+    ):
+        load_checkpoint(tmp_path)
+
+    def bad_shape(tensors: dict[str, torch.Tensor]) -> None:
+        tensors["model.layers.1.mlp.up_proj.weight"] = torch.zeros(48, 31)
+
+    _rewrite(tmp_path, bad_shape)
+    with pytest.raises(
+        CheckpointError, match=r"`model\.layers\.1\.mlp\.up_proj\.weight`.*\[48, 31\].*\[48, 32\]"
+    ):
+        load_checkpoint(tmp_path)
+
+    def stray(tensors: dict[str, torch.Tensor]) -> None:
+        tensors["model.layers.1.mlp.up_proj.weight"] = torch.zeros(48, 32)
+        tensors["model.layers.9.mlp.up_proj.weight"] = torch.zeros(1)
+
+    _rewrite(tmp_path, stray)
+    with pytest.raises(CheckpointError, match=r"unexpected tensor `model\.layers\.9"):
+        load_checkpoint(tmp_path)
+
+
+def test_missing_shard_named_in_index(tmp_path: Path) -> None:
+    save_checkpoint(random_model(SMALL, seed=1), tmp_path, max_shard_bytes=4096)
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=re.escape(shard.name)):
+        load_checkpoint(tmp_path)
+
+
+def test_hf_config_both_rope_layouts_and_rejections() -> None:
+    base = SMALL.to_hf_config()
+    assert ModelConfig.from_hf_config(base) == SMALL
+    nested = {k: v for k, v in base.items() if k != "rope_theta"}
+    nested["rope_parameters"] = {"rope_type": "default", "rope_theta": 777.0}
+    assert ModelConfig.from_hf_config(nested).rope_theta == 777.0
+    no_head_dim = {k: v for k, v in base.items() if k != "head_dim"}
+    assert ModelConfig.from_hf_config(no_head_dim).head_dim == 32 // 4
+    with pytest.raises(ValueError, match="rope_type: llama3"):
+        ModelConfig.from_hf_config({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8}})
+    with pytest.raises(ValueError, match="model_type"):
+        ModelConfig.from_hf_config({**base, "model_type": "mistral"})
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        SMALL.replace(num_kv_heads=3)
+    assert json.loads(json.dumps(base)) == base
