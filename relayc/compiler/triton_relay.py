@@ -210,7 +210,8 @@ def _relay_launch_args(
             # Same bytes, but a plain byte pointer: Triton's handling of bool pointers
             # (int1 loaded as int8) has varied across versions.
             buf, field_rows = buf.view(torch.uint8), field_rows.view(torch.uint8)
-        block = min(triton.next_power_of_2(max(width, 1)), _RELAY_MAX_BLOCK)
+        # Next power of two by bit_length: triton.next_power_of_2 costs ~5 us a call.
+        block = min(1 << max(width - 1, 0).bit_length(), _RELAY_MAX_BLOCK)
         args += (buf, field_rows, width, block, True)
     return args
 
