@@ -1,0 +1,350 @@
+"""Fused relay kernels: emitted source, interpreter runs against plain torch indexing, launches."""
+
+from __future__ import annotations
+
+import os
+
+# The interpreter must be chosen before Triton is first imported; the kernels then run on CPU.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the fused relay kernels need the `triton` package")
+
+from relayc.compiler.triton_relay import (
+    MAX_BLOCK,
+    RelayBuffer,
+    count_triton_launches,
+    emit_triton_relay,
+)
+
+# What a generated module has above the pasted block (the contract in emit_triton_relay).
+HEADER = """\
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    _HAVE_TRITON = False
+else:
+    _HAVE_TRITON = True
+
+
+"""
+
+POOL = 48  # req_pool_size; slot 0 is the padding slot
+
+# name -> (dtype, row shape). Row shapes are the engine's business, not the emitter's.
+FIELD_SETS: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {
+    "one": {"bonus_tokens": ("int64", ())},
+    "eagle": {
+        "bonus_tokens": ("int64", ()),
+        "new_seq_lens": ("int64", ()),
+        "topk_p": ("float32", (4,)),
+        "topk_index": ("int64", (4,)),
+        "hidden_states": ("bfloat16", (64,)),
+    },
+    "mixed": {
+        "accepted": ("bool", (3, 4)),
+        "accept_lens": ("int32", ()),
+        "draft_probs": ("float16", (3, 4)),
+        # Wider than MAX_BLOCK and not a multiple of it: the chunk loop and its masked tail.
+        "wide": ("float32", (MAX_BLOCK + 77,)),
+    },
+}
+
+
+def _buffers(field_set: str) -> list[RelayBuffer]:
+    return [RelayBuffer(name, dtype) for name, (dtype, _) in FIELD_SETS[field_set].items()]
+
+
+def _import_emitted(path: Path, source: str) -> ModuleType:
+    # Triton reads kernel source with inspect, so the module has to live in a real file.
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def relay_modules(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModuleType]:
+    root = tmp_path_factory.mktemp("relay")
+    return {
+        name: _import_emitted(
+            root / f"relay_{name}.py", HEADER + emit_triton_relay(name, _buffers(name))
+        )
+        for name in FIELD_SETS
+    }
+
+
+def _random_rows(dtype: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    torch_dtype = getattr(torch, dtype)
+    if dtype == "bool":
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    if torch_dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(torch_dtype)
+    return torch.randint(-(2**30), 2**30, shape, generator=gen, dtype=torch_dtype)
+
+
+def _poison_like(expected: torch.Tensor) -> torch.Tensor:
+    # Every element differs from what the kernel must write, so an unwritten one fails.
+    if expected.dtype == torch.bool:
+        return ~expected
+    if expected.dtype.is_floating_point:
+        return torch.full_like(expected, float("nan"))
+    return expected - 1
+
+
+def _fresh_buffers(
+    field_set: str, gen: torch.Generator, lazy: set[str]
+) -> list[torch.Tensor | None]:
+    return [
+        None if name in lazy else _random_rows(dtype, (POOL, *shape), gen)
+        for name, (dtype, shape) in FIELD_SETS[field_set].items()
+    ]
+
+
+def _present_mask(n_fields: int, gen: torch.Generator) -> list[bool]:
+    # At least one field present; with several fields, at least one absent too.
+    present = (torch.rand(n_fields, generator=gen) < 0.6).tolist()
+    present[int(torch.randint(0, n_fields, (1,), generator=gen))] = True
+    if n_fields > 1 and all(present):
+        present[int(torch.randint(0, n_fields, (1,), generator=gen))] = False
+    return present if any(present) else [True] * n_fields
+
+
+@pytest.mark.parametrize("field_set", list(FIELD_SETS))
+@pytest.mark.parametrize("n", [1, 7, 40])
+def test_stash_matches_torch_index_put(
+    relay_modules: dict[str, ModuleType], field_set: str, n: int
+) -> None:
+    gen = torch.Generator().manual_seed(zlib.crc32(f"stash-{field_set}-{n}".encode()))
+    fields = FIELD_SETS[field_set]
+    present = _present_mask(len(fields), gen)
+    # The first absent field is allocated (its rows must stay as they are); the others are
+    # lazy fields not allocated yet, which travel as buffer None, src None.
+    absent = [name for name, p in zip(fields, present, strict=True) if not p]
+    lazy = set(absent[1:])
+    bufs = _fresh_buffers(field_set, gen, lazy)
+    srcs = [
+        _random_rows(dtype, (n, *shape), gen) if p else None
+        for (dtype, shape), p in zip(fields.values(), present, strict=True)
+    ]
+    # Distinct slots: duplicate stash slots race on the device and in torch alike.
+    indices = torch.randperm(POOL - 1, generator=gen)[:n] + 1
+    expected = [None if buf is None else buf.clone() for buf in bufs]
+    for want, src in zip(expected, srcs, strict=True):
+        if src is not None:
+            assert want is not None
+            want[indices] = src
+
+    relay_modules[field_set].triton_stash(indices, bufs, srcs)
+
+    for name, got, want in zip(fields, bufs, expected, strict=True):
+        assert (got is None) == (want is None), name
+        if got is not None:
+            assert torch.equal(got, want), name
+
+
+@pytest.mark.parametrize("field_set", list(FIELD_SETS))
+@pytest.mark.parametrize(
+    ("n", "index_dtype"), [(1, torch.int64), (13, torch.int32), (40, torch.int64)]
+)
+def test_resolve_matches_torch_indexing(
+    relay_modules: dict[str, ModuleType], field_set: str, n: int, index_dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(zlib.crc32(f"resolve-{field_set}-{n}".encode()))
+    fields = FIELD_SETS[field_set]
+    present = _present_mask(len(fields), gen)
+    bufs = _fresh_buffers(field_set, gen, lazy=set())
+    # Duplicates and the padding slot are fine for a gather, and a padded batch has them.
+    indices = torch.randint(0, POOL, (n,), generator=gen).to(index_dtype)
+    indices[0] = 0
+    before = [buf.clone() for buf in bufs if buf is not None]
+    expected = [buf[indices.long()] if p else None for buf, p in zip(bufs, present, strict=True)]
+    outs = [None if want is None else _poison_like(want) for want in expected]
+
+    relay_modules[field_set].triton_resolve(indices, bufs, outs)
+
+    for name, got, want in zip(fields, outs, expected, strict=True):
+        if want is not None:
+            assert torch.equal(got, want), name
+    for name, buf, old in zip(fields, bufs, before, strict=True):
+        assert torch.equal(buf, old), f"resolve wrote into the `{name}` buffer"
+
+
+@pytest.mark.parametrize("field_set", ["one", "eagle"])
+def test_one_launch_per_stash_and_resolve(
+    relay_modules: dict[str, ModuleType], field_set: str
+) -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    runs = (JITFunction.run, InterpretedFunction.run)
+    module = relay_modules[field_set]
+    gen = torch.Generator().manual_seed(0)
+    fields = FIELD_SETS[field_set]
+    bufs = _fresh_buffers(field_set, gen, lazy=set())
+    for n in (0, 5):
+        rows = [_random_rows(dtype, (n, *shape), gen) for dtype, shape in fields.values()]
+        indices = torch.arange(1, n + 1)
+        with count_triton_launches() as launches:
+            module.triton_stash(indices, bufs, rows)
+            module.triton_resolve(indices, bufs, rows)
+        expected = (
+            [] if n == 0 else [("_relay_stash_kernel", (n,)), ("_relay_resolve_kernel", (n,))]
+        )
+        assert launches.launches == expected
+        assert (launches.stash, launches.resolve) == (len(expected) // 2, len(expected) // 2)
+    assert (JITFunction.run, InterpretedFunction.run) == runs, (
+        "count_triton_launches leaked a patch"
+    )
+
+
+def test_bad_arguments_name_the_field(relay_modules: dict[str, ModuleType]) -> None:
+    module = relay_modules["eagle"]
+    gen = torch.Generator().manual_seed(1)
+    bufs = _fresh_buffers("eagle", gen, lazy={"hidden_states"})
+    indices = torch.tensor([3, 4])
+    ok = [_random_rows(d, (2, *s), gen) for d, s in FIELD_SETS["eagle"].values()]
+
+    def srcs_with(name: str, value: torch.Tensor | None) -> list[torch.Tensor | None]:
+        chosen = [*ok[:4], None] if name != "hidden_states" else list(ok)
+        chosen[list(FIELD_SETS["eagle"]).index(name)] = value
+        return chosen
+
+    cases = {
+        "`hidden_states` has rows but no buffer": srcs_with("hidden_states", ok[4]),
+        "`topk_p` is torch.float32": srcs_with("topk_p", ok[1]),
+        r"`topk_index` rows must be \(2, 4\)": srcs_with("topk_index", ok[3][:, :2].contiguous()),
+        "`topk_index`: the kernels need contiguous": srcs_with(
+            "topk_index", ok[3].T.contiguous().T
+        ),
+        "`new_seq_lens` rows must be": srcs_with("new_seq_lens", ok[1][:1]),
+    }
+    for message, srcs in cases.items():
+        with pytest.raises(ValueError, match=message):
+            module.triton_stash(indices, bufs, srcs)
+    with pytest.raises(ValueError, match="expected 5 buffers"):
+        module.triton_resolve(indices, bufs[:4], ok[:4])
+    with pytest.raises(ValueError, match="`indices` must be 1-D int32/int64"):
+        module.triton_resolve(indices.float(), bufs, [None] * 5)
+
+
+@pytest.mark.parametrize(
+    ("buffers", "message"),
+    [
+        ([], "relays no fields"),
+        ([RelayBuffer("a", "int64"), RelayBuffer("a", "int32")], "`a` is listed twice"),
+        ([RelayBuffer("class", "int64")], "must be a Python identifier"),
+        ([RelayBuffer("topk-p", "int64")], "must be a Python identifier"),
+        ([RelayBuffer("topk_p", "float64")], "has dtype 'float64'; expected one of"),
+    ],
+)
+def test_emit_rejects_bad_buffers(buffers: list[RelayBuffer], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        emit_triton_relay("eagle", buffers)
+
+
+def test_emit_is_deterministic_across_processes() -> None:
+    # Another hash seed in a fresh interpreter would expose any set/dict-order leak.
+    script = textwrap.dedent(
+        """
+        import sys
+        from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
+        buffers = [RelayBuffer(n, d) for n, d in (("b", "bool"), ("a", "int64"), ("c", "bfloat16"))]
+        sys.stdout.write(emit_triton_relay("eagle", buffers))
+        """
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    other = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    buffers = [RelayBuffer("b", "bool"), RelayBuffer("a", "int64"), RelayBuffer("c", "bfloat16")]
+    assert emit_triton_relay("eagle", buffers) == emit_triton_relay("eagle", buffers) == other
+
+
+def test_emitted_block_imports_without_triton() -> None:
+    source = emit_triton_relay("eagle", _buffers("eagle"))
+    namespace: dict[str, object] = {"_HAVE_TRITON": False}
+    exec(compile(source, "<relay-no-triton>", "exec"), namespace)
+    assert "triton_stash" not in namespace and "triton_resolve" not in namespace
+
+
+@pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed")
+def test_emitted_module_is_ruff_clean(tmp_path: Path) -> None:
+    config = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    path = tmp_path / "relay_generated.py"
+    path.write_text(HEADER + emit_triton_relay("eagle", _buffers("mixed") + _buffers("eagle")))
+    for command in (["check"], ["format", "--diff"]):
+        result = subprocess.run(
+            ["ruff", *command, "--config", str(config), "--no-cache", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Path) -> None:
+    """The interpreter accepts code the compiler rejects, so lower the emitted kernels for real.
+
+    The arguments go through `_relay_launch_args` and Triton's own binder, as in a launch, so
+    the None pointers of absent fields and the uint8 view of bool rows are what gets compiled.
+    Only the device-side launch is missing; Triton's bundled ptxas needs no GPU.
+    """
+    module_path = tmp_path / "relay_compiled.py"
+    module_path.write_text(HEADER + emit_triton_relay("mixed", _buffers("mixed")))
+    script = textwrap.dedent(
+        f"""
+        import importlib.util
+        import torch
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource, make_backend
+        from triton.runtime.jit import create_function_from_signature
+
+        spec = importlib.util.spec_from_file_location("relay_compiled", {str(module_path)!r})
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        target = GPUTarget("cuda", 90, 32)
+        backend = make_backend(target)
+        shapes = {list(FIELD_SETS["mixed"].values())!r}
+        bufs = [torch.zeros(8, *shape, dtype=getattr(torch, dtype)) for dtype, shape in shapes]
+        rows = [torch.zeros(3, *shape, dtype=getattr(torch, dtype)) for dtype, shape in shapes]
+        indices = torch.tensor([5, 1, 2])
+        for kernel in (module._relay_stash_kernel, module._relay_resolve_kernel):
+            for present in (rows, [rows[0], None, None, rows[3]]):
+                args = module._relay_launch_args(indices, bufs, present)
+                binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+                bound, specialization, options = binder(*args)
+                options, signature, constexprs, attrs = kernel._pack_args(
+                    backend, {{}}, bound, specialization, options
+                )
+                source = ASTSource(kernel, signature, constexprs, attrs)
+                compiled = triton.compile(source, target=target, options=options.__dict__)
+                assert compiled.asm["cubin"], kernel
+        print("ok")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-4000:]
