@@ -7,5 +7,7 @@ VENV=${VENV:-.venv}
 echo "== ruff"
 "$VENV/bin/ruff" check relayc tests bench
 "$VENV/bin/ruff" format --check relayc tests bench
+echo "== relayc check (generated modules match their specs)"
+"$VENV/bin/relayc" check
 echo "== pytest"
 "$VENV/bin/python" -m pytest -q "$@"
