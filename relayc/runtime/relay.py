@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from relayc.kernels._backend import resolve_backend
-from relayc.nodes.registry import eval_dim, torch_dtype
+from relayc.nodes.registry import dims_of, eval_dim, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,13 @@ class FutureMapBase:
                 f"unknown dims for `{self.ALGORITHM}`: {', '.join(unknown)} "
                 f"(it has {', '.join(self.DIM_DEFAULTS) or 'none'})"
             )
+        # Only dims that a field's row shape names must have a value here.
+        used = {d for info in self.FIELD_INFOS for entry in info.shape for d in dims_of(entry)}
         bound: dict[str, int] = {}
         for name, default in self.DIM_DEFAULTS.items():
             value = given.get(name, default)
+            if value is None and name not in used:
+                continue
             if value is None:
                 raise ValueError(
                     f"`{self.ALGORITHM}` needs dim `{name}`: pass dims={{{name!r}: ...}}"
