@@ -232,3 +232,10 @@ def test_adding_a_relay_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     fmap.stash(torch.tensor([4, 8, 15]), module.RelayPayload(draft_probs=probs))
     assert torch.equal(fmap.resolve(torch.tensor([15, 4])).draft_probs, probs[[2, 0]])
     assert compile_spec("eagle.yaml", "out").text == (tmp_path / "out" / "eagle_dp.py").read_text()
+
+
+def test_only_dims_named_by_fields_are_required() -> None:
+    none = importlib.import_module("relayc.generated.none")
+    assert none.FutureMap(8, "cpu").dims == {"topk": 1, "num_steps": 3, "num_draft_tokens": 4}
+    ngram = importlib.import_module("relayc.generated.ngram")
+    assert ngram.FutureMap(8, "cpu", dims={"num_draft_tokens": 6}).accept_tokens.shape == (8, 6)
