@@ -9,11 +9,21 @@ Import this module from the engine; it never touches CUDA at import time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from relayc.runtime.fused import fused_copy
 from relayc.runtime.relay import FieldInfo, FutureMapBase
+
+try:  # optional: only the fused path (CUDA / backend='triton') uses it
+    import triton
+    import triton.language as tl
+except ImportError:
+    _HAVE_TRITON = False
+else:
+    _HAVE_TRITON = True
 
 ALGORITHM = 'ngram'
 SPEC_HASH = '697e2a3103dd0fef'
@@ -40,12 +50,160 @@ class RelayPayload:
     accept_lens: torch.Tensor | None = None  # [bs] int32: Number of valid entries of accept_tokens.
 
 
+# Fused relay kernels for `ngram`: one Triton launch per stash and one per
+# resolve, whatever the number of fields (relayc.compiler.triton_relay).
+if _HAVE_TRITON:
+    # Field order of the kernels' parameters and of `bufs` / `srcs` / `outs`.
+    # (None: the model's dtype, bound when the FutureMap is built.)
+    _RELAY_FIELDS: tuple[tuple[str, torch.dtype | None], ...] = (
+        ("new_seq_lens", torch.int64),
+        ("accept_tokens", torch.int64),
+        ("accept_lens", torch.int32),
+    )
+
+    @triton.jit
+    def _relay_copy_row(dst, src, width: tl.constexpr, block: tl.constexpr):
+        # Chunked so any row width works with bounded registers; the mask covers the tail.
+        for start in range(0, width, block):
+            cols = start + tl.arange(0, block)
+            mask = cols < width
+            tl.store(dst + cols, tl.load(src + cols, mask=mask), mask=mask)
+
+    @triton.jit
+    def _relay_stash_kernel(
+        indices,
+        # new_seq_lens: int64
+        new_seq_lens_buf,
+        new_seq_lens_rows,
+        new_seq_lens_width: tl.constexpr,
+        new_seq_lens_block: tl.constexpr,
+        new_seq_lens_present: tl.constexpr,
+        # accept_tokens: int64
+        accept_tokens_buf,
+        accept_tokens_rows,
+        accept_tokens_width: tl.constexpr,
+        accept_tokens_block: tl.constexpr,
+        accept_tokens_present: tl.constexpr,
+        # accept_lens: int32
+        accept_lens_buf,
+        accept_lens_rows,
+        accept_lens_width: tl.constexpr,
+        accept_lens_block: tl.constexpr,
+        accept_lens_present: tl.constexpr,
+    ):
+        # Program i copies row i of every present field into buffer slot indices[i].
+        # int64 offsets: slot * width passes 2**31 for vocab-wide rows in a large pool.
+        row = tl.program_id(0).to(tl.int64)
+        slot = tl.load(indices + row).to(tl.int64)
+        # new_seq_lens: int64
+        if new_seq_lens_present:
+            _relay_copy_row(
+                new_seq_lens_buf + slot * new_seq_lens_width,
+                new_seq_lens_rows + row * new_seq_lens_width,
+                new_seq_lens_width,
+                new_seq_lens_block,
+            )
+        # accept_tokens: int64
+        if accept_tokens_present:
+            _relay_copy_row(
+                accept_tokens_buf + slot * accept_tokens_width,
+                accept_tokens_rows + row * accept_tokens_width,
+                accept_tokens_width,
+                accept_tokens_block,
+            )
+        # accept_lens: int32
+        if accept_lens_present:
+            _relay_copy_row(
+                accept_lens_buf + slot * accept_lens_width,
+                accept_lens_rows + row * accept_lens_width,
+                accept_lens_width,
+                accept_lens_block,
+            )
+
+    @triton.jit
+    def _relay_resolve_kernel(
+        indices,
+        # new_seq_lens: int64
+        new_seq_lens_buf,
+        new_seq_lens_rows,
+        new_seq_lens_width: tl.constexpr,
+        new_seq_lens_block: tl.constexpr,
+        new_seq_lens_present: tl.constexpr,
+        # accept_tokens: int64
+        accept_tokens_buf,
+        accept_tokens_rows,
+        accept_tokens_width: tl.constexpr,
+        accept_tokens_block: tl.constexpr,
+        accept_tokens_present: tl.constexpr,
+        # accept_lens: int32
+        accept_lens_buf,
+        accept_lens_rows,
+        accept_lens_width: tl.constexpr,
+        accept_lens_block: tl.constexpr,
+        accept_lens_present: tl.constexpr,
+    ):
+        # Program i copies buffer slot indices[i] of every present field into row i.
+        # int64 offsets: slot * width passes 2**31 for vocab-wide rows in a large pool.
+        row = tl.program_id(0).to(tl.int64)
+        slot = tl.load(indices + row).to(tl.int64)
+        # new_seq_lens: int64
+        if new_seq_lens_present:
+            _relay_copy_row(
+                new_seq_lens_rows + row * new_seq_lens_width,
+                new_seq_lens_buf + slot * new_seq_lens_width,
+                new_seq_lens_width,
+                new_seq_lens_block,
+            )
+        # accept_tokens: int64
+        if accept_tokens_present:
+            _relay_copy_row(
+                accept_tokens_rows + row * accept_tokens_width,
+                accept_tokens_buf + slot * accept_tokens_width,
+                accept_tokens_width,
+                accept_tokens_block,
+            )
+        # accept_lens: int32
+        if accept_lens_present:
+            _relay_copy_row(
+                accept_lens_rows + row * accept_lens_width,
+                accept_lens_buf + slot * accept_lens_width,
+                accept_lens_width,
+                accept_lens_block,
+            )
+
+    def triton_stash(
+        indices: torch.Tensor,
+        bufs: Sequence[torch.Tensor | None],
+        srcs: Sequence[torch.Tensor | None],
+    ) -> None:
+        """`bufs[f][indices[i]] = srcs[f][i]` for every field whose src is not None, in one launch.
+
+        No host sync and no allocation; the grid depends only on `indices.shape[0]`.
+        Duplicate indices (the padding slot) race: which row lands there is unspecified.
+        """
+        fused_copy(_relay_stash_kernel, _RELAY_FIELDS, indices, bufs, srcs)
+
+    def triton_resolve(
+        indices: torch.Tensor,
+        bufs: Sequence[torch.Tensor | None],
+        outs: Sequence[torch.Tensor | None],
+    ) -> None:
+        """`outs[f][i] = bufs[f][indices[i]]` for every field with an out tensor, in one launch.
+
+        No host sync and no allocation (callers allocate `outs`); the grid depends only on
+        `indices.shape[0]`.
+        """
+        fused_copy(_relay_resolve_kernel, _RELAY_FIELDS, indices, bufs, outs)
+
+
 class FutureMap(FutureMapBase):
     """Relay buffers of `ngram`, indexed by request-pool slot (slot 0 pads).
 
     stash(indices, payload) writes the non-None fields of a payload into rows
     `indices`; publish() writes the early-published fields and records the publish
-    event; resolve(indices) gathers every field for those rows.
+    event; resolve(indices) gathers every field for those rows. On the torch path
+    each field is one index_copy_ / index_select; on the fused path (CUDA, or
+    backend='triton') a stash and a resolve are one Triton launch each.
     """
 
     ALGORITHM = ALGORITHM
@@ -66,67 +224,43 @@ class FutureMap(FutureMapBase):
             if self.device.type == "cuda"
             else None
         )
+        if self.backend == "triton":  # one kernel launch per stash and per resolve
+            self.stash = self._stash_fused
+            self.resolve = self._resolve_fused
 
     def stash(self, indices: torch.Tensor, payload: RelayPayload) -> None:
         """Write every non-None payload field into rows `indices`."""
-        n = indices.shape[0]
-        if n == 0:
-            return
-        self.check_indices(indices)
         try:
-            value = payload.new_seq_lens  # [bs] int64
-            if value is not None:
-                if (
-                    value.dtype is not torch.int64
-                    or value.shape[0] != n
-                    or value.shape[1:] != self._row_new_seq_lens
-                ):
-                    raise self.bad_payload('new_seq_lens', value, n)
-                self.new_seq_lens.index_copy_(0, indices, value)
-                if self.debug:
-                    self.mark_written('new_seq_lens', indices)
-            value = payload.accept_tokens  # [bs, num_draft_tokens] int64
-            if value is not None:
-                if (
-                    value.dtype is not torch.int64
-                    or value.shape[0] != n
-                    or value.shape[1:] != self._row_accept_tokens
-                ):
-                    raise self.bad_payload('accept_tokens', value, n)
-                self.accept_tokens.index_copy_(0, indices, value)
-                if self.debug:
-                    self.mark_written('accept_tokens', indices)
-            value = payload.accept_lens  # [bs] int32
-            if value is not None:
-                if (
-                    value.dtype is not torch.int32
-                    or value.shape[0] != n
-                    or value.shape[1:] != self._row_accept_lens
-                ):
-                    raise self.bad_payload('accept_lens', value, n)
-                self.accept_lens.index_copy_(0, indices, value)
-                if self.debug:
-                    self.mark_written('accept_lens', indices)
+            new_seq_lens = payload.new_seq_lens  # [bs] int64
+            if new_seq_lens is not None:
+                self.new_seq_lens.index_copy_(0, indices, new_seq_lens)
+            accept_tokens = payload.accept_tokens  # [bs, num_draft_tokens] int64
+            if accept_tokens is not None:
+                self.accept_tokens.index_copy_(0, indices, accept_tokens)
+            accept_lens = payload.accept_lens  # [bs] int32
+            if accept_lens is not None:
+                self.accept_lens.index_copy_(0, indices, accept_lens)
         except (IndexError, RuntimeError) as exc:
-            if ((indices < 0) | (indices >= self.req_pool_size)).any():
-                raise self.index_error(indices) from exc
-            raise
+            raise self.call_error(indices, payload) from exc
+        if self.debug:
+            self.mark_written(indices, payload)
+
+    def _stash_fused(self, indices: torch.Tensor, payload: RelayPayload) -> None:
+        """stash() as one fused Triton launch."""
+        self.check_payload(indices, payload)
+        triton_stash(indices, (self.new_seq_lens, self.accept_tokens, self.accept_lens), (payload.new_seq_lens, payload.accept_tokens, payload.accept_lens))
+        if self.debug:
+            self.mark_written(indices, payload)
 
     def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         """Write the early-published fields, then record the publish event."""
-        n = indices.shape[0]
-        if n == 0:
-            return
         self.stash(indices, RelayPayload(new_seq_lens=new_seq_lens))
         self.record_publish()
 
     def resolve(self, indices: torch.Tensor) -> RelayPayload:
         """Gather every relay field for rows `indices` (None: lazy, never stashed)."""
-        self.check_indices(indices)
         if self.debug:
-            self.check_written('new_seq_lens', indices)
-            self.check_written('accept_tokens', indices)
-            self.check_written('accept_lens', indices)
+            self.check_resolve(indices)
         try:
             return RelayPayload(
                 new_seq_lens=torch.index_select(self.new_seq_lens, 0, indices),
@@ -134,11 +268,28 @@ class FutureMap(FutureMapBase):
                 accept_lens=torch.index_select(self.accept_lens, 0, indices),
             )
         except (IndexError, RuntimeError) as exc:
-            raise self.index_error(indices) from exc
+            raise self.call_error(indices) from exc
+
+    def _resolve_fused(self, indices: torch.Tensor) -> RelayPayload:
+        """resolve() as one fused Triton launch."""
+        if self.debug:
+            self.check_resolve(indices)
+        n = indices.shape[0]
+        new_seq_lens = (
+            torch.empty((n, *self._row_new_seq_lens), dtype=self.new_seq_lens.dtype, device=self.device)
+        )
+        accept_tokens = (
+            torch.empty((n, *self._row_accept_tokens), dtype=self.accept_tokens.dtype, device=self.device)
+        )
+        accept_lens = (
+            torch.empty((n, *self._row_accept_lens), dtype=self.accept_lens.dtype, device=self.device)
+        )
+        triton_resolve(indices, (self.new_seq_lens, self.accept_tokens, self.accept_lens), (new_seq_lens, accept_tokens, accept_lens))
+        return RelayPayload(new_seq_lens=new_seq_lens, accept_tokens=accept_tokens, accept_lens=accept_lens)
 
     def resolve_new_seq_lens_cpu(self, indices_cpu: torch.Tensor) -> torch.Tensor:
         """Host copy of `new_seq_lens` rows, after the publish event (pinned on CUDA)."""
-        return self.host_copy('new_seq_lens', self.new_seq_lens, self._new_seq_lens_host, indices_cpu)
+        return self.host_copy(self.new_seq_lens, self._new_seq_lens_host, indices_cpu)
 
     # SGLang's name for the host copy of the new sequence lengths.
     resolve_seq_lens_cpu = resolve_new_seq_lens_cpu

@@ -9,11 +9,21 @@ Import this module from the engine; it never touches CUDA at import time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from relayc.runtime.fused import fused_copy
 from relayc.runtime.relay import FieldInfo, FutureMapBase
+
+try:  # optional: only the fused path (CUDA / backend='triton') uses it
+    import triton
+    import triton.language as tl
+except ImportError:
+    _HAVE_TRITON = False
+else:
+    _HAVE_TRITON = True
 
 ALGORITHM = 'standalone'
 SPEC_HASH = '5b0f702b03a6c0c6'
@@ -44,12 +54,218 @@ class RelayPayload:
     draft_probs: torch.Tensor | None = None  # [bs, vocab] float32: Draft distribution over the vocabulary at the first draft position.
 
 
+# Fused relay kernels for `standalone`: one Triton launch per stash and one per
+# resolve, whatever the number of fields (relayc.compiler.triton_relay).
+if _HAVE_TRITON:
+    # Field order of the kernels' parameters and of `bufs` / `srcs` / `outs`.
+    # (None: the model's dtype, bound when the FutureMap is built.)
+    _RELAY_FIELDS: tuple[tuple[str, torch.dtype | None], ...] = (
+        ("bonus_tokens", torch.int64),
+        ("new_seq_lens", torch.int64),
+        ("topk_p", torch.float32),
+        ("topk_index", torch.int64),
+        ("draft_probs", torch.float32),
+    )
+
+    @triton.jit
+    def _relay_copy_row(dst, src, width: tl.constexpr, block: tl.constexpr):
+        # Chunked so any row width works with bounded registers; the mask covers the tail.
+        for start in range(0, width, block):
+            cols = start + tl.arange(0, block)
+            mask = cols < width
+            tl.store(dst + cols, tl.load(src + cols, mask=mask), mask=mask)
+
+    @triton.jit
+    def _relay_stash_kernel(
+        indices,
+        # bonus_tokens: int64
+        bonus_tokens_buf,
+        bonus_tokens_rows,
+        bonus_tokens_width: tl.constexpr,
+        bonus_tokens_block: tl.constexpr,
+        bonus_tokens_present: tl.constexpr,
+        # new_seq_lens: int64
+        new_seq_lens_buf,
+        new_seq_lens_rows,
+        new_seq_lens_width: tl.constexpr,
+        new_seq_lens_block: tl.constexpr,
+        new_seq_lens_present: tl.constexpr,
+        # topk_p: float32
+        topk_p_buf,
+        topk_p_rows,
+        topk_p_width: tl.constexpr,
+        topk_p_block: tl.constexpr,
+        topk_p_present: tl.constexpr,
+        # topk_index: int64
+        topk_index_buf,
+        topk_index_rows,
+        topk_index_width: tl.constexpr,
+        topk_index_block: tl.constexpr,
+        topk_index_present: tl.constexpr,
+        # draft_probs: float32
+        draft_probs_buf,
+        draft_probs_rows,
+        draft_probs_width: tl.constexpr,
+        draft_probs_block: tl.constexpr,
+        draft_probs_present: tl.constexpr,
+    ):
+        # Program i copies row i of every present field into buffer slot indices[i].
+        # int64 offsets: slot * width passes 2**31 for vocab-wide rows in a large pool.
+        row = tl.program_id(0).to(tl.int64)
+        slot = tl.load(indices + row).to(tl.int64)
+        # bonus_tokens: int64
+        if bonus_tokens_present:
+            _relay_copy_row(
+                bonus_tokens_buf + slot * bonus_tokens_width,
+                bonus_tokens_rows + row * bonus_tokens_width,
+                bonus_tokens_width,
+                bonus_tokens_block,
+            )
+        # new_seq_lens: int64
+        if new_seq_lens_present:
+            _relay_copy_row(
+                new_seq_lens_buf + slot * new_seq_lens_width,
+                new_seq_lens_rows + row * new_seq_lens_width,
+                new_seq_lens_width,
+                new_seq_lens_block,
+            )
+        # topk_p: float32
+        if topk_p_present:
+            _relay_copy_row(
+                topk_p_buf + slot * topk_p_width,
+                topk_p_rows + row * topk_p_width,
+                topk_p_width,
+                topk_p_block,
+            )
+        # topk_index: int64
+        if topk_index_present:
+            _relay_copy_row(
+                topk_index_buf + slot * topk_index_width,
+                topk_index_rows + row * topk_index_width,
+                topk_index_width,
+                topk_index_block,
+            )
+        # draft_probs: float32
+        if draft_probs_present:
+            _relay_copy_row(
+                draft_probs_buf + slot * draft_probs_width,
+                draft_probs_rows + row * draft_probs_width,
+                draft_probs_width,
+                draft_probs_block,
+            )
+
+    @triton.jit
+    def _relay_resolve_kernel(
+        indices,
+        # bonus_tokens: int64
+        bonus_tokens_buf,
+        bonus_tokens_rows,
+        bonus_tokens_width: tl.constexpr,
+        bonus_tokens_block: tl.constexpr,
+        bonus_tokens_present: tl.constexpr,
+        # new_seq_lens: int64
+        new_seq_lens_buf,
+        new_seq_lens_rows,
+        new_seq_lens_width: tl.constexpr,
+        new_seq_lens_block: tl.constexpr,
+        new_seq_lens_present: tl.constexpr,
+        # topk_p: float32
+        topk_p_buf,
+        topk_p_rows,
+        topk_p_width: tl.constexpr,
+        topk_p_block: tl.constexpr,
+        topk_p_present: tl.constexpr,
+        # topk_index: int64
+        topk_index_buf,
+        topk_index_rows,
+        topk_index_width: tl.constexpr,
+        topk_index_block: tl.constexpr,
+        topk_index_present: tl.constexpr,
+        # draft_probs: float32
+        draft_probs_buf,
+        draft_probs_rows,
+        draft_probs_width: tl.constexpr,
+        draft_probs_block: tl.constexpr,
+        draft_probs_present: tl.constexpr,
+    ):
+        # Program i copies buffer slot indices[i] of every present field into row i.
+        # int64 offsets: slot * width passes 2**31 for vocab-wide rows in a large pool.
+        row = tl.program_id(0).to(tl.int64)
+        slot = tl.load(indices + row).to(tl.int64)
+        # bonus_tokens: int64
+        if bonus_tokens_present:
+            _relay_copy_row(
+                bonus_tokens_rows + row * bonus_tokens_width,
+                bonus_tokens_buf + slot * bonus_tokens_width,
+                bonus_tokens_width,
+                bonus_tokens_block,
+            )
+        # new_seq_lens: int64
+        if new_seq_lens_present:
+            _relay_copy_row(
+                new_seq_lens_rows + row * new_seq_lens_width,
+                new_seq_lens_buf + slot * new_seq_lens_width,
+                new_seq_lens_width,
+                new_seq_lens_block,
+            )
+        # topk_p: float32
+        if topk_p_present:
+            _relay_copy_row(
+                topk_p_rows + row * topk_p_width,
+                topk_p_buf + slot * topk_p_width,
+                topk_p_width,
+                topk_p_block,
+            )
+        # topk_index: int64
+        if topk_index_present:
+            _relay_copy_row(
+                topk_index_rows + row * topk_index_width,
+                topk_index_buf + slot * topk_index_width,
+                topk_index_width,
+                topk_index_block,
+            )
+        # draft_probs: float32
+        if draft_probs_present:
+            _relay_copy_row(
+                draft_probs_rows + row * draft_probs_width,
+                draft_probs_buf + slot * draft_probs_width,
+                draft_probs_width,
+                draft_probs_block,
+            )
+
+    def triton_stash(
+        indices: torch.Tensor,
+        bufs: Sequence[torch.Tensor | None],
+        srcs: Sequence[torch.Tensor | None],
+    ) -> None:
+        """`bufs[f][indices[i]] = srcs[f][i]` for every field whose src is not None, in one launch.
+
+        No host sync and no allocation; the grid depends only on `indices.shape[0]`.
+        Duplicate indices (the padding slot) race: which row lands there is unspecified.
+        """
+        fused_copy(_relay_stash_kernel, _RELAY_FIELDS, indices, bufs, srcs)
+
+    def triton_resolve(
+        indices: torch.Tensor,
+        bufs: Sequence[torch.Tensor | None],
+        outs: Sequence[torch.Tensor | None],
+    ) -> None:
+        """`outs[f][i] = bufs[f][indices[i]]` for every field with an out tensor, in one launch.
+
+        No host sync and no allocation (callers allocate `outs`); the grid depends only on
+        `indices.shape[0]`.
+        """
+        fused_copy(_relay_resolve_kernel, _RELAY_FIELDS, indices, bufs, outs)
+
+
 class FutureMap(FutureMapBase):
     """Relay buffers of `standalone`, indexed by request-pool slot (slot 0 pads).
 
     stash(indices, payload) writes the non-None fields of a payload into rows
     `indices`; publish() writes the early-published fields and records the publish
-    event; resolve(indices) gathers every field for those rows.
+    event; resolve(indices) gathers every field for those rows. On the torch path
+    each field is one index_copy_ / index_select; on the fused path (CUDA, or
+    backend='triton') a stash and a resolve are one Triton launch each.
     """
 
     ALGORITHM = ALGORITHM
@@ -74,97 +290,61 @@ class FutureMap(FutureMapBase):
             if self.device.type == "cuda"
             else None
         )
+        if self.backend == "triton":  # one kernel launch per stash and per resolve
+            self.stash = self._stash_fused
+            self.resolve = self._resolve_fused
 
     def stash(self, indices: torch.Tensor, payload: RelayPayload) -> None:
         """Write every non-None payload field into rows `indices`."""
-        n = indices.shape[0]
-        if n == 0:
-            return
-        self.check_indices(indices)
         try:
-            value = payload.bonus_tokens  # [bs] int64
-            if value is not None:
-                if (
-                    value.dtype is not torch.int64
-                    or value.shape[0] != n
-                    or value.shape[1:] != self._row_bonus_tokens
-                ):
-                    raise self.bad_payload('bonus_tokens', value, n)
-                self.bonus_tokens.index_copy_(0, indices, value)
-                if self.debug:
-                    self.mark_written('bonus_tokens', indices)
-            value = payload.new_seq_lens  # [bs] int64
-            if value is not None:
-                if (
-                    value.dtype is not torch.int64
-                    or value.shape[0] != n
-                    or value.shape[1:] != self._row_new_seq_lens
-                ):
-                    raise self.bad_payload('new_seq_lens', value, n)
-                self.new_seq_lens.index_copy_(0, indices, value)
-                if self.debug:
-                    self.mark_written('new_seq_lens', indices)
-            value = payload.topk_p  # [bs, topk] float32
-            if value is not None:
-                if (
-                    value.dtype is not torch.float32
-                    or value.shape[0] != n
-                    or value.shape[1:] != self._row_topk_p
-                ):
-                    raise self.bad_payload('topk_p', value, n)
+            bonus_tokens = payload.bonus_tokens  # [bs] int64
+            if bonus_tokens is not None:
+                self.bonus_tokens.index_copy_(0, indices, bonus_tokens)
+            new_seq_lens = payload.new_seq_lens  # [bs] int64
+            if new_seq_lens is not None:
+                self.new_seq_lens.index_copy_(0, indices, new_seq_lens)
+            topk_p = payload.topk_p  # [bs, topk] float32
+            if topk_p is not None:
                 if self.topk_p is None:
                     self.topk_p = self.allocate('topk_p')
-                self.topk_p.index_copy_(0, indices, value)
-                if self.debug:
-                    self.mark_written('topk_p', indices)
-            value = payload.topk_index  # [bs, topk] int64
-            if value is not None:
-                if (
-                    value.dtype is not torch.int64
-                    or value.shape[0] != n
-                    or value.shape[1:] != self._row_topk_index
-                ):
-                    raise self.bad_payload('topk_index', value, n)
+                self.topk_p.index_copy_(0, indices, topk_p)
+            topk_index = payload.topk_index  # [bs, topk] int64
+            if topk_index is not None:
                 if self.topk_index is None:
                     self.topk_index = self.allocate('topk_index')
-                self.topk_index.index_copy_(0, indices, value)
-                if self.debug:
-                    self.mark_written('topk_index', indices)
-            value = payload.draft_probs  # [bs, vocab] float32
-            if value is not None:
-                if (
-                    value.dtype is not torch.float32
-                    or value.shape[0] != n
-                    or value.shape[1:] != self._row_draft_probs
-                ):
-                    raise self.bad_payload('draft_probs', value, n)
+                self.topk_index.index_copy_(0, indices, topk_index)
+            draft_probs = payload.draft_probs  # [bs, vocab] float32
+            if draft_probs is not None:
                 if self.draft_probs is None:
                     self.draft_probs = self.allocate('draft_probs')
-                self.draft_probs.index_copy_(0, indices, value)
-                if self.debug:
-                    self.mark_written('draft_probs', indices)
+                self.draft_probs.index_copy_(0, indices, draft_probs)
         except (IndexError, RuntimeError) as exc:
-            if ((indices < 0) | (indices >= self.req_pool_size)).any():
-                raise self.index_error(indices) from exc
-            raise
+            raise self.call_error(indices, payload) from exc
+        if self.debug:
+            self.mark_written(indices, payload)
+
+    def _stash_fused(self, indices: torch.Tensor, payload: RelayPayload) -> None:
+        """stash() as one fused Triton launch."""
+        self.check_payload(indices, payload)
+        if payload.topk_p is not None and self.topk_p is None:
+            self.topk_p = self.allocate('topk_p')
+        if payload.topk_index is not None and self.topk_index is None:
+            self.topk_index = self.allocate('topk_index')
+        if payload.draft_probs is not None and self.draft_probs is None:
+            self.draft_probs = self.allocate('draft_probs')
+        triton_stash(indices, (self.bonus_tokens, self.new_seq_lens, self.topk_p, self.topk_index, self.draft_probs), (payload.bonus_tokens, payload.new_seq_lens, payload.topk_p, payload.topk_index, payload.draft_probs))
+        if self.debug:
+            self.mark_written(indices, payload)
 
     def publish(self, indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         """Write the early-published fields, then record the publish event."""
-        n = indices.shape[0]
-        if n == 0:
-            return
         self.stash(indices, RelayPayload(new_seq_lens=new_seq_lens))
         self.record_publish()
 
     def resolve(self, indices: torch.Tensor) -> RelayPayload:
         """Gather every relay field for rows `indices` (None: lazy, never stashed)."""
-        self.check_indices(indices)
         if self.debug:
-            self.check_written('bonus_tokens', indices)
-            self.check_written('new_seq_lens', indices)
-            self.check_written('topk_p', indices)
-            self.check_written('topk_index', indices)
-            self.check_written('draft_probs', indices)
+            self.check_resolve(indices)
         try:
             return RelayPayload(
                 bonus_tokens=torch.index_select(self.bonus_tokens, 0, indices),
@@ -180,11 +360,40 @@ class FutureMap(FutureMapBase):
                 else torch.index_select(self.draft_probs, 0, indices),
             )
         except (IndexError, RuntimeError) as exc:
-            raise self.index_error(indices) from exc
+            raise self.call_error(indices) from exc
+
+    def _resolve_fused(self, indices: torch.Tensor) -> RelayPayload:
+        """resolve() as one fused Triton launch."""
+        if self.debug:
+            self.check_resolve(indices)
+        n = indices.shape[0]
+        bonus_tokens = (
+            torch.empty((n, *self._row_bonus_tokens), dtype=self.bonus_tokens.dtype, device=self.device)
+        )
+        new_seq_lens = (
+            torch.empty((n, *self._row_new_seq_lens), dtype=self.new_seq_lens.dtype, device=self.device)
+        )
+        topk_p = (
+            torch.empty((n, *self._row_topk_p), dtype=self.topk_p.dtype, device=self.device)
+            if self.topk_p is not None
+            else None
+        )
+        topk_index = (
+            torch.empty((n, *self._row_topk_index), dtype=self.topk_index.dtype, device=self.device)
+            if self.topk_index is not None
+            else None
+        )
+        draft_probs = (
+            torch.empty((n, *self._row_draft_probs), dtype=self.draft_probs.dtype, device=self.device)
+            if self.draft_probs is not None
+            else None
+        )
+        triton_resolve(indices, (self.bonus_tokens, self.new_seq_lens, self.topk_p, self.topk_index, self.draft_probs), (bonus_tokens, new_seq_lens, topk_p, topk_index, draft_probs))
+        return RelayPayload(bonus_tokens=bonus_tokens, new_seq_lens=new_seq_lens, topk_p=topk_p, topk_index=topk_index, draft_probs=draft_probs)
 
     def resolve_new_seq_lens_cpu(self, indices_cpu: torch.Tensor) -> torch.Tensor:
         """Host copy of `new_seq_lens` rows, after the publish event (pinned on CUDA)."""
-        return self.host_copy('new_seq_lens', self.new_seq_lens, self._new_seq_lens_host, indices_cpu)
+        return self.host_copy(self.new_seq_lens, self._new_seq_lens_host, indices_cpu)
 
     # SGLang's name for the host copy of the new sequence lengths.
     resolve_seq_lens_cpu = resolve_new_seq_lens_cpu
