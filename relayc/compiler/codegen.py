@@ -8,6 +8,7 @@ machine-specific (absolute paths, timestamps) is written.
 
 from __future__ import annotations
 
+from relayc.compiler.stepgen import call_lines, generate_steps
 from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
 from relayc.graph.builder import IterationGraphs
 from relayc.graph.passes import FieldLayout, RelayLayout
@@ -47,8 +48,9 @@ def generate_relay_module(graphs: IterationGraphs, out_dir: str = "relayc/genera
     w("Import this module from the engine; it never touches CUDA at import time.")
     w('"""\n')
     w("from __future__ import annotations\n")
-    w("from collections.abc import Sequence")
-    w("from dataclasses import dataclass\n")
+    w("from collections.abc import Callable, Mapping, Sequence")
+    w("from dataclasses import dataclass")
+    w("from typing import Any\n")
     w("import torch\n")
     w("from relayc.runtime.fused import fused_copy")
     w("from relayc.runtime.relay import FieldInfo, FutureMapBase\n")
@@ -88,6 +90,8 @@ def generate_relay_module(graphs: IterationGraphs, out_dir: str = "relayc/genera
     w(emit_triton_relay(spec.algorithm, [RelayBuffer(f.name, f.dtype) for f in fields]))
     w("")
     _future_map(w, spec.algorithm, fields, layout)
+    w("\n")
+    w(generate_steps(graphs))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -157,10 +161,13 @@ def _future_map(w, algorithm: str, fields: tuple[FieldLayout, ...], layout: Rela
         if f.alloc == "lazy":
             w(f"        if payload.{f.name} is not None and self.{f.name} is None:")
             w(f"            self.{f.name} = self.allocate({f.name!r})")
-    w(
-        f"        triton_stash(indices, {_buffers(fields)}, "
-        f"({', '.join(f'payload.{f.name}' for f in fields)}{',' if len(fields) == 1 else ''}))"
+    payload_rows = (
+        "("
+        + ", ".join(f"payload.{f.name}" for f in fields)
+        + ("," if len(fields) == 1 else "")
+        + ")"
     )
+    call_lines(w, "        ", "triton_stash", ["indices", _buffers(fields), payload_rows])
     w("        if self.debug:")
     w("            self.mark_written(indices, payload)")
     w("")
@@ -207,8 +214,8 @@ def _future_map(w, algorithm: str, fields: tuple[FieldLayout, ...], layout: Rela
             w(f"            if self.{f.name} is not None")
             w("            else None")
         w("        )")
-    w(f"        triton_resolve(indices, {_buffers(fields)}, {_names(fields)})")
-    w("        return RelayPayload(" + ", ".join(f"{f.name}={f.name}" for f in fields) + ")")
+    call_lines(w, "        ", "triton_resolve", ["indices", _buffers(fields), _names(fields)])
+    call_lines(w, "        ", "return RelayPayload", [f"{f.name}={f.name}" for f in fields])
     for f in layout.mirrored:
         w("")
         w(f"    def resolve_{f.name}_cpu(self, indices_cpu: torch.Tensor) -> torch.Tensor:")

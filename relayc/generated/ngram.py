@@ -9,8 +9,9 @@ Import this module from the engine; it never touches CUDA at import time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -248,7 +249,11 @@ class FutureMap(FutureMapBase):
     def _stash_fused(self, indices: torch.Tensor, payload: RelayPayload) -> None:
         """stash() as one fused Triton launch."""
         self.check_payload(indices, payload)
-        triton_stash(indices, (self.new_seq_lens, self.accept_tokens, self.accept_lens), (payload.new_seq_lens, payload.accept_tokens, payload.accept_lens))
+        triton_stash(
+            indices,
+            (self.new_seq_lens, self.accept_tokens, self.accept_lens),
+            (payload.new_seq_lens, payload.accept_tokens, payload.accept_lens),
+        )
         if self.debug:
             self.mark_written(indices, payload)
 
@@ -284,8 +289,16 @@ class FutureMap(FutureMapBase):
         accept_lens = (
             torch.empty((n, *self._row_accept_lens), dtype=self.accept_lens.dtype, device=self.device)
         )
-        triton_resolve(indices, (self.new_seq_lens, self.accept_tokens, self.accept_lens), (new_seq_lens, accept_tokens, accept_lens))
-        return RelayPayload(new_seq_lens=new_seq_lens, accept_tokens=accept_tokens, accept_lens=accept_lens)
+        triton_resolve(
+            indices,
+            (self.new_seq_lens, self.accept_tokens, self.accept_lens),
+            (new_seq_lens, accept_tokens, accept_lens),
+        )
+        return RelayPayload(
+            new_seq_lens=new_seq_lens,
+            accept_tokens=accept_tokens,
+            accept_lens=accept_lens,
+        )
 
     def resolve_new_seq_lens_cpu(self, indices_cpu: torch.Tensor) -> torch.Tensor:
         """Host copy of `new_seq_lens` rows, after the publish event (pinned on CUDA)."""
@@ -293,3 +306,164 @@ class FutureMap(FutureMapBase):
 
     # SGLang's name for the host copy of the new sequence lengths.
     resolve_seq_lens_cpu = resolve_new_seq_lens_cpu
+
+
+class PrefillStep:
+    """Seed the relay of new requests of `ngram` (the spec's prefill step)."""
+
+    OPS: tuple[str, ...] = ('ngram_prefill',)
+
+    def __init__(self, relay: FutureMap, impls: Mapping[str, Callable[..., Any]]) -> None:
+        missing = [op for op in self.OPS if op not in impls]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} of `{ALGORITHM}` needs implementations of "
+                f"{', '.join(missing)} in `impls`"
+            )
+        self.relay = relay
+        self._ngram_prefill = impls['ngram_prefill']
+
+    def __call__(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Run the prefill op and seed the relay rows of `req_pool_indices`."""
+        # relayc/specs/ngram.yaml:14 step `prefill` (ngram_prefill)
+        prefill = self._ngram_prefill(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+        prefill_accept_tokens = prefill["accept_tokens"]  # [bs, num_draft_tokens] int64
+        prefill_accept_lens = prefill["accept_lens"]  # [bs] int32
+        prefill_seq_lens = prefill["seq_lens"]  # [bs] int64
+        self.relay.publish(req_pool_indices, new_seq_lens=prefill_seq_lens)
+        self.relay.stash(
+            req_pool_indices,
+            RelayPayload(
+                accept_tokens=prefill_accept_tokens,
+                accept_lens=prefill_accept_lens,
+            ),
+        )
+        return {
+            "prefill.accept_tokens": prefill_accept_tokens,
+            "prefill.accept_lens": prefill_accept_lens,
+            "prefill.seq_lens": prefill_seq_lens,
+        }
+
+
+class DecodeStep:
+    """One decode iteration of `ngram`, generated from its fx graph.
+
+    `run_host` runs the host steps (outside any CUDA graph); `run_device` is the part a
+    graph runner captures: resolve the relay, the device steps in spec order, publish
+    early fields right after the step that writes them, stash the rest. Each op is
+    called as `impls[op](ctx, **inputs) -> dict of outputs`; `ctx` is the engine's
+    and passes through untouched. Both return every step output as `step.output`.
+    """
+
+    OPS: tuple[str, ...] = ('ngram_propose', 'ngram_splice', 'target_verify', 'accept_tree', 'compact_accepted_kv')
+    HOST_OUTPUTS: tuple[str, ...] = ('propose.proposals', 'propose.proposal_keys')
+
+    def __init__(self, relay: FutureMap, impls: Mapping[str, Callable[..., Any]]) -> None:
+        missing = [op for op in self.OPS if op not in impls]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} of `{ALGORITHM}` needs implementations of "
+                f"{', '.join(missing)} in `impls`"
+            )
+        self.relay = relay
+        self._ngram_propose = impls['ngram_propose']
+        self._ngram_splice = impls['ngram_splice']
+        self._target_verify = impls['target_verify']
+        self._accept_tree = impls['accept_tree']
+        self._compact_accepted_kv = impls['compact_accepted_kv']
+
+    def run_host(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        # relayc/specs/ngram.yaml:26 step `propose` (ngram_propose)
+        propose = self._ngram_propose(ctx, req_pool_indices=req_pool_indices)
+        propose_proposals = propose["proposals"]  # [bs, num_draft_tokens, num_draft_tokens] int64
+        propose_proposal_keys = propose["proposal_keys"]  # [bs, num_draft_tokens] int64
+        return {
+            "propose.proposals": propose_proposals,
+            "propose.proposal_keys": propose_proposal_keys,
+        }
+
+    def run_device(
+        self,
+        ctx: Any,
+        *,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        host: Mapping[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        relay = self.relay.resolve(req_pool_indices)
+        # relayc/specs/ngram.yaml:35 step `splice` (ngram_splice)
+        splice = self._ngram_splice(
+            ctx,
+            accept_tokens=relay.accept_tokens,
+            accept_lens=relay.accept_lens,
+            proposals=host["propose.proposals"],
+            proposal_keys=host["propose.proposal_keys"],
+            seq_lens=relay.new_seq_lens,
+        )
+        splice_candidates = splice["candidates"]  # [bs, num_draft_tokens] int64
+        splice_tree_mask = splice["tree_mask"]  # [bs, num_draft_tokens, num_draft_tokens] bool
+        splice_positions = splice["positions"]  # [bs, num_draft_tokens] int64
+        splice_retrive_index = splice["retrive_index"]  # [bs, num_draft_tokens] int64
+        splice_retrive_next_token = splice["retrive_next_token"]  # [bs, num_draft_tokens] int64
+        splice_retrive_next_sibling = splice["retrive_next_sibling"]  # [bs, num_draft_tokens] int64
+        # relayc/specs/ngram.yaml:47 step `verify` (target_verify)
+        verify = self._target_verify(
+            ctx,
+            candidates=splice_candidates,
+            tree_mask=splice_tree_mask,
+            positions=splice_positions,
+            seq_lens=relay.new_seq_lens,
+            req_pool_indices=req_pool_indices,
+        )
+        verify_logits = verify["logits"]  # [bs, num_draft_tokens, vocab] float32
+        verify_hidden_states = verify["hidden_states"]  # [bs, num_draft_tokens, hidden] model
+        # relayc/specs/ngram.yaml:57 step `accept` (accept_tree)
+        accept = self._accept_tree(
+            ctx,
+            logits=verify_logits,
+            candidates=splice_candidates,
+            retrive_index=splice_retrive_index,
+            retrive_next_token=splice_retrive_next_token,
+            retrive_next_sibling=splice_retrive_next_sibling,
+        )
+        accept_accept_index = accept["accept_index"]  # [bs, num_draft_tokens] int64
+        accept_accept_lens = accept["accept_lens"]  # [bs] int32
+        accept_accept_tokens = accept["accept_tokens"]  # [bs, num_draft_tokens] int64
+        accept_bonus_tokens = accept["bonus_tokens"]  # [bs] int64
+        # relayc/specs/ngram.yaml:68 step `compact_kv` (compact_accepted_kv)
+        compact_kv = self._compact_accepted_kv(
+            ctx,
+            accept_index=accept_accept_index,
+            accept_lens=accept_accept_lens,
+            seq_lens=relay.new_seq_lens,
+            req_pool_indices=req_pool_indices,
+        )
+        compact_kv_new_seq_lens = compact_kv["new_seq_lens"]  # [bs] int64
+        self.relay.publish(req_pool_indices, new_seq_lens=compact_kv_new_seq_lens)
+        self.relay.stash(
+            req_pool_indices,
+            RelayPayload(
+                accept_tokens=accept_accept_tokens,
+                accept_lens=accept_accept_lens,
+            ),
+        )
+        return {
+            "splice.candidates": splice_candidates,
+            "splice.tree_mask": splice_tree_mask,
+            "splice.positions": splice_positions,
+            "splice.retrive_index": splice_retrive_index,
+            "splice.retrive_next_token": splice_retrive_next_token,
+            "splice.retrive_next_sibling": splice_retrive_next_sibling,
+            "verify.logits": verify_logits,
+            "verify.hidden_states": verify_hidden_states,
+            "accept.accept_index": accept_accept_index,
+            "accept.accept_lens": accept_accept_lens,
+            "accept.accept_tokens": accept_accept_tokens,
+            "accept.bonus_tokens": accept_bonus_tokens,
+            "compact_kv.new_seq_lens": compact_kv_new_seq_lens,
+        }
+
+    def __call__(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Host steps, then the device part, eagerly (the CPU path)."""
+        host = self.run_host(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+        return {**host, **self.run_device(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens, host=host)}

@@ -9,8 +9,9 @@ Import this module from the engine; it never touches CUDA at import time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -195,3 +196,98 @@ class FutureMap(FutureMapBase):
         )
         triton_resolve(indices, (self.bonus_tokens,), (bonus_tokens,))
         return RelayPayload(bonus_tokens=bonus_tokens)
+
+
+class PrefillStep:
+    """Seed the relay of new requests of `none` (the spec's prefill step)."""
+
+    OPS: tuple[str, ...] = ('target_prefill',)
+
+    def __init__(self, relay: FutureMap, impls: Mapping[str, Callable[..., Any]]) -> None:
+        missing = [op for op in self.OPS if op not in impls]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} of `{ALGORITHM}` needs implementations of "
+                f"{', '.join(missing)} in `impls`"
+            )
+        self.relay = relay
+        self._target_prefill = impls['target_prefill']
+
+    def __call__(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Run the prefill op and seed the relay rows of `req_pool_indices`."""
+        # relayc/specs/none.yaml:11 step `prefill` (target_prefill)
+        prefill = self._target_prefill(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+        prefill_next_tokens = prefill["next_tokens"]  # [bs] int64
+        self.relay.stash(
+            req_pool_indices,
+            RelayPayload(
+                bonus_tokens=prefill_next_tokens,
+            ),
+        )
+        return {
+            "prefill.next_tokens": prefill_next_tokens,
+        }
+
+
+class DecodeStep:
+    """One decode iteration of `none`, generated from its fx graph.
+
+    `run_host` runs the host steps (outside any CUDA graph); `run_device` is the part a
+    graph runner captures: resolve the relay, the device steps in spec order, publish
+    early fields right after the step that writes them, stash the rest. Each op is
+    called as `impls[op](ctx, **inputs) -> dict of outputs`; `ctx` is the engine's
+    and passes through untouched. Both return every step output as `step.output`.
+    """
+
+    OPS: tuple[str, ...] = ('target_decode', 'sample')
+    HOST_OUTPUTS: tuple[str, ...] = ()
+
+    def __init__(self, relay: FutureMap, impls: Mapping[str, Callable[..., Any]]) -> None:
+        missing = [op for op in self.OPS if op not in impls]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} of `{ALGORITHM}` needs implementations of "
+                f"{', '.join(missing)} in `impls`"
+            )
+        self.relay = relay
+        self._target_decode = impls['target_decode']
+        self._sample = impls['sample']
+
+    def run_host(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {}  # no host steps
+
+    def run_device(
+        self,
+        ctx: Any,
+        *,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        host: Mapping[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        relay = self.relay.resolve(req_pool_indices)
+        # relayc/specs/none.yaml:20 step `decode` (target_decode)
+        decode = self._target_decode(
+            ctx,
+            input_ids=relay.bonus_tokens,
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+        )
+        decode_logits = decode["logits"]  # [bs, vocab] float32
+        # relayc/specs/none.yaml:28 step `sample` (sample)
+        sample = self._sample(ctx, logits=decode_logits)
+        sample_next_tokens = sample["next_tokens"]  # [bs] int64
+        self.relay.stash(
+            req_pool_indices,
+            RelayPayload(
+                bonus_tokens=sample_next_tokens,
+            ),
+        )
+        return {
+            "decode.logits": decode_logits,
+            "sample.next_tokens": sample_next_tokens,
+        }
+
+    def __call__(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Host steps, then the device part, eagerly (the CPU path)."""
+        host = self.run_host(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+        return {**host, **self.run_device(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens, host=host)}

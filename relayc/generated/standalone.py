@@ -9,8 +9,9 @@ Import this module from the engine; it never touches CUDA at import time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -332,7 +333,11 @@ class FutureMap(FutureMapBase):
             self.topk_index = self.allocate('topk_index')
         if payload.draft_probs is not None and self.draft_probs is None:
             self.draft_probs = self.allocate('draft_probs')
-        triton_stash(indices, (self.bonus_tokens, self.new_seq_lens, self.topk_p, self.topk_index, self.draft_probs), (payload.bonus_tokens, payload.new_seq_lens, payload.topk_p, payload.topk_index, payload.draft_probs))
+        triton_stash(
+            indices,
+            (self.bonus_tokens, self.new_seq_lens, self.topk_p, self.topk_index, self.draft_probs),
+            (payload.bonus_tokens, payload.new_seq_lens, payload.topk_p, payload.topk_index, payload.draft_probs),
+        )
         if self.debug:
             self.mark_written(indices, payload)
 
@@ -388,8 +393,18 @@ class FutureMap(FutureMapBase):
             if self.draft_probs is not None
             else None
         )
-        triton_resolve(indices, (self.bonus_tokens, self.new_seq_lens, self.topk_p, self.topk_index, self.draft_probs), (bonus_tokens, new_seq_lens, topk_p, topk_index, draft_probs))
-        return RelayPayload(bonus_tokens=bonus_tokens, new_seq_lens=new_seq_lens, topk_p=topk_p, topk_index=topk_index, draft_probs=draft_probs)
+        triton_resolve(
+            indices,
+            (self.bonus_tokens, self.new_seq_lens, self.topk_p, self.topk_index, self.draft_probs),
+            (bonus_tokens, new_seq_lens, topk_p, topk_index, draft_probs),
+        )
+        return RelayPayload(
+            bonus_tokens=bonus_tokens,
+            new_seq_lens=new_seq_lens,
+            topk_p=topk_p,
+            topk_index=topk_index,
+            draft_probs=draft_probs,
+        )
 
     def resolve_new_seq_lens_cpu(self, indices_cpu: torch.Tensor) -> torch.Tensor:
         """Host copy of `new_seq_lens` rows, after the publish event (pinned on CUDA)."""
@@ -397,3 +412,199 @@ class FutureMap(FutureMapBase):
 
     # SGLang's name for the host copy of the new sequence lengths.
     resolve_seq_lens_cpu = resolve_new_seq_lens_cpu
+
+
+class PrefillStep:
+    """Seed the relay of new requests of `standalone` (the spec's prefill step)."""
+
+    OPS: tuple[str, ...] = ('standalone_prefill',)
+
+    def __init__(self, relay: FutureMap, impls: Mapping[str, Callable[..., Any]]) -> None:
+        missing = [op for op in self.OPS if op not in impls]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} of `{ALGORITHM}` needs implementations of "
+                f"{', '.join(missing)} in `impls`"
+            )
+        self.relay = relay
+        self._standalone_prefill = impls['standalone_prefill']
+
+    def __call__(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Run the prefill op and seed the relay rows of `req_pool_indices`."""
+        # relayc/specs/standalone.yaml:12 step `prefill` (standalone_prefill)
+        prefill = self._standalone_prefill(
+            ctx,
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+        )
+        prefill_next_tokens = prefill["next_tokens"]  # [bs] int64
+        prefill_seq_lens = prefill["seq_lens"]  # [bs] int64
+        prefill_topk_p = prefill["topk_p"]  # [bs, topk] float32
+        prefill_topk_index = prefill["topk_index"]  # [bs, topk] int64
+        prefill_draft_probs = prefill["draft_probs"]  # [bs, vocab] float32
+        self.relay.publish(req_pool_indices, new_seq_lens=prefill_seq_lens)
+        self.relay.stash(
+            req_pool_indices,
+            RelayPayload(
+                bonus_tokens=prefill_next_tokens,
+                topk_p=prefill_topk_p,
+                topk_index=prefill_topk_index,
+                draft_probs=prefill_draft_probs,
+            ),
+        )
+        return {
+            "prefill.next_tokens": prefill_next_tokens,
+            "prefill.seq_lens": prefill_seq_lens,
+            "prefill.topk_p": prefill_topk_p,
+            "prefill.topk_index": prefill_topk_index,
+            "prefill.draft_probs": prefill_draft_probs,
+        }
+
+
+class DecodeStep:
+    """One decode iteration of `standalone`, generated from its fx graph.
+
+    `run_host` runs the host steps (outside any CUDA graph); `run_device` is the part a
+    graph runner captures: resolve the relay, the device steps in spec order, publish
+    early fields right after the step that writes them, stash the rest. Each op is
+    called as `impls[op](ctx, **inputs) -> dict of outputs`; `ctx` is the engine's
+    and passes through untouched. Both return every step output as `step.output`.
+    """
+
+    OPS: tuple[str, ...] = ('standalone_draft', 'build_tree', 'target_verify', 'accept_chain', 'compact_accepted_kv', 'standalone_draft_extend')
+    HOST_OUTPUTS: tuple[str, ...] = ()
+
+    def __init__(self, relay: FutureMap, impls: Mapping[str, Callable[..., Any]]) -> None:
+        missing = [op for op in self.OPS if op not in impls]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} of `{ALGORITHM}` needs implementations of "
+                f"{', '.join(missing)} in `impls`"
+            )
+        self.relay = relay
+        self._standalone_draft = impls['standalone_draft']
+        self._build_tree = impls['build_tree']
+        self._target_verify = impls['target_verify']
+        self._accept_chain = impls['accept_chain']
+        self._compact_accepted_kv = impls['compact_accepted_kv']
+        self._standalone_draft_extend = impls['standalone_draft_extend']
+
+    def run_host(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {}  # no host steps
+
+    def run_device(
+        self,
+        ctx: Any,
+        *,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        host: Mapping[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        relay = self.relay.resolve(req_pool_indices)
+        # relayc/specs/standalone.yaml:26 step `draft` (standalone_draft)
+        draft = self._standalone_draft(
+            ctx,
+            topk_p=relay.topk_p,
+            topk_index=relay.topk_index,
+            draft_probs=relay.draft_probs,
+            seq_lens=relay.new_seq_lens,
+            req_pool_indices=req_pool_indices,
+        )
+        draft_parent_list = draft["parent_list"]  # [bs, topk*(num_steps-1)+1] int64
+        draft_top_scores_index = draft["top_scores_index"]  # [bs, num_draft_tokens-1] int64
+        draft_draft_tokens = draft["draft_tokens"]  # [bs, num_draft_tokens-1] int64
+        draft_chain_draft_probs = draft["chain_draft_probs"]  # [bs, num_steps, vocab] float32
+        # relayc/specs/standalone.yaml:37 step `build_tree` (build_tree)
+        build_tree = self._build_tree(
+            ctx,
+            bonus_tokens=relay.bonus_tokens,
+            parent_list=draft_parent_list,
+            top_scores_index=draft_top_scores_index,
+            draft_tokens=draft_draft_tokens,
+            seq_lens=relay.new_seq_lens,
+        )
+        build_tree_candidates = build_tree["candidates"]  # [bs, num_draft_tokens] int64
+        build_tree_tree_mask = build_tree["tree_mask"]  # [bs, num_draft_tokens, num_draft_tokens] bool
+        build_tree_positions = build_tree["positions"]  # [bs, num_draft_tokens] int64
+        build_tree_retrive_index = build_tree["retrive_index"]  # [bs, num_draft_tokens] int64
+        build_tree_retrive_next_token = build_tree["retrive_next_token"]  # [bs, num_draft_tokens] int64
+        build_tree_retrive_next_sibling = build_tree["retrive_next_sibling"]  # [bs, num_draft_tokens] int64
+        # relayc/specs/standalone.yaml:48 step `verify` (target_verify)
+        verify = self._target_verify(
+            ctx,
+            candidates=build_tree_candidates,
+            tree_mask=build_tree_tree_mask,
+            positions=build_tree_positions,
+            seq_lens=relay.new_seq_lens,
+            req_pool_indices=req_pool_indices,
+        )
+        verify_logits = verify["logits"]  # [bs, num_draft_tokens, vocab] float32
+        verify_hidden_states = verify["hidden_states"]  # [bs, num_draft_tokens, hidden] model
+        # relayc/specs/standalone.yaml:58 step `accept` (accept_chain)
+        accept = self._accept_chain(
+            ctx,
+            logits=verify_logits,
+            candidates=build_tree_candidates,
+            draft_probs=draft_chain_draft_probs,
+        )
+        accept_accept_index = accept["accept_index"]  # [bs, num_draft_tokens] int64
+        accept_accept_lens = accept["accept_lens"]  # [bs] int32
+        accept_accept_tokens = accept["accept_tokens"]  # [bs, num_draft_tokens] int64
+        accept_bonus_tokens = accept["bonus_tokens"]  # [bs] int64
+        # relayc/specs/standalone.yaml:68 step `compact_kv` (compact_accepted_kv)
+        compact_kv = self._compact_accepted_kv(
+            ctx,
+            accept_index=accept_accept_index,
+            accept_lens=accept_accept_lens,
+            seq_lens=relay.new_seq_lens,
+            req_pool_indices=req_pool_indices,
+        )
+        compact_kv_new_seq_lens = compact_kv["new_seq_lens"]  # [bs] int64
+        self.relay.publish(req_pool_indices, new_seq_lens=compact_kv_new_seq_lens)
+        # relayc/specs/standalone.yaml:78 step `draft_extend` (standalone_draft_extend)
+        draft_extend = self._standalone_draft_extend(
+            ctx,
+            accept_tokens=accept_accept_tokens,
+            accept_lens=accept_accept_lens,
+            seq_lens=compact_kv_new_seq_lens,
+            req_pool_indices=req_pool_indices,
+        )
+        draft_extend_topk_p = draft_extend["topk_p"]  # [bs, topk] float32
+        draft_extend_topk_index = draft_extend["topk_index"]  # [bs, topk] int64
+        draft_extend_draft_probs = draft_extend["draft_probs"]  # [bs, vocab] float32
+        self.relay.stash(
+            req_pool_indices,
+            RelayPayload(
+                bonus_tokens=accept_bonus_tokens,
+                topk_p=draft_extend_topk_p,
+                topk_index=draft_extend_topk_index,
+                draft_probs=draft_extend_draft_probs,
+            ),
+        )
+        return {
+            "draft.parent_list": draft_parent_list,
+            "draft.top_scores_index": draft_top_scores_index,
+            "draft.draft_tokens": draft_draft_tokens,
+            "draft.chain_draft_probs": draft_chain_draft_probs,
+            "build_tree.candidates": build_tree_candidates,
+            "build_tree.tree_mask": build_tree_tree_mask,
+            "build_tree.positions": build_tree_positions,
+            "build_tree.retrive_index": build_tree_retrive_index,
+            "build_tree.retrive_next_token": build_tree_retrive_next_token,
+            "build_tree.retrive_next_sibling": build_tree_retrive_next_sibling,
+            "verify.logits": verify_logits,
+            "verify.hidden_states": verify_hidden_states,
+            "accept.accept_index": accept_accept_index,
+            "accept.accept_lens": accept_accept_lens,
+            "accept.accept_tokens": accept_accept_tokens,
+            "accept.bonus_tokens": accept_bonus_tokens,
+            "compact_kv.new_seq_lens": compact_kv_new_seq_lens,
+            "draft_extend.topk_p": draft_extend_topk_p,
+            "draft_extend.topk_index": draft_extend_topk_index,
+            "draft_extend.draft_probs": draft_extend_draft_probs,
+        }
+
+    def __call__(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Host steps, then the device part, eagerly (the CPU path)."""
+        host = self.run_host(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+        return {**host, **self.run_device(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens, host=host)}
