@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import closing
 
 from relayc.engine.sampling import SamplingParams
 
@@ -80,17 +81,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
     )
-    tokens, finish = 0, None
+    tokens, finish, error = 0, None, None
     start = time.perf_counter()
-    with engine:
-        for delta in engine.stream([args.prompt], params):
+    with engine, closing(engine.stream([args.prompt], params)) as deltas:
+        for delta in deltas:
             if delta.error:
-                return usage(delta.error)
+                error = delta.error
+                break
             text = delta.text if engine.tokenizer else "".join(f" {t}" for t in delta.token_ids)
             sys.stdout.write(_printable(text))
             sys.stdout.flush()
             tokens += len(delta.token_ids)
             finish = delta.finish_reason or finish
+    if error is not None:
+        return usage(error)
     elapsed = time.perf_counter() - start
     sys.stdout.write("\n")
     overlap = "off" if args.no_overlap else "on"

@@ -31,7 +31,7 @@ class Output:
     """One request's result; ``token_ids`` holds generated tokens only (a stop token included)."""
 
     index: int  # position of the prompt in the call
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int]  # [] for a rejected request
     token_ids: list[int]
     text: str | None  # None when the model has no tokenizer
     finish_reason: FinishReason

@@ -109,6 +109,7 @@ class SchedulerStats:
     tokens: int = 0  # tokens delivered to requests (extra tokens not counted)
     host_s: float = 0.0  # schedule + prepare + process, waits excluded
     wait_s: float = 0.0  # blocked on job results
+    job_s: float = 0.0  # inside forward jobs (CUDA: launch time, the kernels run later)
     kv_blocked: int = 0  # iterations whose queue head waited for KV slots
     max_running: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # decode batch size per iteration
@@ -117,7 +118,7 @@ class SchedulerStats:
 @dataclass
 class _InFlight:
     steps: list[HostStep]
-    pending: Pending[list[torch.Tensor]]
+    pending: Pending[tuple[list[torch.Tensor], float]]  # host copies, job seconds
 
 
 class Scheduler:
@@ -171,17 +172,15 @@ class Scheduler:
         """One iteration; returns the requests that got tokens or finished on the host."""
         start = time.perf_counter()
         steps = self._schedule()
-        if steps:
-            job = self._job(steps)
-            self._inflight.append(_InFlight(steps, self.runner.submit(job)))
+        self.stats.host_s += time.perf_counter() - start
+        if steps:  # the inline runner (no overlap) runs the forward right here
+            self._inflight.append(_InFlight(steps, self.runner.submit(self._job(steps))))
             self.stats.forwards += len(steps)
-        host = time.perf_counter() - start
         touched: dict[int, Request] = {}
         lag = 1 if self.runner.overlap and steps else 0
         while len(self._inflight) > lag:
             for request in self._process(self._inflight.popleft()):
                 touched[id(request)] = request
-        self.stats.host_s += host
         self.iteration += 1
         self.stats.iterations += 1
         return list(touched.values())
@@ -262,8 +261,9 @@ class Scheduler:
 
     def _process(self, inflight: _InFlight) -> list[Request]:
         start = time.perf_counter()
-        results = inflight.pending.wait()
+        results, job_s = inflight.pending.wait()
         waited = time.perf_counter() - start
+        self.stats.job_s += job_s
         touched = []
         for step, tokens in zip(inflight.steps, results, strict=True):
             for request, token in zip(step.requests, tokens.tolist(), strict=True):
@@ -291,11 +291,12 @@ class Scheduler:
         request.req_pool_index, request.kv_reserved = 0, 0
 
     # -- device side (runs on the forward runner) -----------------------------------------
-    def _job(self, steps: list[HostStep]) -> Callable[[], list[torch.Tensor]]:
+    def _job(self, steps: list[HostStep]) -> Callable[[], tuple[list[torch.Tensor], float]]:
         algorithm, device, kv_cache = self.algorithm, self.device, self.kv_cache
         req_to_token = self.req_pool.req_to_token
 
-        def run() -> list[torch.Tensor]:
+        def run() -> tuple[list[torch.Tensor], float]:
+            start = time.perf_counter()
             host_tokens = []
             with torch.no_grad():
                 for step in steps:
@@ -306,6 +307,6 @@ class Scheduler:
                         inputs.forward.out_cache_loc.to(torch.int32)
                     )
                     host_tokens.append(out.next_tokens.to("cpu", non_blocking=True))
-            return host_tokens
+            return host_tokens, time.perf_counter() - start
 
         return run
