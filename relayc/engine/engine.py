@@ -151,26 +151,30 @@ class Engine:
         params: SamplingParams | Sequence[SamplingParams] | None,
         arrivals: Sequence[int] | None,
     ) -> tuple[dict[int, Request], list[StreamDelta]]:
+        """Check every request (eagerly, so call mistakes raise here); queue nothing yet."""
         params_list = self._params_list(prompts, params)
         arrival_list = self._arrival_list(prompts, arrivals)
         requests: dict[int, Request] = {}
         rejected: list[StreamDelta] = []
-        base = self.scheduler.iteration
         for index, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
-            request_or_error = self._make_request(index, prompt, p, base + arrival_list[index])
+            request_or_error = self._make_request(index, prompt, p, arrival_list[index])
             if isinstance(request_or_error, str):
                 rejected.append(StreamDelta(index, [], "", FinishReason.ERROR, request_or_error))
             else:
                 requests[index] = request_or_error
-                self.scheduler.add_request(request_or_error)
         return requests, rejected
 
     def _run(
         self, requests: dict[int, Request], rejected: list[StreamDelta]
     ) -> Iterator[StreamDelta]:
+        # Requests reach the scheduler on the first next(), so a stream that is
+        # never iterated leaves nothing behind; arrivals count from then.
         live = dict(requests)
         byte_text = self.tokenizer is not None
         try:
+            for request in live.values():
+                request.arrival += self.scheduler.iteration
+                self.scheduler.add_request(request)
             yield from rejected
             while live:
                 for request in self.scheduler.step():

@@ -101,3 +101,14 @@ def test_relayc_generate_streams_text_and_a_summary(capsys: pytest.CaptureFixtur
     code, _, stderr = _generate_cli(["--prompt", "x", "--model", "/no/such/dir"], capsys)
     assert code == 2 and "checkpoint directory /no/such/dir does not exist" in stderr
     assert _printable("a\x1b[31m\n") == "a\\x1b[31m\n"
+
+
+def test_a_stream_never_iterated_queues_nothing(model: LlamaForCausalLM) -> None:
+    with Engine(model) as engine:
+        stream = engine.stream([[1, 2, 3]], SamplingParams(max_new_tokens=3))
+        with pytest.raises(TypeError, match="not a string"):
+            engine.stream("Hello")  # type: ignore[arg-type]  # call mistakes raise at once
+        assert not engine.scheduler.has_work()
+        del stream
+        (out,) = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))
+        assert len(out.token_ids) == 3 and engine.scheduler.stats.forwards == 3
