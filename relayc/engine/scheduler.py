@@ -70,7 +70,7 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -112,7 +112,7 @@ class SchedulerStats:
     job_s: float = 0.0  # inside forward jobs (CUDA: launch time, the kernels run later)
     kv_blocked: int = 0  # iterations whose queue head waited for KV slots
     max_running: int = 0
-    batch_sizes: list[int] = field(default_factory=list)  # decode batch size per iteration
+    decode_rows: int = 0  # requests summed over decode batches (extra tokens included)
 
 
 @dataclass
@@ -202,7 +202,7 @@ class Scheduler:
         admitted = self._admit()
         self.running.extend(admitted)
         self.stats.max_running = max(self.stats.max_running, len(self.running))
-        self.stats.batch_sizes.append(len(decoding))
+        self.stats.decode_rows += len(decoding)
         steps = []
         if admitted:
             steps.append(self._prefill_step(admitted))
