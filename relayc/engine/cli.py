@@ -11,8 +11,6 @@ import sys
 import time
 from contextlib import closing
 
-from relayc.engine.sampling import SamplingParams
-
 # Control characters a random model happily samples (ESC among them) would
 # drive the terminal; print them escaped. Newlines and tabs stay.
 _KEEP = {"\n", "\t"}
@@ -62,6 +60,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # Imported here: relayc.cli imports this module, and torch is slow to import.
     from relayc.cli import EXIT_OK, EXIT_USAGE
     from relayc.engine.engine import Engine
+    from relayc.engine.sampling import SamplingParams
     from relayc.engine.weights import CheckpointError
 
     def usage(message: str) -> int:

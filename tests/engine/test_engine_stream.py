@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +116,11 @@ def test_a_stream_never_iterated_queues_nothing(model: LlamaForCausalLM) -> None
         del stream
         (out,) = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))
         assert len(out.token_ids) == 3 and engine.scheduler.stats.forwards == 3
+
+
+def test_the_generate_command_module_does_not_import_torch() -> None:
+    """relayc's command line imports it for every command, `relayc validate` included."""
+    root = Path(__file__).resolve().parents[2]
+    code = "import sys, relayc.engine.cli; sys.exit('torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
