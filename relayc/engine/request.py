@@ -14,8 +14,6 @@ import codecs
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-import torch
-
 from relayc.engine.sampling import SamplingParams
 
 
@@ -57,9 +55,9 @@ class Request:
     seed: int
     max_new_tokens: int  # params.max_new_tokens, clipped so the sequence fits the context
     arrival: int = 0  # iteration at which the scheduler may first admit it
-    # Resources, held from admission until the last in-flight forward using them is done.
+    # Resources, held from admission until the last in-flight forward using them is done;
+    # the KV slots themselves are recorded in req_to_token.
     req_pool_index: int = 0
-    kv_chunks: list[torch.Tensor] = field(default_factory=list)
     kv_reserved: int = 0
     # Device progress (host-known at launch): tokens whose K/V are written or being
     # written, tokens asked to be sampled, forwards launched but not yet processed.
