@@ -9,9 +9,11 @@ One iteration ``i`` of ``Scheduler.step()`` on the host:
    filtered (requests the device is done with leave) and merged with requests
    admitted from the queue, first come first served, while a request slot, room
    in ``max_batch_size`` and the request's whole KV reservation are free.
-2. **Prepare.** A prefill step (new requests, prompt tokens from the host) and a
-   decode step (running requests) are built as host tensors; KV slots for every
-   new token are sliced off the KV pool's free list.
+2. **Prepare.** A prefill step (prompt tokens from the host, at most
+   ``max_prefill_tokens`` of them: a long prompt is prefilled in chunks over
+   several iterations, only its last chunk samples) and a decode step (running
+   requests) are built as host tensors; KV slots for every new token are
+   sliced off the KV pool's free list.
 3. **Launch** job ``i`` on the forward runner (CUDA: the forward stream; CPU: a
    worker thread; ``overlap=False``: inline). In order, on the device: copy the
    host tensors; prefill hook (forward, sample, stash into the ``FutureMap``);
@@ -41,8 +43,10 @@ until the wait.
 Why the host lags one iteration. Job ``i`` is prepared and launched before job
 ``i - 1`` is processed, so the host knows tokens only up to job ``i - 2``. It
 needs no token to launch: the input tokens come from the relay, and lengths
-and positions are host-known because every forward adds exactly one token per
-request. Streamed tokens therefore reach the caller one iteration late.
+and positions are host-known because a forward adds a known number of tokens
+per request (a prompt chunk, or one decode token). Speculative algorithms
+break that last point: they relay ``new_seq_lens`` and read it back through the
+FutureMap's host mirror. Streamed tokens reach the caller one iteration late.
 
 Late finishes. ``max_new_tokens`` (and a full context) is known at launch from
 ``scheduled_samples``, so no request is scheduled past it. A stop token is seen
@@ -88,7 +92,7 @@ class SchedulerConfig:
     req_pool_size: int = 128  # request slots; finished requests hold theirs one iteration
     kv_pool_tokens: int = 16384  # KV slots
     max_context: int = 2048  # tokens per request: prompt + generated - 1
-    max_prefill_tokens: int = 4096  # prompt tokens per prefill (one longer prompt still runs)
+    max_prefill_tokens: int = 4096  # prompt tokens per prefill forward; longer prompts are chunked
 
     def __post_init__(self) -> None:
         for name in (
@@ -111,7 +115,8 @@ class SchedulerStats:
     wait_s: float = 0.0  # blocked on job results
     job_s: float = 0.0  # inside forward jobs (CUDA: launch time, the kernels run later)
     kv_blocked: int = 0  # iterations whose queue head waited for KV slots
-    max_running: int = 0
+    prefill_chunks: int = 0  # prefill rows that did not finish their prompt
+    max_running: int = 0  # most requests admitted at once (prefilling or decoding)
     decode_rows: int = 0  # requests summed over decode batches (extra tokens included)
 
 
@@ -142,7 +147,8 @@ class Scheduler:
         self._arrivals: list[tuple[int, int, Request]] = []  # heap of (arrival, order, request)
         self._order = 0
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.prefilling: list[Request] = []  # admitted, prompt not fully scheduled yet
+        self.running: list[Request] = []  # prompt scheduled, decoding
         self._inflight: deque[_InFlight] = deque()
         self._pin = self.device.type == "cuda"
 
@@ -165,7 +171,9 @@ class Scheduler:
             self._release(request)
 
     def has_work(self) -> bool:
-        return bool(self._arrivals or self.waiting or self.running or self._inflight)
+        return bool(
+            self._arrivals or self.waiting or self.prefilling or self.running or self._inflight
+        )
 
     # -- the loop -------------------------------------------------------------------------
     def step(self) -> list[Request]:
@@ -198,41 +206,55 @@ class Scheduler:
         while self._arrivals and self._arrivals[0][0] <= self.iteration:
             self.waiting.append(heapq.heappop(self._arrivals)[2])
         self.running = [r for r in self.running if not r.device_done]
+        self.prefilling = [r for r in self.prefilling if r.finish_reason is None]
         decoding = list(self.running)
-        admitted = self._admit()
-        self.running.extend(admitted)
-        self.stats.max_running = max(self.stats.max_running, len(self.running))
-        self.stats.decode_rows += len(decoding)
+        chunks = self._plan_prefill()
         steps = []
-        if admitted:
-            steps.append(self._prefill_step(admitted))
+        if chunks:
+            steps.append(self._prefill_step(chunks))
         if decoding:
             steps.append(self._decode_step(decoding))
+        self.stats.decode_rows += len(decoding)
+        admitted = len(self.running) + len(self.prefilling)
+        self.stats.max_running = max(self.stats.max_running, admitted)
         return steps
 
-    def _admit(self) -> list[Request]:
-        admitted: list[Request] = []
-        prompt_tokens = 0
-        cfg = self.config
-        while self.waiting:
-            request = self.waiting[0]
-            if len(self.running) + len(admitted) >= cfg.max_batch_size:
-                break
-            if admitted and prompt_tokens + request.prompt_len > cfg.max_prefill_tokens:
-                break
-            if request.kv_need > self.kv_unreserved:
-                self.stats.kv_blocked += 1
-                break
-            slots = self.req_pool.alloc(1)
-            if slots is None:
-                break
-            self.waiting.popleft()
-            request.req_pool_index = slots[0]
-            request.kv_reserved = request.kv_need
-            self.kv_unreserved -= request.kv_reserved
-            prompt_tokens += request.prompt_len
-            admitted.append(request)
-        return admitted
+    def _plan_prefill(self) -> list[tuple[Request, int]]:
+        """(request, prompt tokens this iteration): unfinished prompts first, then admissions."""
+        budget = self.config.max_prefill_tokens
+        plan: list[tuple[Request, int]] = []
+        for request in self.prefilling:
+            if budget == 0:
+                return plan
+            n = min(budget, request.prompt_len - request.scheduled_len)
+            plan.append((request, n))
+            budget -= n
+        while budget and self._admit_one():
+            request = self.prefilling[-1]
+            n = min(budget, request.prompt_len)
+            plan.append((request, n))
+            budget -= n
+        return plan
+
+    def _admit_one(self) -> bool:
+        """Move the head of the queue into ``prefilling`` if everything it needs is free."""
+        if not self.waiting:
+            return False
+        request = self.waiting[0]
+        if len(self.running) + len(self.prefilling) >= self.config.max_batch_size:
+            return False
+        if request.kv_need > self.kv_unreserved:
+            self.stats.kv_blocked += 1
+            return False
+        slots = self.req_pool.alloc(1)
+        if slots is None:
+            return False
+        self.waiting.popleft()
+        request.req_pool_index = slots[0]
+        request.kv_reserved = request.kv_need
+        self.kv_unreserved -= request.kv_reserved
+        self.prefilling.append(request)
+        return True
 
     def _alloc_kv(self, n: int) -> torch.Tensor:
         slots = self.kv_pool.alloc(n)
@@ -240,14 +262,23 @@ class Scheduler:
             raise RuntimeError(f"KV pool has {self.kv_pool.available_size()} slots, needs {n}")
         return slots
 
-    def _prefill_step(self, requests: list[Request]) -> HostStep:
-        chunks = [r.prompt_ids for r in requests]
-        slots = self._alloc_kv(sum(len(c) for c in chunks))
+    def _prefill_step(self, plan: list[tuple[Request, int]]) -> HostStep:
+        requests = [r for r, _ in plan]
+        chunks = [r.prompt_ids[r.scheduled_len : r.scheduled_len + n] for r, n in plan]
+        slots = self._alloc_kv(sum(n for _, n in plan))
         step = HostStep.build(StepKind.PREFILL, requests, chunks, slots, self._pin)
-        for request in requests:
-            request.scheduled_len = request.prompt_len
-            request.scheduled_samples = 1
+        for request, n in plan:
+            request.scheduled_len += n
             request.inflight += 1
+            if request.scheduled_len == request.prompt_len:
+                request.scheduled_samples = 1
+                self.prefilling.remove(request)
+                self.running.append(request)
+            else:
+                self.stats.prefill_chunks += 1
+        # Only a prompt's last chunk samples; earlier chunks' tokens (and stashes,
+        # overwritten by the last chunk's) are never used.
+        step.samples = [r.scheduled_len == r.prompt_len for r in requests]
         return step
 
     def _decode_step(self, requests: list[Request]) -> HostStep:
@@ -266,9 +297,11 @@ class Scheduler:
         self.stats.job_s += job_s
         touched = []
         for step, tokens in zip(inflight.steps, results, strict=True):
-            for request, token in zip(step.requests, tokens.tolist(), strict=True):
+            for request, token, sampled in zip(
+                step.requests, tokens.tolist(), step.samples, strict=True
+            ):
                 request.inflight -= 1
-                if request.finish_reason is None:
+                if sampled and request.finish_reason is None:
                     request.output_ids.append(token)
                     self.stats.tokens += 1
                     if token in request.params.stop_token_ids:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,6 +50,7 @@ class HostStep:
     out_cache_loc: torch.Tensor  # [T] int64 on the device, from the KV pool
     max_prefix_len: int
     max_extend_len: int
+    samples: list[bool] = field(default_factory=list)  # per request: its token is real
 
     @classmethod
     def build(
@@ -96,6 +97,7 @@ class HostStep:
             out_cache_loc=out_cache_loc,
             max_prefix_len=max(prefix),
             max_extend_len=max(lens),
+            samples=[True] * len(requests),
         )
 
     def to_device(

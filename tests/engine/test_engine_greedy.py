@@ -122,3 +122,13 @@ def test_engine_loads_a_checkpoint_directory(model: LlamaForCausalLM, tmp_path: 
         assert engine.tokenizer is not None  # a byte-level vocabulary gets the byte tokenizer
         outs = engine.generate(work.prompts, work.params, arrivals=work.arrivals)
     assert [o.token_ids for o in outs] == naive_outputs(model, work.prompts, work.params)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_long_prompts_are_prefilled_in_chunks(model: LlamaForCausalLM, overlap: bool) -> None:
+    work = random_workload(5, 12, max_prompt=30, max_new=6, last_arrival=3)
+    with Engine(model, overlap=overlap, max_prefill_tokens=7, debug=True) as engine:
+        outs = engine.generate(work.prompts, work.params, arrivals=work.arrivals)
+        assert engine.scheduler.stats.prefill_chunks >= 10
+        assert_idle(engine)
+    assert [o.token_ids for o in outs] == naive_outputs(model, work.prompts, work.params)
