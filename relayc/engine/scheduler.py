@@ -49,11 +49,12 @@ break that last point: they relay ``new_seq_lens`` and read it back through the
 FutureMap's host mirror. Streamed tokens reach the caller one iteration late.
 
 Late finishes. ``max_new_tokens`` (and a full context) is known at launch from
-``scheduled_samples``, so no request is scheduled past it. A stop token is seen
-only when its job is processed; by then job ``i``, which holds the request
-again, is running: its token is the one extra token, discarded on processing
-(the request is already finished), and the request leaves the batch at the
-next schedule. Without overlap there is no extra token.
+``scheduled_samples``, so no request is scheduled past it. A stop token sampled
+by job ``i - 1`` is seen when that job is processed in iteration ``i``, after
+job ``i`` -- which holds the request again -- was launched: job ``i``'s token
+for it is the one extra token, discarded when job ``i`` is processed (the
+request is finished by then), and the request leaves the batch at the next
+schedule. Without overlap there is no extra token.
 
 Freeing. A finished request keeps its request slot and KV slots until every
 job holding it has been processed (``inflight == 0``): no running forward can
