@@ -2,7 +2,8 @@
 
 Each mode runs the same greedy workload (``--requests`` prompts of mixed length,
 ``--max-new-tokens`` each, all queued at once) ``--repeats`` times, alternating
-modes so machine noise hits both; the best run of each is reported. Per
+modes so machine noise hits both; the best run of each is reported, plus the
+median on/off ratio of back-to-back pairs. Per
 iteration: wall time, host time (schedule + prepare + process, waits excluded)
 and time blocked on the forward. With overlap the host work runs while the
 forward of the previous iteration is in flight, so wall ~ max(host, forward)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -95,11 +97,14 @@ def main() -> None:
     for engine in engines.values():  # warm up allocators and kernels
         engine.generate(prompts[:4], SamplingParams(max_new_tokens=4))
     best: dict[bool, Run] = {}
+    paired: list[float] = []  # on/off tokens/s of back-to-back runs: robust to slow drift
     for _ in range(args.repeats):
+        pair = {}
         for overlap, engine in engines.items():
-            run = run_once(engine, prompts, params)
+            run = pair[overlap] = run_once(engine, prompts, params)
             if overlap not in best or run.wall_s < best[overlap].wall_s:
                 best[overlap] = run
+        paired.append(pair[True].tokens_per_s / pair[False].tokens_per_s)
     for engine in engines.values():
         engine.close()
 
@@ -127,6 +132,10 @@ def main() -> None:
         f"ms/iter x{on.per_iter_ms(on.wall_s) / off.per_iter_ms(off.wall_s):.2f}, "
         f"host ms/iter x{on.per_iter_ms(on.host_s) / off.per_iter_ms(off.host_s):.2f}, "
         f"exposed ms/iter x{on.exposed_s / on.iterations / (off.exposed_s / off.iterations):.2f}"
+    )
+    print(
+        f"on/off tokens/s of back-to-back pairs: median x{statistics.median(paired):.2f} "
+        f"(range x{min(paired):.2f}..x{max(paired):.2f})"
     )
     print(f"outputs identical: {'yes' if on.outputs == off.outputs else 'NO'}")
 
