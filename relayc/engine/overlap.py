@@ -23,10 +23,12 @@ T = TypeVar("T")
 class Pending(Generic[T]):
     """A submitted job; ``wait()`` returns its result once the host may read it."""
 
-    def __init__(self, result: T | None = None, future: Future[T] | None = None) -> None:
+    def __init__(
+        self, result: T | None = None, future: Future[T] | None = None, event: Any = None
+    ) -> None:
         self._result = result
         self._future = future
-        self._event: Any = None
+        self._event = event  # a device event recorded after the job's host copies
 
     def wait(self) -> T:
         if self._future is not None:
@@ -91,11 +93,9 @@ class StreamRunner(ForwardRunner):
             result = job()
             event = self._module.Event()
             event.record(self.stream)
-        pending: Pending[T] = Pending(result=result)
-        pending._event = event
         if not self.overlap:
             event.synchronize()
-        return pending
+        return Pending(result=result, event=event)
 
 
 def make_runner(device: torch.device, overlap: bool) -> ForwardRunner:
