@@ -91,6 +91,19 @@ def paged_attend(batch: ForwardBatch) -> AttendFn:
     return attend
 
 
+def padding_rows_zeroed(
+    lens: torch.Tensor, input_ids: torch.Tensor, states: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids [B, W]`` and ``states [B, W, hidden]`` with rows ``i >= lens`` zeroed.
+
+    Padding rows write their K/V to slot 0, which masked columns of every other
+    row read (with weight 0): a non-finite padding state (e.g. gathered from an
+    unwritten verify row) would turn those reads into NaN.
+    """
+    valid = torch.arange(input_ids.shape[1], device=lens.device)[None, :] < lens[:, None]
+    return torch.where(valid, input_ids, 0), torch.where(valid[:, :, None], states, 0)
+
+
 def last_rows(lens: torch.Tensor, width: int) -> torch.Tensor:
     """Flat row of each request's last real token in a padded ``[B, width]`` batch."""
     batch = lens.shape[0]
