@@ -15,7 +15,8 @@ target's: after a verify with ``m`` accepted drafts, the emitted tokens
 ``root, a_1..a_m`` at positions ``new_seq_len - (m+1) .. new_seq_len - 1``, whose
 KV slots ``req_to_token`` already holds (:meth:`EagleHead.extend`). The
 relayed ``hidden_states`` is the head's own ``g`` at the last position; tree
-drafting continues from it (:meth:`EagleHead.draft_tree`).
+drafting continues from it (:meth:`EagleHead.draft_tree`), or chain drafting
+with the full draft distributions (:meth:`EagleHead.draft_chain`, topk 1).
 """
 
 from __future__ import annotations
@@ -30,14 +31,22 @@ from torch import nn
 from relayc.engine.attention import dense_causal_attention
 from relayc.engine.config import ModelConfig
 from relayc.engine.draft.paged import (
+    first_column_sampled,
     last_rows,
     padded_extend_batch,
     padding_rows_zeroed,
     paged_attend,
+    sample_from,
     scratch_attention,
     top_k_probs,
 )
-from relayc.engine.draft.tree import DraftTree, organize_draft_results, select_level
+from relayc.engine.draft.tree import (
+    ChainDraft,
+    DraftTree,
+    chain_tree,
+    organize_draft_results,
+    select_level,
+)
 from relayc.engine.draft.weights import (
     init_module_random,
     load_draft_weights,
@@ -188,6 +197,7 @@ class EagleHead(nn.Module):
         topk: int,
         max_prefix_len: int,
         out_cache_loc: torch.Tensor | None = None,
+        coins: torch.Tensor | None = None,
     ) -> EagleExtendOutput:
         """Draft extend: append ``lens[b]`` tokens per request and relay the next top-k.
 
@@ -197,7 +207,9 @@ class EagleHead(nn.Module):
         nodes' hidden states). They go to draft positions ``prefix_lens + i`` and,
         unless ``out_cache_loc [B, W]`` says otherwise, to the KV slots
         ``req_to_token`` holds there. Rows ``i >= lens[b]`` are padding.
-        ``max_prefix_len`` is a static host bound on ``prefix_lens``.
+        ``max_prefix_len`` is a static host bound on ``prefix_lens``. With ``coins
+        [B]`` column 0 of the top-k is a sample of ``draft_probs`` instead (the
+        first draft of a sampled chain, see :meth:`draft_chain`).
         """
         batch_size, width = input_ids.shape
         input_ids, target_hidden = padding_rows_zeroed(lens, input_ids, target_hidden)
@@ -223,6 +235,8 @@ class EagleHead(nn.Module):
             paged_attend(batch),
         )[last]
         topk_p, topk_index, probs = top_k_probs(self.logits(out), topk)
+        if coins is not None:
+            topk_p, topk_index = first_column_sampled(topk_p, topk_index, probs, coins)
         return EagleExtendOutput(topk_p, topk_index, out, probs)
 
     @torch.no_grad()
@@ -293,6 +307,60 @@ class EagleHead(nn.Module):
             level = select_level(step + 1, probs, tokens, level.scores, topk)
             levels.append(level)
         return organize_draft_results(levels, num_draft_tokens)
+
+    @torch.no_grad()
+    def draft_chain(
+        self,
+        topk_index: torch.Tensor,
+        draft_probs: torch.Tensor,
+        hidden_states: torch.Tensor,
+        seq_lens: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        req_to_token: torch.Tensor,
+        kv_cache: KVCache,
+        scratch_cache_loc: torch.Tensor,
+        *,
+        num_steps: int,
+        max_prefix_len: int,
+        coins: torch.Tensor | None = None,
+    ) -> ChainDraft:
+        """A chain (topk 1) with the distribution of every draft, for chain rejection sampling.
+
+        Draft 1 is the relayed ``topk_index[:, 0]`` drawn from ``draft_probs [B,
+        vocab]``; drafts 2..num_steps come from ``num_steps - 1`` head forwards,
+        argmax (then the tokens equal :meth:`draft_tree`'s with topk 1) or, with
+        ``coins [B, num_steps - 1]``, inverse-CDF samples, which makes rejection
+        sampling with these probabilities lossless. Positions, scratch slots
+        ``[B, num_steps - 1]`` and attention are as in :meth:`draft_tree`.
+        """
+        batch_size = topk_index.shape[0]
+        width = num_steps - 1
+        if tuple(scratch_cache_loc.shape) != (batch_size, width):
+            raise ValueError(
+                f"`scratch_cache_loc` must be [B, num_steps-1] = [{batch_size}, {width}]; "
+                f"got {list(scratch_cache_loc.shape)}"
+            )
+        columns = torch.arange(width, device=topk_index.device)
+        tokens, probs, hidden = [topk_index[:, 0]], [draft_probs], hidden_states
+        for step in range(width):
+            attend = scratch_attention(
+                kv_cache,
+                req_to_token,
+                req_pool_indices,
+                seq_lens,
+                max_prefix_len,
+                scratch_cache_loc,
+                (columns <= step).expand(batch_size, 1, width),
+                scratch_cache_loc[:, step : step + 1],
+            )
+            logits, hidden = self.step(tokens[-1], hidden, seq_lens + step, attend)
+            step_probs = torch.softmax(logits, dim=-1)
+            if coins is None:
+                tokens.append(step_probs.argmax(dim=-1))
+            else:
+                tokens.append(sample_from(step_probs, coins[:, step]))
+            probs.append(step_probs)
+        return ChainDraft(chain_tree(torch.stack(tokens, dim=1)), torch.stack(probs, dim=1))
 
     @torch.no_grad()
     def forward_dense(

@@ -167,6 +167,15 @@ def top_k_probs(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Te
     return topk_p, topk_index, probs
 
 
+def first_column_sampled(
+    topk_p: torch.Tensor, topk_index: torch.Tensor, probs: torch.Tensor, coins: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k with column 0 replaced by a sample of ``probs`` (what a sampled chain relays)."""
+    first = sample_from(probs, coins)
+    index = torch.cat([first[:, None], topk_index[:, 1:]], dim=1)
+    return torch.cat([probs.gather(1, first[:, None]), topk_p[:, 1:]], dim=1), index
+
+
 def sample_from(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw of one token per row of ``probs [R, V]`` with ``coins [R]`` in [0, 1)."""
     cdf = probs.cumsum(-1)

@@ -26,8 +26,14 @@ from typing import NamedTuple
 import torch
 
 from relayc.engine.config import ModelConfig
-from relayc.engine.draft.paged import last_rows, padded_extend_batch, sample_from, top_k_probs
-from relayc.engine.draft.tree import DraftTree, chain_tree
+from relayc.engine.draft.paged import (
+    first_column_sampled,
+    last_rows,
+    padded_extend_batch,
+    sample_from,
+    top_k_probs,
+)
+from relayc.engine.draft.tree import ChainDraft, chain_tree
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.kv_cache import KVCache
 from relayc.engine.model import LlamaForCausalLM
@@ -38,11 +44,6 @@ class StandaloneExtendOutput(NamedTuple):
     topk_p: torch.Tensor  # [B, topk] float32; column 0 is draft 1 (sampled when coins are given)
     topk_index: torch.Tensor  # [B, topk] int64
     draft_probs: torch.Tensor  # [B, vocab] float32, draft 1's distribution
-
-
-class ChainDraft(NamedTuple):
-    tree: DraftTree  # build_tree inputs for topk 1, N = num_steps + 1
-    draft_probs: torch.Tensor  # [B, num_steps, vocab] float32, row s: the distribution of draft s+1
 
 
 class StandaloneDrafter:
@@ -103,9 +104,7 @@ class StandaloneDrafter:
         logits = self.model(batch).logits[last_rows(lens, width)]
         topk_p, topk_index, probs = top_k_probs(logits, topk)
         if coins is not None:
-            first = sample_from(probs, coins)
-            topk_index = torch.cat([first[:, None], topk_index[:, 1:]], dim=1)
-            topk_p = torch.cat([probs.gather(1, first[:, None]), topk_p[:, 1:]], dim=1)
+            topk_p, topk_index = first_column_sampled(topk_p, topk_index, probs, coins)
         return StandaloneExtendOutput(topk_p, topk_index, probs)
 
     @torch.no_grad()

@@ -36,6 +36,13 @@ class DraftTree(NamedTuple):
     draft_tokens: torch.Tensor  # [B, N-1] int64
 
 
+class ChainDraft(NamedTuple):
+    """A drafted chain (topk 1) and the distribution each draft was drawn from."""
+
+    tree: DraftTree  # build_tree inputs for topk 1, N = num_steps + 1
+    draft_probs: torch.Tensor  # [B, num_steps, vocab] float32, row s: draft s+1's distribution
+
+
 class BeamLevel(NamedTuple):
     """One level of the draft loop (SGLang's ``select_top_k_tokens`` outputs)."""
 

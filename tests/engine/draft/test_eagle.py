@@ -90,6 +90,19 @@ def test_extend_in_one_call_equals_token_by_token(
     assert torch.allclose(once.draft_probs.sum(-1), torch.ones(len(ids)))
 
 
+def head_probs_after(
+    head: EagleHead, ids: list[int], states: torch.Tensor, path: list[int]
+) -> torch.Tensor:
+    """The head's distribution after ``ids + path`` by cache-free runs, the draft hidden input
+    of each path position rebuilt from the previous position's output."""
+    hidden = [*states]
+    for j in range(len(path)):
+        _, g = head.forward_dense(torch.tensor(ids + path[:j]), torch.stack(hidden))
+        hidden.append(g[-1])
+    logits, _ = head.forward_dense(torch.tensor(ids + path), torch.stack(hidden))
+    return torch.softmax(logits[-1], -1)
+
+
 def brute_force_tree(
     head: EagleHead,
     ids: list[int],
@@ -103,12 +116,7 @@ def brute_force_tree(
     position), so no cache, scratch slot or mask is shared with the implementation."""
 
     def probs_after(path: list[int]) -> list[float]:
-        hidden = [*states]
-        for j in range(len(path)):
-            _, g = head.forward_dense(torch.tensor(ids + path[:j]), torch.stack(hidden))
-            hidden.append(g[-1])
-        logits, _ = head.forward_dense(torch.tensor(ids + path), torch.stack(hidden))
-        return torch.softmax(logits[-1], -1).tolist()
+        return head_probs_after(head, ids, states, path).tolist()
 
     def top(probs: list[float]) -> list[int]:
         return sorted(range(len(probs)), key=lambda t: (-probs[t], t))[:topk]
@@ -294,3 +302,57 @@ def test_a_head_that_copies_the_target_drafts_its_greedy_path(
             node = child
         if topk == 1:  # a chain: the whole greedy continuation
             assert len(path) == len(prompt) + n
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_chain_drafting_carries_each_drafts_distribution(
+    target: LlamaForCausalLM, head: EagleHead, sampled: bool
+) -> None:
+    num_steps = 4
+    pre = prefill(target, PROMPTS, shuffle_seed=6)
+    first_coins = torch.tensor([0.2, 0.7, 0.95]) if sampled else None
+    kv = head.make_kv_cache(pre.driver.kv_cache.size)
+    ids = [[*p[1:], t] for p, t in zip(pre.prompts, pre.next_tokens, strict=True)]
+    out = head.extend(
+        padded(ids),
+        padded_states(pre.hidden),
+        pre.seq_lens,
+        torch.zeros(len(ids), dtype=torch.int64),
+        pre.req_pool_indices,
+        pre.req_to_token,
+        kv,
+        topk=1,
+        max_prefix_len=MAX_CONTEXT,
+        coins=first_coins,
+    )
+    coins = torch.rand(len(ids), num_steps - 1, generator=torch.Generator().manual_seed(0))
+    with NoHostSync():
+        chain = head.draft_chain(
+            out.topk_index,
+            out.draft_probs,
+            out.hidden_states,
+            pre.seq_lens,
+            pre.req_pool_indices,
+            pre.req_to_token,
+            kv,
+            pre.scratch(num_steps - 1),
+            num_steps=num_steps,
+            max_prefix_len=MAX_CONTEXT,
+            coins=coins if sampled else None,
+        )
+    for b in range(len(ids)):
+        path: list[int] = []
+        step_coins = [float(first_coins[b]), *coins[b].tolist()] if sampled else None
+        for step in range(num_steps):
+            probs = head_probs_after(head, ids[b], pre.hidden[b], path)
+            torch.testing.assert_close(chain.draft_probs[b, step], probs)
+            if step_coins is None:
+                path.append(int(probs.argmax()))
+            else:  # the first token whose CDF passes the coin
+                cdf = probs.cumsum(0)
+                path.append(int((cdf <= step_coins[step] * cdf[-1]).sum()))
+        assert chain.tree.draft_tokens[b].tolist() == path
+    if not sampled:  # greedy chains are topk-1 trees
+        tree = draft(head, pre, 1, num_steps, num_steps + 1)
+        assert torch.equal(tree.draft_tokens, chain.tree.draft_tokens)
+        assert torch.equal(tree.parent_list, chain.tree.parent_list)
