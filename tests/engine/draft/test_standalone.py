@@ -34,17 +34,18 @@ def prefilled_draft(drafter: StandaloneDrafter, coins: torch.Tensor | None = Non
     for req, prompt, slot in zip(pre.reqs, pre.prompts, slots[:, 0], strict=True):
         pre.req_to_token[req, len(prompt)] = slot
     kv = drafter.make_kv_cache(pre.driver.kv_cache.size)
-    out = drafter.extend(
-        padded(ids),
-        torch.tensor([len(i) for i in ids]),
-        torch.zeros(len(ids), dtype=torch.int64),
-        pre.req_pool_indices,
-        pre.req_to_token,
-        kv,
-        topk=1,
-        max_prefix_len=MAX_CONTEXT,
-        coins=coins,
-    )
+    with NoHostSync():
+        out = drafter.extend(
+            padded(ids),
+            torch.tensor([len(i) for i in ids]),
+            torch.zeros(len(ids), dtype=torch.int64),
+            pre.req_pool_indices,
+            pre.req_to_token,
+            kv,
+            topk=1,
+            max_prefix_len=MAX_CONTEXT,
+            coins=coins,
+        )
     return pre, ids, kv, out
 
 

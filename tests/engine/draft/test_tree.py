@@ -15,6 +15,7 @@ from relayc.engine.draft.tree import (
     tree_from_parents,
 )
 from relayc.kernels import TreeMaskMode, build_tree
+from tests.engine.draft.helpers import NoHostSync
 from tests.kernels.tree_utils import DraftResult, check_describes_tree, expected_tree
 
 VOCAB = 30
@@ -125,7 +126,8 @@ def test_beam_selection_matches_plain_loops(case: tuple[int, int, int, int]) -> 
     batch, topk, num_steps, n = case
     for seed in range(3):
         levels = random_level_probs(batch, topk, num_steps, torch.Generator().manual_seed(seed))
-        tree = draft_with_levels(levels, topk, n)
+        with NoHostSync():
+            tree = draft_with_levels(levels, topk, n)
         parents, selected, tokens = draft_reference(levels, topk, n)
         assert tree.parent_list.shape == (batch, topk * (num_steps - 1) + 1 if num_steps > 1 else 0)
         assert tree.parent_list.tolist() == parents
@@ -162,7 +164,8 @@ def test_mtp_select_hangs_each_step_under_the_previous_top1(
     generator = torch.Generator().manual_seed(topk * 10 + num_steps)
     probs = torch.softmax(torch.randn(batch, num_steps, VOCAB, generator=generator) * 2, -1)
     topk_p, topk_index = probs.topk(topk, dim=-1)
-    tree = mtp_select(topk_p, topk_index, n)
+    with NoHostSync():
+        tree = mtp_select(topk_p, topk_index, n)
     assert tree.parent_list.shape == (batch, topk * (num_steps - 1) + 1)
     assert tree.top_scores_index.shape == tree.draft_tokens.shape == (batch, n - 1)
     draft = as_draft_result(tree, topk, num_steps, n, seed=1)
@@ -218,9 +221,10 @@ def test_tree_from_parents_matches_build_tree(case: tuple[int, int, int, int]) -
     draft = as_draft_result(draft_with_levels(levels, topk, n), topk, num_steps, n, seed=5)
     built = run_build_tree(draft, TreeMaskMode.QLEN_ONLY)
     parents = torch.tensor([expected_tree(draft, b)[0] for b in range(batch)])
-    layout = tree_from_parents(
-        parents, torch.ones(batch, n, dtype=torch.bool), draft.seq_lens, num_steps
-    )
+    with NoHostSync():
+        layout = tree_from_parents(
+            parents, torch.ones(batch, n, dtype=torch.bool), draft.seq_lens, num_steps
+        )
     assert torch.equal(layout.tree_mask.flatten(), built.tree_mask)
     assert torch.equal(layout.positions, built.positions)
     assert torch.equal(layout.retrive_index, built.retrive_index)
@@ -237,3 +241,14 @@ def test_tree_from_parents_leaves_invalid_nodes_unlinked() -> None:
     assert layout.positions.tolist() == [10, 11, 12, 11, 11]
     assert layout.tree_mask[0, 3].tolist() == [True, False, False, True, False]
     assert layout.tree_mask[0, 2].tolist() == [True, True, True, False, False]
+
+
+def test_the_sync_detector_catches_host_reads() -> None:
+    # (.tolist() on a CPU tensor bypasses dispatch; on CUDA it is a device-to-host copy.)
+    for host_read in (
+        lambda: torch.tensor([1]).item(),
+        lambda: torch.tensor([1, 0]).nonzero(),
+        lambda: torch.repeat_interleave(torch.tensor([1, 2])),
+    ):
+        with pytest.raises(AssertionError, match=r"host|output_size"), NoHostSync():
+            host_read()
