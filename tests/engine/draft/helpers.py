@@ -9,7 +9,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from relayc.engine.config import ModelConfig
+from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.weights import random_model
 from tests.engine.helpers import PagedDriver
 
 SMALL = ModelConfig(
@@ -101,3 +103,20 @@ class NoHostSync(TorchDispatchMode):
             if kwargs.get("output_size") is None and func.__name__.endswith("Tensor"):
                 raise AssertionError("repeat_interleave with tensor repeats needs output_size")
         return func(*args, **kwargs)
+
+
+def copying_head(config_seed: int) -> tuple[LlamaForCausalLM, EagleHead]:
+    """A one-layer target whose attention output is zeroed (its next token depends on the
+    current token only) and a head built from that layer: fc passes the embedding through,
+    so the head's logits at draft position t equal the target's at position t+1."""
+    target = random_model(SMALL.replace(num_layers=1), seed=config_seed)
+    with torch.no_grad():
+        target.model.layers[0].self_attn.o_proj.weight.zero_()
+    head = EagleHead(target.config, target)
+    hidden = target.config.hidden_size
+    with torch.no_grad():
+        layer = head.layers[0]
+        layer.fc.weight.copy_(torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1))
+        layer.layer.load_state_dict(target.model.layers[0].state_dict())
+        layer.norm.weight.copy_(target.model.norm.weight)
+    return target, head

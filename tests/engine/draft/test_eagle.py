@@ -15,6 +15,7 @@ from tests.engine.draft.helpers import (
     SMALL,
     NoHostSync,
     Prefilled,
+    copying_head,
     padded,
     padded_states,
     prefill,
@@ -244,23 +245,6 @@ def test_extend_and_tree_drafting_never_read_the_device_on_the_host(
         )
     tree = draft(head, pre, 2, 3, 6, sync_check=True)
     check_builds_tree(pre, tree, 2, 3, 6)
-
-
-def copying_head(config_seed: int) -> tuple[LlamaForCausalLM, EagleHead]:
-    """A one-layer target whose attention output is zeroed (its next token depends on the
-    current token only) and a head built from that layer: fc passes the embedding through,
-    so the head's logits at draft position t equal the target's at position t+1."""
-    target = random_model(SMALL.replace(num_layers=1), seed=config_seed)
-    with torch.no_grad():
-        target.model.layers[0].self_attn.o_proj.weight.zero_()
-    head = EagleHead(target.config, target)
-    hidden = target.config.hidden_size
-    with torch.no_grad():
-        layer = head.layers[0]
-        layer.fc.weight.copy_(torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1))
-        layer.layer.load_state_dict(target.model.layers[0].state_dict())
-        layer.norm.weight.copy_(target.model.norm.weight)
-    return target, head
 
 
 def greedy_next(target: LlamaForCausalLM, tokens: list[int]) -> int:

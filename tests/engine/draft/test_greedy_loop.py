@@ -23,7 +23,14 @@ from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.naive import greedy_generate_naive
 from relayc.engine.weights import random_model
 from relayc.kernels import TreeMaskMode, build_tree, verify_tree_greedy
-from tests.engine.draft.helpers import MAX_CONTEXT, SMALL, Prefilled, padded, prefill
+from tests.engine.draft.helpers import (
+    MAX_CONTEXT,
+    SMALL,
+    Prefilled,
+    copying_head,
+    padded,
+    prefill,
+)
 
 PROMPTS = [[3, 5, 7, 9, 11, 3, 5, 7], [1, 2, 30, 4], [20, 21, 22, 20, 21]]
 NEW_TOKENS = 14
@@ -206,8 +213,6 @@ def test_eagle_loop_is_lossless(
 
 
 def test_eagle_loop_with_a_copying_head_accepts_whole_chains() -> None:
-    from tests.engine.draft.test_eagle import copying_head
-
     target, head = copying_head(config_seed=4)
     loop = Loop(target)
     kv = head.make_kv_cache(loop.pre.driver.kv_cache.size)
