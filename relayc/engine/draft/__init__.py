@@ -2,6 +2,7 @@
 
 tree.py        the EAGLE drafting layout build_tree consumes: beam levels, selection,
                the multi-layer (MTP) and chain layouts, trees from parent pointers
+layers.py      DraftLayer (fc + decoder layer + norm) and the target parts heads share
 paged.py       fixed-shape draft forwards on a draft KV cache (padded extend, scratch steps)
 eagle.py       EagleHead: one decoder layer over fc(cat(embed, target hidden)); tree drafting
 mtp.py         MtpDrafter: one draft layer per step, all steps drafted in draft extend

@@ -23,7 +23,7 @@ from torch import nn
 
 from relayc.engine.attention import dense_causal_attention
 from relayc.engine.config import ModelConfig
-from relayc.engine.draft.eagle import DraftLayer, TargetParts, check_head_config
+from relayc.engine.draft.layers import DraftLayer, TargetParts, check_head_config
 from relayc.engine.draft.paged import (
     last_rows,
     padded_extend_batch,
