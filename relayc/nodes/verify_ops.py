@@ -46,6 +46,11 @@ def implements(op_name: str) -> Callable[[Impl], Impl]:
     return register
 
 
+def verify_slots(ctx: StepContext, batch: int, n: int) -> torch.Tensor:
+    """`[B, N]` KV slots of the verify trees: the front of each request's window."""
+    return ctx.out_cache_loc.view(batch, -1)[:, :n]
+
+
 @implements("build_tree")
 def impl_build_tree(
     ctx: StepContext,
@@ -94,7 +99,7 @@ def impl_target_verify(
         mode=ForwardMode.VERIFY,
         input_ids=candidates.reshape(-1),
         positions=positions.reshape(-1),
-        out_cache_loc=ctx.out_cache_loc,
+        out_cache_loc=verify_slots(ctx, batch, n).reshape(-1),
         req_pool_indices=req_pool_indices,
         prefix_lens=seq_lens,
         extend_lens=torch.full_like(seq_lens, n),
@@ -218,7 +223,7 @@ def impl_compact_accepted_kv(
     record the window at positions [L, L+N) of `req_to_token`; the first `accept_lens`
     entries are the committed ones (the rest are overwritten by the next window)."""
     batch, n = accept_index.shape
-    window = ctx.out_cache_loc.view(batch, n)
+    window = verify_slots(ctx, batch, n)
     offsets = torch.arange(batch, device=window.device)[:, None] * n
     local = torch.where(
         accept_index >= 0, accept_index - offsets, torch.arange(n, device=window.device)[None, :]
