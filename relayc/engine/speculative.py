@@ -66,7 +66,10 @@ class SpeculativeDecoding(DecodeAlgorithm):
         num_draft_tokens: int,
         draft_model: str | Path | None,
         seed: int,
+        module: Any = None,
     ) -> None:
+        """``module``: a generated module to run instead of ``relayc.generated.<name>`` (a
+        user's own spec compiled with `relayc compile`), with the drafter of ``name``."""
         super().__init__(model)
         if name not in _DRAFTERS:
             raise NotImplementedError(
@@ -87,7 +90,10 @@ class SpeculativeDecoding(DecodeAlgorithm):
             "hidden": config.hidden_size,
             "vocab": config.vocab_size,
         }
-        module = importlib.import_module(f"relayc.generated.{name}")
+        module = module or importlib.import_module(f"relayc.generated.{name}")
+        # A relayed draft distribution means chain rejection sampling: first drafts are drawn
+        # from it rather than taken as the top-1.
+        self.chain_drafts = any(f.name == "draft_probs" for f in module.FIELDS)
         self.relay = module.FutureMap(
             req_pool_size + 1,
             model.device,
@@ -122,7 +128,11 @@ class SpeculativeDecoding(DecodeAlgorithm):
             dims=self.dims,
             sampling=step.sampling,
             drafter=self.drafter,
-            extras={"draft_kv": self.draft_kv, "sample_positions": step.sample_positions},
+            extras={
+                "draft_kv": self.draft_kv,
+                "sample_positions": step.sample_positions,
+                "chain_drafts": self.chain_drafts,
+            },
             **kwargs,
         )
 

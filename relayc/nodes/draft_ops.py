@@ -17,6 +17,7 @@ import torch
 from relayc.engine.draft.ngram import splice_proposals
 from relayc.engine.draft.tree import mtp_select, tree_from_parents
 from relayc.engine.sampling import sample
+from relayc.kernels import keyed_uniforms
 from relayc.nodes.context import StepContext
 from relayc.nodes.verify_ops import implements
 
@@ -40,6 +41,15 @@ def _target_prefill(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch
     return next_tokens, out.hidden_states, forward.prefix_lens + forward.extend_lens
 
 
+def _coins_kwarg(ctx: StepContext, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Chain rejection sampling needs the first draft drawn from its distribution: coins
+    keyed by (seed, position) when sampling with a relayed `draft_probs`."""
+    if ctx.sampling is None or not ctx.extras.get("chain_drafts"):
+        return {}
+    coins = keyed_uniforms(ctx.sampling.seeds, positions.to(torch.int64), 1, DRAFT_STREAM + 1)
+    return {"coins": coins[:, 0]}
+
+
 def _draft_extend_prompts(ctx: StepContext, next_tokens: torch.Tensor, hidden: torch.Tensor):  # type: ignore[no-untyped-def]
     """The drafter over whole prompts: draft position t pairs token t+1 with the target's
     hidden state at t, the last one with the first sampled token."""
@@ -61,6 +71,7 @@ def _draft_extend_prompts(ctx: StepContext, next_tokens: torch.Tensor, hidden: t
         ctx.extras["draft_kv"],
         topk=ctx.dims["topk"],
         max_prefix_len=forward.max_prefix_len,
+        **_coins_kwarg(ctx, forward.prefix_lens + forward.extend_lens),
     )
 
 
@@ -77,8 +88,9 @@ def impl_eagle_prefill(
         "topk_p": draft.topk_p,
         "topk_index": draft.topk_index,
     }
-    if hasattr(draft, "hidden_states"):
+    if hasattr(draft, "hidden_states"):  # EAGLE; the MTP drafter relays no hidden states
         outputs["hidden_states"] = draft.hidden_states
+        outputs["draft_probs"] = draft.draft_probs
     return outputs
 
 
@@ -111,6 +123,7 @@ def _draft_extend_accepted(
         ctx.extras["draft_kv"],
         topk=ctx.dims["topk"],
         max_prefix_len=ctx.max_prefix_len,
+        **_coins_kwarg(ctx, seq_lens),
     )
 
 
@@ -142,27 +155,46 @@ def impl_eagle_draft(
     req_pool_indices: torch.Tensor,
     draft_probs: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
+    """EAGLE-2 tree drafting; with a relayed `draft_probs` (topk 1), a chain that keeps every
+    draft's distribution, drawn from it when sampling, for chain rejection sampling."""
     batch = topk_p.shape[0]
     n, topk, num_steps = (ctx.dims[k] for k in ("num_draft_tokens", "topk", "num_steps"))
     window = ctx.out_cache_loc.view(batch, -1)
     scratch = window[:, n : n + topk * (num_steps - 1)]
-    tree = ctx.drafter.draft_tree(
-        topk_p,
-        topk_index,
-        hidden_states,
-        seq_lens,
-        req_pool_indices,
-        ctx.req_to_token,
-        ctx.extras["draft_kv"],
-        scratch,
-        num_steps=num_steps,
-        num_draft_tokens=n,
-        max_prefix_len=ctx.max_prefix_len,
-    )
+    common = (seq_lens, req_pool_indices, ctx.req_to_token, ctx.extras["draft_kv"], scratch)
+    if draft_probs is not None:
+        coins = None
+        if ctx.sampling is not None:
+            coins = keyed_uniforms(
+                ctx.sampling.seeds, seq_lens.to(torch.int64), num_steps - 1, DRAFT_STREAM
+            )
+        chain = ctx.drafter.draft_chain(
+            topk_index,
+            draft_probs,
+            hidden_states,
+            *common,
+            num_steps=num_steps,
+            max_prefix_len=ctx.max_prefix_len,
+            coins=coins,
+        )
+        tree = chain.tree
+        extra = {"chain_draft_probs": chain.draft_probs}
+    else:
+        tree = ctx.drafter.draft_tree(
+            topk_p,
+            topk_index,
+            hidden_states,
+            *common,
+            num_steps=num_steps,
+            num_draft_tokens=n,
+            max_prefix_len=ctx.max_prefix_len,
+        )
+        extra = {}
     return {
         "parent_list": tree.parent_list,
         "top_scores_index": tree.top_scores_index,
         "draft_tokens": tree.draft_tokens,
+        **extra,
     }
 
 
@@ -195,6 +227,7 @@ def impl_ngram_prefill(
     }
 
 
+DRAFT_STREAM = 2  # keyed_uniforms stream of sampled drafts (0, 1: acceptance, final draw)
 _PROPOSER_LOCK = threading.Lock()  # the host thread updates histories while a job proposes
 
 

@@ -27,6 +27,7 @@ from relayc.engine.sampling import filter_logits
 from relayc.kernels import (
     TreeMaskMode,
     build_tree,
+    chain_speculative_sampling,
     keyed_uniforms,
     tree_speculative_sampling_target_only,
     verify_tree_greedy,
@@ -200,6 +201,67 @@ def impl_accept_tree(
         final,
         probs,
         torch.zeros_like(probs),
+    )
+    sampled = ctx.sampling.temperatures > 0
+    predicts = torch.where(
+        sampled.repeat_interleave(n, output_size=batch * n), s_predicts, predicts
+    )
+    accept_index = torch.where(sampled[:, None], s_index, accept_index)
+    accept_num = torch.where(sampled, s_num, accept_num)
+    return _accept_outputs(predicts, accept_index, accept_num)
+
+
+@implements("accept_chain")
+def impl_accept_chain(
+    ctx: StepContext,
+    *,
+    logits: torch.Tensor,
+    candidates: torch.Tensor,
+    positions: torch.Tensor,
+    draft_probs: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """A chain (topk 1): greedy rows accept while drafts equal the target's argmax; sampled
+    rows use rejection sampling with the drafts' real probabilities (Leviathan et al.)."""
+    batch, n = candidates.shape
+    device = candidates.device
+    nodes = torch.arange(n, device=device)
+    retrive_index = (torch.arange(batch, device=device)[:, None] * n + nodes).contiguous()
+    next_token = torch.where(nodes + 1 < n, nodes + 1, -1).expand(batch, n).contiguous()
+    no_sibling = torch.full((batch, n), -1, dtype=torch.int64, device=device)
+
+    def fresh() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (
+            torch.zeros(batch * n, dtype=torch.int32, device=device),
+            torch.full((batch, n), -1, dtype=torch.int32, device=device),
+            torch.zeros(batch, dtype=torch.int32, device=device),
+        )
+
+    predicts, accept_index, accept_num = fresh()
+    verify_tree_greedy(
+        predicts,
+        accept_index,
+        accept_num,
+        candidates,
+        retrive_index,
+        next_token,
+        no_sibling,
+        torch.argmax(logits, dim=-1),
+    )
+    if ctx.sampling is None:
+        return _accept_outputs(predicts, accept_index, accept_num)
+    s_predicts, s_index, s_num = fresh()
+    root_positions = positions[:, 0].to(torch.int64)
+    coins = keyed_uniforms(ctx.sampling.seeds, root_positions, n - 1)
+    final = keyed_uniforms(ctx.sampling.seeds, root_positions, 1, FINAL_STREAM)[:, 0]
+    chain_speculative_sampling(
+        s_predicts,
+        s_index,
+        s_num,
+        candidates[:, 1:].contiguous(),
+        coins,
+        final,
+        target_probs(logits, ctx),
+        draft_probs.contiguous(),
     )
     sampled = ctx.sampling.temperatures > 0
     predicts = torch.where(
