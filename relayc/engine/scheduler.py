@@ -119,12 +119,23 @@ class SchedulerStats:
     prefill_chunks: int = 0  # prefill rows that did not finish their prompt
     max_running: int = 0  # most requests admitted at once (prefilling or decoding)
     decode_rows: int = 0  # requests summed over decode batches (extra tokens included)
+    accept_steps: int = 0  # decode rows the host counted in a request's accept_lengths
+    accept_tokens: int = 0  # tokens those rows emitted (before truncation)
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens per counted decode row (1.0 for `none`); 0.0 before any."""
+        return self.accept_tokens / self.accept_steps if self.accept_steps else 0.0
+
+
+# A step's results on the host: tokens [B, K] and counts [B] (None: one token per request).
+_HostResult = tuple[torch.Tensor, torch.Tensor | None]
 
 
 @dataclass
 class _InFlight:
     steps: list[HostStep]
-    pending: Pending[tuple[list[torch.Tensor], float]]  # host copies, job seconds
+    pending: Pending[tuple[list[_HostResult], float]]  # host copies, job seconds
 
 
 class Scheduler:
@@ -152,6 +163,13 @@ class Scheduler:
         self.running: list[Request] = []  # prompt scheduled, decoding
         self._inflight: deque[_InFlight] = deque()
         self._pin = self.device.type == "cuda"
+        self.width = algorithm.decode_width
+        if not 1 <= algorithm.max_tokens_per_step <= self.width:
+            raise ValueError(
+                f"`{algorithm.name}`: max_tokens_per_step {algorithm.max_tokens_per_step} must lie "
+                f"in 1..decode_width ({self.width}): every emitted token but the last needs KV"
+            )
+        self._finished_on_schedule: list[Request] = []  # context full, seen by _schedule
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -185,7 +203,8 @@ class Scheduler:
         if steps:  # the inline runner (no overlap) runs the forward right here
             self._inflight.append(_InFlight(steps, self.runner.submit(self._job(steps))))
             self.stats.forwards += len(steps)
-        touched: dict[int, Request] = {}
+        touched = {id(r): r for r in self._finished_on_schedule}
+        self._finished_on_schedule.clear()
         lag = 1 if self.runner.overlap and steps else 0
         while len(self._inflight) > lag:
             for request in self._process(self._inflight.popleft()):
@@ -208,7 +227,7 @@ class Scheduler:
             self.waiting.append(heapq.heappop(self._arrivals)[2])
         self.running = [r for r in self.running if not r.device_done]
         self.prefilling = [r for r in self.prefilling if r.finish_reason is None]
-        decoding = list(self.running)
+        decoding = [r for r in self.running if self._window_fits(r)]
         chunks = self._plan_prefill()
         steps = []
         if chunks:
@@ -220,6 +239,22 @@ class Scheduler:
         self.stats.max_running = max(self.stats.max_running, admitted)
         return steps
 
+    def _window_fits(self, request: Request) -> bool:
+        """Whether a decode window of ``request`` surely fits its context; else wait or finish.
+
+        Always true with a window of 1 (``max_new_tokens`` is clipped to the context).
+        A wider window may pass the context end only if the steps in flight filled
+        theirs; the request then sits out until they are processed, and when even
+        its exact committed length leaves no room, it finishes (``LENGTH``).
+        """
+        if request.kv_len_bound + self.width <= self.config.max_context:
+            return True
+        if request.inflight == 0:
+            request.finish_reason = FinishReason.LENGTH
+            self._finished_on_schedule.append(request)
+            self._release(request)
+        return False
+
     def _plan_prefill(self) -> list[tuple[Request, int]]:
         """(request, prompt tokens this iteration): unfinished prompts first, then admissions."""
         budget = self.config.max_prefill_tokens
@@ -227,7 +262,7 @@ class Scheduler:
         for request in self.prefilling:
             if budget == 0:
                 return plan
-            n = min(budget, request.prompt_len - request.scheduled_len)
+            n = min(budget, request.prompt_len - request.kv_len)
             plan.append((request, n))
             budget -= n
         while budget and self._admit_one():
@@ -255,6 +290,7 @@ class Scheduler:
         request.kv_reserved = request.kv_need
         self.kv_unreserved -= request.kv_reserved
         self.prefilling.append(request)
+        self.algorithm.on_prompt(request.req_pool_index, list(request.prompt_ids))
         return True
 
     def _alloc_kv(self, n: int) -> torch.Tensor:
@@ -264,14 +300,12 @@ class Scheduler:
         return slots
 
     def _prefill_step(self, plan: list[tuple[Request, int]]) -> HostStep:
-        requests = [r for r, _ in plan]
-        chunks = [r.prompt_ids[r.scheduled_len : r.scheduled_len + n] for r, n in plan]
         slots = self._alloc_kv(sum(n for _, n in plan))
-        step = HostStep.build(StepKind.PREFILL, requests, chunks, slots, self._pin)
+        step = HostStep.prefill(plan, slots, self._pin)
         for request, n in plan:
-            request.scheduled_len += n
+            request.kv_len += n  # the scheduler commits prompt KV itself, so it is known now
             request.inflight += 1
-            if request.scheduled_len == request.prompt_len:
+            if request.kv_len == request.prompt_len:
                 request.scheduled_samples = 1
                 self.prefilling.remove(request)
                 self.running.append(request)
@@ -279,16 +313,16 @@ class Scheduler:
                 self.stats.prefill_chunks += 1
         # Only a prompt's last chunk samples; earlier chunks' tokens (and stashes,
         # overwritten by the last chunk's) are never used.
-        step.samples = [r.scheduled_len == r.prompt_len for r in requests]
+        step.samples = [r.kv_len == r.prompt_len for r, _ in plan]
         return step
 
     def _decode_step(self, requests: list[Request]) -> HostStep:
-        slots = self._alloc_kv(len(requests))
-        step = HostStep.build(StepKind.DECODE, requests, [[-1]] * len(requests), slots, self._pin)
+        slots = self._alloc_kv(len(requests) * self.width)
+        step = HostStep.decode(requests, self.width, slots, self._pin)
         for request in requests:
-            request.scheduled_len += 1
-            request.scheduled_samples += 1
+            request.scheduled_samples += 1  # at least one token; the rest once processed
             request.inflight += 1
+            request.inflight_decodes += 1
         return step
 
     def _process(self, inflight: _InFlight) -> list[Request]:
@@ -297,50 +331,109 @@ class Scheduler:
         waited = time.perf_counter() - start
         self.stats.job_s += job_s
         touched = []
-        for step, tokens in zip(inflight.steps, results, strict=True):
-            for request, token, sampled in zip(
-                step.requests, tokens.tolist(), step.samples, strict=True
+        for step, (tokens, counts) in zip(inflight.steps, results, strict=True):
+            rows = tokens.tolist()
+            counts_list = [1] * len(rows) if counts is None else counts.tolist()
+            if step.kind is StepKind.DECODE:
+                self._free_unaccepted(step, counts_list)
+            for request, row, count, sampled in zip(
+                step.requests, rows, counts_list, step.samples, strict=True
             ):
                 request.inflight -= 1
+                if step.kind is StepKind.DECODE:
+                    request.inflight_decodes -= 1
+                    request.kv_len += count
+                    request.scheduled_samples += count - 1
                 if sampled and request.finish_reason is None:
-                    request.output_ids.append(token)
-                    self.stats.tokens += 1
-                    if token in request.params.stop_token_ids:
-                        request.finish_reason = FinishReason.STOP
-                    elif len(request.output_ids) >= request.max_new_tokens:
-                        request.finish_reason = FinishReason.LENGTH
+                    if step.kind is StepKind.DECODE:
+                        request.accept_lengths.append(count)
+                        self.stats.accept_steps += 1
+                        self.stats.accept_tokens += count
+                    self._append(request, row[:count])
                     touched.append(request)
-                # else: the extra token of a request that finished one iteration late.
+                # else: the extra step of a request that finished one iteration late.
                 if request.finish_reason is not None and request.inflight == 0:
                     self._release(request)
         self.stats.wait_s += waited
         self.stats.host_s += time.perf_counter() - start - waited
         return touched
 
+    def _append(self, request: Request, tokens: list[int]) -> None:
+        """Append in order up to a stop token or ``max_new_tokens``; drop the rest."""
+        kept = 0
+        for token in tokens:
+            request.output_ids.append(token)
+            kept += 1
+            if token in request.params.stop_token_ids:
+                request.finish_reason = FinishReason.STOP
+            elif len(request.output_ids) >= request.max_new_tokens:
+                request.finish_reason = FinishReason.LENGTH
+            if request.finish_reason is not None:
+                break
+        self.stats.tokens += kept
+        self.algorithm.on_tokens(request.req_pool_index, tokens[:kept])
+
+    def _free_unaccepted(self, step: HostStep, counts: list[int]) -> None:
+        """Free each window's slots past its committed ``count``; the job is done with them."""
+        width = step.width
+        for count in counts:
+            if not 1 <= count <= width:
+                raise RuntimeError(
+                    f"`{self.algorithm.name}` reported {count} tokens for a decode window of "
+                    f"{width}; a decode step commits between 1 and decode_width tokens"
+                )
+        if width == 1:
+            return
+        unaccepted = [b * width + j for b, count in enumerate(counts) for j in range(count, width)]
+        if unaccepted:
+            index = torch.tensor(unaccepted, dtype=torch.int64, device=self.device)
+            self.kv_pool.free(step.out_cache_loc[index])
+
     def _release(self, request: Request) -> None:
-        row = self.req_pool.req_to_token[request.req_pool_index, : request.scheduled_len]
+        row = self.req_pool.req_to_token[request.req_pool_index, : request.kv_len]
         self.kv_pool.free(row.to(torch.int64))  # a copy: the row is reused by the next owner
         self.req_pool.free(request.req_pool_index)
+        self.algorithm.release(request.req_pool_index)
         self.kv_unreserved += request.kv_reserved
         request.req_pool_index, request.kv_reserved = 0, 0
 
     # -- device side (runs on the forward runner) -----------------------------------------
-    def _job(self, steps: list[HostStep]) -> Callable[[], tuple[list[torch.Tensor], float]]:
+    def _job(self, steps: list[HostStep]) -> Callable[[], tuple[list[_HostResult], float]]:
         algorithm, device, kv_cache = self.algorithm, self.device, self.kv_cache
         req_to_token = self.req_pool.req_to_token
 
-        def run() -> tuple[list[torch.Tensor], float]:
+        def run() -> tuple[list[_HostResult], float]:
             start = time.perf_counter()
-            host_tokens = []
+            host_results: list[_HostResult] = []
             with torch.no_grad():
                 for step in steps:
                     inputs, commit_rows = step.to_device(device, req_to_token, kv_cache)
                     hook = algorithm.prefill if step.kind is StepKind.PREFILL else algorithm.decode
                     out = hook(inputs)
-                    req_to_token[commit_rows, inputs.forward.positions] = (
-                        inputs.forward.out_cache_loc.to(torch.int32)
-                    )
-                    host_tokens.append(out.next_tokens.to("cpu", non_blocking=True))
-            return host_tokens, time.perf_counter() - start
+                    if not out.committed:
+                        if step.width > 1:
+                            raise RuntimeError(
+                                f"`{algorithm.name}` decodes windows of {step.width} slots and "
+                                "must commit its accepted KV itself (StepOutput.committed)"
+                            )
+                        req_to_token[commit_rows, inputs.forward.positions] = (
+                            inputs.forward.out_cache_loc.to(torch.int32)
+                        )
+                    if out.tokens is not None and out.counts is None:
+                        raise RuntimeError(f"`{algorithm.name}` returned tokens without counts")
+                    if out.tokens is None:
+                        host_results.append(
+                            (out.next_tokens[:, None].to("cpu", non_blocking=True), None)
+                        )
+                    else:
+                        host_results.append(
+                            (
+                                out.tokens.to("cpu", non_blocking=True),
+                                None
+                                if out.counts is None
+                                else out.counts.to("cpu", non_blocking=True),
+                            )
+                        )
+            return host_results, time.perf_counter() - start
 
         return run
