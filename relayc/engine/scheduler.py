@@ -12,17 +12,21 @@ One iteration ``i`` of ``Scheduler.step()`` on the host:
 2. **Prepare.** A prefill step (prompt tokens from the host, at most
    ``max_prefill_tokens`` of them: a long prompt is prefilled in chunks over
    several iterations, only its last chunk samples) and a decode step (running
-   requests) are built as host tensors; KV slots for every new token are
-   sliced off the KV pool's free list.
+   requests whose window surely fits the context) are built as host tensors;
+   KV slots for every prompt token, and a window of ``W = decode_width`` slots
+   per decoding request, are sliced off the KV pool's free list.
 3. **Launch** job ``i`` on the forward runner (CUDA: the forward stream; CPU: a
    worker thread; ``overlap=False``: inline). In order, on the device: copy the
    host tensors; prefill hook (forward, sample, stash into the ``FutureMap``);
    decode hook (resolve the input tokens from the ``FutureMap`` by request-pool
-   slot, forward, sample, stash); record the new tokens' KV slots in
-   ``req_to_token`` (the scheduler's commit; the model never writes it); start
-   a non-blocking copy of the sampled tokens to the host.
+   slot, forward, sample -- or draft, verify and accept -- stash); record the
+   new tokens' KV slots in ``req_to_token`` (the scheduler's commit, unless the
+   algorithm committed its accepted KV itself, as every ``W > 1`` algorithm
+   does; the model never writes it); start non-blocking copies of the tokens
+   (and, for multi-token steps, their counts) to the host.
 4. **Process** job ``i - 1`` (overlap) or job ``i`` (no overlap): wait for its
-   guard, append the tokens to the requests, detect finishes, free.
+   guard, append the tokens to the requests, free each window's unaccepted
+   slots, detect finishes, free finished requests.
 
 What lives where. The device state -- KV cache, ``req_to_token``, the relay
 buffers, the sampled tokens -- is touched only by jobs, and jobs run one after
@@ -42,28 +46,50 @@ until the wait.
 
 Why the host lags one iteration. Job ``i`` is prepared and launched before job
 ``i - 1`` is processed, so the host knows tokens only up to job ``i - 2``. It
-needs no token to launch: the input tokens come from the relay, and lengths
-and positions are host-known because a forward adds a known number of tokens
-per request (a prompt chunk, or one decode token). Speculative algorithms
-break that last point: they relay ``new_seq_lens`` and read it back through the
-FutureMap's host mirror. Streamed tokens reach the caller one iteration late.
+needs no token to launch: the input tokens come from the relay. Streamed
+tokens reach the caller one iteration late.
 
-Late finishes. ``max_new_tokens`` (and a full context) is known at launch from
-``scheduled_samples``, so no request is scheduled past it. A stop token sampled
-by job ``i - 1`` is seen when that job is processed in iteration ``i``, after
-job ``i`` -- which holds the request again -- was launched: job ``i``'s token
-for it is the one extra token, discarded when job ``i`` is processed (the
-request is finished by then), and the request leaves the batch at the next
-schedule. Without overlap there is no extra token.
+Lengths under the lag. A prompt chunk commits a known number of tokens, so
+``Request.kv_len`` counts it at launch; a decode step commits 1 to ``W`` tokens
+that the host learns when it processes the step. So the host keeps the known
+length ``kv_len`` and the decode steps in flight ``inflight_decodes`` (at most
+two while a decode is being launched), and uses ``kv_len + W * inflight_decodes``
+(``kv_len_bound``) wherever it needs the truth: as ``max_prefix_len`` (the
+attention shapes), in the context check (a window is scheduled only if
+``kv_len_bound + W <= max_context``; else the request sits out until its
+steps are processed, and with nothing in flight and still no room it finishes
+``LENGTH``, up to ``W - 1`` tokens before ``none`` would), and in the
+reservation below. ``kv_len + inflight_decodes`` is a lower bound, passed as
+the decode batch's ``prefix_lens`` / positions guess; both are exact for
+``W = 1``, where the device's own lengths need no relay. An algorithm with
+``W > 1`` keeps the true lengths on the device (its relayed ``new_seq_lens``).
+
+Late finishes. ``scheduled_samples`` counts one token per step in flight (a
+lower bound; a processed step adds the rest of its count), so no request is
+scheduled once it surely has ``max_new_tokens``. A stop token sampled by job
+``i - 1`` is seen when that job is processed in iteration ``i``, after job
+``i`` -- which holds the request again -- was launched: job ``i``'s tokens for
+it are extra, discarded when job ``i`` is processed (the request is finished
+by then), and the request leaves the batch at the next schedule. A
+multi-token step is cut at the first stop token or at ``max_new_tokens``; the
+rest of it is dropped. Without overlap there is no extra step.
 
 Freeing. A finished request keeps its request slot and KV slots until every
 job holding it has been processed (``inflight == 0``): no running forward can
 then read or stash into them. Its KV slots are read back from its
 ``req_to_token`` row -- the one device read the host makes, safe because every
-job that wrote the row is done and no later job touches it. Admission reserves
-``prompt_len + max_new_tokens - 1`` KV slots per request, so a decode
+job that wrote the row is done and no later job touches it; with every job
+processed, ``kv_len`` is exact. A window's slots past its step's count are
+freed when the step is processed, never earlier (the job may use them until
+its guard). Admission reserves ``Request.kv_need`` = ``prompt_len +
+max_new_tokens - 1 + 2 * (W - 1)`` KV slots per request (the most it can hold
+at once: its committed tokens plus two windows in flight), so a decode
 allocation never fails; a request that does not fit waits at the head of the
 queue until a release returns slots -- nothing is preempted or dropped.
+
+Algorithm hooks. ``on_prompt`` runs at admission, ``on_tokens`` with the tokens
+the host kept from each processed step, ``release`` when the request slot is
+freed -- all on the host, possibly while a job runs.
 
 Determinism. The sampler keys its randomness by (seed, position), so overlap,
 batch composition and admission timing do not change any request's tokens.
