@@ -17,6 +17,7 @@ import pytest
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.step_batch import StepKind
 from tests.engine.engine_helpers import (
+    DeferredRunner,
     Workload,
     assert_idle,
     naive_outputs,
@@ -24,7 +25,6 @@ from tests.engine.engine_helpers import (
     random_workload,
 )
 from tests.engine.oracle_drafting import OracleDrafting
-from tests.engine.test_scheduler_overlap import DeferredRunner
 
 W = OracleDrafting.decode_width
 
