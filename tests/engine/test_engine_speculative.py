@@ -7,6 +7,7 @@ freeing and accept lengths are what these tests pin down.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 import types
@@ -14,7 +15,15 @@ from collections.abc import Sequence
 
 import pytest
 
-from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
+from relayc.engine import (
+    Engine,
+    FinishReason,
+    LlamaForCausalLM,
+    SamplingParams,
+    StepInputs,
+    StepOutput,
+    random_model,
+)
 from relayc.engine.step_batch import StepKind
 from tests.engine.engine_helpers import (
     DeferredRunner,
@@ -261,3 +270,34 @@ def test_speculative_names_come_from_relayc_engine_speculative(
     ]
     assert [o.token_ids for o in outs] == naive_outputs(model, prompts, [params] * 2)
     assert all(o.accept_lengths for o in outs)
+
+
+class _Uncommitted(OracleDrafting):
+    def decode(self, step: StepInputs) -> StepOutput:
+        return dataclasses.replace(super().decode(step), committed=False)
+
+
+class _TooMany(OracleDrafting):
+    def decode(self, step: StepInputs) -> StepOutput:
+        out = super().decode(step)
+        return dataclasses.replace(out, counts=out.counts + W)
+
+
+class _WiderThanItsWindow(OracleDrafting):
+    max_tokens_per_step = W + 1
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "error", "message"),
+    [
+        (_Uncommitted, RuntimeError, "must commit its accepted KV itself"),
+        (_TooMany, RuntimeError, "reported [5-8] tokens for a decode window of 4"),
+        (_WiderThanItsWindow, ValueError, r"max_tokens_per_step 5 must lie in 1..decode_width"),
+    ],
+)
+def test_a_broken_multi_token_algorithm_fails_clearly(
+    model: LlamaForCausalLM, algorithm: type[OracleDrafting], error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        with Engine(model, algorithm=algorithm(model, 128, {}), overlap=False) as engine:
+            engine.generate([[256, 1, 2]], SamplingParams(max_new_tokens=8))
