@@ -15,6 +15,10 @@ blocked on a job's results, ``exposed`` the wall time outside the jobs -- the
 host work and handoffs overlap is meant to hide.
 
     python bench/engine.py [--requests 32] [--max-new-tokens 64] [--threads 1]
+                           [--algorithm none]
+
+``--algorithm`` picks the decode algorithm (a speculative one once
+``relayc.engine.speculative`` exists); the table adds its mean accept length.
 
 ``--threads`` sets torch's intra-op threads (default 1: on a small machine the
 forward worker and the host thread then each get a core).
@@ -41,7 +45,13 @@ class Run:
     host_s: float
     wait_s: float
     job_s: float
+    accept_steps: int
+    accept_tokens: int
     outputs: list[list[int]]
+
+    @property
+    def mean_accept_length(self) -> float:
+        return self.accept_tokens / self.accept_steps if self.accept_steps else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -65,6 +75,7 @@ def workload(n: int, seed: int) -> list[str]:
 def run_once(engine: Engine, prompts: list[str], params: SamplingParams) -> Run:
     before = engine.scheduler.stats
     iterations, host, wait, job = before.iterations, before.host_s, before.wait_s, before.job_s
+    steps, accepted = before.accept_steps, before.accept_tokens
     start = time.perf_counter()
     outs = engine.generate(prompts, params)
     wall = time.perf_counter() - start
@@ -76,6 +87,8 @@ def run_once(engine: Engine, prompts: list[str], params: SamplingParams) -> Run:
         host_s=stats.host_s - host,
         wait_s=stats.wait_s - wait,
         job_s=stats.job_s - job,
+        accept_steps=stats.accept_steps - steps,
+        accept_tokens=stats.accept_tokens - accepted,
         outputs=[o.token_ids for o in outs],
     )
 
@@ -87,12 +100,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--algorithm", default="none")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     prompts = workload(args.requests, seed=0)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     engines = {
-        overlap: Engine(overlap=overlap, seed=0, device=args.device) for overlap in (True, False)
+        overlap: Engine(algorithm=args.algorithm, overlap=overlap, seed=0, device=args.device)
+        for overlap in (True, False)
     }
     for engine in engines.values():  # warm up allocators and kernels
         engine.generate(prompts[:4], SamplingParams(max_new_tokens=4))
@@ -111,12 +126,13 @@ def main() -> None:
     on, off = best[True], best[False]
     print(
         f"engine: tiny default model, {args.requests} requests x {args.max_new_tokens} new "
-        f"tokens, greedy, {args.threads} intra-op thread(s), device {args.device}, "
-        f"best of {args.repeats}"
+        f"tokens, greedy, algorithm {args.algorithm}, {args.threads} intra-op thread(s), "
+        f"device {args.device}, best of {args.repeats}"
     )
     header = (
         f"{'overlap':<8} {'tokens':>7} {'wall s':>7} {'tokens/s':>9} {'iters':>6} "
-        f"{'ms/iter':>8} {'forward':>8} {'host':>6} {'wait':>6} {'exposed':>8}  (ms/iter)"
+        f"{'ms/iter':>8} {'forward':>8} {'host':>6} {'wait':>6} {'exposed':>8} {'accept':>7}"
+        "  (ms/iter; accept: mean tokens per decode step)"
     )
     print(header)
     print("-" * len(header))
@@ -125,7 +141,8 @@ def main() -> None:
             f"{name:<8} {run.tokens:>7} {run.wall_s:>7.3f} {run.tokens_per_s:>9.1f} "
             f"{run.iterations:>6} {run.per_iter_ms(run.wall_s):>8.2f} "
             f"{run.per_iter_ms(run.job_s):>8.2f} {run.per_iter_ms(run.host_s):>6.2f} "
-            f"{run.per_iter_ms(run.wait_s):>6.2f} {run.per_iter_ms(run.exposed_s):>8.2f}"
+            f"{run.per_iter_ms(run.wait_s):>6.2f} {run.per_iter_ms(run.exposed_s):>8.2f} "
+            f"{run.mean_accept_length:>7.2f}"
         )
     print(
         f"on/off: tokens/s x{on.tokens_per_s / off.tokens_per_s:.2f}, "

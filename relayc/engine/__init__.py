@@ -10,7 +10,8 @@ sampling.py       SamplingParams and the counter-keyed batched sampler
 tokenizer.py      ByteTokenizer
 naive.py          greedy_generate_naive, the cache-free reference
 request.py        Request (the scheduler's record), Output, StreamDelta, FinishReason
-algorithms.py     the per-algorithm decode step (prefill / decode hooks) on the relay
+algorithms.py     DecodeAlgorithm: the per-algorithm prefill / decode steps on the relay
+                  (one or several tokens per decode step), make_algorithm
 step_batch.py     one forward as prepared on the host, and its move to the device
 overlap.py        forward runners: inline, worker thread (CPU), forward stream (CUDA)
 scheduler.py      admission, batching and the overlap contract
@@ -27,6 +28,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from relayc.engine.algorithms import DecodeAlgorithm, StepInputs, StepOutput
     from relayc.engine.config import TINY_CONFIG, ModelConfig
     from relayc.engine.engine import Engine
     from relayc.engine.forward_batch import ForwardBatch, ForwardMode
@@ -45,6 +47,9 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS: dict[str, str] = {
+    "DecodeAlgorithm": "relayc.engine.algorithms",
+    "StepInputs": "relayc.engine.algorithms",
+    "StepOutput": "relayc.engine.algorithms",
     "TINY_CONFIG": "relayc.engine.config",
     "ModelConfig": "relayc.engine.config",
     "Engine": "relayc.engine.engine",
@@ -74,6 +79,7 @@ __all__ = [
     "TINY_CONFIG",
     "ByteTokenizer",
     "CheckpointError",
+    "DecodeAlgorithm",
     "Engine",
     "FinishReason",
     "ForwardBatch",
@@ -86,6 +92,8 @@ __all__ = [
     "ReqToTokenPool",
     "SamplingBatch",
     "SamplingParams",
+    "StepInputs",
+    "StepOutput",
     "StreamDelta",
     "TokenToKVPool",
     "greedy_generate_naive",

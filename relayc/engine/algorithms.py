@@ -7,17 +7,28 @@ running ones -- the ``prefill`` and ``steps`` sections of the algorithm's spec.
 An algorithm owns its generated relay (``FutureMap``): the prefill seeds it, each
 decode resolves what the previous iteration stashed and stashes for the next.
 
-Speculative algorithms (EAGLE, n-gram, standalone draft) are the later issue
-"speculative decoding": they plug in here with their own generated module and
-hooks, and will report several tokens per request through ``StepOutput``.
+A decode step may emit several tokens per request (speculative decoding). The
+scheduler gives each request a window of ``decode_width`` (``W``) KV slots per
+decode step; the algorithm verifies up to ``W`` tokens in it, keeps the
+accepted KV at the front of the window, records it in ``req_to_token`` itself
+(``StepOutput.committed``) and reports ``tokens [B, K]`` with ``counts [B]``
+(``K = max_tokens_per_step <= W``). The scheduler frees the rest of each window
+once it has processed the step. With ``W == 1`` (``none``) nothing of this
+applies: one token per request, committed by the scheduler.
+
+The host hooks (``on_prompt``, ``on_tokens``, ``release``) run on the
+scheduler's thread, possibly while a forward job runs on the runner: host state
+they update and a decode step reads needs the algorithm's own care (the host's
+view lags one iteration; see ``relayc.engine.scheduler``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -31,22 +42,45 @@ SPECULATIVE_ALGORITHMS = ("eagle", "eagle_multilayer", "ngram", "standalone")
 
 @dataclass
 class StepInputs:
-    """One forward's inputs, on the device."""
+    """One forward's inputs, on the device.
+
+    Decode with ``W = decode_width > 1``: ``forward`` is a chain-verify batch of
+    ``W`` placeholder tokens per request whose ``out_cache_loc`` is the windows
+    ``[B * W]`` (request-major). Its ``positions``, ``prefix_lens`` and
+    ``sample_positions`` are the host's best guess (the committed length it knows
+    plus one per step in flight), not the truth: the algorithm computes them on
+    the device from its relay. ``max_prefix_len`` is a true upper bound.
+    """
 
     forward: ForwardBatch  # decode: input_ids are -1 placeholders; the relay supplies them
     sampling: SamplingBatch
     sample_positions: torch.Tensor  # [B] int64, where each sampled token will sit
+    max_prefix_len: int  # host bound on every request's committed KV length (attention shapes)
 
 
 @dataclass
 class StepOutput:
-    next_tokens: torch.Tensor  # [B] int64 on the device, one new token per request
+    """What a step produced, on the device.
+
+    Prefill and single-token decode: ``next_tokens`` only. Multi-token decode:
+    ``tokens[b, :counts[b]]`` are request ``b``'s new tokens, and with
+    ``committed=True`` the algorithm has already recorded their KV (the first
+    ``counts[b]`` window slots) in ``req_to_token`` at the request's committed
+    length; the scheduler then commits nothing and frees the other window slots.
+    """
+
+    next_tokens: torch.Tensor  # [B] int64, one new token per request (the last, for multi-token)
+    tokens: torch.Tensor | None = None  # [B, K] int64, emitted tokens, left-aligned
+    counts: torch.Tensor | None = None  # [B] int64 in 1..K, valid entries of ``tokens``
+    committed: bool = False  # the algorithm wrote req_to_token for this decode
 
 
 class DecodeAlgorithm(ABC):
     """The per-algorithm decode step the scheduler calls (on the forward runner)."""
 
     name: ClassVar[str]
+    decode_width: int = 1  # KV slots per request per decode step (the window W)
+    max_tokens_per_step: int = 1  # most tokens one decode step emits per request (K <= W)
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
@@ -58,6 +92,15 @@ class DecodeAlgorithm(ABC):
     @abstractmethod
     def decode(self, step: StepInputs) -> StepOutput:
         """Resolve the relay, run one decode iteration, stash the relay for the next."""
+
+    def on_prompt(self, req_pool_index: int, prompt_ids: list[int]) -> None:  # noqa: B027
+        """A request was admitted into ``req_pool_index`` with these prompt tokens."""
+
+    def on_tokens(self, req_pool_index: int, tokens: list[int]) -> None:  # noqa: B027
+        """The host learned these new output tokens of a request (in order, kept ones only)."""
+
+    def release(self, req_pool_index: int) -> None:  # noqa: B027
+        """The request slot is free: no job holds it any more; drop per-request host state."""
 
 
 class PlainDecoding(DecodeAlgorithm):
@@ -94,21 +137,53 @@ class PlainDecoding(DecodeAlgorithm):
         return self._sample_and_stash(forward, step)
 
 
+def _speculative_factory(name: str) -> Callable[..., DecodeAlgorithm]:
+    """``relayc.engine.speculative.make_speculative``, imported on first use."""
+    try:
+        from relayc.engine.speculative import make_speculative
+    except ImportError as exc:
+        raise NotImplementedError(
+            f"algorithm `{name}` needs speculative decoding, but `relayc.engine.speculative` "
+            f"does not import ({exc}); use algorithm='none'"
+        ) from exc
+    return make_speculative
+
+
 def check_algorithm(name: str) -> None:
     """Raise before any allocation when ``name`` cannot run (yet)."""
     if name == PlainDecoding.name:
         return
     if name in SPECULATIVE_ALGORITHMS:
-        raise NotImplementedError(
-            f"algorithm `{name}` needs speculative decoding, which the reference engine does "
-            "not run yet (issue: speculative decoding); use algorithm='none'"
-        )
+        _speculative_factory(name)
+        return
     known = ", ".join([PlainDecoding.name, *SPECULATIVE_ALGORITHMS])
     raise ValueError(f"unknown algorithm `{name}` (known: {known})")
 
 
 def make_algorithm(
-    name: str, model: LlamaForCausalLM, req_pool_size: int, *, debug: bool = False
+    name: str,
+    model: LlamaForCausalLM,
+    req_pool_size: int,
+    *,
+    debug: bool = False,
+    num_steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int = 4,
+    draft_model: Any = None,
+    seed: int = 0,
 ) -> DecodeAlgorithm:
+    """The algorithm ``name`` on ``model``, with relay rows for ``req_pool_size`` slots."""
     check_algorithm(name)
-    return PlainDecoding(model, req_pool_size, debug=debug)
+    if name == PlainDecoding.name:
+        return PlainDecoding(model, req_pool_size, debug=debug)
+    return _speculative_factory(name)(
+        name,
+        model,
+        req_pool_size,
+        debug=debug,
+        num_steps=num_steps,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens,
+        draft_model=draft_model,
+        seed=seed,
+    )

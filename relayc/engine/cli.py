@@ -1,7 +1,7 @@
 """``relayc generate``: stream one completion from the reference engine.
 
 Streamed text goes to stdout as it arrives; the summary line (tokens,
-tokens/s) goes to stderr, so stdout holds only the text.
+tokens/s, mean accept length) goes to stderr, so stdout holds only the text.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         help="generate text with the reference engine (streamed)",
         description="Stream a completion of --prompt from the reference engine: the tiny "
         "byte-level default model (random weights) or a local Hugging Face Llama checkpoint. "
-        "Text goes to stdout; a summary line (tokens, tokens/s) to stderr.",
+        "Text goes to stdout; a summary line (tokens, tokens/s, mean accept length: tokens "
+        "per decode step) to stderr.",
         epilog="Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request).",
     )
     p.add_argument("--prompt", required=True, help="prompt text (byte-level tokenizer)")
@@ -44,6 +45,20 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
     p.add_argument(
         "--seed", type=int, default=0, help="seeds the default model's weights and the sampler"
+    )
+    p.add_argument(
+        "--algorithm",
+        default="none",
+        help="none (default: one token per step), eagle, eagle_multilayer, ngram or standalone",
+    )
+    p.add_argument("--num-steps", type=int, default=3, help="draft steps (EAGLE; default 3)")
+    p.add_argument("--topk", type=int, default=1, help="draft branching per step (default 1)")
+    p.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=4,
+        metavar="N",
+        help="tokens verified per step, root included (default 4)",
     )
     p.add_argument(
         "--no-overlap", action="store_true", help="run scheduling and the forward synchronously"
@@ -69,9 +84,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     try:
         engine = Engine(
-            model=args.model, overlap=not args.no_overlap, seed=args.seed, device=args.device
+            model=args.model,
+            algorithm=args.algorithm,
+            num_steps=args.num_steps,
+            topk=args.topk,
+            num_draft_tokens=args.num_draft_tokens,
+            overlap=not args.no_overlap,
+            seed=args.seed,
+            device=args.device,
         )
-    except (CheckpointError, ValueError, RuntimeError) as exc:
+    except (CheckpointError, ValueError, RuntimeError) as exc:  # NotImplementedError included
         return usage(str(exc))
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
@@ -97,9 +119,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     sys.stdout.write("\n")
     overlap = "off" if args.no_overlap else "on"
+    accept = engine.scheduler.stats.mean_accept_length
     print(
         f"{tokens} tokens in {elapsed:.2f} s, {tokens / elapsed:.1f} tokens/s "
-        f"(finish: {finish}, overlap {overlap})",
+        f"(finish: {finish}, overlap {overlap}), algorithm {args.algorithm}, "
+        f"mean accept length {accept:.2f}",
         file=sys.stderr,
     )
     return EXIT_OK

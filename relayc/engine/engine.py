@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from os import PathLike
+from typing import Any
 
 import torch
 
-from relayc.engine.algorithms import check_algorithm, make_algorithm
+from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
 from relayc.engine.config import ModelConfig
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.overlap import make_runner
@@ -41,12 +42,22 @@ class Engine:
     ``seed`` also seeds every request whose ``SamplingParams.seed`` is None
     (``seed + index in the call``). ``debug=True`` poisons the relay buffers and
     checks every KV free (slower; for tests).
+
+    ``algorithm``: ``"none"`` or a speculative algorithm (``"eagle"``,
+    ``"eagle_multilayer"``, ``"ngram"``, ``"standalone"``), which ``num_steps``,
+    ``topk``, ``num_draft_tokens`` and ``draft_model`` configure; or a
+    ``DecodeAlgorithm`` built on ``model`` with relay rows for ``req_pool_size``
+    slots (custom algorithms, tests).
     """
 
     def __init__(
         self,
         model: str | PathLike[str] | LlamaForCausalLM | None = None,
-        algorithm: str = "none",
+        algorithm: str | DecodeAlgorithm = "none",
+        num_steps: int = 3,
+        topk: int = 1,
+        num_draft_tokens: int = 4,
+        draft_model: Any = None,
         overlap: bool = True,
         seed: int = 0,
         *,
@@ -59,7 +70,8 @@ class Engine:
         max_prefill_tokens: int = 4096,
         debug: bool = False,
     ) -> None:
-        check_algorithm(algorithm)
+        if not isinstance(algorithm, DecodeAlgorithm):
+            check_algorithm(algorithm)
         self.device = torch.device(device)
         if isinstance(model, LlamaForCausalLM):
             self.model = model
@@ -70,7 +82,7 @@ class Engine:
         else:
             self.model = load_checkpoint(model, device=self.device, dtype=dtype)
         self.model.eval()
-        self.algorithm_name, self.overlap, self.seed = algorithm, overlap, seed
+        self.overlap, self.seed = overlap, seed
         config = self.model.config
         self.tokenizer = ByteTokenizer() if config.vocab_size == VOCAB_SIZE else None
         context = min(max_context or config.max_position, config.max_position)
@@ -82,9 +94,23 @@ class Engine:
             max_context=context,
             max_prefill_tokens=max_prefill_tokens,
         )
-        self.algorithm = make_algorithm(
-            algorithm, self.model, self.config.req_pool_size, debug=debug
-        )
+        if isinstance(algorithm, DecodeAlgorithm):
+            if algorithm.model is not self.model:
+                raise ValueError("a DecodeAlgorithm instance must be built on the engine's model")
+            self.algorithm = algorithm
+        else:
+            self.algorithm = make_algorithm(
+                algorithm,
+                self.model,
+                self.config.req_pool_size,
+                debug=debug,
+                num_steps=num_steps,
+                topk=topk,
+                num_draft_tokens=num_draft_tokens,
+                draft_model=draft_model,
+                seed=seed,
+            )
+        self.algorithm_name = self.algorithm.name
         self.runner = make_runner(self.device, overlap)
         self.scheduler = Scheduler(
             self.model, self.algorithm, self.runner, self.config, check_pools=debug
@@ -128,6 +154,7 @@ class Engine:
                 text=self.tokenizer.decode(ids) if self.tokenizer else None,
                 finish_reason=delta.finish_reason,
                 error=delta.error,
+                accept_lengths=list(request.accept_lengths) if request else [],
             )
         return [outputs[i] for i in range(len(prompts))]
 
@@ -267,11 +294,14 @@ class Engine:
             seed=params.resolve_seed(self.seed, index),
             max_new_tokens=max_new,
             arrival=arrival,
+            decode_width=self.algorithm.decode_width,
         )
         if request.kv_need > self.config.kv_pool_tokens:
+            width = request.decode_width
+            windows = f" + 2 * ({width} - 1) for decode windows" if width > 1 else ""
             return (
-                f"request needs {request.kv_need} KV slots (prompt + max_new_tokens - 1) but the "
-                f"pool holds {self.config.kv_pool_tokens}; raise `kv_pool_tokens` or lower "
+                f"request needs {request.kv_need} KV slots (prompt + max_new_tokens - 1{windows}) "
+                f"but the pool holds {self.config.kv_pool_tokens}; raise `kv_pool_tokens` or lower "
                 "`max_new_tokens`"
             )
         return request

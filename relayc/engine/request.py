@@ -2,10 +2,12 @@
 
 ``Request`` is the scheduler's record of one prompt: what it asked for, where
 its state lives (request-pool slot, KV slots) and how far the device and the
-host have got. The two counters differ under overlap: ``scheduled_samples``
-counts tokens the device has been asked to sample (known when a forward is
-launched), ``output_ids`` holds the tokens the host has seen (one iteration
-later). ``Output`` is the finished result, ``StreamDelta`` one piece of it.
+host have got. Under overlap the host sees a forward's results one iteration
+after launching it, so it keeps bounds: ``scheduled_samples`` is a lower bound
+on the tokens the device has sampled (each step in flight counts one), and the
+committed KV length lies in ``[kv_len_hint, kv_len_bound]`` (each decode step
+in flight commits 1 to ``decode_width`` tokens); ``output_ids`` holds the tokens
+the host has seen. ``Output`` is the finished result, ``StreamDelta`` one piece of it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class Output:
     text: str | None  # None when the model has no tokenizer
     finish_reason: FinishReason
     error: str | None = None
+    # Tokens emitted by each decode step of the request, before truncation at a stop
+    # token or max_new_tokens (bonus token included; 1 each for `none`). The prefill's
+    # token is no decode step; steps run after the host saw the finish are not counted.
+    accept_lengths: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -55,17 +61,21 @@ class Request:
     seed: int
     max_new_tokens: int  # params.max_new_tokens, clipped so the sequence fits the context
     arrival: int = 0  # iteration at which the scheduler may first admit it
+    decode_width: int = 1  # the algorithm's KV window per decode step (sizes the reservation)
     # Resources, held from admission until the last in-flight forward using them is done;
     # the KV slots themselves are recorded in req_to_token.
     req_pool_index: int = 0
     kv_reserved: int = 0
-    # Device progress (host-known at launch): tokens whose K/V are written or being
-    # written, tokens asked to be sampled, forwards launched but not yet processed.
-    scheduled_len: int = 0
+    # Device progress as the host knows it: committed KV tokens (a prompt chunk counts
+    # at launch, a decode step once processed), a lower bound on the tokens sampled,
+    # forwards launched but not processed, and the decode steps among them.
+    kv_len: int = 0
     scheduled_samples: int = 0
     inflight: int = 0
+    inflight_decodes: int = 0
     # Host progress (lags the device by one iteration under overlap).
     output_ids: list[int] = field(default_factory=list)
+    accept_lengths: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     _streamed: int = 0
     _utf8: codecs.IncrementalDecoder = field(
@@ -78,8 +88,27 @@ class Request:
 
     @property
     def kv_need(self) -> int:
-        """KV slots the request can ever hold: the last sampled token is never written."""
-        return self.prompt_len + self.max_new_tokens - 1
+        """KV slots the request can ever hold at once, reserved at admission.
+
+        ``prompt + max_new_tokens - 1`` (the last sampled token is never written)
+        with a window of 1. A window ``W`` adds ``2 * (W - 1)``: a decode step is
+        launched only while ``scheduled_samples < max_new_tokens``, with at most one
+        other decode step in flight (the one-iteration lag), so the committed
+        length is then at most ``prompt + max_new_tokens - 3`` and two windows
+        are held: ``prompt + max_new_tokens - 3 + 2W``. Unaccepted window slots
+        are freed when their step is processed.
+        """
+        return self.prompt_len + self.max_new_tokens - 1 + 2 * (self.decode_width - 1)
+
+    @property
+    def kv_len_hint(self) -> int:
+        """Committed KV length if every decode step in flight commits one token (exact for W=1)."""
+        return self.kv_len + self.inflight_decodes
+
+    @property
+    def kv_len_bound(self) -> int:
+        """Upper bound of the committed KV length: every step in flight fills its window."""
+        return self.kv_len + self.decode_width * self.inflight_decodes
 
     @property
     def device_done(self) -> bool:

@@ -12,17 +12,21 @@ One iteration ``i`` of ``Scheduler.step()`` on the host:
 2. **Prepare.** A prefill step (prompt tokens from the host, at most
    ``max_prefill_tokens`` of them: a long prompt is prefilled in chunks over
    several iterations, only its last chunk samples) and a decode step (running
-   requests) are built as host tensors; KV slots for every new token are
-   sliced off the KV pool's free list.
+   requests whose window surely fits the context) are built as host tensors;
+   KV slots for every prompt token, and a window of ``W = decode_width`` slots
+   per decoding request, are sliced off the KV pool's free list.
 3. **Launch** job ``i`` on the forward runner (CUDA: the forward stream; CPU: a
    worker thread; ``overlap=False``: inline). In order, on the device: copy the
    host tensors; prefill hook (forward, sample, stash into the ``FutureMap``);
    decode hook (resolve the input tokens from the ``FutureMap`` by request-pool
-   slot, forward, sample, stash); record the new tokens' KV slots in
-   ``req_to_token`` (the scheduler's commit; the model never writes it); start
-   a non-blocking copy of the sampled tokens to the host.
+   slot, forward, sample -- or draft, verify and accept -- stash); record the
+   new tokens' KV slots in ``req_to_token`` (the scheduler's commit, unless the
+   algorithm committed its accepted KV itself, as every ``W > 1`` algorithm
+   does; the model never writes it); start non-blocking copies of the tokens
+   (and, for multi-token steps, their counts) to the host.
 4. **Process** job ``i - 1`` (overlap) or job ``i`` (no overlap): wait for its
-   guard, append the tokens to the requests, detect finishes, free.
+   guard, append the tokens to the requests, free each window's unaccepted
+   slots, detect finishes, free finished requests.
 
 What lives where. The device state -- KV cache, ``req_to_token``, the relay
 buffers, the sampled tokens -- is touched only by jobs, and jobs run one after
@@ -42,28 +46,50 @@ until the wait.
 
 Why the host lags one iteration. Job ``i`` is prepared and launched before job
 ``i - 1`` is processed, so the host knows tokens only up to job ``i - 2``. It
-needs no token to launch: the input tokens come from the relay, and lengths
-and positions are host-known because a forward adds a known number of tokens
-per request (a prompt chunk, or one decode token). Speculative algorithms
-break that last point: they relay ``new_seq_lens`` and read it back through the
-FutureMap's host mirror. Streamed tokens reach the caller one iteration late.
+needs no token to launch: the input tokens come from the relay. Streamed
+tokens reach the caller one iteration late.
 
-Late finishes. ``max_new_tokens`` (and a full context) is known at launch from
-``scheduled_samples``, so no request is scheduled past it. A stop token sampled
-by job ``i - 1`` is seen when that job is processed in iteration ``i``, after
-job ``i`` -- which holds the request again -- was launched: job ``i``'s token
-for it is the one extra token, discarded when job ``i`` is processed (the
-request is finished by then), and the request leaves the batch at the next
-schedule. Without overlap there is no extra token.
+Lengths under the lag. A prompt chunk commits a known number of tokens, so
+``Request.kv_len`` counts it at launch; a decode step commits 1 to ``W`` tokens
+that the host learns when it processes the step. So the host keeps the known
+length ``kv_len`` and the decode steps in flight ``inflight_decodes`` (at most
+two while a decode is being launched), and uses ``kv_len + W * inflight_decodes``
+(``kv_len_bound``) wherever it needs the truth: as ``max_prefix_len`` (the
+attention shapes), in the context check (a window is scheduled only if
+``kv_len_bound + W <= max_context``; else the request sits out until its
+steps are processed, and with nothing in flight and still no room it finishes
+``LENGTH``, up to ``W - 1`` tokens before ``none`` would), and in the
+reservation below. ``kv_len + inflight_decodes`` is a lower bound, passed as
+the decode batch's ``prefix_lens`` / positions guess; both are exact for
+``W = 1``, where the device's own lengths need no relay. An algorithm with
+``W > 1`` keeps the true lengths on the device (its relayed ``new_seq_lens``).
+
+Late finishes. ``scheduled_samples`` counts one token per step in flight (a
+lower bound; a processed step adds the rest of its count), so no request is
+scheduled once it surely has ``max_new_tokens``. A stop token sampled by job
+``i - 1`` is seen when that job is processed in iteration ``i``, after job
+``i`` -- which holds the request again -- was launched: job ``i``'s tokens for
+it are extra, discarded when job ``i`` is processed (the request is finished
+by then), and the request leaves the batch at the next schedule. A
+multi-token step is cut at the first stop token or at ``max_new_tokens``; the
+rest of it is dropped. Without overlap there is no extra step.
 
 Freeing. A finished request keeps its request slot and KV slots until every
 job holding it has been processed (``inflight == 0``): no running forward can
 then read or stash into them. Its KV slots are read back from its
 ``req_to_token`` row -- the one device read the host makes, safe because every
-job that wrote the row is done and no later job touches it. Admission reserves
-``prompt_len + max_new_tokens - 1`` KV slots per request, so a decode
+job that wrote the row is done and no later job touches it; with every job
+processed, ``kv_len`` is exact. A window's slots past its step's count are
+freed when the step is processed, never earlier (the job may use them until
+its guard). Admission reserves ``Request.kv_need`` = ``prompt_len +
+max_new_tokens - 1 + 2 * (W - 1)`` KV slots per request (the most it can hold
+at once: its committed tokens plus two windows in flight), so a decode
 allocation never fails; a request that does not fit waits at the head of the
 queue until a release returns slots -- nothing is preempted or dropped.
+
+Algorithm hooks. ``on_prompt`` runs at admission, ``on_tokens`` with the tokens
+the host kept from each processed step, ``release`` when the request slot is
+freed -- all on the host, possibly while a job runs.
 
 Determinism. The sampler keys its randomness by (seed, position), so overlap,
 batch composition and admission timing do not change any request's tokens.
@@ -119,12 +145,23 @@ class SchedulerStats:
     prefill_chunks: int = 0  # prefill rows that did not finish their prompt
     max_running: int = 0  # most requests admitted at once (prefilling or decoding)
     decode_rows: int = 0  # requests summed over decode batches (extra tokens included)
+    accept_steps: int = 0  # decode rows the host counted in a request's accept_lengths
+    accept_tokens: int = 0  # tokens those rows emitted (before truncation)
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens per counted decode row (1.0 for `none`); 0.0 before any."""
+        return self.accept_tokens / self.accept_steps if self.accept_steps else 0.0
+
+
+# A step's results on the host: tokens [B, K] and counts [B] (None: one token per request).
+_HostResult = tuple[torch.Tensor, torch.Tensor | None]
 
 
 @dataclass
 class _InFlight:
     steps: list[HostStep]
-    pending: Pending[tuple[list[torch.Tensor], float]]  # host copies, job seconds
+    pending: Pending[tuple[list[_HostResult], float]]  # host copies, job seconds
 
 
 class Scheduler:
@@ -152,6 +189,13 @@ class Scheduler:
         self.running: list[Request] = []  # prompt scheduled, decoding
         self._inflight: deque[_InFlight] = deque()
         self._pin = self.device.type == "cuda"
+        self.width = algorithm.decode_width
+        if not 1 <= algorithm.max_tokens_per_step <= self.width:
+            raise ValueError(
+                f"`{algorithm.name}`: max_tokens_per_step {algorithm.max_tokens_per_step} must lie "
+                f"in 1..decode_width ({self.width}): every emitted token but the last needs KV"
+            )
+        self._finished_on_schedule: list[Request] = []  # context full, seen by _schedule
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -185,7 +229,8 @@ class Scheduler:
         if steps:  # the inline runner (no overlap) runs the forward right here
             self._inflight.append(_InFlight(steps, self.runner.submit(self._job(steps))))
             self.stats.forwards += len(steps)
-        touched: dict[int, Request] = {}
+        touched = {id(r): r for r in self._finished_on_schedule}
+        self._finished_on_schedule.clear()
         lag = 1 if self.runner.overlap and steps else 0
         while len(self._inflight) > lag:
             for request in self._process(self._inflight.popleft()):
@@ -208,7 +253,7 @@ class Scheduler:
             self.waiting.append(heapq.heappop(self._arrivals)[2])
         self.running = [r for r in self.running if not r.device_done]
         self.prefilling = [r for r in self.prefilling if r.finish_reason is None]
-        decoding = list(self.running)
+        decoding = [r for r in self.running if self._window_fits(r)]
         chunks = self._plan_prefill()
         steps = []
         if chunks:
@@ -220,6 +265,22 @@ class Scheduler:
         self.stats.max_running = max(self.stats.max_running, admitted)
         return steps
 
+    def _window_fits(self, request: Request) -> bool:
+        """Whether a decode window of ``request`` surely fits its context; else wait or finish.
+
+        Always true with a window of 1 (``max_new_tokens`` is clipped to the context).
+        A wider window may pass the context end only if the steps in flight filled
+        theirs; the request then sits out until they are processed, and when even
+        its exact committed length leaves no room, it finishes (``LENGTH``).
+        """
+        if request.kv_len_bound + self.width <= self.config.max_context:
+            return True
+        if request.inflight == 0:
+            request.finish_reason = FinishReason.LENGTH
+            self._finished_on_schedule.append(request)
+            self._release(request)
+        return False
+
     def _plan_prefill(self) -> list[tuple[Request, int]]:
         """(request, prompt tokens this iteration): unfinished prompts first, then admissions."""
         budget = self.config.max_prefill_tokens
@@ -227,7 +288,7 @@ class Scheduler:
         for request in self.prefilling:
             if budget == 0:
                 return plan
-            n = min(budget, request.prompt_len - request.scheduled_len)
+            n = min(budget, request.prompt_len - request.kv_len)
             plan.append((request, n))
             budget -= n
         while budget and self._admit_one():
@@ -255,6 +316,7 @@ class Scheduler:
         request.kv_reserved = request.kv_need
         self.kv_unreserved -= request.kv_reserved
         self.prefilling.append(request)
+        self.algorithm.on_prompt(request.req_pool_index, list(request.prompt_ids))
         return True
 
     def _alloc_kv(self, n: int) -> torch.Tensor:
@@ -264,14 +326,12 @@ class Scheduler:
         return slots
 
     def _prefill_step(self, plan: list[tuple[Request, int]]) -> HostStep:
-        requests = [r for r, _ in plan]
-        chunks = [r.prompt_ids[r.scheduled_len : r.scheduled_len + n] for r, n in plan]
         slots = self._alloc_kv(sum(n for _, n in plan))
-        step = HostStep.build(StepKind.PREFILL, requests, chunks, slots, self._pin)
+        step = HostStep.prefill(plan, slots, self._pin)
         for request, n in plan:
-            request.scheduled_len += n
+            request.kv_len += n  # the scheduler commits prompt KV itself, so it is known now
             request.inflight += 1
-            if request.scheduled_len == request.prompt_len:
+            if request.kv_len == request.prompt_len:
                 request.scheduled_samples = 1
                 self.prefilling.remove(request)
                 self.running.append(request)
@@ -279,16 +339,16 @@ class Scheduler:
                 self.stats.prefill_chunks += 1
         # Only a prompt's last chunk samples; earlier chunks' tokens (and stashes,
         # overwritten by the last chunk's) are never used.
-        step.samples = [r.scheduled_len == r.prompt_len for r in requests]
+        step.samples = [r.kv_len == r.prompt_len for r, _ in plan]
         return step
 
     def _decode_step(self, requests: list[Request]) -> HostStep:
-        slots = self._alloc_kv(len(requests))
-        step = HostStep.build(StepKind.DECODE, requests, [[-1]] * len(requests), slots, self._pin)
+        slots = self._alloc_kv(len(requests) * self.width)
+        step = HostStep.decode(requests, self.width, slots, self._pin)
         for request in requests:
-            request.scheduled_len += 1
-            request.scheduled_samples += 1
+            request.scheduled_samples += 1  # at least one token; the rest once processed
             request.inflight += 1
+            request.inflight_decodes += 1
         return step
 
     def _process(self, inflight: _InFlight) -> list[Request]:
@@ -297,50 +357,109 @@ class Scheduler:
         waited = time.perf_counter() - start
         self.stats.job_s += job_s
         touched = []
-        for step, tokens in zip(inflight.steps, results, strict=True):
-            for request, token, sampled in zip(
-                step.requests, tokens.tolist(), step.samples, strict=True
+        for step, (tokens, counts) in zip(inflight.steps, results, strict=True):
+            rows = tokens.tolist()
+            counts_list = [1] * len(rows) if counts is None else counts.tolist()
+            if step.kind is StepKind.DECODE:
+                self._free_unaccepted(step, counts_list)
+            for request, row, count, sampled in zip(
+                step.requests, rows, counts_list, step.samples, strict=True
             ):
                 request.inflight -= 1
+                if step.kind is StepKind.DECODE:
+                    request.inflight_decodes -= 1
+                    request.kv_len += count
+                    request.scheduled_samples += count - 1
                 if sampled and request.finish_reason is None:
-                    request.output_ids.append(token)
-                    self.stats.tokens += 1
-                    if token in request.params.stop_token_ids:
-                        request.finish_reason = FinishReason.STOP
-                    elif len(request.output_ids) >= request.max_new_tokens:
-                        request.finish_reason = FinishReason.LENGTH
+                    if step.kind is StepKind.DECODE:
+                        request.accept_lengths.append(count)
+                        self.stats.accept_steps += 1
+                        self.stats.accept_tokens += count
+                    self._append(request, row[:count])
                     touched.append(request)
-                # else: the extra token of a request that finished one iteration late.
+                # else: the extra step of a request that finished one iteration late.
                 if request.finish_reason is not None and request.inflight == 0:
                     self._release(request)
         self.stats.wait_s += waited
         self.stats.host_s += time.perf_counter() - start - waited
         return touched
 
+    def _append(self, request: Request, tokens: list[int]) -> None:
+        """Append in order up to a stop token or ``max_new_tokens``; drop the rest."""
+        kept = 0
+        for token in tokens:
+            request.output_ids.append(token)
+            kept += 1
+            if token in request.params.stop_token_ids:
+                request.finish_reason = FinishReason.STOP
+            elif len(request.output_ids) >= request.max_new_tokens:
+                request.finish_reason = FinishReason.LENGTH
+            if request.finish_reason is not None:
+                break
+        self.stats.tokens += kept
+        self.algorithm.on_tokens(request.req_pool_index, tokens[:kept])
+
+    def _free_unaccepted(self, step: HostStep, counts: list[int]) -> None:
+        """Free each window's slots past its committed ``count``; the job is done with them."""
+        width = step.width
+        for count in counts:
+            if not 1 <= count <= width:
+                raise RuntimeError(
+                    f"`{self.algorithm.name}` reported {count} tokens for a decode window of "
+                    f"{width}; a decode step commits between 1 and decode_width tokens"
+                )
+        if width == 1:
+            return
+        unaccepted = [b * width + j for b, count in enumerate(counts) for j in range(count, width)]
+        if unaccepted:
+            index = torch.tensor(unaccepted, dtype=torch.int64, device=self.device)
+            self.kv_pool.free(step.out_cache_loc[index])
+
     def _release(self, request: Request) -> None:
-        row = self.req_pool.req_to_token[request.req_pool_index, : request.scheduled_len]
+        row = self.req_pool.req_to_token[request.req_pool_index, : request.kv_len]
         self.kv_pool.free(row.to(torch.int64))  # a copy: the row is reused by the next owner
         self.req_pool.free(request.req_pool_index)
+        self.algorithm.release(request.req_pool_index)
         self.kv_unreserved += request.kv_reserved
         request.req_pool_index, request.kv_reserved = 0, 0
 
     # -- device side (runs on the forward runner) -----------------------------------------
-    def _job(self, steps: list[HostStep]) -> Callable[[], tuple[list[torch.Tensor], float]]:
+    def _job(self, steps: list[HostStep]) -> Callable[[], tuple[list[_HostResult], float]]:
         algorithm, device, kv_cache = self.algorithm, self.device, self.kv_cache
         req_to_token = self.req_pool.req_to_token
 
-        def run() -> tuple[list[torch.Tensor], float]:
+        def run() -> tuple[list[_HostResult], float]:
             start = time.perf_counter()
-            host_tokens = []
+            host_results: list[_HostResult] = []
             with torch.no_grad():
                 for step in steps:
                     inputs, commit_rows = step.to_device(device, req_to_token, kv_cache)
                     hook = algorithm.prefill if step.kind is StepKind.PREFILL else algorithm.decode
                     out = hook(inputs)
-                    req_to_token[commit_rows, inputs.forward.positions] = (
-                        inputs.forward.out_cache_loc.to(torch.int32)
-                    )
-                    host_tokens.append(out.next_tokens.to("cpu", non_blocking=True))
-            return host_tokens, time.perf_counter() - start
+                    if not out.committed:
+                        if step.width > 1:
+                            raise RuntimeError(
+                                f"`{algorithm.name}` decodes windows of {step.width} slots and "
+                                "must commit its accepted KV itself (StepOutput.committed)"
+                            )
+                        req_to_token[commit_rows, inputs.forward.positions] = (
+                            inputs.forward.out_cache_loc.to(torch.int32)
+                        )
+                    if out.tokens is not None and out.counts is None:
+                        raise RuntimeError(f"`{algorithm.name}` returned tokens without counts")
+                    if out.tokens is None:
+                        host_results.append(
+                            (out.next_tokens[:, None].to("cpu", non_blocking=True), None)
+                        )
+                    else:
+                        host_results.append(
+                            (
+                                out.tokens.to("cpu", non_blocking=True),
+                                None
+                                if out.counts is None
+                                else out.counts.to("cpu", non_blocking=True),
+                            )
+                        )
+            return host_results, time.perf_counter() - start
 
         return run

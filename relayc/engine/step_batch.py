@@ -1,10 +1,15 @@
 """One forward as the scheduler prepares it on the host, and its move to the device.
 
 ``HostStep.prefill`` / ``HostStep.decode`` read only host-known facts about the
-requests (prompt tokens, scheduled lengths, sampling settings) and build CPU
-tensors; the KV slots come from the pool (already device tensors). ``to_device``
-runs inside the forward job, so on CUDA the host-to-device copies are enqueued
-on the forward stream, from pinned memory, without blocking the scheduler.
+requests (prompt tokens, committed lengths and their bounds, sampling settings)
+and build CPU tensors; the KV slots come from the pool (already device tensors).
+``to_device`` runs inside the forward job, so on CUDA the host-to-device copies
+are enqueued on the forward stream, from pinned memory, without blocking the
+scheduler.
+
+A decode step of width ``W > 1`` is a chain-verify batch (``ForwardMode.VERIFY``,
+``W`` placeholder tokens per request, a lower-triangular ``tree_mask``) over the
+request's window; its positions are the host's guess (see ``StepInputs``).
 """
 
 from __future__ import annotations
@@ -48,21 +53,52 @@ class HostStep:
     top_ps: torch.Tensor  # [B] float32
     seeds: torch.Tensor  # [B] int64
     out_cache_loc: torch.Tensor  # [T] int64 on the device, from the KV pool
-    max_prefix_len: int
+    max_prefix_len: int  # upper bound on the committed lengths (exact for width 1)
     max_extend_len: int
+    width: int = 1  # decode: tokens (KV window slots) per request
     samples: list[bool] = field(default_factory=list)  # per request: its token is real
 
     @classmethod
-    def build(
+    def prefill(
+        cls, plan: Sequence[tuple[Request, int]], out_cache_loc: torch.Tensor, pin: bool
+    ) -> HostStep:
+        """The next ``n`` prompt tokens of each ``(request, n)``; KV slots ``[sum n]``."""
+        requests = [r for r, _ in plan]
+        chunks = [r.prompt_ids[r.kv_len : r.kv_len + n] for r, n in plan]
+        prefix = [r.kv_len for r in requests]
+        return cls._build(
+            StepKind.PREFILL, requests, chunks, prefix, max(prefix), out_cache_loc, pin
+        )
+
+    @classmethod
+    def decode(
+        cls, requests: Sequence[Request], width: int, out_cache_loc: torch.Tensor, pin: bool
+    ) -> HostStep:
+        """One decode step of ``width`` tokens per request; KV windows ``[B * width]``."""
+        step = cls._build(
+            StepKind.DECODE,
+            list(requests),
+            [[-1] * width] * len(requests),
+            [r.kv_len_hint for r in requests],
+            max(r.kv_len_bound for r in requests),
+            out_cache_loc,
+            pin,
+        )
+        step.width = width
+        return step
+
+    @classmethod
+    def _build(
         cls,
         kind: StepKind,
         requests: list[Request],
         chunks: Sequence[Sequence[int]],
+        prefix: list[int],
+        max_prefix_len: int,
         out_cache_loc: torch.Tensor,
         pin: bool,
     ) -> HostStep:
         """``chunks[b]``: the new tokens of request ``b`` (placeholders for decode)."""
-        prefix = [r.scheduled_len for r in requests]
         lens = [len(c) for c in chunks]
         params = [r.params for r in requests]
         sampling = SamplingBatch.build(params, [r.seed for r in requests], "cpu")
@@ -95,7 +131,7 @@ class HostStep:
             top_ps=pinned(sampling.top_ps),
             seeds=pinned(sampling.seeds),
             out_cache_loc=out_cache_loc,
-            max_prefix_len=max(prefix),
+            max_prefix_len=max_prefix_len,
             max_extend_len=max(lens),
             samples=[True] * len(requests),
         )
@@ -108,7 +144,15 @@ class HostStep:
         def dev(t: torch.Tensor) -> torch.Tensor:
             return t.to(device, non_blocking=True)
 
-        mode = ForwardMode.EXTEND if self.kind is StepKind.PREFILL else ForwardMode.DECODE
+        tree_mask = None
+        if self.kind is StepKind.PREFILL:
+            mode = ForwardMode.EXTEND
+        elif self.width == 1:
+            mode = ForwardMode.DECODE
+        else:
+            mode = ForwardMode.VERIFY
+            chain = torch.ones(self.width, self.width, dtype=torch.bool, device=device).tril()
+            tree_mask = chain.expand(len(self.requests), -1, -1)
         forward = ForwardBatch(
             mode=mode,
             input_ids=dev(self.input_ids),
@@ -121,8 +165,10 @@ class HostStep:
             max_extend_len=self.max_extend_len,
             req_to_token=req_to_token,
             kv_cache=kv_cache,
+            tree_mask=tree_mask,
         )
         sampling = SamplingBatch(
             dev(self.temperatures), dev(self.top_ks), dev(self.top_ps), dev(self.seeds)
         )
-        return StepInputs(forward, sampling, dev(self.sample_positions)), dev(self.commit_rows)
+        inputs = StepInputs(forward, sampling, dev(self.sample_positions), self.max_prefix_len)
+        return inputs, dev(self.commit_rows)

@@ -1,15 +1,19 @@
-"""Shared by the Engine tests: a one-thread fixture, workloads and the naive reference."""
+"""Shared by the Engine tests: a one-thread fixture, workloads, the naive reference and a
+runner that runs a job only when it is waited for."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
 
 from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, greedy_generate_naive
+from relayc.engine.overlap import ForwardRunner, Pending
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -70,3 +74,32 @@ def assert_idle(engine: Engine) -> None:
     assert sched.req_pool.available_size() == cfg.req_pool_size
     assert sched.kv_pool.available_size() == cfg.kv_pool_tokens
     assert sched.kv_unreserved == cfg.kv_pool_tokens
+
+
+class _Deferred(Pending[Any]):
+    def __init__(self, runner: DeferredRunner) -> None:
+        super().__init__()
+        self._runner = runner
+
+    def wait(self) -> Any:
+        while self._result is None:
+            self._runner.run_next()
+        return self._result
+
+
+class DeferredRunner(ForwardRunner):
+    """Overlap without a thread: job ``i`` is still queued while the host prepares ``i + 1``."""
+
+    overlap = True
+
+    def __init__(self) -> None:
+        self.queued: deque[tuple[Callable[[], Any], _Deferred]] = deque()
+
+    def submit(self, job: Callable[[], Any]) -> Pending[Any]:
+        pending = _Deferred(self)
+        self.queued.append((job, pending))
+        return pending
+
+    def run_next(self) -> None:  # FIFO, as a stream or the worker thread runs them
+        job, pending = self.queued.popleft()
+        pending._result = job()

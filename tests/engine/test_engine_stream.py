@@ -90,6 +90,9 @@ def test_relayc_generate_streams_text_and_a_summary(capsys: pytest.CaptureFixtur
     code, stdout, stderr = _generate_cli(["--prompt", "Hello", "--max-new-tokens", "6"], capsys)
     assert code == 0 and stdout == _printable(out.text) + "\n"
     assert "6 tokens in " in stderr and "tokens/s (finish: length, overlap on)" in stderr
+    assert stderr.rstrip().endswith("algorithm none, mean accept length 1.00")
+    code, _, stderr = _generate_cli(["--prompt", "x", "--algorithm", "beam"], capsys)
+    assert code == 2 and "unknown algorithm `beam`" in stderr
     code, same, _ = _generate_cli(
         ["--prompt", "Hello", "--max-new-tokens", "6", "--no-overlap"], capsys
     )

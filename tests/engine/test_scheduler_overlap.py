@@ -2,47 +2,14 @@
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
-from relayc.engine.overlap import ForwardRunner, Pending
 from tests.engine.engine_helpers import (
+    DeferredRunner,
     naive_outputs,
     one_intra_op_thread,  # noqa: F401 - autouse fixture
 )
-
-
-class _Deferred(Pending[Any]):
-    def __init__(self, runner: DeferredRunner) -> None:
-        super().__init__()
-        self._runner = runner
-
-    def wait(self) -> Any:
-        while self._result is None:
-            self._runner.run_next()
-        return self._result
-
-
-class DeferredRunner(ForwardRunner):
-    """Overlap without a thread: job ``i`` is still queued while the host prepares ``i + 1``."""
-
-    overlap = True
-
-    def __init__(self) -> None:
-        self.queued: deque[tuple[Callable[[], Any], _Deferred]] = deque()
-
-    def submit(self, job: Callable[[], Any]) -> Pending[Any]:
-        pending = _Deferred(self)
-        self.queued.append((job, pending))
-        return pending
-
-    def run_next(self) -> None:  # FIFO, as a stream or the worker thread runs them
-        job, pending = self.queued.popleft()
-        pending._result = job()
 
 
 @pytest.fixture(scope="module")
