@@ -1,0 +1,69 @@
+"""The speculative algorithms through the Engine: the generated decode steps on the real
+drafters stay lossless with overlap on and off (issue: speculative decoding end to end)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayc.engine import Engine, LlamaForCausalLM, random_model
+from relayc.engine.draft import EagleHead
+from tests.engine.engine_helpers import (
+    assert_idle,
+    naive_outputs,
+    one_intra_op_thread,  # noqa: F401 - autouse fixture
+    random_workload,
+)
+
+CONFIGS = [
+    ("eagle", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
+    ("eagle", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
+    ("eagle_multilayer", {"num_steps": 3, "topk": 2, "num_draft_tokens": 6}),
+    ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 5}),
+]
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    return random_model(seed=3)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "sizes"), CONFIGS, ids=[f"{a}-topk{s['topk']}" for a, s in CONFIGS]
+)
+def test_32_staggered_requests_match_greedy_none(
+    model: LlamaForCausalLM, algorithm: str, sizes: dict[str, int]
+) -> None:
+    work = random_workload(5, 32, max_prompt=20, max_new=10, last_arrival=6)
+    expected = naive_outputs(model, work.prompts, work.params)
+    for overlap in (True, False):
+        engine = Engine(model, algorithm=algorithm, overlap=overlap, debug=True, **sizes)
+        outs = engine.generate(work.prompts, work.params, arrivals=work.arrivals)
+        assert [o.token_ids for o in outs] == expected, f"{algorithm} overlap={overlap}"
+        for out in outs:
+            assert all(1 <= a <= sizes["num_draft_tokens"] for a in out.accept_lengths)
+        assert engine.scheduler.stats.max_running >= 16
+        assert_idle(engine)
+        engine.close()
+
+
+def test_a_draft_head_that_agrees_with_the_target_is_accepted(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With the test suite's target-copying head (tests/engine/draft/helpers.py) every chain
+    is accepted whole: accept lengths reach num_steps + 1 through the engine too."""
+    from tests.engine.draft.helpers import copying_head
+
+    target, head = copying_head(config_seed=4)
+    directory = tmp_path / "head"
+    head.save(directory)
+    assert EagleHead.load(directory, target) is not None
+    engine = Engine(
+        target,
+        algorithm="eagle",
+        num_steps=3,
+        topk=1,
+        num_draft_tokens=4,
+        draft_model=directory,
+        overlap=True,
+    )
+    outs = engine.generate([[1, 2, 3, 4]], None)
+    assert max(outs[0].accept_lengths) == 4
+    engine.close()
