@@ -33,6 +33,7 @@ class SpecDriver:
         batch: int,
         debug: bool = True,
         kv_size: int = 2048,
+        module: object = None,
     ) -> None:
         self.target = target
         self.algorithm = SpeculativeDecoding(
@@ -45,6 +46,7 @@ class SpecDriver:
             num_draft_tokens=n,
             draft_model=None,
             seed=5,
+            module=module,
         )
         self.driver = PagedDriver(
             target, kv_size=kv_size, req_slots=batch, max_context=128, shuffle_seed=3
@@ -73,7 +75,9 @@ class SpecDriver:
             self.driver.kv_cache,
         )
         self.sampling = SamplingBatch.build(list(params), list(seeds), "cpu")
-        first = self.algorithm.prefill(StepInputs(forward, self.sampling, torch.tensor(self.lens)))
+        first = self.algorithm.prefill(
+            StepInputs(forward, self.sampling, torch.tensor(self.lens), max_prefix_len=0)
+        )
         self.driver._commit(self.reqs, self.lens, slots)
         self.outputs = [[t] for t in first.next_tokens.tolist()]
         self.pending = [[t] for t in first.next_tokens.tolist()]  # the host lags one step
@@ -97,7 +101,7 @@ class SpecDriver:
             tree_mask=None,
         )
         ctx = self.algorithm._context(
-            StepInputs(forward, self.sampling, torch.tensor(self.lens)),
+            StepInputs(forward, self.sampling, torch.tensor(self.lens), max(self.lens) + self.n),
             out_cache_loc=window,
             max_prefix_len=max(self.lens) + self.n,
         )

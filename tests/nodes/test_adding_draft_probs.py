@@ -1,0 +1,143 @@
+"""Adding a relay field end to end (issue: speculative decoding): a copy of the bundled EAGLE
+spec relays `draft_probs`, drafts a chain (topk 1) that keeps every draft's distribution and
+accepts with chain rejection sampling on those real probabilities -- recompiled with
+`relayc compile`, run by the engine, still lossless (greedy exactly, sampling in law)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Iterator
+from types import ModuleType
+
+import pytest
+import torch
+
+from relayc.cli import main
+from relayc.engine import Engine, SamplingParams, random_model
+from relayc.engine.naive import greedy_generate_naive
+from relayc.engine.speculative import SpeculativeDecoding
+from relayc.specs.loader import BUNDLED_DIR
+from tests.nodes.spec_driver import SpecDriver
+from tests.nodes.test_spec_sampling import (
+    PROMPT,
+    REQUESTS,
+    TINY_VOCAB,
+    TOKENS,
+    chi_square,
+    exact_probabilities,
+)
+
+EDITS = [
+    (
+        "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states]",
+        "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states, draft_probs]",
+    ),
+    (
+        "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states]\n",
+        "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states, draft_probs]\n",
+    ),
+    (
+        "    hidden_states: hidden_states\n\nsteps:",
+        "    hidden_states: hidden_states\n    draft_probs: draft_probs\n\nsteps:",
+    ),
+    (
+        "      hidden_states: relay.hidden_states\n      seq_lens: relay.new_seq_lens\n",
+        "      hidden_states: relay.hidden_states\n      draft_probs: relay.draft_probs\n"
+        "      seq_lens: relay.new_seq_lens\n",
+    ),
+    (
+        "    writes: [parent_list, top_scores_index, draft_tokens]\n\n  - name: build_tree",
+        "    writes: [parent_list, top_scores_index, draft_tokens, chain_draft_probs]\n\n"
+        "  - name: build_tree",
+    ),
+    ("    op: accept_tree\n", "    op: accept_chain\n"),
+    (
+        "      positions: build_tree.positions\n      retrive_index: build_tree.retrive_index\n"
+        "      retrive_next_token: build_tree.retrive_next_token\n"
+        "      retrive_next_sibling: build_tree.retrive_next_sibling\n",
+        "      positions: build_tree.positions\n      draft_probs: draft.chain_draft_probs\n",
+    ),
+    (
+        "    writes: [topk_p, topk_index, hidden_states]\n"
+        "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states}",
+        "    writes: [topk_p, topk_index, hidden_states, draft_probs]\n"
+        "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states,"
+        " draft_probs: draft_probs}",
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def chain_module(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    work = tmp_path_factory.mktemp("spec")
+    shutil.copy(BUNDLED_DIR / "common.yaml", work / "common.yaml")
+    text = (BUNDLED_DIR / "eagle.yaml").read_text()
+    for old, new in EDITS:
+        assert old in text, f"edit no longer applies: {old!r}"
+        text = text.replace(old, new)
+    (work / "eagle_chain.yaml").write_text(
+        text.replace("algorithm: eagle", "algorithm: eagle_chain")
+    )
+    assert main(["compile", str(work / "eagle_chain.yaml"), "-o", str(work / "out")]) == 0
+    spec = importlib.util.spec_from_file_location("eagle_chain", work / "out" / "eagle_chain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert "draft_probs" in module.RelayPayload.__dataclass_fields__
+    return module
+
+
+def test_greedy_chain_with_draft_probs_is_lossless(chain_module: ModuleType) -> None:
+    model = random_model(seed=3)
+    prompts = [[10, 20, 30, 40, 50], [7, 7, 7], list(range(60, 80))]
+    algorithm = SpeculativeDecoding(
+        "eagle",
+        model,
+        16,
+        debug=True,
+        num_steps=3,
+        topk=1,
+        num_draft_tokens=4,
+        draft_model=None,
+        seed=0,
+        module=chain_module,
+    )
+    engine = Engine(model, algorithm=algorithm, req_pool_size=16)
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=12))
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == greedy_generate_naive(model, prompt, 12)
+    engine.close()
+
+
+def test_chain_rejection_sampling_with_draft_probs_is_lossless(chain_module: ModuleType) -> None:
+    target = random_model(TINY_VOCAB, seed=3)
+    with torch.no_grad():
+        target.model.norm.weight.mul_(2.5)
+    spec = SpecDriver(
+        target,
+        "eagle",
+        num_steps=3,
+        topk=1,
+        n=4,
+        batch=REQUESTS,
+        debug=False,
+        kv_size=REQUESTS * 40,
+        module=chain_module,
+    )
+    spec.prefill([PROMPT] * REQUESTS, [SamplingParams(temperature=1.0)] * REQUESTS, range(REQUESTS))
+    while min(len(o) for o in spec.outputs) < TOKENS:
+        spec.decode()
+    from collections import Counter
+
+    counts = Counter(tuple(o[:TOKENS]) for o in spec.outputs)
+    stat, critical = chi_square(counts, exact_probabilities(target), REQUESTS)
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}"
+    assert max(spec.accepted) > 1  # drafts were accepted, not only bonus tokens
