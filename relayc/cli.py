@@ -14,6 +14,7 @@ from pathlib import Path
 
 from relayc.compiler.picture import add_graph_command
 from relayc.engine.cli import add_generate_command
+from relayc.engine.demo import add_demo_command
 from relayc.specs.errors import SpecErrors
 
 EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
@@ -179,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_schema)
     add_graph_command(sub)
     add_generate_command(sub)
+    add_demo_command(sub)
     return parser
 
 

@@ -26,5 +26,5 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "== installing torch==$TORCH_VERSION"
   "${PIP[@]}" install "torch==$TORCH_VERSION"
 fi
-echo "== installing relayc[test]"
-"${PIP[@]}" install -e ".[test]"
+echo "== installing relayc[test,demo]"
+"${PIP[@]}" install -e ".[test,demo]"

@@ -46,3 +46,17 @@ def test_console_script_runs_without_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "bad.yaml:2:21: error: unknown dtype `int65` in field `a`" in proc.stderr
+
+
+def test_demo_compiles_runs_every_algorithm_and_writes_a_chart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chart = tmp_path / "demo.png"
+    assert main(["demo", "--prompts", "2", "--max-new-tokens", "6", "--chart", str(chart)]) == 0
+    out = capsys.readouterr().out
+    assert "compiled the bundled specs into" in out
+    for label in ("none", "eagle (topk 1)", "eagle (topk 4)", "eagle_multilayer", "ngram"):
+        assert label in out
+    assert out.count(" yes") >= 5  # every algorithm's outputs equal greedy none
+    if "chart skipped" not in out:
+        assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -9,8 +9,11 @@ The contract (what the engine must uphold):
   `seq_lens`, ...) and the outputs of host steps. A batch of n rows is copied into
   rows [:n]; rows [n:] are padding: `req_pool_indices` = 0, the padding slot every
   relay buffer and KV pool reserves, other inputs their pad value (0 by default).
-- `ctx` is captured by reference: pass the same object to `capture` and `run`, and
-  update its tensors in place before each replay (a graph reads fixed addresses).
+- Per-row tensors the ops read from `ctx` (the KV windows, sampling parameters) are
+  static inputs too (`ctx_inputs`): `bind_ctx(ctx, static)` returns the context a
+  bucket's graph is captured with, its tensors the bucket's static buffers; `run`
+  copies the batch's values (`ctx_values`) into them. Everything else in `ctx` is
+  captured by reference and must stay at the same addresses.
 - Outputs are views of the graph's static outputs, valid until the next replay.
 - On the CPU, or for batches larger than the largest bucket, the step runs eagerly.
   `mode="static"` runs the same static-buffer path without CUDA graphs, so the
@@ -46,6 +49,8 @@ class GraphRunner:
         batch_sizes: Sequence[int],
         inputs: Mapping[str, StaticInput],
         host_inputs: Mapping[str, StaticInput] | None = None,
+        ctx_inputs: Mapping[str, StaticInput] | None = None,
+        bind_ctx: Callable[[Any, Mapping[str, torch.Tensor]], Any] | None = None,
         mode: str = "auto",
     ) -> None:
         if mode not in ("auto", "graph", "static", "eager"):
@@ -60,6 +65,8 @@ class GraphRunner:
         self.batch_sizes = sorted(set(batch_sizes))
         self.inputs = dict(inputs)
         self.host_inputs = dict(host_inputs or {})
+        self.ctx_inputs = dict(ctx_inputs or {})
+        self.bind_ctx = bind_ctx or (lambda ctx, static: ctx)
         self._static: dict[int, dict[str, torch.Tensor]] = {}
         self._replay: dict[int, Callable[[], dict[str, torch.Tensor]]] = {}
         self._pool: Any = None
@@ -67,8 +74,11 @@ class GraphRunner:
     def _allocate(self, bucket: int) -> dict[str, torch.Tensor]:
         return {
             name: torch.full((bucket, *spec.row), spec.pad, dtype=spec.dtype, device=self.device)
-            for name, spec in {**self.inputs, **self.host_inputs}.items()
+            for name, spec in self._all_inputs().items()
         }
+
+    def _all_inputs(self) -> dict[str, StaticInput]:
+        return {**self.inputs, **self.host_inputs, **self.ctx_inputs}
 
     def _run_static(self, ctx: Any, static: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         engine_inputs = {name: static[name] for name in self.inputs}
@@ -82,10 +92,11 @@ class GraphRunner:
         for bucket in sorted(self.batch_sizes, reverse=True):
             static = self._allocate(bucket)
             self._static[bucket] = static
+            bound = self.bind_ctx(ctx, static)
             if self.mode == "static":
-                self._replay[bucket] = lambda ctx=ctx, s=static: self._run_static(ctx, s)
+                self._replay[bucket] = lambda ctx=bound, s=static: self._run_static(ctx, s)
                 continue
-            self._replay[bucket] = self._capture_graph(ctx, static)
+            self._replay[bucket] = self._capture_graph(bound, static)
 
     def _capture_graph(
         self, ctx: Any, static: Mapping[str, torch.Tensor]
@@ -116,16 +127,17 @@ class GraphRunner:
         ctx: Any,
         inputs: Mapping[str, torch.Tensor],
         host: Mapping[str, torch.Tensor] | None = None,
+        ctx_values: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The device part for one batch: replayed from its bucket, or eagerly."""
-        host = host or {}
+        """The device part for one batch: replayed from its bucket, or eagerly with ``ctx``."""
+        host, ctx_values = host or {}, ctx_values or {}
         batch = inputs["req_pool_indices"].shape[0]
         bucket = self.bucket_for(batch) if self._replay else None
         if bucket is None:
             return self.step.run_device(ctx, **inputs, host=host)
         static = self._static[bucket]
-        for name, spec in {**self.inputs, **self.host_inputs}.items():
-            value = inputs[name] if name in self.inputs else host[name]
+        for name, spec in self._all_inputs().items():
+            value = inputs.get(name, host.get(name, ctx_values.get(name)))
             static[name][:batch].copy_(value)
             static[name][batch:].fill_(spec.pad)
         outputs = self._replay[bucket]()

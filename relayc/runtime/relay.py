@@ -104,7 +104,12 @@ class FutureMapBase:
         return bound
 
     def allocate(self, name: str) -> torch.Tensor:
-        """A buffer `[req_pool_size, *row]` for field ``name``, initialised per the spec."""
+        """A buffer `[req_pool_size, *row]` for field ``name``, initialised per the spec.
+
+        Row 0, the padding slot, always starts as zeros (a valid token id and length): a
+        CUDA graph's padded rows resolve it and feed it to the model, so it must never
+        hold the poison or fill values that catch a real read-before-write.
+        """
         info = self._infos[name]
         dtype = self.dtypes[name]
         shape = (self.req_pool_size, *self.rows[name])
@@ -113,12 +118,16 @@ class FutureMapBase:
             self._written[name] = torch.zeros(
                 self.req_pool_size, dtype=torch.bool, device=self.device
             )
-            return torch.full(shape, poison, dtype=dtype, device=self.device)
-        if info.init == "empty":
-            return torch.empty(shape, dtype=dtype, device=self.device)
-        if info.init == "zeros":
-            return torch.zeros(shape, dtype=dtype, device=self.device)
-        return torch.full(shape, info.init, dtype=dtype, device=self.device)
+            self._written[name][0] = True
+            buffer = torch.full(shape, poison, dtype=dtype, device=self.device)
+        elif info.init == "empty":
+            buffer = torch.empty(shape, dtype=dtype, device=self.device)
+        elif info.init == "zeros":
+            buffer = torch.zeros(shape, dtype=dtype, device=self.device)
+        else:
+            buffer = torch.full(shape, info.init, dtype=dtype, device=self.device)
+        buffer[0] = 0
+        return buffer
 
     # -- events -----------------------------------------------------------------------
     def record_publish(self) -> None:

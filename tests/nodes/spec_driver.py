@@ -74,26 +74,29 @@ class SpecDriver:
             self.driver.req_pool.req_to_token,
             self.driver.kv_cache,
         )
-        self.sampling = SamplingBatch.build(list(params), list(seeds), "cpu")
+        self.sampling = SamplingBatch.build(list(params), list(seeds), self.target.device)
         first = self.algorithm.prefill(
-            StepInputs(forward, self.sampling, torch.tensor(self.lens), max_prefix_len=0)
+            StepInputs(forward, self.sampling, self._t(self.lens), max_prefix_len=0)
         )
         self.driver._commit(self.reqs, self.lens, slots)
         self.outputs = [[t] for t in first.next_tokens.tolist()]
         self.pending = [[t] for t in first.next_tokens.tolist()]  # the host lags one step
         return self.outputs
 
+    def _t(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, device=self.target.device)
+
     def _inputs(self) -> tuple[object, dict[str, torch.Tensor], torch.Tensor]:
         batch, width = len(self.reqs), self.algorithm.decode_width
         window = self.driver._alloc(batch * width)
         forward = ForwardBatch(
             mode=ForwardMode.VERIFY,
-            input_ids=torch.zeros(batch * width, dtype=torch.int64),
-            positions=torch.zeros(batch * width, dtype=torch.int64),
+            input_ids=torch.zeros(batch * width, dtype=torch.int64, device=self.target.device),
+            positions=torch.zeros(batch * width, dtype=torch.int64, device=self.target.device),
             out_cache_loc=window,
-            req_pool_indices=torch.tensor(self.reqs),
-            prefix_lens=torch.tensor(self.lens),
-            extend_lens=torch.full((batch,), width),
+            req_pool_indices=self._t(self.reqs),
+            prefix_lens=self._t(self.lens),
+            extend_lens=torch.full((batch,), width, device=self.target.device),
             max_prefix_len=max(self.lens),
             max_extend_len=width,
             req_to_token=self.driver.req_pool.req_to_token,
@@ -101,7 +104,7 @@ class SpecDriver:
             tree_mask=None,
         )
         ctx = self.algorithm._context(
-            StepInputs(forward, self.sampling, torch.tensor(self.lens), max(self.lens) + self.n),
+            StepInputs(forward, self.sampling, self._t(self.lens), max(self.lens) + self.n),
             out_cache_loc=window,
             max_prefix_len=max(self.lens) + self.n,
         )

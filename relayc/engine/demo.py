@@ -1,0 +1,185 @@
+"""`relayc demo`: compile the bundled specs, run every algorithm, compare with greedy `none`.
+
+The same measurement serves `bench/e2e.py`. Every algorithm runs the same fixed
+prompts greedily on the same target; the table gives the mean accept length
+(tokens emitted per verify, bonus included), tokens/s, the speedup over `none`
+measured in the same run, and whether the outputs equal greedy `none` exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+PROMPTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "for i in range(10):\n    for j in range(10):\n        print(i, j)\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, item):\n",
+    "import os\nimport sys\nimport json\nimport time\nimport re\n",
+    "the quick brown fox jumps over the lazy dog. the quick brown fox",
+    "x = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\ny = [",
+    "if __name__ == '__main__':\n    main()\nif __name__ == '__main__':\n",
+    "SELECT name, age FROM users WHERE age > 30 ORDER BY name;\nSELECT",
+]
+ALGORITHMS: list[tuple[str, dict[str, int]]] = [
+    ("none", {}),
+    ("eagle", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
+    ("eagle", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
+    ("eagle_multilayer", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
+    ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 6}),
+]
+
+
+@dataclass
+class Row:
+    label: str
+    mean_accept: float
+    tokens_per_s: float
+    speedup: float
+    identical: bool | None
+
+
+def _label(name: str, sizes: dict[str, int]) -> str:
+    return f"{name} (topk {sizes['topk']})" if name == "eagle" else name
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    width = 24
+    filled = width * done // total
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<24}")
+    sys.stderr.flush()
+    if done == total:
+        sys.stderr.write("\n")
+
+
+def measure(
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    *,
+    model: str | None = None,
+    overlap: bool = True,
+    seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[Row]:
+    import torch
+
+    from relayc.engine import Engine, SamplingParams
+
+    torch.set_num_threads(1)  # tiny forwards: one thread is fastest and least noisy here
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    rows: list[Row] = []
+    reference: list[list[int]] | None = None
+    base_tps = 0.0
+    for i, (name, sizes) in enumerate(ALGORITHMS):
+        label = _label(name, sizes)
+        if progress:
+            progress(i, len(ALGORITHMS), label)
+        engine = Engine(model, algorithm=name, overlap=overlap, seed=seed, **sizes)
+        engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
+        start = time.perf_counter()
+        outs = engine.generate(prompts, params)
+        elapsed = time.perf_counter() - start
+        engine.close()
+        tokens = sum(len(o.token_ids) for o in outs)
+        accepts = [a for o in outs for a in o.accept_lengths]
+        tps = tokens / elapsed
+        if name == "none":
+            reference, base_tps = [o.token_ids for o in outs], tps
+        identical = None if reference is None else [o.token_ids for o in outs] == reference
+        rows.append(
+            Row(
+                label,
+                sum(accepts) / max(len(accepts), 1),
+                tps,
+                tps / base_tps if base_tps else 1.0,
+                identical,
+            )
+        )
+    if progress:
+        progress(len(ALGORITHMS), len(ALGORITHMS), "done")
+    return rows
+
+
+def table(rows: Sequence[Row]) -> str:
+    from relayc.specs.explain import table as render
+
+    return render(
+        ["algorithm", "mean accept length", "tokens/s", "speedup vs none", "identical to none"],
+        [
+            [
+                r.label,
+                f"{r.mean_accept:.2f}",
+                f"{r.tokens_per_s:.1f}",
+                f"{r.speedup:.2f}x",
+                "yes" if r.identical else "no",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def chart(rows: Sequence[Row], path: Path) -> bool:
+    """A PNG of speedups and accept lengths; False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    labels = [r.label for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.bar(labels, [r.speedup for r in rows], color="#1565c0")
+    left.axhline(1.0, color="#9e9e9e", linewidth=1)
+    left.set_title("tokens/s speedup vs none")
+    right.bar(labels, [r.mean_accept for r in rows], color="#5e35b1")
+    right.set_title("mean accept length (tokens per verify)")
+    for axis in (left, right):
+        axis.tick_params(axis="x", rotation=30)
+    fig.suptitle(
+        "relayc demo: greedy decoding, outputs identical to none: "
+        + ("yes" if all(r.identical for r in rows) else "NO")
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from relayc.compiler.writer import GENERATED_DIR, regenerate_bundled
+
+    written = regenerate_bundled()
+    print(
+        f"compiled the bundled specs into {GENERATED_DIR} "
+        f"({len(written)} rewritten, the rest unchanged)"
+    )
+    rows = measure(
+        PROMPTS[: args.prompts], args.max_new_tokens, model=args.model, progress=_progress
+    )
+    print(table(rows))
+    out = Path(args.chart)
+    if chart(rows, out):
+        print(f"chart: {out}")
+    else:
+        print("chart skipped: `pip install matplotlib` to write it")
+    return 0 if all(r.identical for r in rows) else 1
+
+
+def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "demo",
+        help="compile the bundled specs and compare every algorithm with none",
+        description="Compile the bundled specs, run every algorithm on a fixed prompt set, "
+        "print mean accept length, tokens/s, speedup vs none and whether the outputs equal "
+        "greedy none, and write the same as a PNG chart.",
+    )
+    p.add_argument("--model", metavar="DIR", help="a local checkpoint (default: embedded)")
+    p.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many prompts to run")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--chart", default="relayc-demo.png", help="where to write the PNG chart")
+    p.set_defaults(func=run_demo)
