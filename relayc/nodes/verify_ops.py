@@ -147,6 +147,50 @@ def _accept_outputs(
     }
 
 
+Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # predicts, accept_index, count
+SampledAccept = Callable[[Outputs, torch.Tensor, torch.Tensor], None]
+
+
+def _accept(
+    ctx: StepContext,
+    logits: torch.Tensor,
+    candidates: torch.Tensor,
+    positions: torch.Tensor,
+    tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    sampled_accept: SampledAccept,
+    coin_count: int,
+) -> dict[str, torch.Tensor]:
+    """Greedy acceptance for every row, the sampled rule for rows with a temperature; each
+    row keeps the result of its own rule (graph-safe: both always run)."""
+    batch, n = candidates.shape
+    device = candidates.device
+
+    def fresh() -> Outputs:
+        return (
+            torch.zeros(batch * n, dtype=torch.int32, device=device),
+            torch.full((batch, n), -1, dtype=torch.int32, device=device),
+            torch.zeros(batch, dtype=torch.int32, device=device),
+        )
+
+    greedy = fresh()
+    verify_tree_greedy(*greedy, candidates, *tree, torch.argmax(logits, dim=-1))
+    if ctx.sampling is None:
+        return _accept_outputs(*greedy)
+    sampled = fresh()
+    # Coins keyed by (seed, position of the root), so runs are reproducible.
+    root_positions = positions[:, 0].to(torch.int64)
+    coins = keyed_uniforms(ctx.sampling.seeds, root_positions, coin_count)
+    final = keyed_uniforms(ctx.sampling.seeds, root_positions, 1, FINAL_STREAM)[:, 0]
+    sampled_accept(sampled, coins, final)
+    rows = ctx.sampling.temperatures > 0
+    flat_rows = rows.repeat_interleave(n, output_size=batch * n)
+    return _accept_outputs(
+        torch.where(flat_rows, sampled[0], greedy[0]),
+        torch.where(rows[:, None], sampled[1], greedy[1]),
+        torch.where(rows, sampled[2], greedy[2]),
+    )
+
+
 @implements("accept_tree")
 def impl_accept_tree(
     ctx: StepContext,
@@ -159,56 +203,16 @@ def impl_accept_tree(
     retrive_next_sibling: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """Greedy rows: the longest path whose drafts equal the target's argmax; sampled rows:
-    target-only tree speculative sampling (lossless). Mixed batches run both, per row."""
-    batch, n = candidates.shape
-    device = candidates.device
+    target-only tree speculative sampling (lossless)."""
+    tree = (retrive_index, retrive_next_token, retrive_next_sibling)
 
-    def fresh() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return (
-            torch.zeros(batch * n, dtype=torch.int32, device=device),
-            torch.full((batch, n), -1, dtype=torch.int32, device=device),
-            torch.zeros(batch, dtype=torch.int32, device=device),
+    def sampled_accept(out: Outputs, coins: torch.Tensor, final: torch.Tensor) -> None:
+        probs = target_probs(logits, ctx)
+        tree_speculative_sampling_target_only(
+            *out, candidates, *tree, coins, final, probs, torch.zeros_like(probs)
         )
 
-    predicts, accept_index, accept_num = fresh()
-    verify_tree_greedy(
-        predicts,
-        accept_index,
-        accept_num,
-        candidates,
-        retrive_index,
-        retrive_next_token,
-        retrive_next_sibling,
-        torch.argmax(logits, dim=-1),
-    )
-    if ctx.sampling is None:
-        return _accept_outputs(predicts, accept_index, accept_num)
-    s_predicts, s_index, s_num = fresh()
-    probs = target_probs(logits, ctx)
-    # Coins keyed by (seed, position of the root), so runs are reproducible.
-    root_positions = positions[:, 0].to(torch.int64)
-    coins = keyed_uniforms(ctx.sampling.seeds, root_positions, n)
-    final = keyed_uniforms(ctx.sampling.seeds, root_positions, 1, FINAL_STREAM)[:, 0]
-    tree_speculative_sampling_target_only(
-        s_predicts,
-        s_index,
-        s_num,
-        candidates,
-        retrive_index,
-        retrive_next_token,
-        retrive_next_sibling,
-        coins,
-        final,
-        probs,
-        torch.zeros_like(probs),
-    )
-    sampled = ctx.sampling.temperatures > 0
-    predicts = torch.where(
-        sampled.repeat_interleave(n, output_size=batch * n), s_predicts, predicts
-    )
-    accept_index = torch.where(sampled[:, None], s_index, accept_index)
-    accept_num = torch.where(sampled, s_num, accept_num)
-    return _accept_outputs(predicts, accept_index, accept_num)
+    return _accept(ctx, logits, candidates, positions, tree, sampled_accept, candidates.shape[1])
 
 
 @implements("accept_chain")
@@ -225,51 +229,23 @@ def impl_accept_chain(
     batch, n = candidates.shape
     device = candidates.device
     nodes = torch.arange(n, device=device)
-    retrive_index = (torch.arange(batch, device=device)[:, None] * n + nodes).contiguous()
-    next_token = torch.where(nodes + 1 < n, nodes + 1, -1).expand(batch, n).contiguous()
-    no_sibling = torch.full((batch, n), -1, dtype=torch.int64, device=device)
+    chain = (
+        (torch.arange(batch, device=device)[:, None] * n + nodes).contiguous(),
+        torch.where(nodes + 1 < n, nodes + 1, -1).expand(batch, n).contiguous(),
+        torch.full((batch, n), -1, dtype=torch.int64, device=device),
+    )
 
-    def fresh() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return (
-            torch.zeros(batch * n, dtype=torch.int32, device=device),
-            torch.full((batch, n), -1, dtype=torch.int32, device=device),
-            torch.zeros(batch, dtype=torch.int32, device=device),
+    def sampled_accept(out: Outputs, coins: torch.Tensor, final: torch.Tensor) -> None:
+        chain_speculative_sampling(
+            *out,
+            candidates[:, 1:].contiguous(),
+            coins,
+            final,
+            target_probs(logits, ctx),
+            draft_probs.contiguous(),
         )
 
-    predicts, accept_index, accept_num = fresh()
-    verify_tree_greedy(
-        predicts,
-        accept_index,
-        accept_num,
-        candidates,
-        retrive_index,
-        next_token,
-        no_sibling,
-        torch.argmax(logits, dim=-1),
-    )
-    if ctx.sampling is None:
-        return _accept_outputs(predicts, accept_index, accept_num)
-    s_predicts, s_index, s_num = fresh()
-    root_positions = positions[:, 0].to(torch.int64)
-    coins = keyed_uniforms(ctx.sampling.seeds, root_positions, n - 1)
-    final = keyed_uniforms(ctx.sampling.seeds, root_positions, 1, FINAL_STREAM)[:, 0]
-    chain_speculative_sampling(
-        s_predicts,
-        s_index,
-        s_num,
-        candidates[:, 1:].contiguous(),
-        coins,
-        final,
-        target_probs(logits, ctx),
-        draft_probs.contiguous(),
-    )
-    sampled = ctx.sampling.temperatures > 0
-    predicts = torch.where(
-        sampled.repeat_interleave(n, output_size=batch * n), s_predicts, predicts
-    )
-    accept_index = torch.where(sampled[:, None], s_index, accept_index)
-    accept_num = torch.where(sampled, s_num, accept_num)
-    return _accept_outputs(predicts, accept_index, accept_num)
+    return _accept(ctx, logits, candidates, positions, chain, sampled_accept, n - 1)
 
 
 @implements("compact_accepted_kv")
