@@ -116,7 +116,9 @@ class Twin:
         self.ref = sgl.overlap_utils.FutureMap(
             torch.device("cpu"), self.algo, pool, self.needs_cpu_seq_lens
         )
-        self.gen = gen_module.FutureMap(torch.device("cpu"), self.algo, pool, self.needs_cpu_seq_lens)
+        self.gen = gen_module.FutureMap(
+            torch.device("cpu"), self.algo, pool, self.needs_cpu_seq_lens
+        )
         self.free = list(range(1, POOL))
         self.rng.shuffle(self.free)
         self.seq_len: dict[int, int] = {}
@@ -219,7 +221,9 @@ class Twin:
         stash_indices = torch.cat([indices, torch.zeros(pad, dtype=torch.int64)])
         for slot in slots:
             step = 1 if prefill else self.rng.randint(1, 3)
-            self.seq_len[slot] = min(self.seq_len.get(slot, self.rng.randint(2, 20)) + step, MAX_LEN - 2)
+            self.seq_len[slot] = min(
+                self.seq_len.get(slot, self.rng.randint(2, 20)) + step, MAX_LEN - 2
+            )
         lens = torch.tensor([self.seq_len[s] for s in slots] + [1] * pad, dtype=torch.int64)
         if self.speculative or self.rng.random() < 0.5:
             # spec: the worker's on_publish; non-spec: the scheduler publishes seq_lens + 1
@@ -313,11 +317,20 @@ class Twin:
         ref, gen = results["ref"], results["gen"]
         tail_indices = torch.tensor(tails, dtype=torch.int64)
         input_rows = torch.cat(
-            [torch.ones(tokens.shape[0], dtype=torch.bool), self._rows("bonus_tokens", tail_indices)]
+            [
+                torch.ones(tokens.shape[0], dtype=torch.bool),
+                self._rows("bonus_tokens", tail_indices),
+            ]
         )
         check_same("input_ids (prefill)", ref.input_ids, gen.input_ids, input_rows)
         if mixed and self.speculative and bool(self._rows("new_seq_lens", tail_indices).all()):
-            for name in ("seq_lens", "seq_lens_cpu", "seq_lens_sum", "out_cache_loc", "prefix_lens"):
+            for name in (
+                "seq_lens",
+                "seq_lens_cpu",
+                "seq_lens_sum",
+                "out_cache_loc",
+                "prefix_lens",
+            ):
                 check_same(f"mixed {name}", getattr(ref, name), getattr(gen, name))
         self.resolves += 1
         self.produce(new + tails, prefill=True)
@@ -328,7 +341,9 @@ class Twin:
             running, incoming = self.batches[side], self._batch(new)
             if running.spec_info is not None:
                 running.spec_info.merge_batch(incoming.spec_info)  # SGLang's merge
-            running.req_pool_indices = torch.cat([running.req_pool_indices, incoming.req_pool_indices])
+            running.req_pool_indices = torch.cat(
+                [running.req_pool_indices, incoming.req_pool_indices]
+            )
             running.req_pool_indices_cpu = running.req_pool_indices.clone()
         self.running = self.running + new
 
@@ -336,7 +351,9 @@ class Twin:
         """Some requests finish: keep an index subset (SGLang's filter), free the rest."""
         if not self.running:
             return
-        keep = sorted(self.rng.sample(range(len(self.running)), self.rng.randint(0, len(self.running))))
+        keep = sorted(
+            self.rng.sample(range(len(self.running)), self.rng.randint(0, len(self.running)))
+        )
         keep_t = torch.tensor(keep, dtype=torch.int64)
         for side in ("ref", "gen"):
             batch = self.batches[side]
@@ -358,8 +375,10 @@ class Twin:
                 continue
             ref, gen = getattr(self.ref, name, None), getattr(self.gen, name)
             if (ref is None) != (gen is None):
-                raise Mismatch(f"{name}: SGLang {'un' * (ref is None)}allocated, generated "
-                               f"{'un' * (gen is None)}allocated")
+                raise Mismatch(
+                    f"{name}: SGLang {'un' * (ref is None)}allocated, generated "
+                    f"{'un' * (gen is None)}allocated"
+                )
             if ref is not None:
                 check_same(f"{name} layout", ref.new_empty(0), gen.new_empty(0))
                 if ref.shape != gen.shape:

@@ -92,7 +92,9 @@ def test_target_errors_are_located(tmp_path: Path) -> None:
     text = (BUNDLED_DIR / "none.yaml").read_text().replace("algorithm: none", "algorithm: beam")
     (tmp_path / "beam.yaml").write_text(text)
     with pytest.raises(SpecErrors) as exc:
-        compile_sglang([tmp_path / "beam.yaml", BUNDLED_DIR / "none.yaml", BUNDLED_DIR / "none.yaml"], "o")
+        compile_sglang(
+            [tmp_path / "beam.yaml", BUNDLED_DIR / "none.yaml", BUNDLED_DIR / "none.yaml"], "o"
+        )
     rendered = exc.value.render()
     assert "beam.yaml:1:1: error: the SGLang target has no SGLang algorithm for `beam`" in rendered
     assert "algorithm `none` is also compiled from" in rendered
@@ -115,8 +117,12 @@ def test_stash_publish_resolve_round_trip(gen: types.ModuleType) -> None:
     assert fmap.hidden_states_buf.dtype == torch.bfloat16 and fmap.topk_p_buf.shape == (16, 4)
     info = types.SimpleNamespace(future_indices=torch.tensor([7, 3]))
     batch = types.SimpleNamespace(
-        prefill_input_ids_cpu=None, input_ids=None, spec_info=info, enable_overlap=True,
-        spec_algorithm=fmap.spec_algo, req_pool_indices=info.future_indices,
+        prefill_input_ids_cpu=None,
+        input_ids=None,
+        spec_info=info,
+        enable_overlap=True,
+        spec_algorithm=fmap.spec_algo,
+        req_pool_indices=info.future_indices,
         req_pool_indices_cpu=info.future_indices,
     )
     fmap.resolve_seq_lens_cpu(batch)
@@ -144,11 +150,16 @@ def test_uncovered_features_raise_naming_them(gen: types.ModuleType) -> None:
 
 def test_bad_payloads_say_what_is_wrong(gen: types.ModuleType) -> None:
     fmap = make_map(gen, "eagle")
-    with pytest.raises(gen.RelayError, match="draft_probs.*add the field to the spec"):
-        fmap.stash(torch.tensor([1]), gen.RelayPayload(torch.tensor([1]), draft_probs=torch.rand(1, 5)))
+    with pytest.raises(gen.RelayError, match=r"draft_probs.*add the field to the spec"):
+        fmap.stash(
+            torch.tensor([1]), gen.RelayPayload(torch.tensor([1]), draft_probs=torch.rand(1, 5))
+        )
     fmap.stash(torch.tensor([1]), gen.RelayPayload(torch.tensor([1]), topk_p=torch.rand(1, 4)))
     with pytest.raises(gen.RelayError, match=r"topk_index.*\[4\] elements|another field of row"):
-        fmap.stash(torch.tensor([2]), gen.RelayPayload(None, topk_index=torch.zeros(1, 5, dtype=torch.long)))
+        fmap.stash(
+            torch.tensor([2]),
+            gen.RelayPayload(None, topk_index=torch.zeros(1, 5, dtype=torch.long)),
+        )
     with pytest.raises(gen.RelayError, match=r"rows must be \[4\]"):
         fmap.stash(torch.tensor([2]), gen.RelayPayload(None, topk_p=torch.rand(1, 3)))
     with pytest.raises(gen.RelayError, match="2 rows"):
@@ -167,10 +178,19 @@ def test_fused_triton_path_matches_indexing(gen: types.ModuleType) -> None:
     g = torch.Generator().manual_seed(0)
     idx = torch.tensor([5, 2, 9])
     payloads = (
-        gen.RelayPayload(torch.tensor([1, 2, 3]), torch.rand(3, 2, generator=g),
-                         torch.randint(0, 9, (3, 2), generator=g), None, torch.rand(3, 7, generator=g)),
-        gen.RelayPayload(torch.tensor([4, 5, 6]), torch.rand(3, 2, generator=g),
-                         torch.randint(0, 9, (3, 2), generator=g), torch.randn(3, 6, generator=g)),
+        gen.RelayPayload(
+            torch.tensor([1, 2, 3]),
+            torch.rand(3, 2, generator=g),
+            torch.randint(0, 9, (3, 2), generator=g),
+            None,
+            torch.rand(3, 7, generator=g),
+        ),
+        gen.RelayPayload(
+            torch.tensor([4, 5, 6]),
+            torch.rand(3, 2, generator=g),
+            torch.randint(0, 9, (3, 2), generator=g),
+            torch.randn(3, 6, generator=g),
+        ),
     )
     for pair, payload in zip((maps, eagle), payloads, strict=True):
         infos = []
@@ -198,20 +218,30 @@ def eagle_with_draft_probs(tmp_path: Path) -> Path:
     shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
     text = (BUNDLED_DIR / "eagle.yaml").read_text()
     edits = [
-        ("fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states]",
-         "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states, draft_probs]"),
-        ("  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states]\n",
-         "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states, draft_probs]\n"),
-        ("    hidden_states: hidden_states\n\nsteps:",
-         "    hidden_states: hidden_states\n    draft_probs: draft_probs\n\nsteps:"),
-        ("      hidden_states: relay.hidden_states\n      seq_lens: relay.new_seq_lens\n",
-         "      hidden_states: relay.hidden_states\n      draft_probs: relay.draft_probs\n"
-         "      seq_lens: relay.new_seq_lens\n"),
-        ("    writes: [topk_p, topk_index, hidden_states]\n"
-         "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states}",
-         "    writes: [topk_p, topk_index, hidden_states, draft_probs]\n"
-         "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states,"
-         " draft_probs: draft_probs}"),
+        (
+            "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states]",
+            "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states, draft_probs]",
+        ),
+        (
+            "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states]\n",
+            "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states, draft_probs]\n",
+        ),
+        (
+            "    hidden_states: hidden_states\n\nsteps:",
+            "    hidden_states: hidden_states\n    draft_probs: draft_probs\n\nsteps:",
+        ),
+        (
+            "      hidden_states: relay.hidden_states\n      seq_lens: relay.new_seq_lens\n",
+            "      hidden_states: relay.hidden_states\n      draft_probs: relay.draft_probs\n"
+            "      seq_lens: relay.new_seq_lens\n",
+        ),
+        (
+            "    writes: [topk_p, topk_index, hidden_states]\n"
+            "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states}",
+            "    writes: [topk_p, topk_index, hidden_states, draft_probs]\n"
+            "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states,"
+            " draft_probs: draft_probs}",
+        ),
     ]
     for old, new in edits:
         assert old in text, old
@@ -231,8 +261,10 @@ def run_twin(sgl, gen_module, scenario, seeds=(0, 1, 2), steps: int = 30) -> Non
 
 
 @needs_sglang
-@pytest.mark.parametrize("name", [s.name for s in __import__(
-    "tests.compiler.sglang_twin", fromlist=["SCENARIOS"]).SCENARIOS])
+@pytest.mark.parametrize(
+    "name",
+    [s.name for s in __import__("tests.compiler.sglang_twin", fromlist=["SCENARIOS"]).SCENARIOS],
+)
 def test_differential_against_sglang(sgl, gen: types.ModuleType, name: str) -> None:
     from tests.compiler.sglang_twin import SCENARIOS
 
@@ -244,7 +276,9 @@ def test_differential_against_sglang(sgl, gen: types.ModuleType, name: str) -> N
 def test_differential_eagle_with_draft_probs(sgl, tmp_path: Path) -> None:
     from tests.compiler.sglang_twin import DRAFT_PROBS_SCENARIO
 
-    specs = [p for p in bundled_spec_paths() if p.stem != "eagle"] + [eagle_with_draft_probs(tmp_path)]
+    specs = [p for p in bundled_spec_paths() if p.stem != "eagle"] + [
+        eagle_with_draft_probs(tmp_path)
+    ]
     output = compile_sglang(specs, tmp_path / "out")
     write(output)
     module = load_module(output.path, "sglang_relay_draft_probs")
@@ -254,9 +288,14 @@ def test_differential_eagle_with_draft_probs(sgl, tmp_path: Path) -> None:
 @needs_sglang
 def test_spec_algorithm_picks_the_generated_class(sgl, gen: types.ModuleType) -> None:
     algo = sgl.SpeculativeAlgorithm
-    cases = [(None, {}, "none"), ("EAGLE", {}, "eagle"), ("EAGLE3", {}, "eagle"),
-             ("EAGLE", {"enable_multi_layer_eagle": True}, "eagle_multilayer"),
-             ("STANDALONE", {}, "standalone"), ("NGRAM", {}, "ngram")]
+    cases = [
+        (None, {}, "none"),
+        ("EAGLE", {}, "eagle"),
+        ("EAGLE3", {}, "eagle"),
+        ("EAGLE", {"enable_multi_layer_eagle": True}, "eagle_multilayer"),
+        ("STANDALONE", {}, "standalone"),
+        ("NGRAM", {}, "ngram"),
+    ]
     for name, kwargs, expected in cases:
         with sglang_env.server_args(sgl, name, **kwargs):
             fmap = gen.FutureMap(torch.device("cpu"), algo.from_string(name), pool())

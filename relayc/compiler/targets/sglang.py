@@ -247,7 +247,7 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     w("import os")
     w("from collections.abc import Sequence")
     w("from dataclasses import dataclass")
-    w("from typing import Any\n")
+    w("from typing import Any, ClassVar\n")
     w("import torch\n")
     w("try:")
     w("    import triton")
@@ -256,16 +256,18 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     w("    _HAVE_TRITON = False")
     w("else:")
     w("    _HAVE_TRITON = True\n")
-    buffers = [
-        RelayBuffer(f.name, "bfloat16" if f.dtype == "model" else f.dtype) for f in union
-    ]
+    buffers = [RelayBuffer(f.name, "bfloat16" if f.dtype == "model" else f.dtype) for f in union]
     w("# Model-dtype fields go through the kernels as bfloat16 views of their bytes.")
     w(emit_triton_relay(f"sglang: {', '.join(a.name for a in algorithms)}", buffers))
     w(_pasted_base())
     w("")
-    w("# Every buffer attribute SGLang's FutureMap has; those an algorithm does not relay are None.")
+    w(
+        "# Every buffer attribute SGLang's FutureMap has; those an algorithm does not relay are None."
+    )
     w("SGLANG_BUFFERS: tuple[str, ...] = (")
-    for name in dict.fromkeys([*(_buffer(n) for n in SGLANG_PAYLOAD), *(_buffer(f.name) for f in union)]):
+    for name in dict.fromkeys(
+        [*(_buffer(n) for n in SGLANG_PAYLOAD), *(_buffer(f.name) for f in union)]
+    ):
         w(f"    {name!r},")
     w(")\n\n")
     _payload(w, algorithms, union)
@@ -287,22 +289,33 @@ def _pasted_base() -> str:
 def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout]) -> None:
     stashed = [f for f in union if f.publish != "early"]
     extra = [f.name for f in stashed if f.name not in SGLANG_PAYLOAD]
-    docs = {f.name: f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}: {f.doc}" for f in stashed}
+    docs = {
+        f.name: f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}: {f.doc}" for f in stashed
+    }
     by_ngram = {f.name for a in algorithms if a.name == "ngram" for f in a.stashed}
     by_draft = {f.name for a in algorithms if a.name not in ("none", "ngram") for f in a.stashed}
     w("@dataclass")
     w("class RelayPayload:")
-    w('    """One iteration\'s relay values for a batch (SGLang\'s fields); None: not written."""\n')
+    w(
+        '    """One iteration\'s relay values for a batch (SGLang\'s fields); None: not written."""\n'
+    )
     for i, name in enumerate((*SGLANG_PAYLOAD, *extra)):
         default = "" if i == 0 else " = None"
-        doc = docs.get(name, "not relayed by these specs" if name not in UNCOVERED_PAYLOAD else "not covered (NotImplementedError)")
+        doc = docs.get(
+            name,
+            "not relayed by these specs"
+            if name not in UNCOVERED_PAYLOAD
+            else "not covered (NotImplementedError)",
+        )
         w(f"    {name}: torch.Tensor | None{default}  # {doc}")
     w("")
     w("    @classmethod")
     w("    def from_ngram(cls, draft_input: Any) -> RelayPayload:")
-    w('        """The payload of an NgramVerifyInput (its row fields are flat: reshape to rows)."""')
+    w(
+        '        """The payload of an NgramVerifyInput (its row fields are flat: reshape to rows)."""'
+    )
     if not by_ngram:
-        w("        raise NotImplementedError(\"this module was compiled without an `ngram` spec\")")
+        w('        raise NotImplementedError("this module was compiled without an `ngram` spec")')
     else:
         flat = FLAT_ROW_ALGORITHMS["ngram"]
         w("        return cls(")
@@ -310,7 +323,9 @@ def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout])
         ngram = next(a for a in algorithms if a.name == "ngram")
         for f in ngram.stashed:
             if f.shape:
-                w(f"            {f.name}=draft_input.{f.name}.reshape(-1, draft_input.{flat[f.shape[0]]}),")
+                w(
+                    f"            {f.name}=draft_input.{f.name}.reshape(-1, draft_input.{flat[f.shape[0]]}),"
+                )
             else:
                 w(f"            {f.name}=draft_input.{f.name},")
         w("        )")
@@ -353,7 +368,11 @@ def _algorithm_class(w, algo: SGLangAlgorithm) -> None:
 def _stash(w, algo: SGLangAlgorithm) -> None:
     relayed = {f.name for f in algo.stashed}
     refused = [n for n in SGLANG_READS_BACK[algo.name] if n not in relayed]
-    dropped = [n for n in SGLANG_PAYLOAD if n not in relayed and n not in refused and n not in UNCOVERED_PAYLOAD]
+    dropped = [
+        n
+        for n in SGLANG_PAYLOAD
+        if n not in relayed and n not in refused and n not in UNCOVERED_PAYLOAD
+    ]
     w("    def stash(self, future_indices: torch.Tensor, payload: RelayPayload) -> None:")
     w('        """Write the payload\'s non-None fields into rows `future_indices`."""')
     w("        indices = future_indices")
@@ -404,11 +423,13 @@ def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
     if flat is None:
         w("        if getattr(draft_input, 'future_dsa_topk_indices_available', False):")
         w("            raise NotImplementedError(_DSA_SEEDS)")
-    w("        if indices.device.type != \"cpu\":")
+    w('        if indices.device.type != "cpu":')
     w("            indices.record_stream(torch.get_device_module(self.device).current_stream())")
     targets = ", ".join(f.name for f in fields) + ("," if len(fields) == 1 else "")
     w(f"        {targets} = self._gather(")
-    w(f"            indices, ({', '.join(repr(f.name) for f in fields)}{',' if len(fields) == 1 else ''})")
+    w(
+        f"            indices, ({', '.join(repr(f.name) for f in fields)}{',' if len(fields) == 1 else ''})"
+    )
     w("        )")
     for f in fields:
         if flat is not None and f.shape:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -104,8 +104,7 @@ _DSA_SEEDS = (
     "not covered by relayc's SGLang target; no bundled spec relays them"
 )
 _HISPARSE = (
-    "HiSparse staging (FutureMap.make_staged_spec_input) is not covered by relayc's SGLang "
-    "target"
+    "HiSparse staging (FutureMap.make_staged_spec_input) is not covered by relayc's SGLang target"
 )
 
 
@@ -139,7 +138,7 @@ class FutureMap:
     returns the generated relay of the algorithm `spec_algo` maps to (`algorithm=` picks
     one by relayc name, for use without SGLang's runtime config)."""
 
-    ALGORITHMS: dict[str, type[FutureMap]] = {}  # relayc algorithm -> generated subclass
+    ALGORITHMS: ClassVar[dict[str, type[FutureMap]]] = {}  # relayc algorithm -> generated class
     ALGORITHM = ""
     SPEC = ""  # spec path and content hash
     FIELDS: tuple[RelayField, ...] = ()
