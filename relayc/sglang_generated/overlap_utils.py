@@ -571,6 +571,20 @@ class FutureMap:
             value = value.to(buf.dtype)
         return value if value.is_contiguous() else value.contiguous()
 
+    def _stash_error(self, name: str, value: Any, indices: torch.Tensor) -> Exception:
+        """Why a scatter into field `name` failed, in the spec's terms."""
+        try:
+            self._prepare(name, value, indices.shape[0])
+        except RelayError as exc:
+            return exc
+        bad = indices[(indices < 0) | (indices >= self.req_pool_size)]
+        if bad.numel():
+            return RelayError(
+                f"indices out of range for req_pool_size {self.req_pool_size}: "
+                f"{bad[:4].tolist()} (0 is the padding slot)"
+            )
+        return RelayError(f"stash of `{name}` failed")
+
     def _scatter(self, indices: torch.Tensor, values: dict[str, torch.Tensor | None]) -> None:
         """`buffer[indices] = value` for every non-None value, in one launch where fused."""
         if self._fused:
@@ -664,10 +678,18 @@ class FutureMap:
         indices = future_indices
         if indices.shape[0] == 0:
             return  # DP idle
-        if "new_seq_lens" in self._fields:
-            value = self._prepare("new_seq_lens", new_seq_lens, indices.shape[0])
-            self._scatter(indices, {"new_seq_lens": value})
-        # else: non-speculative decoding publishes lengths SGLang never reads back.
+        buf = self.new_seq_lens_buf  # None: non-speculative lengths SGLang never reads back
+        if buf is not None:
+            if self._fused or new_seq_lens.dtype is not buf.dtype:
+                new_seq_lens = self._prepare("new_seq_lens", new_seq_lens, indices.shape[0])
+                self._scatter(indices, {"new_seq_lens": new_seq_lens})
+            else:
+                if indices.dtype is not torch.int64:
+                    indices = indices.long()
+                try:
+                    buf.index_copy_(0, indices, new_seq_lens)
+                except (IndexError, RuntimeError) as exc:
+                    raise self._stash_error("new_seq_lens", new_seq_lens, indices) from exc
         # `confidence` feeds only the DSPARK confidence ring, which __init__ refuses.
         if self.spec_algo.is_some():
             if self.publish_ready is None:
@@ -708,7 +730,10 @@ class FutureMap:
                 raise RelayDebugError("resolve without a fresh forward publish")
             self._publish_fresh = False
             self._wait_publish()
-        (batch.seq_lens,) = self._gather(fi, ("new_seq_lens",))
+        if self._fused:
+            (batch.seq_lens,) = self._gather(fi, ("new_seq_lens",))
+        else:
+            batch.seq_lens = self.new_seq_lens_buf.index_select(0, fi)
         if not self.needs_cpu_seq_lens:
             batch.seq_lens_cpu = None
             batch.seq_lens_sum = None
@@ -749,7 +774,10 @@ class FutureMap:
                 f"`{self.ALGORITHM}` relays no bonus tokens, so its decode inputs cannot come "
                 "from the relay (SGLang: mixed chunk prefill is unsupported for it)"
             )
-        (tokens,) = self._gather(indices, ("bonus_tokens",))
+        if self._fused:
+            (tokens,) = self._gather(indices, ("bonus_tokens",))
+        else:
+            tokens = self.output_tokens_buf.index_select(0, indices)
         if _DEBUG_ASSERT:
             self._consume_once("bonus_tokens", tokens, indices)
         return tokens
@@ -887,19 +915,63 @@ class EagleFutureMap(FutureMap):
             )
         # Not relayed by `eagle`, and never read back by SGLang for it either:
         # accept_tokens, accept_lens.
-        self._scatter(
-            indices,
-            {
-                # relayc/specs/common.yaml:44 [bs] int64
-                'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
-                # relayc/specs/common.yaml:66 [bs, topk] float32
-                'topk_p': self._prepare('topk_p', payload.topk_p, n),
-                # relayc/specs/common.yaml:71 [bs, topk] int64
-                'topk_index': self._prepare('topk_index', payload.topk_index, n),
-                # relayc/specs/common.yaml:79 [bs, hidden] model
-                'hidden_states': self._prepare('hidden_states', payload.hidden_states, n),
-            },
-        )
+        if self._fused:  # one launch for every field the payload carries
+            self._scatter(
+                indices,
+                {
+                    'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
+                    'topk_p': self._prepare('topk_p', payload.topk_p, n),
+                    'topk_index': self._prepare('topk_index', payload.topk_index, n),
+                    'hidden_states': self._prepare('hidden_states', payload.hidden_states, n),
+                },
+            )
+            return
+        if indices.dtype is not torch.int64:
+            indices = indices.long()
+        # relayc/specs/common.yaml:44 [bs] int64
+        value = payload.bonus_tokens
+        if value is not None:
+            buf = self.output_tokens_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('bonus_tokens', value, n)
+                buf = self.output_tokens_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('bonus_tokens', value, indices) from exc
+        # relayc/specs/common.yaml:66 [bs, topk] float32
+        value = payload.topk_p
+        if value is not None:
+            buf = self.topk_p_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('topk_p', value, n)
+                buf = self.topk_p_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('topk_p', value, indices) from exc
+        # relayc/specs/common.yaml:71 [bs, topk] int64
+        value = payload.topk_index
+        if value is not None:
+            buf = self.topk_index_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('topk_index', value, n)
+                buf = self.topk_index_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('topk_index', value, indices) from exc
+        # relayc/specs/common.yaml:79 [bs, hidden] model
+        value = payload.hidden_states
+        if value is not None:
+            buf = self.hidden_states_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('hidden_states', value, n)
+                buf = self.hidden_states_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('hidden_states', value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Gather bonus_tokens, topk_p, topk_index, hidden_states into `batch.spec_info` (one launch where fused)."""
@@ -909,13 +981,26 @@ class EagleFutureMap(FutureMap):
         indices = draft_input.future_indices
         if indices.shape[0] == 0:
             return
-        if getattr(draft_input, 'future_dsa_topk_indices_available', False):
+        if getattr(draft_input, "future_dsa_topk_indices_available", False):
             raise NotImplementedError(_DSA_SEEDS)
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
-        bonus_tokens, topk_p, topk_index, hidden_states = self._gather(
-            indices, ('bonus_tokens', 'topk_p', 'topk_index', 'hidden_states')
-        )
+        if self._fused:
+            bonus_tokens, topk_p, topk_index, hidden_states = self._gather(
+                indices, ('bonus_tokens', 'topk_p', 'topk_index', 'hidden_states')
+            )
+        else:
+            # relayc/specs/common.yaml:44 [bs] int64
+            bonus_tokens = self.output_tokens_buf.index_select(0, indices)
+            # relayc/specs/common.yaml:66 [bs, topk] float32
+            buf = self.topk_p_buf
+            topk_p = None if buf is None else buf.index_select(0, indices)
+            # relayc/specs/common.yaml:71 [bs, topk] int64
+            buf = self.topk_index_buf
+            topk_index = None if buf is None else buf.index_select(0, indices)
+            # relayc/specs/common.yaml:79 [bs, hidden] model
+            buf = self.hidden_states_buf
+            hidden_states = None if buf is None else buf.index_select(0, indices)
         draft_input.bonus_tokens = bonus_tokens
         if topk_p is not None:  # allocated by a stash that carried it
             draft_input.topk_p = topk_p
@@ -972,17 +1057,51 @@ class EagleMultilayerFutureMap(FutureMap):
             )
         # Not relayed by `eagle_multilayer`, and never read back by SGLang for it either:
         # hidden_states, accept_tokens, accept_lens.
-        self._scatter(
-            indices,
-            {
-                # relayc/specs/common.yaml:44 [bs] int64
-                'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
-                # relayc/specs/eagle_multilayer.yaml:13 [bs, num_steps, topk] float32
-                'topk_p': self._prepare('topk_p', payload.topk_p, n),
-                # relayc/specs/eagle_multilayer.yaml:18 [bs, num_steps, topk] int64
-                'topk_index': self._prepare('topk_index', payload.topk_index, n),
-            },
-        )
+        if self._fused:  # one launch for every field the payload carries
+            self._scatter(
+                indices,
+                {
+                    'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
+                    'topk_p': self._prepare('topk_p', payload.topk_p, n),
+                    'topk_index': self._prepare('topk_index', payload.topk_index, n),
+                },
+            )
+            return
+        if indices.dtype is not torch.int64:
+            indices = indices.long()
+        # relayc/specs/common.yaml:44 [bs] int64
+        value = payload.bonus_tokens
+        if value is not None:
+            buf = self.output_tokens_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('bonus_tokens', value, n)
+                buf = self.output_tokens_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('bonus_tokens', value, indices) from exc
+        # relayc/specs/eagle_multilayer.yaml:13 [bs, num_steps, topk] float32
+        value = payload.topk_p
+        if value is not None:
+            buf = self.topk_p_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('topk_p', value, n)
+                buf = self.topk_p_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('topk_p', value, indices) from exc
+        # relayc/specs/eagle_multilayer.yaml:18 [bs, num_steps, topk] int64
+        value = payload.topk_index
+        if value is not None:
+            buf = self.topk_index_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('topk_index', value, n)
+                buf = self.topk_index_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('topk_index', value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Gather bonus_tokens, topk_p, topk_index into `batch.spec_info` (one launch where fused)."""
@@ -992,13 +1111,23 @@ class EagleMultilayerFutureMap(FutureMap):
         indices = draft_input.future_indices
         if indices.shape[0] == 0:
             return
-        if getattr(draft_input, 'future_dsa_topk_indices_available', False):
+        if getattr(draft_input, "future_dsa_topk_indices_available", False):
             raise NotImplementedError(_DSA_SEEDS)
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
-        bonus_tokens, topk_p, topk_index = self._gather(
-            indices, ('bonus_tokens', 'topk_p', 'topk_index')
-        )
+        if self._fused:
+            bonus_tokens, topk_p, topk_index = self._gather(
+                indices, ('bonus_tokens', 'topk_p', 'topk_index')
+            )
+        else:
+            # relayc/specs/common.yaml:44 [bs] int64
+            bonus_tokens = self.output_tokens_buf.index_select(0, indices)
+            # relayc/specs/eagle_multilayer.yaml:13 [bs, num_steps, topk] float32
+            buf = self.topk_p_buf
+            topk_p = None if buf is None else buf.index_select(0, indices)
+            # relayc/specs/eagle_multilayer.yaml:18 [bs, num_steps, topk] int64
+            buf = self.topk_index_buf
+            topk_index = None if buf is None else buf.index_select(0, indices)
         draft_input.bonus_tokens = bonus_tokens
         if topk_p is not None:  # allocated by a stash that carried it
             draft_input.topk_p = topk_p
@@ -1043,15 +1172,39 @@ class NgramFutureMap(FutureMap):
             raise NotImplementedError(_DSA_SEEDS)
         # Not relayed by `ngram`, and never read back by SGLang for it either:
         # bonus_tokens, topk_p, topk_index, hidden_states, draft_probs.
-        self._scatter(
-            indices,
-            {
-                # relayc/specs/common.yaml:96 [bs, num_draft_tokens] int64
-                'accept_tokens': self._prepare('accept_tokens', payload.accept_tokens, n),
-                # relayc/specs/common.yaml:101 [bs] int32
-                'accept_lens': self._prepare('accept_lens', payload.accept_lens, n),
-            },
-        )
+        if self._fused:  # one launch for every field the payload carries
+            self._scatter(
+                indices,
+                {
+                    'accept_tokens': self._prepare('accept_tokens', payload.accept_tokens, n),
+                    'accept_lens': self._prepare('accept_lens', payload.accept_lens, n),
+                },
+            )
+            return
+        if indices.dtype is not torch.int64:
+            indices = indices.long()
+        # relayc/specs/common.yaml:96 [bs, num_draft_tokens] int64
+        value = payload.accept_tokens
+        if value is not None:
+            buf = self.accept_tokens_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('accept_tokens', value, n)
+                buf = self.accept_tokens_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('accept_tokens', value, indices) from exc
+        # relayc/specs/common.yaml:101 [bs] int32
+        value = payload.accept_lens
+        if value is not None:
+            buf = self.accept_lens_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('accept_lens', value, n)
+                buf = self.accept_lens_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('accept_lens', value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Gather accept_tokens, accept_lens into `batch.spec_info` (one launch where fused)."""
@@ -1063,9 +1216,16 @@ class NgramFutureMap(FutureMap):
             return
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
-        accept_tokens, accept_lens = self._gather(
-            indices, ('accept_tokens', 'accept_lens')
-        )
+        if self._fused:
+            accept_tokens, accept_lens = self._gather(
+                indices, ('accept_tokens', 'accept_lens')
+            )
+        else:
+            # relayc/specs/common.yaml:96 [bs, num_draft_tokens] int64
+            buf = self.accept_tokens_buf
+            accept_tokens = None if buf is None else buf.index_select(0, indices)
+            # relayc/specs/common.yaml:101 [bs] int32
+            accept_lens = self.accept_lens_buf.index_select(0, indices)
         if accept_tokens is None:
             raise RelayError("resolve of `accept_tokens` before any stash carried it")
         draft_input.accept_tokens = accept_tokens.flatten()  # SGLang holds these rows flat
@@ -1096,13 +1256,27 @@ class NoneFutureMap(FutureMap):
             raise NotImplementedError(_DSA_SEEDS)
         # Not relayed by `none`, and never read back by SGLang for it either:
         # topk_p, topk_index, hidden_states, draft_probs, accept_tokens, accept_lens.
-        self._scatter(
-            indices,
-            {
-                # relayc/specs/common.yaml:44 [bs] int64
-                'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
-            },
-        )
+        if self._fused:  # one launch for every field the payload carries
+            self._scatter(
+                indices,
+                {
+                    'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
+                },
+            )
+            return
+        if indices.dtype is not torch.int64:
+            indices = indices.long()
+        # relayc/specs/common.yaml:44 [bs] int64
+        value = payload.bonus_tokens
+        if value is not None:
+            buf = self.output_tokens_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('bonus_tokens', value, n)
+                buf = self.output_tokens_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('bonus_tokens', value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Non-speculative decoding relays nothing but the input tokens."""
@@ -1153,19 +1327,63 @@ class StandaloneFutureMap(FutureMap):
             raise NotImplementedError(_DSA_SEEDS)
         # Not relayed by `standalone`, and never read back by SGLang for it either:
         # hidden_states, accept_tokens, accept_lens.
-        self._scatter(
-            indices,
-            {
-                # relayc/specs/common.yaml:44 [bs] int64
-                'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
-                # relayc/specs/common.yaml:66 [bs, topk] float32
-                'topk_p': self._prepare('topk_p', payload.topk_p, n),
-                # relayc/specs/common.yaml:71 [bs, topk] int64
-                'topk_index': self._prepare('topk_index', payload.topk_index, n),
-                # relayc/specs/common.yaml:87 [bs, vocab] float32
-                'draft_probs': self._prepare('draft_probs', payload.draft_probs, n),
-            },
-        )
+        if self._fused:  # one launch for every field the payload carries
+            self._scatter(
+                indices,
+                {
+                    'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
+                    'topk_p': self._prepare('topk_p', payload.topk_p, n),
+                    'topk_index': self._prepare('topk_index', payload.topk_index, n),
+                    'draft_probs': self._prepare('draft_probs', payload.draft_probs, n),
+                },
+            )
+            return
+        if indices.dtype is not torch.int64:
+            indices = indices.long()
+        # relayc/specs/common.yaml:44 [bs] int64
+        value = payload.bonus_tokens
+        if value is not None:
+            buf = self.output_tokens_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('bonus_tokens', value, n)
+                buf = self.output_tokens_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('bonus_tokens', value, indices) from exc
+        # relayc/specs/common.yaml:66 [bs, topk] float32
+        value = payload.topk_p
+        if value is not None:
+            buf = self.topk_p_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('topk_p', value, n)
+                buf = self.topk_p_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('topk_p', value, indices) from exc
+        # relayc/specs/common.yaml:71 [bs, topk] int64
+        value = payload.topk_index
+        if value is not None:
+            buf = self.topk_index_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('topk_index', value, n)
+                buf = self.topk_index_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('topk_index', value, indices) from exc
+        # relayc/specs/common.yaml:87 [bs, vocab] float32
+        value = payload.draft_probs
+        if value is not None:
+            buf = self.draft_probs_buf
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare('draft_probs', value, n)
+                buf = self.draft_probs_buf
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error('draft_probs', value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Gather bonus_tokens, topk_p, topk_index, draft_probs into `batch.spec_info` (one launch where fused)."""
@@ -1175,13 +1393,26 @@ class StandaloneFutureMap(FutureMap):
         indices = draft_input.future_indices
         if indices.shape[0] == 0:
             return
-        if getattr(draft_input, 'future_dsa_topk_indices_available', False):
+        if getattr(draft_input, "future_dsa_topk_indices_available", False):
             raise NotImplementedError(_DSA_SEEDS)
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
-        bonus_tokens, topk_p, topk_index, draft_probs = self._gather(
-            indices, ('bonus_tokens', 'topk_p', 'topk_index', 'draft_probs')
-        )
+        if self._fused:
+            bonus_tokens, topk_p, topk_index, draft_probs = self._gather(
+                indices, ('bonus_tokens', 'topk_p', 'topk_index', 'draft_probs')
+            )
+        else:
+            # relayc/specs/common.yaml:44 [bs] int64
+            bonus_tokens = self.output_tokens_buf.index_select(0, indices)
+            # relayc/specs/common.yaml:66 [bs, topk] float32
+            buf = self.topk_p_buf
+            topk_p = None if buf is None else buf.index_select(0, indices)
+            # relayc/specs/common.yaml:71 [bs, topk] int64
+            buf = self.topk_index_buf
+            topk_index = None if buf is None else buf.index_select(0, indices)
+            # relayc/specs/common.yaml:87 [bs, vocab] float32
+            buf = self.draft_probs_buf
+            draft_probs = None if buf is None else buf.index_select(0, indices)
         draft_input.bonus_tokens = bonus_tokens
         if topk_p is not None:  # allocated by a stash that carried it
             draft_input.topk_p = topk_p

@@ -365,6 +365,10 @@ def _algorithm_class(w, algo: SGLangAlgorithm) -> None:
     _resolve_extras(w, algo)
 
 
+def _row(f: FieldLayout) -> str:
+    return f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}"
+
+
 def _stash(w, algo: SGLangAlgorithm) -> None:
     relayed = {f.name for f in algo.stashed}
     refused = [n for n in SGLANG_READS_BACK[algo.name] if n not in relayed]
@@ -390,14 +394,29 @@ def _stash(w, algo: SGLangAlgorithm) -> None:
     if dropped:
         w(f"        # Not relayed by `{algo.name}`, and never read back by SGLang for it either:")
         w(f"        # {', '.join(dropped)}.")
-    w("        self._scatter(")
-    w("            indices,")
-    w("            {")
+    w("        if self._fused:  # one launch for every field the payload carries")
+    w("            self._scatter(")
+    w("                indices,")
+    w("                {")
     for f in algo.stashed:
-        w(f"                # {f.origin} [{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}")
-        w(f"                {f.name!r}: self._prepare({f.name!r}, payload.{f.name}, n),")
-    w("            },")
-    w("        )")
+        w(f"                    {f.name!r}: self._prepare({f.name!r}, payload.{f.name}, n),")
+    w("                },")
+    w("            )")
+    w("            return")
+    w("        if indices.dtype is not torch.int64:")
+    w("            indices = indices.long()")
+    for f in algo.stashed:
+        w(f"        # {f.origin} {_row(f)}")
+        w(f"        value = payload.{f.name}")
+        w("        if value is not None:")
+        w(f"            buf = self.{_buffer(f.name)}")
+        w("            if buf is None or value.dtype is not buf.dtype:  # allocate or cast")
+        w(f"                value = self._prepare({f.name!r}, value, n)")
+        w(f"                buf = self.{_buffer(f.name)}")
+        w("            try:")
+        w("                buf.index_copy_(0, indices, value)")
+        w("            except (IndexError, RuntimeError) as exc:")
+        w(f"                raise self._stash_error({f.name!r}, value, indices) from exc")
 
 
 def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
@@ -421,16 +440,25 @@ def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
     w("        if indices.shape[0] == 0:")
     w("            return")
     if flat is None:
-        w("        if getattr(draft_input, 'future_dsa_topk_indices_available', False):")
+        w('        if getattr(draft_input, "future_dsa_topk_indices_available", False):')
         w("            raise NotImplementedError(_DSA_SEEDS)")
     w('        if indices.device.type != "cpu":')
     w("            indices.record_stream(torch.get_device_module(self.device).current_stream())")
     targets = ", ".join(f.name for f in fields) + ("," if len(fields) == 1 else "")
-    w(f"        {targets} = self._gather(")
+    w("        if self._fused:")
+    w(f"            {targets} = self._gather(")
     w(
-        f"            indices, ({', '.join(repr(f.name) for f in fields)}{',' if len(fields) == 1 else ''})"
+        f"                indices, ({', '.join(repr(f.name) for f in fields)}{',' if len(fields) == 1 else ''})"
     )
-    w("        )")
+    w("            )")
+    w("        else:")
+    for f in fields:
+        w(f"            # {f.origin} {_row(f)}")
+        if f.alloc == "lazy" or f.shape:
+            w(f"            buf = self.{_buffer(f.name)}")
+            w(f"            {f.name} = None if buf is None else buf.index_select(0, indices)")
+        else:
+            w(f"            {f.name} = self.{_buffer(f.name)}.index_select(0, indices)")
     for f in fields:
         if flat is not None and f.shape:
             w(f"        if {f.name} is None:")

@@ -247,6 +247,20 @@ class FutureMap:
             value = value.to(buf.dtype)
         return value if value.is_contiguous() else value.contiguous()
 
+    def _stash_error(self, name: str, value: Any, indices: torch.Tensor) -> Exception:
+        """Why a scatter into field `name` failed, in the spec's terms."""
+        try:
+            self._prepare(name, value, indices.shape[0])
+        except RelayError as exc:
+            return exc
+        bad = indices[(indices < 0) | (indices >= self.req_pool_size)]
+        if bad.numel():
+            return RelayError(
+                f"indices out of range for req_pool_size {self.req_pool_size}: "
+                f"{bad[:4].tolist()} (0 is the padding slot)"
+            )
+        return RelayError(f"stash of `{name}` failed")
+
     def _scatter(self, indices: torch.Tensor, values: dict[str, torch.Tensor | None]) -> None:
         """`buffer[indices] = value` for every non-None value, in one launch where fused."""
         if self._fused:
@@ -340,10 +354,18 @@ class FutureMap:
         indices = future_indices
         if indices.shape[0] == 0:
             return  # DP idle
-        if "new_seq_lens" in self._fields:
-            value = self._prepare("new_seq_lens", new_seq_lens, indices.shape[0])
-            self._scatter(indices, {"new_seq_lens": value})
-        # else: non-speculative decoding publishes lengths SGLang never reads back.
+        buf = self.new_seq_lens_buf  # None: non-speculative lengths SGLang never reads back
+        if buf is not None:
+            if self._fused or new_seq_lens.dtype is not buf.dtype:
+                new_seq_lens = self._prepare("new_seq_lens", new_seq_lens, indices.shape[0])
+                self._scatter(indices, {"new_seq_lens": new_seq_lens})
+            else:
+                if indices.dtype is not torch.int64:
+                    indices = indices.long()
+                try:
+                    buf.index_copy_(0, indices, new_seq_lens)
+                except (IndexError, RuntimeError) as exc:
+                    raise self._stash_error("new_seq_lens", new_seq_lens, indices) from exc
         # `confidence` feeds only the DSPARK confidence ring, which __init__ refuses.
         if self.spec_algo.is_some():
             if self.publish_ready is None:
@@ -384,7 +406,10 @@ class FutureMap:
                 raise RelayDebugError("resolve without a fresh forward publish")
             self._publish_fresh = False
             self._wait_publish()
-        (batch.seq_lens,) = self._gather(fi, ("new_seq_lens",))
+        if self._fused:
+            (batch.seq_lens,) = self._gather(fi, ("new_seq_lens",))
+        else:
+            batch.seq_lens = self.new_seq_lens_buf.index_select(0, fi)
         if not self.needs_cpu_seq_lens:
             batch.seq_lens_cpu = None
             batch.seq_lens_sum = None
@@ -425,7 +450,10 @@ class FutureMap:
                 f"`{self.ALGORITHM}` relays no bonus tokens, so its decode inputs cannot come "
                 "from the relay (SGLang: mixed chunk prefill is unsupported for it)"
             )
-        (tokens,) = self._gather(indices, ("bonus_tokens",))
+        if self._fused:
+            (tokens,) = self._gather(indices, ("bonus_tokens",))
+        else:
+            tokens = self.output_tokens_buf.index_select(0, indices)
         if _DEBUG_ASSERT:
             self._consume_once("bonus_tokens", tokens, indices)
         return tokens
