@@ -125,19 +125,26 @@ def make_side(sgl, module: Any, algorithm: str | None, topk: int, bs: int, devic
     return iteration
 
 
-def per_iteration_us(fn: Callable[[], None], iters: int, device: torch.device) -> float:
-    for _ in range(min(50, iters)):
-        fn()
+def per_iteration_us(
+    ref: Callable[[], None], gen: Callable[[], None], iters: int, device: torch.device
+) -> tuple[float, float]:
+    """Best-of-rounds microseconds per iteration of each, rounds interleaved so that load
+    from elsewhere on the machine hits both sides alike."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    best = float("inf")
-    for _ in range(3):  # best of three: these machines are noisy
-        start = time.perf_counter()
-        for _ in range(iters):
+    for fn in (ref, gen):
+        for _ in range(min(50, iters)):
             fn()
-        sync()
-        best = min(best, (time.perf_counter() - start) / iters * 1e6)
-    return best
+    best = {ref: float("inf"), gen: float("inf")}
+    chunk = max(1, iters // 5)
+    for _ in range(5):
+        for fn in (ref, gen):
+            sync()
+            start = time.perf_counter()
+            for _ in range(chunk):
+                fn()
+            sync()
+            best[fn] = min(best[fn], (time.perf_counter() - start) / chunk * 1e6)
+    return best[ref], best[gen]
 
 
 def ops(fn: Callable[[], None]) -> int:
@@ -168,8 +175,7 @@ def main() -> None:
             for bs in BATCH_SIZES:
                 ref = make_side(sgl, sgl.overlap_utils, algorithm, topk, bs, device)
                 gen = make_side(sgl, generated, algorithm, topk, bs, device)
-                ref_us = per_iteration_us(ref, args.iters, device)
-                gen_us = per_iteration_us(gen, args.iters, device)
+                ref_us, gen_us = per_iteration_us(ref, gen, args.iters, device)
                 rows.append(
                     [
                         name,
