@@ -819,15 +819,15 @@ def resolve_forward_inputs(batch: Any, future_map: FutureMap) -> None:
 
 # Every buffer attribute SGLang's FutureMap has; those an algorithm does not relay are None.
 SGLANG_BUFFERS: tuple[str, ...] = (
-    'output_tokens_buf',
-    'topk_p_buf',
-    'topk_index_buf',
-    'hidden_states_buf',
-    'draft_probs_buf',
-    'dsa_topk_indices_buf',
-    'accept_tokens_buf',
-    'accept_lens_buf',
-    'new_seq_lens_buf',
+    "output_tokens_buf",
+    "topk_p_buf",
+    "topk_index_buf",
+    "hidden_states_buf",
+    "draft_probs_buf",
+    "dsa_topk_indices_buf",
+    "accept_tokens_buf",
+    "accept_lens_buf",
+    "new_seq_lens_buf",
 )
 
 
@@ -835,14 +835,22 @@ SGLANG_BUFFERS: tuple[str, ...] = (
 class RelayPayload:
     """One iteration's relay values for a batch (SGLang's fields); None: not written."""
 
-    bonus_tokens: torch.Tensor | None  # [bs] int64: Next input token of each request (the bonus token under speculation).
-    topk_p: torch.Tensor | None = None  # [bs, topk] float32: Draft probabilities of the top-k candidates for the first draft position.
-    topk_index: torch.Tensor | None = None  # [bs, topk] int64: Token ids of the top-k candidates for the first draft position.
-    hidden_states: torch.Tensor | None = None  # [bs, hidden] model: Target hidden state at each request's last accepted position, input of the draft head.
-    draft_probs: torch.Tensor | None = None  # [bs, vocab] float32: Draft distribution over the vocabulary at the first draft position.
-    dsa_topk_indices: torch.Tensor | None = None  # not covered (NotImplementedError)
-    accept_tokens: torch.Tensor | None = None  # [bs, num_draft_tokens] int64: Tokens accepted by the previous verify (bonus included), left-aligned.
-    accept_lens: torch.Tensor | None = None  # [bs] int32: Number of valid entries of accept_tokens.
+    # [bs] int64: Next input token of each request (the bonus token under speculation).
+    bonus_tokens: torch.Tensor | None
+    # [bs, topk] float32: Draft probabilities of the top-k candidates for the first draft position.
+    topk_p: torch.Tensor | None = None
+    # [bs, topk] int64: Token ids of the top-k candidates for the first draft position.
+    topk_index: torch.Tensor | None = None
+    # [bs, hidden] model: Target hidden state at each request's last accepted position, input of the draft head.
+    hidden_states: torch.Tensor | None = None
+    # [bs, vocab] float32: Draft distribution over the vocabulary at the first draft position.
+    draft_probs: torch.Tensor | None = None
+    # not covered (NotImplementedError)
+    dsa_topk_indices: torch.Tensor | None = None
+    # [bs, num_draft_tokens] int64: Tokens accepted by the previous verify (bonus included), left-aligned.
+    accept_tokens: torch.Tensor | None = None
+    # [bs] int32: Number of valid entries of accept_tokens.
+    accept_lens: torch.Tensor | None = None
 
     @classmethod
     def from_ngram(cls, draft_input: Any) -> RelayPayload:
@@ -857,45 +865,75 @@ class RelayPayload:
     def from_draft_input(cls, draft_input: Any) -> RelayPayload:
         """The payload of an EAGLE-family draft input (absent attributes: None)."""
         return cls(
-            bonus_tokens=getattr(draft_input, 'bonus_tokens', None),
-            topk_p=getattr(draft_input, 'topk_p', None),
-            topk_index=getattr(draft_input, 'topk_index', None),
-            hidden_states=getattr(draft_input, 'hidden_states', None),
-            draft_probs=getattr(draft_input, 'draft_probs', None),
-            dsa_topk_indices=getattr(draft_input, 'dsa_topk_indices', None),
+            bonus_tokens=getattr(draft_input, "bonus_tokens", None),
+            topk_p=getattr(draft_input, "topk_p", None),
+            topk_index=getattr(draft_input, "topk_index", None),
+            hidden_states=getattr(draft_input, "hidden_states", None),
+            draft_probs=getattr(draft_input, "draft_probs", None),
+            dsa_topk_indices=getattr(draft_input, "dsa_topk_indices", None),
         )
 
 
 class EagleFutureMap(FutureMap):
     """`eagle`: EAGLE / EAGLE-3 tree drafting (topk >= 1) with a one-layer draft head."""
 
-    ALGORITHM = 'eagle'
-    SPEC = 'relayc/specs/eagle.yaml (spec hash 8aff16e299a2b03c)'
+    ALGORITHM = "eagle"
+    SPEC = "relayc/specs/eagle.yaml (spec hash 8aff16e299a2b03c)"
     FIELDS = (
         RelayField(
-            'bonus_tokens', 'output_tokens_buf', torch.int64, '',
-            lazy=False, init=-1, poison=-1,
-            consume_once=True, origin='relayc/specs/common.yaml:44',
+            name="bonus_tokens",
+            buffer="output_tokens_buf",
+            dtype=torch.int64,
+            shape="",
+            lazy=False,
+            init=-1,
+            poison=-1,
+            consume_once=True,
+            origin="relayc/specs/common.yaml:44",
         ),
         RelayField(
-            'new_seq_lens', 'new_seq_lens_buf', torch.int64, '',
-            lazy=False, init='empty', poison=torch.iinfo(torch.int64).min,
-            consume_once=True, origin='relayc/specs/common.yaml:55',
+            name="new_seq_lens",
+            buffer="new_seq_lens_buf",
+            dtype=torch.int64,
+            shape="",
+            lazy=False,
+            init="empty",
+            poison=torch.iinfo(torch.int64).min,
+            consume_once=True,
+            origin="relayc/specs/common.yaml:55",
         ),
         RelayField(
-            'topk_p', 'topk_p_buf', torch.float32, 'topk',
-            lazy=True, init='empty', poison=float("nan"),
-            consume_once=False, origin='relayc/specs/common.yaml:66',
+            name="topk_p",
+            buffer="topk_p_buf",
+            dtype=torch.float32,
+            shape="topk",
+            lazy=True,
+            init="empty",
+            poison=float("nan"),
+            consume_once=False,
+            origin="relayc/specs/common.yaml:66",
         ),
         RelayField(
-            'topk_index', 'topk_index_buf', torch.int64, 'topk',
-            lazy=True, init='empty', poison=torch.iinfo(torch.int64).min,
-            consume_once=False, origin='relayc/specs/common.yaml:71',
+            name="topk_index",
+            buffer="topk_index_buf",
+            dtype=torch.int64,
+            shape="topk",
+            lazy=True,
+            init="empty",
+            poison=torch.iinfo(torch.int64).min,
+            consume_once=False,
+            origin="relayc/specs/common.yaml:71",
         ),
         RelayField(
-            'hidden_states', 'hidden_states_buf', None, 'hidden',
-            lazy=True, init='empty', poison=float("nan"),
-            consume_once=False, origin='relayc/specs/common.yaml:79',
+            name="hidden_states",
+            buffer="hidden_states_buf",
+            dtype=None,
+            shape="hidden",
+            lazy=True,
+            init="empty",
+            poison=float("nan"),
+            consume_once=False,
+            origin="relayc/specs/common.yaml:79",
         ),
     )
     _host_mirrored = True
@@ -919,10 +957,10 @@ class EagleFutureMap(FutureMap):
             self._scatter(
                 indices,
                 {
-                    'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
-                    'topk_p': self._prepare('topk_p', payload.topk_p, n),
-                    'topk_index': self._prepare('topk_index', payload.topk_index, n),
-                    'hidden_states': self._prepare('hidden_states', payload.hidden_states, n),
+                    "bonus_tokens": self._prepare("bonus_tokens", payload.bonus_tokens, n),
+                    "topk_p": self._prepare("topk_p", payload.topk_p, n),
+                    "topk_index": self._prepare("topk_index", payload.topk_index, n),
+                    "hidden_states": self._prepare("hidden_states", payload.hidden_states, n),
                 },
             )
             return
@@ -933,45 +971,45 @@ class EagleFutureMap(FutureMap):
         if value is not None:
             buf = self.output_tokens_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('bonus_tokens', value, n)
+                value = self._prepare("bonus_tokens", value, n)
                 buf = self.output_tokens_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('bonus_tokens', value, indices) from exc
+                raise self._stash_error("bonus_tokens", value, indices) from exc
         # relayc/specs/common.yaml:66 [bs, topk] float32
         value = payload.topk_p
         if value is not None:
             buf = self.topk_p_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('topk_p', value, n)
+                value = self._prepare("topk_p", value, n)
                 buf = self.topk_p_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('topk_p', value, indices) from exc
+                raise self._stash_error("topk_p", value, indices) from exc
         # relayc/specs/common.yaml:71 [bs, topk] int64
         value = payload.topk_index
         if value is not None:
             buf = self.topk_index_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('topk_index', value, n)
+                value = self._prepare("topk_index", value, n)
                 buf = self.topk_index_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('topk_index', value, indices) from exc
+                raise self._stash_error("topk_index", value, indices) from exc
         # relayc/specs/common.yaml:79 [bs, hidden] model
         value = payload.hidden_states
         if value is not None:
             buf = self.hidden_states_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('hidden_states', value, n)
+                value = self._prepare("hidden_states", value, n)
                 buf = self.hidden_states_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('hidden_states', value, indices) from exc
+                raise self._stash_error("hidden_states", value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Gather bonus_tokens, topk_p, topk_index, hidden_states into `batch.spec_info` (one launch where fused)."""
@@ -987,7 +1025,13 @@ class EagleFutureMap(FutureMap):
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
             bonus_tokens, topk_p, topk_index, hidden_states = self._gather(
-                indices, ('bonus_tokens', 'topk_p', 'topk_index', 'hidden_states')
+                indices,
+                (
+                    "bonus_tokens",
+                    "topk_p",
+                    "topk_index",
+                    "hidden_states",
+                ),
             )
         else:
             # relayc/specs/common.yaml:44 [bs] int64
@@ -1010,34 +1054,58 @@ class EagleFutureMap(FutureMap):
             draft_input.hidden_states = hidden_states
         draft_input.dsa_topk_indices = None
         if _DEBUG_ASSERT:
-            self._consume_once('bonus_tokens', bonus_tokens, indices)
+            self._consume_once("bonus_tokens", bonus_tokens, indices)
 
 
 class EagleMultilayerFutureMap(FutureMap):
     """`eagle_multilayer`: Multi-token-prediction drafting, one draft layer per step."""
 
-    ALGORITHM = 'eagle_multilayer'
-    SPEC = 'relayc/specs/eagle_multilayer.yaml (spec hash 14408221fcc92880)'
+    ALGORITHM = "eagle_multilayer"
+    SPEC = "relayc/specs/eagle_multilayer.yaml (spec hash 14408221fcc92880)"
     FIELDS = (
         RelayField(
-            'bonus_tokens', 'output_tokens_buf', torch.int64, '',
-            lazy=False, init=-1, poison=-1,
-            consume_once=True, origin='relayc/specs/common.yaml:44',
+            name="bonus_tokens",
+            buffer="output_tokens_buf",
+            dtype=torch.int64,
+            shape="",
+            lazy=False,
+            init=-1,
+            poison=-1,
+            consume_once=True,
+            origin="relayc/specs/common.yaml:44",
         ),
         RelayField(
-            'new_seq_lens', 'new_seq_lens_buf', torch.int64, '',
-            lazy=False, init='empty', poison=torch.iinfo(torch.int64).min,
-            consume_once=True, origin='relayc/specs/common.yaml:55',
+            name="new_seq_lens",
+            buffer="new_seq_lens_buf",
+            dtype=torch.int64,
+            shape="",
+            lazy=False,
+            init="empty",
+            poison=torch.iinfo(torch.int64).min,
+            consume_once=True,
+            origin="relayc/specs/common.yaml:55",
         ),
         RelayField(
-            'topk_p', 'topk_p_buf', torch.float32, 'num_steps, topk',
-            lazy=True, init='empty', poison=float("nan"),
-            consume_once=False, origin='relayc/specs/eagle_multilayer.yaml:13',
+            name="topk_p",
+            buffer="topk_p_buf",
+            dtype=torch.float32,
+            shape="num_steps, topk",
+            lazy=True,
+            init="empty",
+            poison=float("nan"),
+            consume_once=False,
+            origin="relayc/specs/eagle_multilayer.yaml:13",
         ),
         RelayField(
-            'topk_index', 'topk_index_buf', torch.int64, 'num_steps, topk',
-            lazy=True, init='empty', poison=torch.iinfo(torch.int64).min,
-            consume_once=False, origin='relayc/specs/eagle_multilayer.yaml:18',
+            name="topk_index",
+            buffer="topk_index_buf",
+            dtype=torch.int64,
+            shape="num_steps, topk",
+            lazy=True,
+            init="empty",
+            poison=torch.iinfo(torch.int64).min,
+            consume_once=False,
+            origin="relayc/specs/eagle_multilayer.yaml:18",
         ),
     )
     _host_mirrored = True
@@ -1061,9 +1129,9 @@ class EagleMultilayerFutureMap(FutureMap):
             self._scatter(
                 indices,
                 {
-                    'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
-                    'topk_p': self._prepare('topk_p', payload.topk_p, n),
-                    'topk_index': self._prepare('topk_index', payload.topk_index, n),
+                    "bonus_tokens": self._prepare("bonus_tokens", payload.bonus_tokens, n),
+                    "topk_p": self._prepare("topk_p", payload.topk_p, n),
+                    "topk_index": self._prepare("topk_index", payload.topk_index, n),
                 },
             )
             return
@@ -1074,34 +1142,34 @@ class EagleMultilayerFutureMap(FutureMap):
         if value is not None:
             buf = self.output_tokens_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('bonus_tokens', value, n)
+                value = self._prepare("bonus_tokens", value, n)
                 buf = self.output_tokens_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('bonus_tokens', value, indices) from exc
+                raise self._stash_error("bonus_tokens", value, indices) from exc
         # relayc/specs/eagle_multilayer.yaml:13 [bs, num_steps, topk] float32
         value = payload.topk_p
         if value is not None:
             buf = self.topk_p_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('topk_p', value, n)
+                value = self._prepare("topk_p", value, n)
                 buf = self.topk_p_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('topk_p', value, indices) from exc
+                raise self._stash_error("topk_p", value, indices) from exc
         # relayc/specs/eagle_multilayer.yaml:18 [bs, num_steps, topk] int64
         value = payload.topk_index
         if value is not None:
             buf = self.topk_index_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('topk_index', value, n)
+                value = self._prepare("topk_index", value, n)
                 buf = self.topk_index_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('topk_index', value, indices) from exc
+                raise self._stash_error("topk_index", value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Gather bonus_tokens, topk_p, topk_index into `batch.spec_info` (one launch where fused)."""
@@ -1117,7 +1185,12 @@ class EagleMultilayerFutureMap(FutureMap):
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
             bonus_tokens, topk_p, topk_index = self._gather(
-                indices, ('bonus_tokens', 'topk_p', 'topk_index')
+                indices,
+                (
+                    "bonus_tokens",
+                    "topk_p",
+                    "topk_index",
+                ),
             )
         else:
             # relayc/specs/common.yaml:44 [bs] int64
@@ -1135,29 +1208,47 @@ class EagleMultilayerFutureMap(FutureMap):
             draft_input.topk_index = topk_index
         draft_input.dsa_topk_indices = None
         if _DEBUG_ASSERT:
-            self._consume_once('bonus_tokens', bonus_tokens, indices)
+            self._consume_once("bonus_tokens", bonus_tokens, indices)
 
 
 class NgramFutureMap(FutureMap):
     """`ngram`: Suffix-match (n-gram) drafting on the host, tree verification on the device."""
 
-    ALGORITHM = 'ngram'
-    SPEC = 'relayc/specs/ngram.yaml (spec hash 697e2a3103dd0fef)'
+    ALGORITHM = "ngram"
+    SPEC = "relayc/specs/ngram.yaml (spec hash 697e2a3103dd0fef)"
     FIELDS = (
         RelayField(
-            'new_seq_lens', 'new_seq_lens_buf', torch.int64, '',
-            lazy=False, init='empty', poison=torch.iinfo(torch.int64).min,
-            consume_once=True, origin='relayc/specs/common.yaml:55',
+            name="new_seq_lens",
+            buffer="new_seq_lens_buf",
+            dtype=torch.int64,
+            shape="",
+            lazy=False,
+            init="empty",
+            poison=torch.iinfo(torch.int64).min,
+            consume_once=True,
+            origin="relayc/specs/common.yaml:55",
         ),
         RelayField(
-            'accept_tokens', 'accept_tokens_buf', torch.int64, 'num_draft_tokens',
-            lazy=True, init='zeros', poison=torch.iinfo(torch.int64).min,
-            consume_once=False, origin='relayc/specs/common.yaml:96',
+            name="accept_tokens",
+            buffer="accept_tokens_buf",
+            dtype=torch.int64,
+            shape="num_draft_tokens",
+            lazy=True,
+            init="zeros",
+            poison=torch.iinfo(torch.int64).min,
+            consume_once=False,
+            origin="relayc/specs/common.yaml:96",
         ),
         RelayField(
-            'accept_lens', 'accept_lens_buf', torch.int32, '',
-            lazy=False, init='zeros', poison=torch.iinfo(torch.int32).min,
-            consume_once=False, origin='relayc/specs/common.yaml:101',
+            name="accept_lens",
+            buffer="accept_lens_buf",
+            dtype=torch.int32,
+            shape="",
+            lazy=False,
+            init="zeros",
+            poison=torch.iinfo(torch.int32).min,
+            consume_once=False,
+            origin="relayc/specs/common.yaml:101",
         ),
     )
     _host_mirrored = True
@@ -1176,8 +1267,8 @@ class NgramFutureMap(FutureMap):
             self._scatter(
                 indices,
                 {
-                    'accept_tokens': self._prepare('accept_tokens', payload.accept_tokens, n),
-                    'accept_lens': self._prepare('accept_lens', payload.accept_lens, n),
+                    "accept_tokens": self._prepare("accept_tokens", payload.accept_tokens, n),
+                    "accept_lens": self._prepare("accept_lens", payload.accept_lens, n),
                 },
             )
             return
@@ -1188,23 +1279,23 @@ class NgramFutureMap(FutureMap):
         if value is not None:
             buf = self.accept_tokens_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('accept_tokens', value, n)
+                value = self._prepare("accept_tokens", value, n)
                 buf = self.accept_tokens_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('accept_tokens', value, indices) from exc
+                raise self._stash_error("accept_tokens", value, indices) from exc
         # relayc/specs/common.yaml:101 [bs] int32
         value = payload.accept_lens
         if value is not None:
             buf = self.accept_lens_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('accept_lens', value, n)
+                value = self._prepare("accept_lens", value, n)
                 buf = self.accept_lens_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('accept_lens', value, indices) from exc
+                raise self._stash_error("accept_lens", value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Gather accept_tokens, accept_lens into `batch.spec_info` (one launch where fused)."""
@@ -1218,7 +1309,11 @@ class NgramFutureMap(FutureMap):
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
             accept_tokens, accept_lens = self._gather(
-                indices, ('accept_tokens', 'accept_lens')
+                indices,
+                (
+                    "accept_tokens",
+                    "accept_lens",
+                ),
             )
         else:
             # relayc/specs/common.yaml:96 [bs, num_draft_tokens] int64
@@ -1235,13 +1330,19 @@ class NgramFutureMap(FutureMap):
 class NoneFutureMap(FutureMap):
     """`none`: Plain autoregressive decoding with overlap scheduling."""
 
-    ALGORITHM = 'none'
-    SPEC = 'relayc/specs/none.yaml (spec hash d8351d19c1a83ee2)'
+    ALGORITHM = "none"
+    SPEC = "relayc/specs/none.yaml (spec hash d8351d19c1a83ee2)"
     FIELDS = (
         RelayField(
-            'bonus_tokens', 'output_tokens_buf', torch.int64, '',
-            lazy=False, init=-1, poison=-1,
-            consume_once=True, origin='relayc/specs/common.yaml:44',
+            name="bonus_tokens",
+            buffer="output_tokens_buf",
+            dtype=torch.int64,
+            shape="",
+            lazy=False,
+            init=-1,
+            poison=-1,
+            consume_once=True,
+            origin="relayc/specs/common.yaml:44",
         ),
     )
     _host_mirrored = False
@@ -1260,7 +1361,7 @@ class NoneFutureMap(FutureMap):
             self._scatter(
                 indices,
                 {
-                    'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
+                    "bonus_tokens": self._prepare("bonus_tokens", payload.bonus_tokens, n),
                 },
             )
             return
@@ -1271,12 +1372,12 @@ class NoneFutureMap(FutureMap):
         if value is not None:
             buf = self.output_tokens_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('bonus_tokens', value, n)
+                value = self._prepare("bonus_tokens", value, n)
                 buf = self.output_tokens_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('bonus_tokens', value, indices) from exc
+                raise self._stash_error("bonus_tokens", value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Non-speculative decoding relays nothing but the input tokens."""
@@ -1286,33 +1387,63 @@ class NoneFutureMap(FutureMap):
 class StandaloneFutureMap(FutureMap):
     """`standalone`: A small standalone draft model drafting a chain, verified by the target."""
 
-    ALGORITHM = 'standalone'
-    SPEC = 'relayc/specs/standalone.yaml (spec hash 5b0f702b03a6c0c6)'
+    ALGORITHM = "standalone"
+    SPEC = "relayc/specs/standalone.yaml (spec hash 5b0f702b03a6c0c6)"
     FIELDS = (
         RelayField(
-            'bonus_tokens', 'output_tokens_buf', torch.int64, '',
-            lazy=False, init=-1, poison=-1,
-            consume_once=True, origin='relayc/specs/common.yaml:44',
+            name="bonus_tokens",
+            buffer="output_tokens_buf",
+            dtype=torch.int64,
+            shape="",
+            lazy=False,
+            init=-1,
+            poison=-1,
+            consume_once=True,
+            origin="relayc/specs/common.yaml:44",
         ),
         RelayField(
-            'new_seq_lens', 'new_seq_lens_buf', torch.int64, '',
-            lazy=False, init='empty', poison=torch.iinfo(torch.int64).min,
-            consume_once=True, origin='relayc/specs/common.yaml:55',
+            name="new_seq_lens",
+            buffer="new_seq_lens_buf",
+            dtype=torch.int64,
+            shape="",
+            lazy=False,
+            init="empty",
+            poison=torch.iinfo(torch.int64).min,
+            consume_once=True,
+            origin="relayc/specs/common.yaml:55",
         ),
         RelayField(
-            'topk_p', 'topk_p_buf', torch.float32, 'topk',
-            lazy=True, init='empty', poison=float("nan"),
-            consume_once=False, origin='relayc/specs/common.yaml:66',
+            name="topk_p",
+            buffer="topk_p_buf",
+            dtype=torch.float32,
+            shape="topk",
+            lazy=True,
+            init="empty",
+            poison=float("nan"),
+            consume_once=False,
+            origin="relayc/specs/common.yaml:66",
         ),
         RelayField(
-            'topk_index', 'topk_index_buf', torch.int64, 'topk',
-            lazy=True, init='empty', poison=torch.iinfo(torch.int64).min,
-            consume_once=False, origin='relayc/specs/common.yaml:71',
+            name="topk_index",
+            buffer="topk_index_buf",
+            dtype=torch.int64,
+            shape="topk",
+            lazy=True,
+            init="empty",
+            poison=torch.iinfo(torch.int64).min,
+            consume_once=False,
+            origin="relayc/specs/common.yaml:71",
         ),
         RelayField(
-            'draft_probs', 'draft_probs_buf', torch.float32, 'vocab',
-            lazy=True, init='empty', poison=float("nan"),
-            consume_once=False, origin='relayc/specs/common.yaml:87',
+            name="draft_probs",
+            buffer="draft_probs_buf",
+            dtype=torch.float32,
+            shape="vocab",
+            lazy=True,
+            init="empty",
+            poison=float("nan"),
+            consume_once=False,
+            origin="relayc/specs/common.yaml:87",
         ),
     )
     _host_mirrored = True
@@ -1331,10 +1462,10 @@ class StandaloneFutureMap(FutureMap):
             self._scatter(
                 indices,
                 {
-                    'bonus_tokens': self._prepare('bonus_tokens', payload.bonus_tokens, n),
-                    'topk_p': self._prepare('topk_p', payload.topk_p, n),
-                    'topk_index': self._prepare('topk_index', payload.topk_index, n),
-                    'draft_probs': self._prepare('draft_probs', payload.draft_probs, n),
+                    "bonus_tokens": self._prepare("bonus_tokens", payload.bonus_tokens, n),
+                    "topk_p": self._prepare("topk_p", payload.topk_p, n),
+                    "topk_index": self._prepare("topk_index", payload.topk_index, n),
+                    "draft_probs": self._prepare("draft_probs", payload.draft_probs, n),
                 },
             )
             return
@@ -1345,45 +1476,45 @@ class StandaloneFutureMap(FutureMap):
         if value is not None:
             buf = self.output_tokens_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('bonus_tokens', value, n)
+                value = self._prepare("bonus_tokens", value, n)
                 buf = self.output_tokens_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('bonus_tokens', value, indices) from exc
+                raise self._stash_error("bonus_tokens", value, indices) from exc
         # relayc/specs/common.yaml:66 [bs, topk] float32
         value = payload.topk_p
         if value is not None:
             buf = self.topk_p_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('topk_p', value, n)
+                value = self._prepare("topk_p", value, n)
                 buf = self.topk_p_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('topk_p', value, indices) from exc
+                raise self._stash_error("topk_p", value, indices) from exc
         # relayc/specs/common.yaml:71 [bs, topk] int64
         value = payload.topk_index
         if value is not None:
             buf = self.topk_index_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('topk_index', value, n)
+                value = self._prepare("topk_index", value, n)
                 buf = self.topk_index_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('topk_index', value, indices) from exc
+                raise self._stash_error("topk_index", value, indices) from exc
         # relayc/specs/common.yaml:87 [bs, vocab] float32
         value = payload.draft_probs
         if value is not None:
             buf = self.draft_probs_buf
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare('draft_probs', value, n)
+                value = self._prepare("draft_probs", value, n)
                 buf = self.draft_probs_buf
             try:
                 buf.index_copy_(0, indices, value)
             except (IndexError, RuntimeError) as exc:
-                raise self._stash_error('draft_probs', value, indices) from exc
+                raise self._stash_error("draft_probs", value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Gather bonus_tokens, topk_p, topk_index, draft_probs into `batch.spec_info` (one launch where fused)."""
@@ -1399,7 +1530,13 @@ class StandaloneFutureMap(FutureMap):
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
             bonus_tokens, topk_p, topk_index, draft_probs = self._gather(
-                indices, ('bonus_tokens', 'topk_p', 'topk_index', 'draft_probs')
+                indices,
+                (
+                    "bonus_tokens",
+                    "topk_p",
+                    "topk_index",
+                    "draft_probs",
+                ),
             )
         else:
             # relayc/specs/common.yaml:44 [bs] int64
@@ -1422,11 +1559,11 @@ class StandaloneFutureMap(FutureMap):
             draft_input.draft_probs = draft_probs
         draft_input.dsa_topk_indices = None
         if _DEBUG_ASSERT:
-            self._consume_once('bonus_tokens', bonus_tokens, indices)
+            self._consume_once("bonus_tokens", bonus_tokens, indices)
 
 
-FutureMap.ALGORITHMS['eagle'] = EagleFutureMap
-FutureMap.ALGORITHMS['eagle_multilayer'] = EagleMultilayerFutureMap
-FutureMap.ALGORITHMS['ngram'] = NgramFutureMap
-FutureMap.ALGORITHMS['none'] = NoneFutureMap
-FutureMap.ALGORITHMS['standalone'] = StandaloneFutureMap
+FutureMap.ALGORITHMS["eagle"] = EagleFutureMap
+FutureMap.ALGORITHMS["eagle_multilayer"] = EagleMultilayerFutureMap
+FutureMap.ALGORITHMS["ngram"] = NgramFutureMap
+FutureMap.ALGORITHMS["none"] = NoneFutureMap
+FutureMap.ALGORITHMS["standalone"] = StandaloneFutureMap

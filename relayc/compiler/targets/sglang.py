@@ -19,6 +19,7 @@ the generated module imports nothing from relayc.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,7 +205,14 @@ def _union(algorithms: Sequence[SGLangAlgorithm]) -> list[FieldLayout]:
 def _pylit(value: object) -> str:
     if isinstance(value, float) and value != value:
         return 'float("nan")'
+    if isinstance(value, str):
+        return _q(value)
     return repr(value)
+
+
+def _q(text: str) -> str:
+    """A double-quoted Python string literal (the quotes ruff's formatter keeps)."""
+    return json.dumps(text)
 
 
 def _poison(f: FieldLayout) -> str:
@@ -268,7 +276,7 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     for name in dict.fromkeys(
         [*(_buffer(n) for n in SGLANG_PAYLOAD), *(_buffer(f.name) for f in union)]
     ):
-        w(f"    {name!r},")
+        w(f"    {_q(name)},")
     w(")\n\n")
     _payload(w, algorithms, union)
     for algo in algorithms:
@@ -276,7 +284,7 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
         _algorithm_class(w, algo)
     w("\n")
     for algo in algorithms:
-        w(f"FutureMap.ALGORITHMS[{algo.name!r}] = {_class_name(algo.name)}")
+        w(f"FutureMap.ALGORITHMS[{_q(algo.name)}] = {_class_name(algo.name)}")
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -307,7 +315,8 @@ def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout])
             if name not in UNCOVERED_PAYLOAD
             else "not covered (NotImplementedError)",
         )
-        w(f"    {name}: torch.Tensor | None{default}  # {doc}")
+        w(f"    # {doc}")
+        w(f"    {name}: torch.Tensor | None{default}")
     w("")
     w("    @classmethod")
     w("    def from_ngram(cls, draft_input: Any) -> RelayPayload:")
@@ -337,7 +346,7 @@ def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout])
     for name in (*SGLANG_PAYLOAD, *extra):
         if name in by_ngram and name not in by_draft:
             continue
-        w(f"            {name}=getattr(draft_input, {name!r}, None),")
+        w(f"            {name}=getattr(draft_input, {_q(name)}, None),")
     w("        )")
 
 
@@ -346,16 +355,23 @@ def _algorithm_class(w, algo: SGLangAlgorithm) -> None:
     cls = _class_name(algo.name)
     w(f"class {cls}(FutureMap):")
     w(f'    """`{algo.name}`: {spec.description or algo.name}"""\n')
-    w(f"    ALGORITHM = {algo.name!r}")
-    w(f"    SPEC = {f'{spec.path} (spec hash {spec.content_hash})'!r}")
+    w(f"    ALGORITHM = {_q(algo.name)}")
+    provenance = f"{spec.path} (spec hash {spec.content_hash})"
+    w(f"    SPEC = {_q(provenance)}")
     w("    FIELDS = (")
     for f in algo.layout.fields:
         dtype = "None" if f.dtype == "model" else f"torch.{f.dtype}"
         lazy = f.alloc == "lazy" or bool(f.shape)
         w("        RelayField(")
-        w(f"            {f.name!r}, {_buffer(f.name)!r}, {dtype}, {_shape(f)!r},")
-        w(f"            lazy={lazy}, init={_pylit(f.init)}, poison={_poison(f)},")
-        w(f"            consume_once={_consume_once(f)}, origin={f.origin!r},")
+        w(f"            name={_q(f.name)},")
+        w(f"            buffer={_q(_buffer(f.name))},")
+        w(f"            dtype={dtype},")
+        w(f"            shape={_q(_shape(f))},")
+        w(f"            lazy={lazy},")
+        w(f"            init={_pylit(f.init)},")
+        w(f"            poison={_poison(f)},")
+        w(f"            consume_once={_consume_once(f)},")
+        w(f"            origin={_q(f.origin)},")
         w("        ),")
     w("    )")
     mirrored = any(f.name == "new_seq_lens" and f.host_mirror for f in algo.layout.fields)
@@ -399,7 +415,7 @@ def _stash(w, algo: SGLangAlgorithm) -> None:
     w("                indices,")
     w("                {")
     for f in algo.stashed:
-        w(f"                    {f.name!r}: self._prepare({f.name!r}, payload.{f.name}, n),")
+        w(f"                    {_q(f.name)}: self._prepare({_q(f.name)}, payload.{f.name}, n),")
     w("                },")
     w("            )")
     w("            return")
@@ -411,12 +427,12 @@ def _stash(w, algo: SGLangAlgorithm) -> None:
         w("        if value is not None:")
         w(f"            buf = self.{_buffer(f.name)}")
         w("            if buf is None or value.dtype is not buf.dtype:  # allocate or cast")
-        w(f"                value = self._prepare({f.name!r}, value, n)")
+        w(f"                value = self._prepare({_q(f.name)}, value, n)")
         w(f"                buf = self.{_buffer(f.name)}")
         w("            try:")
         w("                buf.index_copy_(0, indices, value)")
         w("            except (IndexError, RuntimeError) as exc:")
-        w(f"                raise self._stash_error({f.name!r}, value, indices) from exc")
+        w(f"                raise self._stash_error({_q(f.name)}, value, indices) from exc")
 
 
 def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
@@ -447,9 +463,11 @@ def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
     targets = ", ".join(f.name for f in fields) + ("," if len(fields) == 1 else "")
     w("        if self._fused:")
     w(f"            {targets} = self._gather(")
-    w(
-        f"                indices, ({', '.join(repr(f.name) for f in fields)}{',' if len(fields) == 1 else ''})"
-    )
+    w("                indices,")
+    w("                (")
+    for f in fields:
+        w(f"                    {_q(f.name)},")
+    w("                ),")
     w("            )")
     w("        else:")
     for f in fields:
@@ -475,4 +493,4 @@ def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
     if consumed:
         w("        if _DEBUG_ASSERT:")
         for f in consumed:
-            w(f"            self._consume_once({f.name!r}, {f.name}, indices)")
+            w(f"            self._consume_once({_q(f.name)}, {f.name}, indices)")
