@@ -817,6 +817,29 @@ def resolve_forward_inputs(batch: Any, future_map: FutureMap) -> None:
         future_map._resolve_spec_extras(batch)
 
 
+def install() -> None:
+    """Point SGLang at this module: its FutureMap, RelayPayload and resolve_forward_inputs
+    replace SGLang's in `sglang.srt.managers.overlap_utils` and in every SGLang module that
+    already imported them. Run it in each SGLang process before the scheduler starts
+    (docs/sglang.md: a sitecustomize does that for spawned processes too)."""
+    import sys
+
+    from sglang.srt.managers import overlap_utils as original
+
+    ours = {
+        "FutureMap": FutureMap,
+        "RelayPayload": RelayPayload,
+        "resolve_forward_inputs": resolve_forward_inputs,
+    }
+    replaced = {id(getattr(original, name)): value for name, value in ours.items()}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "sglang" or name.startswith("sglang.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if id(value) in replaced:
+                setattr(module, attr, replaced[id(value)])
+
+
 # Every buffer attribute SGLang's FutureMap has; those an algorithm does not relay are None.
 SGLANG_BUFFERS: tuple[str, ...] = (
     "output_tokens_buf",

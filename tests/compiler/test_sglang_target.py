@@ -368,3 +368,26 @@ def test_compile_target_sglang_command(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["compile", "--target", "sglang", *specs, "-o", str(tmp_path)]) == 0
     assert "unchanged" in capsys.readouterr().out
     assert main(["compile", "--target", "sglang", str(BUNDLED_DIR / "common.yaml"), "-o", "x"]) == 1
+
+
+@needs_sglang
+def test_install_points_sglang_at_the_generated_module(
+    sgl, gen: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ou = sgl.overlap_utils
+    names = ("FutureMap", "RelayPayload", "resolve_forward_inputs")
+    # An SGLang module that imported the names before install(), as the scheduler does
+    # (importing the real scheduler needs more packages than the relay does).
+    probe = types.ModuleType("sglang.relayc_probe")
+    for name in names:
+        setattr(probe, name, getattr(ou, name))
+        monkeypatch.setattr(ou, name, getattr(ou, name))  # restored afterwards
+    monkeypatch.setitem(sys.modules, probe.__name__, probe)
+    gen.install()
+    for name in names:
+        assert getattr(ou, name) is getattr(gen, name) and getattr(probe, name) is getattr(
+            gen, name
+        )
+    with sglang_env.server_args(sgl, "EAGLE"):
+        fmap = sgl.SpeculativeAlgorithm.EAGLE.create_future_map(torch.device("cpu"), pool())
+    assert type(fmap) is gen.FutureMap.ALGORITHMS["eagle"]
