@@ -589,7 +589,7 @@ class FutureMap:
         """`buffer[indices] = value` for every non-None value, in one launch where fused."""
         if self._fused:
             bufs, srcs = self._kernel_operands(values)
-            triton_stash(indices, bufs, srcs)
+            triton_stash(indices.contiguous(), bufs, srcs)  # the kernel reads indices[i]
             return
         if indices.dtype != torch.int64:
             indices = indices.long()
