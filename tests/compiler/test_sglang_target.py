@@ -25,6 +25,7 @@ from relayc.compiler.writer import write
 from relayc.specs.errors import SpecErrors
 from relayc.specs.loader import BUNDLED_DIR, bundled_spec_paths
 from tests.compiler import sglang_env
+from tests.compiler.sglang_twin import DRAFT_PROBS_SCENARIO, SCENARIOS, Twin
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "relayc" / "sglang_generated" / "overlap_utils.py"
@@ -255,9 +256,7 @@ def eagle_with_draft_probs(tmp_path: Path) -> Path:
     return tmp_path / "eagle.yaml"
 
 
-def run_twin(sgl, gen_module, scenario, seeds=(0, 1, 2), steps: int = 30) -> None:
-    from tests.compiler.sglang_twin import Twin
-
+def run_twin(sgl, gen_module, scenario, seeds=range(5), steps: int = 40) -> None:
     with sglang_env.server_args(sgl, scenario.sglang_algorithm, **scenario.server_kwargs):
         for seed in seeds:
             twin = Twin(sgl, gen_module, scenario, seed)
@@ -266,21 +265,14 @@ def run_twin(sgl, gen_module, scenario, seeds=(0, 1, 2), steps: int = 30) -> Non
 
 
 @needs_sglang
-@pytest.mark.parametrize(
-    "name",
-    [s.name for s in __import__("tests.compiler.sglang_twin", fromlist=["SCENARIOS"]).SCENARIOS],
-)
+@pytest.mark.parametrize("name", [s.name for s in SCENARIOS])
 def test_differential_against_sglang(sgl, gen: types.ModuleType, name: str) -> None:
-    from tests.compiler.sglang_twin import SCENARIOS
-
     scenario = next(s for s in SCENARIOS if s.name == name)
     run_twin(sgl, gen, scenario)
 
 
 @needs_sglang
 def test_differential_eagle_with_draft_probs(sgl, tmp_path: Path) -> None:
-    from tests.compiler.sglang_twin import DRAFT_PROBS_SCENARIO
-
     specs = [p for p in bundled_spec_paths() if p.stem != "eagle"] + [
         eagle_with_draft_probs(tmp_path)
     ]
@@ -314,8 +306,6 @@ def test_debug_mode_fails_where_sglang_fails(
 ) -> None:
     """Under SGLang's CI flag: same poisoned start, and a resolve with no stash or publish
     since the last one fails on both sides (SGLang's check run eagerly, not compiled)."""
-    from tests.compiler.sglang_twin import SCENARIOS, Twin
-
     ou = sgl.overlap_utils
     monkeypatch.setattr(ou, "_DEBUG_ASSERT", True)
     monkeypatch.setattr(ou, "_assert_nonneg_and_invalidate", sglang_env.eager_debug_check(sgl))
