@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from relayc.compiler.picture import add_graph_command
+from relayc.engine.cli import add_generate_command
 from relayc.specs.errors import SpecErrors
 
 EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
@@ -177,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.set_defaults(func=cmd_schema)
     add_graph_command(sub)
+    add_generate_command(sub)
     return parser
 
 

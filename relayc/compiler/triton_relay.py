@@ -24,14 +24,11 @@ import keyword
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-DTYPES: tuple[str, ...] = ("int32", "int64", "float32", "bfloat16", "float16", "bool")
+DTYPES: tuple[str, ...] = ("int32", "int64", "float32", "bfloat16", "float16", "bool", "model")
 
 STASH_KERNEL = "_relay_stash_kernel"
 RESOLVE_KERNEL = "_relay_resolve_kernel"
 
-# Largest row chunk one loop iteration copies: a power of two (tl.arange needs one) that keeps
-# registers bounded while a 4096-wide bf16 hidden row still takes only four iterations.
-MAX_BLOCK = 1024
 
 _INDENT = "    "
 
@@ -58,8 +55,8 @@ def emit_triton_relay(
         triton_resolve(indices, bufs, outs)  # outs[f][i] = bufs[f][indices[i]], outs[f] not None
 
     ``bufs``, ``srcs`` and ``outs`` follow the order of ``buffers``. The block needs the names
-    ``torch``, ``Sequence``, ``triton``, ``tl`` and ``guard`` from the module it is pasted
-    into. The output depends only on the arguments (same bytes every run).
+    ``torch``, ``Sequence``, ``fused_copy`` (from :mod:`relayc.runtime.fused`), ``triton``,
+    ``tl`` and ``guard`` from the module it is pasted into. The output depends only on the arguments (same bytes every run).
     """
     _check_buffers(algorithm, buffers, guard)
     lines = [
@@ -68,13 +65,10 @@ def emit_triton_relay(
         f"if {guard}:",
     ]
     body = [
-        "# Row chunk cap: a power of two (tl.arange needs one) that bounds registers while a",
-        "# 4096-wide bf16 hidden row still takes four iterations.",
-        f"_RELAY_MAX_BLOCK = {MAX_BLOCK}",
-        "",
         "# Field order of the kernels' parameters and of `bufs` / `srcs` / `outs`.",
-        "_RELAY_FIELDS: tuple[tuple[str, torch.dtype], ...] = (",
-        *(f'{_INDENT}("{b.name}", torch.{b.dtype}),' for b in buffers),
+        "# (None: the model's dtype, bound when the FutureMap is built.)",
+        "_RELAY_FIELDS: tuple[tuple[str, torch.dtype | None], ...] = (",
+        *(f'{_INDENT}("{b.name}", {_dtype_literal(b.dtype)}),' for b in buffers),
         ")",
         "",
         "@triton.jit",
@@ -105,6 +99,10 @@ def emit_triton_relay(
     ]
     lines += [_INDENT + line if line else "" for line in body]
     return "\n".join(lines) + "\n"
+
+
+def _dtype_literal(dtype: str) -> str:
+    return "None" if dtype == "model" else f"torch.{dtype}"
 
 
 def _check_buffers(algorithm: str, buffers: Sequence[RelayBuffer], guard: str) -> None:
@@ -169,52 +167,6 @@ def _kernel(
 # Field-independent host code: the per-field specialisation lives in the kernels and
 # `_RELAY_FIELDS`, so one argument builder serves both entry points.
 _HOST_CODE = '''\
-def _relay_launch_args(
-    indices: torch.Tensor,
-    bufs: Sequence[torch.Tensor | None],
-    rows: Sequence[torch.Tensor | None],
-) -> list[object]:
-    """Kernel arguments, after checking what the kernels assume (host-side metadata only)."""
-    if indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"`indices` must be 1-D int32/int64; got {indices.dtype} {tuple(indices.shape)}"
-        )
-    if len(bufs) != len(_RELAY_FIELDS) or len(rows) != len(_RELAY_FIELDS):
-        raise ValueError(
-            f"expected {len(_RELAY_FIELDS)} buffers and row tensors "
-            f"({', '.join(name for name, _ in _RELAY_FIELDS)}); got {len(bufs)} and {len(rows)}"
-        )
-    n = indices.shape[0]
-    args: list[object] = [indices]
-    for (name, dtype), buf, field_rows in zip(_RELAY_FIELDS, bufs, rows, strict=True):
-        if field_rows is None:
-            # Fixed width/block for absent fields: one specialisation per presence pattern,
-            # not per shape of a buffer the launch never touches.
-            args += (None, None, 1, 1, False)
-            continue
-        if buf is None:
-            raise ValueError(f"relay field `{name}` has rows but no buffer; allocate it first")
-        if buf.dtype != dtype or field_rows.dtype != dtype:
-            raise ValueError(
-                f"relay field `{name}` is {dtype}; got buffer {buf.dtype}, rows {field_rows.dtype}"
-            )
-        if field_rows.shape[:1] != (n,) or field_rows.shape[1:] != buf.shape[1:]:
-            raise ValueError(
-                f"relay field `{name}` rows must be {(n, *buf.shape[1:])} "
-                f"for {n} indices; got {tuple(field_rows.shape)}"
-            )
-        if not (buf.is_contiguous() and field_rows.is_contiguous()):
-            raise ValueError(f"relay field `{name}`: the kernels need contiguous tensors")
-        width = buf.numel() // buf.shape[0]
-        if dtype == torch.bool:
-            # Same bytes, but a plain byte pointer: Triton's handling of bool pointers
-            # (int1 loaded as int8) has varied across versions.
-            buf, field_rows = buf.view(torch.uint8), field_rows.view(torch.uint8)
-        # Next power of two by bit_length: triton.next_power_of_2 costs ~5 us a call.
-        block = min(1 << max(width - 1, 0).bit_length(), _RELAY_MAX_BLOCK)
-        args += (buf, field_rows, width, block, True)
-    return args
-
 def triton_stash(
     indices: torch.Tensor,
     bufs: Sequence[torch.Tensor | None],
@@ -225,9 +177,7 @@ def triton_stash(
     No host sync and no allocation; the grid depends only on `indices.shape[0]`.
     Duplicate indices (the padding slot) race: which row lands there is unspecified.
     """
-    if indices.shape[0] == 0:
-        return
-    _relay_stash_kernel[(indices.shape[0],)](*_relay_launch_args(indices, bufs, srcs))
+    fused_copy(_relay_stash_kernel, _RELAY_FIELDS, indices, bufs, srcs)
 
 def triton_resolve(
     indices: torch.Tensor,
@@ -239,9 +189,7 @@ def triton_resolve(
     No host sync and no allocation (callers allocate `outs`); the grid depends only on
     `indices.shape[0]`.
     """
-    if indices.shape[0] == 0:
-        return
-    _relay_resolve_kernel[(indices.shape[0],)](*_relay_launch_args(indices, bufs, outs))
+    fused_copy(_relay_resolve_kernel, _RELAY_FIELDS, indices, bufs, outs)
 '''
 
 

@@ -9,11 +9,22 @@ Import this module from the engine; it never touches CUDA at import time.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from relayc.runtime.fused import fused_copy
 from relayc.runtime.relay import FieldInfo, FutureMapBase
+
+try:  # optional: only the fused path (CUDA / backend='triton') uses it
+    import triton
+    import triton.language as tl
+except ImportError:
+    _HAVE_TRITON = False
+else:
+    _HAVE_TRITON = True
 
 ALGORITHM = 'none'
 SPEC_HASH = 'd8351d19c1a83ee2'
@@ -36,12 +47,102 @@ class RelayPayload:
     bonus_tokens: torch.Tensor | None = None  # [bs] int64: Next input token of each request (the bonus token under speculation).
 
 
+# Fused relay kernels for `none`: one Triton launch per stash and one per
+# resolve, whatever the number of fields (relayc.compiler.triton_relay).
+if _HAVE_TRITON:
+    # Field order of the kernels' parameters and of `bufs` / `srcs` / `outs`.
+    # (None: the model's dtype, bound when the FutureMap is built.)
+    _RELAY_FIELDS: tuple[tuple[str, torch.dtype | None], ...] = (
+        ("bonus_tokens", torch.int64),
+    )
+
+    @triton.jit
+    def _relay_copy_row(dst, src, width: tl.constexpr, block: tl.constexpr):
+        # Chunked so any row width works with bounded registers; the mask covers the tail.
+        for start in range(0, width, block):
+            cols = start + tl.arange(0, block)
+            mask = cols < width
+            tl.store(dst + cols, tl.load(src + cols, mask=mask), mask=mask)
+
+    @triton.jit
+    def _relay_stash_kernel(
+        indices,
+        # bonus_tokens: int64
+        bonus_tokens_buf,
+        bonus_tokens_rows,
+        bonus_tokens_width: tl.constexpr,
+        bonus_tokens_block: tl.constexpr,
+        bonus_tokens_present: tl.constexpr,
+    ):
+        # Program i copies row i of every present field into buffer slot indices[i].
+        # int64 offsets: slot * width passes 2**31 for vocab-wide rows in a large pool.
+        row = tl.program_id(0).to(tl.int64)
+        slot = tl.load(indices + row).to(tl.int64)
+        # bonus_tokens: int64
+        if bonus_tokens_present:
+            _relay_copy_row(
+                bonus_tokens_buf + slot * bonus_tokens_width,
+                bonus_tokens_rows + row * bonus_tokens_width,
+                bonus_tokens_width,
+                bonus_tokens_block,
+            )
+
+    @triton.jit
+    def _relay_resolve_kernel(
+        indices,
+        # bonus_tokens: int64
+        bonus_tokens_buf,
+        bonus_tokens_rows,
+        bonus_tokens_width: tl.constexpr,
+        bonus_tokens_block: tl.constexpr,
+        bonus_tokens_present: tl.constexpr,
+    ):
+        # Program i copies buffer slot indices[i] of every present field into row i.
+        # int64 offsets: slot * width passes 2**31 for vocab-wide rows in a large pool.
+        row = tl.program_id(0).to(tl.int64)
+        slot = tl.load(indices + row).to(tl.int64)
+        # bonus_tokens: int64
+        if bonus_tokens_present:
+            _relay_copy_row(
+                bonus_tokens_rows + row * bonus_tokens_width,
+                bonus_tokens_buf + slot * bonus_tokens_width,
+                bonus_tokens_width,
+                bonus_tokens_block,
+            )
+
+    def triton_stash(
+        indices: torch.Tensor,
+        bufs: Sequence[torch.Tensor | None],
+        srcs: Sequence[torch.Tensor | None],
+    ) -> None:
+        """`bufs[f][indices[i]] = srcs[f][i]` for every field whose src is not None, in one launch.
+
+        No host sync and no allocation; the grid depends only on `indices.shape[0]`.
+        Duplicate indices (the padding slot) race: which row lands there is unspecified.
+        """
+        fused_copy(_relay_stash_kernel, _RELAY_FIELDS, indices, bufs, srcs)
+
+    def triton_resolve(
+        indices: torch.Tensor,
+        bufs: Sequence[torch.Tensor | None],
+        outs: Sequence[torch.Tensor | None],
+    ) -> None:
+        """`outs[f][i] = bufs[f][indices[i]]` for every field with an out tensor, in one launch.
+
+        No host sync and no allocation (callers allocate `outs`); the grid depends only on
+        `indices.shape[0]`.
+        """
+        fused_copy(_relay_resolve_kernel, _RELAY_FIELDS, indices, bufs, outs)
+
+
 class FutureMap(FutureMapBase):
     """Relay buffers of `none`, indexed by request-pool slot (slot 0 pads).
 
     stash(indices, payload) writes the non-None fields of a payload into rows
     `indices`; publish() writes the early-published fields and records the publish
-    event; resolve(indices) gathers every field for those rows.
+    event; resolve(indices) gathers every field for those rows. On the torch path
+    each field is one index_copy_ / index_select; on the fused path (CUDA, or
+    backend='triton') a stash and a resolve are one Triton launch each.
     """
 
     ALGORITHM = ALGORITHM
@@ -52,38 +153,141 @@ class FutureMap(FutureMapBase):
         super().__init__(req_pool_size, device, **kwargs)
         self.bonus_tokens: torch.Tensor | None = self.allocate('bonus_tokens')
         self._row_bonus_tokens = self.rows['bonus_tokens']  # []
+        if self.backend == "triton":  # one kernel launch per stash and per resolve
+            self.stash = self._stash_fused
+            self.resolve = self._resolve_fused
 
     def stash(self, indices: torch.Tensor, payload: RelayPayload) -> None:
         """Write every non-None payload field into rows `indices`."""
-        n = indices.shape[0]
-        if n == 0:
-            return
-        self.check_indices(indices)
         try:
-            value = payload.bonus_tokens  # [bs] int64
-            if value is not None:
-                if (
-                    value.dtype is not torch.int64
-                    or value.shape[0] != n
-                    or value.shape[1:] != self._row_bonus_tokens
-                ):
-                    raise self.bad_payload('bonus_tokens', value, n)
-                self.bonus_tokens.index_copy_(0, indices, value)
-                if self.debug:
-                    self.mark_written('bonus_tokens', indices)
+            bonus_tokens = payload.bonus_tokens  # [bs] int64
+            if bonus_tokens is not None:
+                self.bonus_tokens.index_copy_(0, indices, bonus_tokens)
         except (IndexError, RuntimeError) as exc:
-            if ((indices < 0) | (indices >= self.req_pool_size)).any():
-                raise self.index_error(indices) from exc
-            raise
+            raise self.call_error(indices, payload) from exc
+        if self.debug:
+            self.mark_written(indices, payload)
+
+    def _stash_fused(self, indices: torch.Tensor, payload: RelayPayload) -> None:
+        """stash() as one fused Triton launch."""
+        self.check_payload(indices, payload)
+        triton_stash(indices, (self.bonus_tokens,), (payload.bonus_tokens,))
+        if self.debug:
+            self.mark_written(indices, payload)
 
     def resolve(self, indices: torch.Tensor) -> RelayPayload:
         """Gather every relay field for rows `indices` (None: lazy, never stashed)."""
-        self.check_indices(indices)
         if self.debug:
-            self.check_written('bonus_tokens', indices)
+            self.check_resolve(indices)
         try:
             return RelayPayload(
                 bonus_tokens=torch.index_select(self.bonus_tokens, 0, indices),
             )
         except (IndexError, RuntimeError) as exc:
-            raise self.index_error(indices) from exc
+            raise self.call_error(indices) from exc
+
+    def _resolve_fused(self, indices: torch.Tensor) -> RelayPayload:
+        """resolve() as one fused Triton launch."""
+        if self.debug:
+            self.check_resolve(indices)
+        n = indices.shape[0]
+        bonus_tokens = (
+            torch.empty((n, *self._row_bonus_tokens), dtype=self.bonus_tokens.dtype, device=self.device)
+        )
+        triton_resolve(indices, (self.bonus_tokens,), (bonus_tokens,))
+        return RelayPayload(bonus_tokens=bonus_tokens)
+
+
+class PrefillStep:
+    """Seed the relay of new requests of `none` (the spec's prefill step)."""
+
+    OPS: tuple[str, ...] = ('target_prefill',)
+
+    def __init__(self, relay: FutureMap, impls: Mapping[str, Callable[..., Any]]) -> None:
+        missing = [op for op in self.OPS if op not in impls]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} of `{ALGORITHM}` needs implementations of "
+                f"{', '.join(missing)} in `impls`"
+            )
+        self.relay = relay
+        self._target_prefill = impls['target_prefill']
+
+    def __call__(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Run the prefill op and seed the relay rows of `req_pool_indices`."""
+        # relayc/specs/none.yaml:11 step `prefill` (target_prefill)
+        prefill = self._target_prefill(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+        prefill_next_tokens = prefill["next_tokens"]  # [bs] int64
+        self.relay.stash(
+            req_pool_indices,
+            RelayPayload(
+                bonus_tokens=prefill_next_tokens,
+            ),
+        )
+        return {
+            "prefill.next_tokens": prefill_next_tokens,
+        }
+
+
+class DecodeStep:
+    """One decode iteration of `none`, generated from its fx graph.
+
+    `run_host` runs the host steps (outside any CUDA graph); `run_device` is the part a
+    graph runner captures: resolve the relay, the device steps in spec order, publish
+    early fields right after the step that writes them, stash the rest. Each op is
+    called as `impls[op](ctx, **inputs) -> dict of outputs`; `ctx` is the engine's
+    and passes through untouched. Both return every step output as `step.output`.
+    """
+
+    OPS: tuple[str, ...] = ('target_decode', 'sample')
+    HOST_OUTPUTS: tuple[str, ...] = ()
+
+    def __init__(self, relay: FutureMap, impls: Mapping[str, Callable[..., Any]]) -> None:
+        missing = [op for op in self.OPS if op not in impls]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} of `{ALGORITHM}` needs implementations of "
+                f"{', '.join(missing)} in `impls`"
+            )
+        self.relay = relay
+        self._target_decode = impls['target_decode']
+        self._sample = impls['sample']
+
+    def run_host(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {}  # no host steps
+
+    def run_device(
+        self,
+        ctx: Any,
+        *,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        host: Mapping[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        relay = self.relay.resolve(req_pool_indices)
+        # relayc/specs/none.yaml:20 step `decode` (target_decode)
+        decode = self._target_decode(
+            ctx,
+            input_ids=relay.bonus_tokens,
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+        )
+        decode_logits = decode["logits"]  # [bs, vocab] float32
+        # relayc/specs/none.yaml:28 step `sample` (sample)
+        sample = self._sample(ctx, logits=decode_logits)
+        sample_next_tokens = sample["next_tokens"]  # [bs] int64
+        self.relay.stash(
+            req_pool_indices,
+            RelayPayload(
+                bonus_tokens=sample_next_tokens,
+            ),
+        )
+        return {
+            "decode.logits": decode_logits,
+            "sample.next_tokens": sample_next_tokens,
+        }
+
+    def __call__(self, ctx: Any, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Host steps, then the device part, eagerly (the CPU path)."""
+        host = self.run_host(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+        return {**host, **self.run_device(ctx, req_pool_indices=req_pool_indices, seq_lens=seq_lens, host=host)}

@@ -42,24 +42,22 @@ def sample_residual_torch(
 ) -> torch.Tensor:
     """Rows at once: ``target``/``residual`` ``[B, V]`` float32, ``coins`` ``[B]`` -> ``[B]`` int64.
 
-    The two fallbacks are rare, so they are computed only for the rows that need
-    them (a host sync each, cheap on the CPU this path is for).
+    Both fallbacks (an all-zero residual; a coin past the last positive weight) are
+    computed for every row and selected per row, so the path never reads the device on
+    the host and stays capturable in a CUDA graph.
     """
     vocab = target.shape[-1]
-    cdf = residual.cumsum(-1)
-    empty = cdf[:, -1] <= 0
-    if empty.any():
-        cdf[empty] = target[empty].cumsum(-1)
+    residual_cdf = residual.cumsum(-1)
+    empty = residual_cdf[:, -1:] <= 0
+    cdf = torch.where(empty, target.cumsum(-1), residual_cdf)
     u = coins * cdf[:, -1]
     # right=True: the first index whose cdf is > u (cdf never decreases).
     sampled = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]
-    overshot = sampled >= vocab
-    if overshot.any():
-        weights = torch.where(empty[:, None], target, residual)[overshot]
-        token_ids = torch.arange(vocab, device=target.device)
-        last_positive = torch.where(weights > 0, token_ids, -1).amax(-1)
-        sampled[overshot] = torch.where(last_positive >= 0, last_positive, vocab - 1)
-    return sampled
+    weights = torch.where(empty, target, residual)
+    token_ids = torch.arange(vocab, device=target.device)
+    last_positive = torch.where(weights > 0, token_ids, -1).amax(-1)
+    fallback = torch.where(last_positive >= 0, last_positive, vocab - 1)
+    return torch.where(sampled >= vocab, fallback, sampled)
 
 
 @jit

@@ -50,12 +50,7 @@ from typing import NamedTuple
 import torch
 
 from relayc.kernels._backend import resolve_backend
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # triton is a Linux x86_64 dependency only; the torch path still works
-    triton = None
+from relayc.kernels._triton import jit, next_power_of_2, tl
 
 
 class TreeMaskMode(IntEnum):
@@ -345,103 +340,97 @@ def _build_tree_triton(
         spec_steps,
         n,
         FULL_MASK=full,
-        BLOCK_N=max(triton.next_power_of_2(n), 2),
+        BLOCK_N=max(next_power_of_2(n), 2),
         BLOCK_PREFIX=64,
     )
 
 
-if triton is not None:
+@jit
+def _build_tree_kernel(
+    parent_list_ptr,
+    parent_stride,
+    sel_ptr,
+    sel_stride,
+    seq_lens_ptr,
+    block_start_ptr,
+    tree_mask_ptr,
+    positions_ptr,
+    retrive_index_ptr,
+    next_token_ptr,
+    next_sibling_ptr,
+    topk,
+    spec_steps,
+    n,
+    FULL_MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_PREFIX: tl.constexpr,
+):
+    # One program per request; lane i is tree node i, and node-by-node relations are
+    # [BLOCK_N, BLOCK_N] tiles (rows: node i, columns: node j).
+    b = tl.program_id(0).to(tl.int64)
+    nodes = tl.arange(0, BLOCK_N).to(tl.int64)
+    in_tree = nodes < n
+    has_sel = (nodes >= 1) & in_tree
+    seq_len = tl.load(seq_lens_ptr + b)
 
-    @triton.jit
-    def _build_tree_kernel(
-        parent_list_ptr,
-        parent_stride,
-        sel_ptr,
-        sel_stride,
-        seq_lens_ptr,
-        block_start_ptr,
-        tree_mask_ptr,
-        positions_ptr,
-        retrive_index_ptr,
-        next_token_ptr,
-        next_sibling_ptr,
-        topk,
-        spec_steps,
-        n,
-        FULL_MASK: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_PREFIX: tl.constexpr,
-    ):
-        # One program per request; lane i is tree node i, and node-by-node relations are
-        # [BLOCK_N, BLOCK_N] tiles (rows: node i, columns: node j).
-        b = tl.program_id(0).to(tl.int64)
-        nodes = tl.arange(0, BLOCK_N).to(tl.int64)
-        in_tree = nodes < n
-        has_sel = (nodes >= 1) & in_tree
-        seq_len = tl.load(seq_lens_ptr + b)
+    node_sel = tl.load(sel_ptr + b * sel_stride + nodes - 1, mask=has_sel, other=-1)
+    parent_tb = tl.where(has_sel, node_sel // topk, 0)
+    has_parent_node = has_sel & (parent_tb > 0)
+    parent_flat = tl.load(
+        parent_list_ptr + b * parent_stride + parent_tb, mask=has_parent_node, other=-1
+    )
+    match = (
+        (parent_flat[:, None] == node_sel[None, :]) & has_sel[None, :] & has_parent_node[:, None]
+    )
+    found = tl.min(tl.where(match, nodes[None, :], BLOCK_N), axis=1)
+    parent_node = tl.where(parent_tb == 0, 0, tl.where(found < BLOCK_N, found, -1))
+    parent_node = tl.where(has_sel, parent_node, -1)
 
-        node_sel = tl.load(sel_ptr + b * sel_stride + nodes - 1, mask=has_sel, other=-1)
-        parent_tb = tl.where(has_sel, node_sel // topk, 0)
-        has_parent_node = has_sel & (parent_tb > 0)
-        parent_flat = tl.load(
-            parent_list_ptr + b * parent_stride + parent_tb, mask=has_parent_node, other=-1
-        )
-        match = (
-            (parent_flat[:, None] == node_sel[None, :])
-            & has_sel[None, :]
-            & has_parent_node[:, None]
-        )
-        found = tl.min(tl.where(match, nodes[None, :], BLOCK_N), axis=1)
-        parent_node = tl.where(parent_tb == 0, 0, tl.where(found < BLOCK_N, found, -1))
-        parent_node = tl.where(has_sel, parent_node, -1)
+    cur = tl.where(has_sel, nodes, -1)
+    depth = tl.zeros([BLOCK_N], dtype=tl.int64)
+    on_path = (nodes[:, None] >= 0) & (nodes[None, :] == 0)
+    for _ in range(spec_steps):
+        active = cur >= 1
+        here = nodes[None, :] == cur[:, None]
+        on_path = on_path | (active[:, None] & here)
+        depth += active.to(tl.int64)
+        # One-hot gather: parent_node[cur] without a round trip through memory.
+        up = tl.sum(tl.where(here, parent_node[None, :], 0), axis=1)
+        cur = tl.where(active, up, -1)
 
-        cur = tl.where(has_sel, nodes, -1)
-        depth = tl.zeros([BLOCK_N], dtype=tl.int64)
-        on_path = (nodes[:, None] >= 0) & (nodes[None, :] == 0)
-        for _ in range(spec_steps):
-            active = cur >= 1
-            here = nodes[None, :] == cur[:, None]
-            on_path = on_path | (active[:, None] & here)
-            depth += active.to(tl.int64)
-            # One-hot gather: parent_node[cur] without a round trip through memory.
-            up = tl.sum(tl.where(here, parent_node[None, :], 0), axis=1)
-            cur = tl.where(active, up, -1)
+    linked = parent_node >= 0
+    child_of = (parent_node[None, :] == nodes[:, None]) & linked[None, :]
+    first_child = tl.min(tl.where(child_of, nodes[None, :], BLOCK_N), axis=1)
+    later_sibling = (
+        (parent_node[:, None] == parent_node[None, :])
+        & (linked[:, None] & linked[None, :])
+        & (nodes[None, :] > nodes[:, None])
+    )
+    next_sibling = tl.min(tl.where(later_sibling, nodes[None, :], BLOCK_N), axis=1)
 
-        linked = parent_node >= 0
-        child_of = (parent_node[None, :] == nodes[:, None]) & linked[None, :]
-        first_child = tl.min(tl.where(child_of, nodes[None, :], BLOCK_N), axis=1)
-        later_sibling = (
-            (parent_node[:, None] == parent_node[None, :])
-            & (linked[:, None] & linked[None, :])
-            & (nodes[None, :] > nodes[:, None])
-        )
-        next_sibling = tl.min(tl.where(later_sibling, nodes[None, :], BLOCK_N), axis=1)
+    out = b * n + nodes
+    tl.store(positions_ptr + out, seq_len + depth, mask=in_tree)
+    tl.store(retrive_index_ptr + out, out, mask=in_tree)
+    tl.store(next_token_ptr + out, tl.where(first_child < BLOCK_N, first_child, -1), mask=in_tree)
+    tl.store(
+        next_sibling_ptr + out, tl.where(next_sibling < BLOCK_N, next_sibling, -1), mask=in_tree
+    )
 
-        out = b * n + nodes
-        tl.store(positions_ptr + out, seq_len + depth, mask=in_tree)
-        tl.store(retrive_index_ptr + out, out, mask=in_tree)
-        tl.store(
-            next_token_ptr + out, tl.where(first_child < BLOCK_N, first_child, -1), mask=in_tree
-        )
-        tl.store(
-            next_sibling_ptr + out, tl.where(next_sibling < BLOCK_N, next_sibling, -1), mask=in_tree
-        )
-
-        window = in_tree[:, None] & in_tree[None, :]
-        if FULL_MASK:
-            row_start = tl.load(block_start_ptr + b) + (seq_len + n) * nodes
-            prefix_cols = tl.arange(0, BLOCK_PREFIX).to(tl.int64)
-            for c in range(0, seq_len, BLOCK_PREFIX):
-                cols = c + prefix_cols
-                tl.store(
-                    tree_mask_ptr + row_start[:, None] + cols[None, :],
-                    (cols[None, :] >= 0) & in_tree[:, None],
-                    mask=in_tree[:, None] & (cols[None, :] < seq_len),
-                )
-            window_start = row_start + seq_len
-        else:
-            window_start = b * n * n + n * nodes
-        tl.store(tree_mask_ptr + window_start[:, None] + nodes[None, :], on_path, mask=window)
+    window = in_tree[:, None] & in_tree[None, :]
+    if FULL_MASK:
+        row_start = tl.load(block_start_ptr + b) + (seq_len + n) * nodes
+        prefix_cols = tl.arange(0, BLOCK_PREFIX).to(tl.int64)
+        for c in range(0, seq_len, BLOCK_PREFIX):
+            cols = c + prefix_cols
+            tl.store(
+                tree_mask_ptr + row_start[:, None] + cols[None, :],
+                (cols[None, :] >= 0) & in_tree[:, None],
+                mask=in_tree[:, None] & (cols[None, :] < seq_len),
+            )
+        window_start = row_start + seq_len
+    else:
+        window_start = b * n * n + n * nodes
+    tl.store(tree_mask_ptr + window_start[:, None] + nodes[None, :], on_path, mask=window)
 
 
 def build_tree_reference(

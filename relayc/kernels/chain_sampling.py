@@ -113,7 +113,13 @@ def _chain_sampling_torch(
     path = rows[:, None] * nodes + slots
     accept_index.copy_(torch.where(on_path, path, -1))
     accept_token_num.copy_(num_accepted)
-    predicts[path[on_path]] = emitted[on_path].to(predicts.dtype)
+    # Entries off the path write to a spare element past the end: no boolean-mask
+    # indexing, so the torch path stays capturable in a CUDA graph.
+    spare = predicts.shape[0]
+    target_rows = torch.where(on_path, path.to(torch.int64), spare).flatten()
+    padded = torch.cat([predicts, predicts.new_zeros(1)])
+    padded.index_copy_(0, target_rows, emitted.flatten().to(predicts.dtype))
+    predicts.copy_(padded[:spare])
 
 
 @jit

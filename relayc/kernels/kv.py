@@ -22,12 +22,7 @@ from typing import NamedTuple
 import torch
 
 from relayc.kernels._backend import resolve_backend
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # triton is a Linux x86_64 dependency only; the torch path still works
-    triton = None
+from relayc.kernels._triton import jit, next_power_of_2, tl
 
 
 def assign_req_to_token_pool(
@@ -255,85 +250,84 @@ def _fill_accept_triton(
         width,
         pad_slot,
         BLOCK_ROWS=16,
-        BLOCK_WIDTH=max(triton.next_power_of_2(width), 2),
+        BLOCK_WIDTH=max(next_power_of_2(width), 2),
     )
 
 
-if triton is not None:
+@jit
+def _copy_windows_kernel(
+    req_pool_indices_ptr,
+    req_to_token_ptr,
+    pool_stride,
+    start_ptr,
+    end_ptr,
+    window_offsets_ptr,
+    flat_slots_ptr,
+    TO_POOL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
+    start = tl.load(start_ptr + b).to(tl.int64)
+    length = tl.load(end_ptr + b).to(tl.int64) - start
+    pool = req_to_token_ptr + row * pool_stride + start
+    flat = flat_slots_ptr + tl.load(window_offsets_ptr + b)
+    cols = tl.arange(0, BLOCK)
+    for first in range(0, length, BLOCK):
+        c = first + cols
+        inside = c < length
+        if TO_POOL:
+            tl.store(pool + c, tl.load(flat + c, mask=inside), mask=inside)
+        else:
+            tl.store(flat + c, tl.load(pool + c, mask=inside), mask=inside)
 
-    @triton.jit
-    def _copy_windows_kernel(
-        req_pool_indices_ptr,
-        req_to_token_ptr,
-        pool_stride,
-        start_ptr,
-        end_ptr,
-        window_offsets_ptr,
-        flat_slots_ptr,
-        TO_POOL: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        b = tl.program_id(0)
-        row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
-        start = tl.load(start_ptr + b).to(tl.int64)
-        length = tl.load(end_ptr + b).to(tl.int64) - start
-        pool = req_to_token_ptr + row * pool_stride + start
-        flat = flat_slots_ptr + tl.load(window_offsets_ptr + b)
-        cols = tl.arange(0, BLOCK)
-        for first in range(0, length, BLOCK):
-            c = first + cols
-            inside = c < length
-            if TO_POOL:
-                tl.store(pool + c, tl.load(flat + c, mask=inside), mask=inside)
-            else:
-                tl.store(flat + c, tl.load(pool + c, mask=inside), mask=inside)
 
-    @triton.jit
-    def _fill_accept_kernel(
-        accept_index_ptr,
-        out_cache_loc_ptr,
-        packed_ptr,
-        accept_lens_ptr,
-        accept_offsets_ptr,
-        batch_size,
-        width,
-        pad_slot,
-        BLOCK_ROWS: tl.constexpr,
-        BLOCK_WIDTH: tl.constexpr,
-    ):
-        # One program per request. Each counts the accepted entries of the rows before it
-        # and of the whole batch itself, so the launch needs no separate prefix-sum pass.
-        b = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK_WIDTH)
-        in_row = cols < width
-        accepted_before_row = tl.zeros([], dtype=tl.int64)
-        total_accepted = tl.zeros([], dtype=tl.int64)
-        for first in range(0, batch_size, BLOCK_ROWS):
-            rows = first + tl.arange(0, BLOCK_ROWS)
-            tile = tl.load(
-                accept_index_ptr + rows[:, None] * width + cols[None, :],
-                mask=(rows[:, None] < batch_size) & in_row[None, :],
-                other=-1,
-            )
-            per_row = tl.sum((tile != -1).to(tl.int64), axis=1)
-            total_accepted += tl.sum(per_row, axis=0)
-            accepted_before_row += tl.sum(tl.where(rows < b, per_row, 0), axis=0)
-
-        src = tl.load(accept_index_ptr + b * width + cols, mask=in_row, other=-1)
-        accepted = (src != -1) & in_row
-        accepted_i64 = accepted.to(tl.int64)
-        rank = tl.cumsum(accepted_i64, axis=0) - accepted_i64
-        rejected_rank = cols - rank
-        rejected_before_row = b * width - accepted_before_row
-        dst = tl.where(
-            accepted,
-            accepted_before_row + rank,
-            total_accepted + rejected_before_row + rejected_rank,
+@jit
+def _fill_accept_kernel(
+    accept_index_ptr,
+    out_cache_loc_ptr,
+    packed_ptr,
+    accept_lens_ptr,
+    accept_offsets_ptr,
+    batch_size,
+    width,
+    pad_slot,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_WIDTH: tl.constexpr,
+):
+    # One program per request. Each counts the accepted entries of the rows before it
+    # and of the whole batch itself, so the launch needs no separate prefix-sum pass.
+    b = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_WIDTH)
+    in_row = cols < width
+    accepted_before_row = tl.zeros([], dtype=tl.int64)
+    total_accepted = tl.zeros([], dtype=tl.int64)
+    for first in range(0, batch_size, BLOCK_ROWS):
+        rows = first + tl.arange(0, BLOCK_ROWS)
+        tile = tl.load(
+            accept_index_ptr + rows[:, None] * width + cols[None, :],
+            mask=(rows[:, None] < batch_size) & in_row[None, :],
+            other=-1,
         )
-        slot = tl.load(out_cache_loc_ptr + src, mask=accepted, other=0).to(tl.int64)
-        tl.store(packed_ptr + dst, tl.where(accepted, slot, pad_slot), mask=in_row)
-        tl.store(accept_lens_ptr + b, tl.sum(accepted_i64, axis=0))
-        tl.store(accept_offsets_ptr + b, accepted_before_row)
+        per_row = tl.sum((tile != -1).to(tl.int64), axis=1)
+        total_accepted += tl.sum(per_row, axis=0)
+        accepted_before_row += tl.sum(tl.where(rows < b, per_row, 0), axis=0)
+
+    src = tl.load(accept_index_ptr + b * width + cols, mask=in_row, other=-1)
+    accepted = (src != -1) & in_row
+    accepted_i64 = accepted.to(tl.int64)
+    rank = tl.cumsum(accepted_i64, axis=0) - accepted_i64
+    rejected_rank = cols - rank
+    rejected_before_row = b * width - accepted_before_row
+    dst = tl.where(
+        accepted,
+        accepted_before_row + rank,
+        total_accepted + rejected_before_row + rejected_rank,
+    )
+    slot = tl.load(out_cache_loc_ptr + src, mask=accepted, other=0).to(tl.int64)
+    tl.store(packed_ptr + dst, tl.where(accepted, slot, pad_slot), mask=in_row)
+    tl.store(accept_lens_ptr + b, tl.sum(accepted_i64, axis=0))
+    tl.store(accept_offsets_ptr + b, accepted_before_row)
 
 
 def assign_req_to_token_pool_reference(

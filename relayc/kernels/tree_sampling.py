@@ -208,8 +208,13 @@ def _tree_sampling_torch(
 
     accept_index.copy_(path)
     accept_token_num.copy_(num_accepted)
-    on_path = path >= 0
-    predicts[path[on_path]] = emitted[on_path].to(predicts.dtype)
+    # Padded path entries write to a spare element past the end: no boolean-mask indexing,
+    # so the torch path stays capturable in a CUDA graph.
+    spare = predicts.shape[0]
+    target_rows = torch.where(path >= 0, path.to(torch.int64), spare).flatten()
+    padded = torch.cat([predicts, predicts.new_zeros(1)])
+    padded.index_copy_(0, target_rows, emitted.flatten().to(predicts.dtype))
+    predicts.copy_(padded[:spare])
 
 
 @jit

@@ -113,8 +113,11 @@ def _verify_tree_greedy_torch(
 
     accept_index.copy_(path)
     accept_token_num.copy_(num_accepted)
-    on_path = path[path >= 0]
-    predicts[on_path] = target_flat[on_path].to(predicts.dtype)
+    # Mark the path's nodes by counting hits (order-independent, no boolean-mask indexing,
+    # so the torch path stays capturable in a CUDA graph).
+    hits = torch.zeros(predicts.shape[0], dtype=torch.int32, device=predicts.device)
+    hits.index_add_(0, path.clamp(min=0).flatten(), (path >= 0).to(torch.int32).flatten())
+    predicts.copy_(torch.where(hits > 0, target_flat.to(predicts.dtype), predicts))
 
 
 @jit

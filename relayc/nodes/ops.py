@@ -89,6 +89,7 @@ for op in (
         {
             "logits": T("float32", (N, "vocab")),
             "candidates": _TREE["candidates"],
+            "positions": _TREE["positions"],
             "retrive_index": _TREE["retrive_index"],
             "retrive_next_token": _TREE["retrive_next_token"],
             "retrive_next_sibling": _TREE["retrive_next_sibling"],
@@ -208,6 +209,7 @@ for op in (
         {
             "logits": T("float32", (N, "vocab")),
             "candidates": _TREE["candidates"],
+            "positions": _TREE["positions"],
             "draft_probs": T("float32", ("num_steps", "vocab")),
         },
         _ACCEPTED,

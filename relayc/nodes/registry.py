@@ -5,15 +5,15 @@ An op declares its inputs (the parameters a step's `reads:` binds) and outputs
 shape in dims, the batch dimension implied. From those declarations each op
 gets a meta function that maps meta tensors of its inputs to meta tensors of
 its outputs, which is how the compiler checks dtypes and shapes without a GPU.
-The implementation of an op lives with whoever runs it (the reference engine
-binds its own with :meth:`Op.implement`).
+The implementation of an op lives with whoever runs it: the engine hands a
+mapping from op name to implementation to the generated ``DecodeStep``.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -96,14 +96,13 @@ class TensorType:
 
 @dataclass(frozen=True, eq=False)
 class Op:
-    """A node op: typed inputs and outputs, a meta function, an optional implementation."""
+    """A node op: typed inputs and outputs and a meta function."""
 
     name: str
     inputs: Mapping[str, TensorType]
     outputs: Mapping[str, TensorType]
     placement: str = "device"  # where it may run: device, host, or any
     doc: str = ""
-    _impl: dict[str, Callable[..., Any]] = field(default_factory=dict, repr=False)
 
     @property
     def __name__(self) -> str:  # torch.fx names call_function nodes after the target
@@ -121,19 +120,11 @@ class Op:
             for name, t in self.outputs.items()
         }
 
-    def implement(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Bind the implementation (`fn(ctx, **inputs) -> dict of outputs`)."""
-        self._impl["fn"] = fn
-        return fn
-
     def __call__(self, ctx: Any, **inputs: Any) -> Any:
-        fn = self._impl.get("fn")
-        if fn is None:
-            raise NotImplementedError(
-                f"op `{self.name}` has no implementation bound; the engine that runs it binds "
-                f"one with `get_op({self.name!r}).implement(fn)`"
-            )
-        return fn(ctx, **inputs)
+        raise NotImplementedError(
+            f"op `{self.name}` is a signature; generated DecodeSteps call the implementation "
+            "the engine passes in `impls`"
+        )
 
 
 _OPS: dict[str, Op] = {}

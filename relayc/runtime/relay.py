@@ -135,7 +135,6 @@ class FutureMapBase:
 
     def host_copy(
         self,
-        name: str,
         buffer: torch.Tensor,
         mirror: torch.Tensor | None,
         indices_cpu: torch.Tensor,
@@ -157,17 +156,39 @@ class FutureMapBase:
         if indices.device != self.device and self.device.type != "cpu":
             raise RelayError(f"indices are on {indices.device}, the relay on {self.device}")
 
-    def index_error(self, indices: torch.Tensor) -> RelayError:
+    def call_error(self, indices: Any, payload: Any = None) -> RelayError:
+        """Why a stash or resolve failed; re-raises the original error when it is not ours.
+
+        Called from the except branch of the generated methods, so the happy path pays
+        for no checks: index_copy_ / index_select reject bad calls themselves.
+        """
+        if payload is not None:
+            self.check_payload(indices, payload)
+        self.check_indices(indices)
         bad = indices[(indices < 0) | (indices >= self.req_pool_size)]
-        shown = bad[:4].tolist()
+        if not bad.numel():
+            raise
         return RelayError(
-            f"indices out of range for req_pool_size {self.req_pool_size}: {shown} "
+            f"indices out of range for req_pool_size {self.req_pool_size}: {bad[:4].tolist()} "
             "(request-pool slots are 0 <= slot < req_pool_size; 0 is the padding slot)"
         )
 
+    def check_payload(self, indices: torch.Tensor, payload: Any) -> None:
+        """Every non-None payload field has its field's dtype and `[batch, *row]` shape."""
+        self.check_indices(indices)
+        batch = indices.shape[0]
+        for name, dtype in self.dtypes.items():
+            value = getattr(payload, name)
+            if value is None:
+                continue
+            if (
+                not isinstance(value, torch.Tensor)
+                or value.dtype != dtype
+                or tuple(value.shape) != (batch, *self.rows[name])
+            ):
+                raise self.bad_payload(name, value, batch)
+
     def bad_payload(self, name: str, value: Any, batch: int) -> RelayError:
-        if name not in self._infos:
-            return RelayError(f"`{self.ALGORITHM}` relays no field `{name}`")
         if not isinstance(value, torch.Tensor):
             return RelayError(
                 f"payload field `{name}` must be a tensor, got {type(value).__name__}"
@@ -179,19 +200,19 @@ class FutureMapBase:
             f"{list(value.shape)}"
         )
 
-    def mark_written(self, name: str, indices: torch.Tensor) -> None:
-        self._written[name][indices] = True
+    def mark_written(self, indices: torch.Tensor, payload: Any) -> None:
+        """Debug mode: remember which rows of each field a stash wrote."""
+        for name, written in self._written.items():
+            if getattr(payload, name) is not None:
+                written[indices] = True
 
-    def check_written(self, name: str, indices: torch.Tensor) -> None:
-        written = self._written.get(name)
-        if written is None:
-            raise RelayError(
-                f"resolve of field `{name}` before any stash allocated it (lazy field); "
-                f"slots {indices[:4].tolist()}"
-            )
-        missing = indices[~written[indices]]
-        if missing.numel():
-            raise RelayError(
-                f"resolve reads field `{name}` of slot {int(missing[0])}, which was never "
-                f"stashed (debug mode; {missing.numel()} unwritten rows in this resolve)"
-            )
+    def check_resolve(self, indices: torch.Tensor) -> None:
+        """Debug mode: every row a resolve reads was stashed since allocation."""
+        self.check_indices(indices)
+        for name, written in self._written.items():
+            missing = indices[~written[indices]]
+            if missing.numel():
+                raise RelayError(
+                    f"resolve reads field `{name}` of slot {int(missing[0])}, which was never "
+                    f"stashed (debug mode; {missing.numel()} unwritten rows in this resolve)"
+                )

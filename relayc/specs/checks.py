@@ -89,6 +89,15 @@ def check_algorithm(
         )
 
     dims, inputs, fields, origin = _merge_imports(parts, libraries, errors)
+    if "req_pool_indices" not in inputs and not any(s == "imports" for s, _ in parts.broken):
+        errors.append(
+            SpecError(
+                index.value(()),
+                f"algorithm `{parts.algorithm}` declares no engine input `req_pool_indices`",
+                "the relay is indexed by request-pool slot: add `inputs: {req_pool_indices: "
+                "{dtype: int64, shape: []}}` or import it from a library",
+            )
+        )
     _check_definitions(parts, dims, errors)
     _check_steps(parts, inputs, fields, libraries, errors)
     _check_capture(parts, errors)

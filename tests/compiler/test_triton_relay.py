@@ -22,11 +22,11 @@ import torch
 pytest.importorskip("triton", reason="the fused relay kernels need the `triton` package")
 
 from relayc.compiler.triton_relay import (
-    MAX_BLOCK,
     RelayBuffer,
     count_triton_launches,
     emit_triton_relay,
 )
+from relayc.runtime.fused import MAX_BLOCK
 
 # What a generated module has above the pasted block (the contract in emit_triton_relay).
 HEADER = """\
@@ -35,6 +35,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from relayc.runtime.fused import fused_copy
 
 try:
     import triton
@@ -305,7 +307,7 @@ def test_emitted_module_is_ruff_clean(tmp_path: Path) -> None:
 def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Path) -> None:
     """The interpreter accepts code the compiler rejects, so lower the emitted kernels for real.
 
-    The arguments go through `_relay_launch_args` and Triton's own binder, as in a launch, so
+    The arguments go through `relayc.runtime.fused.launch_args` and Triton's own binder, as in a launch, so
     the None pointers of absent fields and the uint8 view of bool rows are what gets compiled.
     Only the device-side launch is missing; Triton's bundled ptxas needs no GPU.
     """
@@ -319,6 +321,7 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Path) -> None:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource, make_backend
         from triton.runtime.jit import create_function_from_signature
+        from relayc.runtime.fused import launch_args
 
         spec = importlib.util.spec_from_file_location("relay_compiled", {str(module_path)!r})
         module = importlib.util.module_from_spec(spec)
@@ -331,7 +334,7 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Path) -> None:
         indices = torch.tensor([5, 1, 2])
         for kernel in (module._relay_stash_kernel, module._relay_resolve_kernel):
             for present in (rows, [rows[0], None, None, rows[3]]):
-                args = module._relay_launch_args(indices, bufs, present)
+                args = launch_args(module._RELAY_FIELDS, indices, bufs, present)
                 binder = create_function_from_signature(kernel.signature, kernel.params, backend)
                 bound, specialization, options = binder(*args)
                 options, signature, constexprs, attrs = kernel._pack_args(

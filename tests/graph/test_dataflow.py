@@ -38,7 +38,7 @@ CASES = [
             ),
         ],
         [
-            "eagle.yaml:96:13: error: dead relay field: `draft_probs` is stashed but never read by a decode step (read it in a step, drop it from the spec, or mark it `export: true` if the engine reads it)"
+            "eagle.yaml:97:13: error: dead relay field: `draft_probs` is stashed but never read by a decode step (read it in a step, drop it from the spec, or mark it `export: true` if the engine reads it)"
         ],
     ),
     (
@@ -56,7 +56,7 @@ CASES = [
         [
             "eagle.yaml:25:5: error: step `prefill` stashes `topk_p` (float32 [topk]) into relay field `topk_p`, declared float16 [topk] (make the declaration match what op `eagle_prefill` writes, or stash another output)",
             "eagle.yaml:34:15: error: step `draft` passes `relay.topk_p` as `topk_p` of op `eagle_draft`: expected float32 [topk], got float16 [topk] (read a value of the expected dtype and row shape, or fix the field declaration)",
-            "eagle.yaml:98:13: error: step `draft_extend` stashes `topk_p` (float32 [topk]) into relay field `topk_p`, declared float16 [topk] (make the declaration match what op `eagle_draft_extend` writes, or stash another output)",
+            "eagle.yaml:99:13: error: step `draft_extend` stashes `topk_p` (float32 [topk]) into relay field `topk_p`, declared float16 [topk] (make the declaration match what op `eagle_draft_extend` writes, or stash another output)",
         ],
     ),
     (
@@ -74,29 +74,29 @@ CASES = [
         [
             "eagle.yaml:26:5: error: step `prefill` stashes `topk_index` (int64 [topk]) into relay field `topk_index`, declared int64 [num_steps, topk] (make the declaration match what op `eagle_prefill` writes, or stash another output)",
             "eagle.yaml:35:19: error: step `draft` passes `relay.topk_index` as `topk_index` of op `eagle_draft`: expected int64 [topk], got int64 [num_steps, topk] (read a value of the expected dtype and row shape, or fix the field declaration)",
-            "eagle.yaml:98:29: error: step `draft_extend` stashes `topk_index` (int64 [topk]) into relay field `topk_index`, declared int64 [num_steps, topk] (make the declaration match what op `eagle_draft_extend` writes, or stash another output)",
+            "eagle.yaml:99:29: error: step `draft_extend` stashes `topk_index` (int64 [topk]) into relay field `topk_index`, declared int64 [num_steps, topk] (make the declaration match what op `eagle_draft_extend` writes, or stash another output)",
         ],
     ),
     (
         "unknown_op",
         [("op: eagle_draft_extend", "op: eagle_draft_extnd")],
         [
-            "eagle.yaml:85:5: error: unknown op `eagle_draft_extnd` in step `draft_extend` (did you mean `eagle_draft_extend`? ops are registered in relayc/nodes/ with `relayc.nodes.registry.register`)"
+            "eagle.yaml:86:5: error: unknown op `eagle_draft_extnd` in step `draft_extend` (did you mean `eagle_draft_extend`? ops are registered in relayc/nodes/ with `relayc.nodes.registry.register`)"
         ],
     ),
     (
         "unknown_param",
         [("      accept_tokens: accept.accept_tokens\n", "      accepted: accept.accept_tokens\n")],
         [
-            "eagle.yaml:85:5: error: step `draft_extend` does not bind `accept_tokens` of op `eagle_draft_extend` (add to `reads:`: `accept_tokens: ...`)",
-            "eagle.yaml:92:17: error: op `eagle_draft_extend` has no parameter `accepted` (step `draft_extend`) (did you mean `accept_lens`? its parameters: `hidden_states`, `accept_index`, `accept_lens`, `accept_tokens`, `seq_lens`, `req_pool_indices`)",
+            "eagle.yaml:86:5: error: step `draft_extend` does not bind `accept_tokens` of op `eagle_draft_extend` (add to `reads:`: `accept_tokens: ...`)",
+            "eagle.yaml:93:17: error: op `eagle_draft_extend` has no parameter `accepted` (step `draft_extend`) (did you mean `accept_lens`? its parameters: `hidden_states`, `accept_index`, `accept_lens`, `accept_tokens`, `seq_lens`, `req_pool_indices`)",
         ],
     ),
     (
         "unknown_output",
         [("    writes: [new_seq_lens]", "    writes: [new_seq_lens, old_seq_lens]")],
         [
-            "eagle.yaml:82:28: error: op `compact_accepted_kv` has no output `old_seq_lens` (step `compact_kv`) (did you mean `new_seq_lens`? its outputs: `new_seq_lens`)"
+            "eagle.yaml:83:28: error: op `compact_accepted_kv` has no output `old_seq_lens` (step `compact_kv`) (did you mean `new_seq_lens`? its outputs: `new_seq_lens`)"
         ],
     ),
     (

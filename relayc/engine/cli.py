@@ -1,0 +1,105 @@
+"""``relayc generate``: stream one completion from the reference engine.
+
+Streamed text goes to stdout as it arrives; the summary line (tokens,
+tokens/s) goes to stderr, so stdout holds only the text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import closing
+
+# Control characters a random model happily samples (ESC among them) would
+# drive the terminal; print them escaped. Newlines and tabs stay.
+_KEEP = {"\n", "\t"}
+
+
+def _printable(text: str) -> str:
+    def escape(c: str) -> str:
+        if c.isprintable() or c in _KEEP:
+            return c
+        return f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+
+    return "".join(escape(c) for c in text)
+
+
+def add_generate_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``relayc generate`` on the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text with the reference engine (streamed)",
+        description="Stream a completion of --prompt from the reference engine: the tiny "
+        "byte-level default model (random weights) or a local Hugging Face Llama checkpoint. "
+        "Text goes to stdout; a summary line (tokens, tokens/s) to stderr.",
+        epilog="Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request).",
+    )
+    p.add_argument("--prompt", required=True, help="prompt text (byte-level tokenizer)")
+    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="default 32")
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples"
+    )
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seeds the default model's weights and the sampler"
+    )
+    p.add_argument(
+        "--no-overlap", action="store_true", help="run scheduling and the forward synchronously"
+    )
+    p.add_argument(
+        "--model", metavar="DIR", help="Hugging Face Llama checkpoint directory (default: tiny)"
+    )
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.set_defaults(func=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """``relayc generate``: 0 ok, 2 usage errors."""
+    # Imported here: relayc.cli imports this module, and torch is slow to import.
+    from relayc.cli import EXIT_OK, EXIT_USAGE
+    from relayc.engine.engine import Engine
+    from relayc.engine.sampling import SamplingParams
+    from relayc.engine.weights import CheckpointError
+
+    def usage(message: str) -> int:
+        print(f"relayc generate: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+    try:
+        engine = Engine(
+            model=args.model, overlap=not args.no_overlap, seed=args.seed, device=args.device
+        )
+    except (CheckpointError, ValueError, RuntimeError) as exc:
+        return usage(str(exc))
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    tokens, finish, error = 0, None, None
+    start = time.perf_counter()
+    with engine, closing(engine.stream([args.prompt], params)) as deltas:
+        for delta in deltas:
+            if delta.error:
+                error = delta.error
+                break
+            text = delta.text if engine.tokenizer else "".join(f" {t}" for t in delta.token_ids)
+            sys.stdout.write(_printable(text))
+            sys.stdout.flush()
+            tokens += len(delta.token_ids)
+            finish = delta.finish_reason or finish
+    if error is not None:
+        return usage(error)
+    elapsed = time.perf_counter() - start
+    sys.stdout.write("\n")
+    overlap = "off" if args.no_overlap else "on"
+    print(
+        f"{tokens} tokens in {elapsed:.2f} s, {tokens / elapsed:.1f} tokens/s "
+        f"(finish: {finish}, overlap {overlap})",
+        file=sys.stderr,
+    )
+    return EXIT_OK

@@ -1,0 +1,97 @@
+"""Seeded init and local-directory checkpoints of the draft heads (EAGLE, MTP).
+
+Same format as ``relayc.engine.weights`` writes for the target: ``config.json``
+plus ``model.safetensors`` (the standalone draft model *is* a target-style Llama
+and uses those functions directly). ``config.json`` holds the Hugging Face
+fields of the head's ``ModelConfig`` plus ``draft_type`` and the head's own
+settings (e.g. ``num_steps``); the embedding and LM head are the target's and
+are not stored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from relayc.engine.config import ModelConfig
+from relayc.engine.weights import SINGLE_FILE, CheckpointError
+
+DRAFT_TYPE_KEY = "draft_type"
+
+
+def init_module_random(module: nn.Module, seed: int, std: float = 0.2) -> nn.Module:
+    """Fill ``module``'s parameters in place like ``relayc.engine.weights.init_random``:
+    N(0, std) in name order from a private CPU generator, norms to ones."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in sorted(module.state_dict().items()):
+            if name.endswith("norm.weight"):
+                values = torch.ones(tensor.shape)
+            else:
+                values = torch.randn(tensor.shape, generator=generator) * std
+            tensor.copy_(values.to(tensor.dtype))
+    return module
+
+
+def save_draft(
+    module: nn.Module,
+    config: ModelConfig,
+    draft_type: str,
+    directory: str | Path,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` for a draft head."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    header = {**config.to_hf_config(), DRAFT_TYPE_KEY: draft_type, **(extra or {})}
+    (directory / "config.json").write_text(json.dumps(header, indent=2, sort_keys=True) + "\n")
+    tensors = {
+        name: tensor.detach().to("cpu").contiguous()
+        for name, tensor in sorted(module.state_dict().items())
+    }
+    save_file(tensors, str(directory / SINGLE_FILE), metadata={"format": "pt"})
+    return directory
+
+
+def read_draft_config(directory: str | Path, draft_type: str) -> tuple[ModelConfig, dict[str, Any]]:
+    """The head's ``ModelConfig`` and the whole ``config.json`` dict; checks ``draft_type``."""
+    directory = Path(directory)
+    path = directory / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"draft checkpoint directory {directory} has no config.json")
+    header = json.loads(path.read_text())
+    found = header.get(DRAFT_TYPE_KEY)
+    if found != draft_type:
+        raise CheckpointError(f"{path} holds `{DRAFT_TYPE_KEY}: {found}`, expected `{draft_type}`")
+    return ModelConfig.from_hf_config(header), header
+
+
+def load_draft_weights(module: nn.Module, directory: str | Path) -> nn.Module:
+    """Copy ``model.safetensors`` into ``module``; every tensor must match by name and shape."""
+    from safetensors.torch import load_file
+
+    path = Path(directory) / SINGLE_FILE
+    if not path.is_file():
+        raise CheckpointError(f"draft checkpoint {directory} has no {SINGLE_FILE}")
+    tensors = load_file(str(path))
+    expected = module.state_dict()
+    for name in sorted(set(expected) - set(tensors)):
+        raise CheckpointError(f"draft checkpoint {directory} lacks tensor `{name}`")
+    for name in sorted(set(tensors) - set(expected)):
+        raise CheckpointError(f"unexpected tensor `{name}` in {path.name}")
+    with torch.no_grad():
+        for name, target in expected.items():
+            tensor = tensors[name]
+            if tensor.shape != target.shape:
+                raise CheckpointError(
+                    f"tensor `{name}` in {path.name} has shape {list(tensor.shape)}, "
+                    f"the config needs {list(target.shape)}"
+                )
+            target.copy_(tensor.to(target.dtype))
+    return module

@@ -1,0 +1,277 @@
+"""``Engine``: the public API of the reference engine.
+
+    from relayc.engine import Engine, SamplingParams
+    engine = Engine(model=None, algorithm="none", overlap=True, seed=0)
+    outs = engine.generate(["Hello", [256, 72, 105]], SamplingParams(max_new_tokens=16))
+    for delta in engine.stream(["Hello"], SamplingParams(temperature=0.8, top_p=0.9)):
+        print(delta.text, end="")
+
+A bad request (empty prompt, token ids outside the vocabulary, a prompt longer
+than the context, invalid sampling parameters) gets an ``Output`` with
+``finish_reason == "error"`` and a message in ``error``; the others run as usual.
+Mistakes in the call itself (a bare string for ``prompts``, a params list of
+the wrong length) raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from os import PathLike
+
+import torch
+
+from relayc.engine.algorithms import check_algorithm, make_algorithm
+from relayc.engine.config import ModelConfig
+from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.overlap import make_runner
+from relayc.engine.request import FinishReason, Output, Request, StreamDelta
+from relayc.engine.sampling import SamplingParams
+from relayc.engine.scheduler import Scheduler, SchedulerConfig
+from relayc.engine.tokenizer import VOCAB_SIZE, ByteTokenizer
+from relayc.engine.weights import load_checkpoint, random_model
+
+Prompt = str | Sequence[int]
+
+
+class Engine:
+    """Generate with a Llama model on the paged cache, overlapping scheduling with the forward.
+
+    ``model``: None for the tiny byte-level default (random weights from ``seed``),
+    a Hugging Face Llama checkpoint directory, or a ``LlamaForCausalLM``.
+    ``seed`` also seeds every request whose ``SamplingParams.seed`` is None
+    (``seed + index in the call``). ``debug=True`` poisons the relay buffers and
+    checks every KV free (slower; for tests).
+    """
+
+    def __init__(
+        self,
+        model: str | PathLike[str] | LlamaForCausalLM | None = None,
+        algorithm: str = "none",
+        overlap: bool = True,
+        seed: int = 0,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        max_batch_size: int = 64,
+        req_pool_size: int | None = None,
+        kv_pool_tokens: int = 16384,
+        max_context: int | None = None,
+        max_prefill_tokens: int = 4096,
+        debug: bool = False,
+    ) -> None:
+        check_algorithm(algorithm)
+        self.device = torch.device(device)
+        if isinstance(model, LlamaForCausalLM):
+            self.model = model
+            self.device = model.device
+        elif model is None:
+            config = ModelConfig() if dtype is None else ModelConfig(dtype=dtype)
+            self.model = random_model(config, seed=seed, device=self.device)
+        else:
+            self.model = load_checkpoint(model, device=self.device, dtype=dtype)
+        self.model.eval()
+        self.algorithm_name, self.overlap, self.seed = algorithm, overlap, seed
+        config = self.model.config
+        self.tokenizer = ByteTokenizer() if config.vocab_size == VOCAB_SIZE else None
+        context = min(max_context or config.max_position, config.max_position)
+        self.config = SchedulerConfig(
+            max_batch_size=max_batch_size,
+            # A finished request holds its slot until its last forward is processed.
+            req_pool_size=req_pool_size or 2 * max_batch_size,
+            kv_pool_tokens=kv_pool_tokens,
+            max_context=context,
+            max_prefill_tokens=max_prefill_tokens,
+        )
+        self.algorithm = make_algorithm(
+            algorithm, self.model, self.config.req_pool_size, debug=debug
+        )
+        self.runner = make_runner(self.device, overlap)
+        self.scheduler = Scheduler(
+            self.model, self.algorithm, self.runner, self.config, check_pools=debug
+        )
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- API ------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        arrivals: Sequence[int] | None = None,
+    ) -> list[Output]:
+        """Run every prompt to completion; one ``Output`` per prompt, in order.
+
+        ``arrivals[i]``: the iteration (counted from this call) at which prompt ``i``
+        reaches the scheduler, to test staggered arrival; all at 0 by default.
+        """
+        requests, rejected = self._submit(prompts, params, arrivals)
+        tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+        outputs: dict[int, Output] = {}
+        for delta in self._run(requests, rejected):
+            tokens[delta.index].extend(delta.token_ids)
+            if delta.finish_reason is None:
+                continue
+            ids = tokens[delta.index]
+            request = requests.get(delta.index)
+            outputs[delta.index] = Output(
+                index=delta.index,
+                prompt_token_ids=request.prompt_ids if request else [],
+                token_ids=ids,
+                text=self.tokenizer.decode(ids) if self.tokenizer else None,
+                finish_reason=delta.finish_reason,
+                error=delta.error,
+            )
+        return [outputs[i] for i in range(len(prompts))]
+
+    def stream(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        arrivals: Sequence[int] | None = None,
+    ) -> Iterator[StreamDelta]:
+        """Yield ``StreamDelta``s as tokens reach the host; each request's last has a finish reason.
+
+        Rejected requests come first. Closing the iterator early aborts the rest.
+        One call at a time: a stream must be exhausted or closed before the next call.
+        """
+        return self._run(*self._submit(prompts, params, arrivals))
+
+    def _submit(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None,
+        arrivals: Sequence[int] | None,
+    ) -> tuple[dict[int, Request], list[StreamDelta]]:
+        """Check every request (eagerly, so call mistakes raise here); queue nothing yet."""
+        params_list = self._params_list(prompts, params)
+        arrival_list = self._arrival_list(prompts, arrivals)
+        requests: dict[int, Request] = {}
+        rejected: list[StreamDelta] = []
+        for index, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
+            request_or_error = self._make_request(index, prompt, p, arrival_list[index])
+            if isinstance(request_or_error, str):
+                rejected.append(StreamDelta(index, [], "", FinishReason.ERROR, request_or_error))
+            else:
+                requests[index] = request_or_error
+        return requests, rejected
+
+    def _run(
+        self, requests: dict[int, Request], rejected: list[StreamDelta]
+    ) -> Iterator[StreamDelta]:
+        # Requests reach the scheduler on the first next(), so a stream that is
+        # never iterated leaves nothing behind; arrivals count from then.
+        live = dict(requests)
+        byte_text = self.tokenizer is not None
+        try:
+            for request in live.values():
+                request.arrival += self.scheduler.iteration
+                self.scheduler.add_request(request)
+            yield from rejected
+            while live:
+                for request in self.scheduler.step():
+                    delta = request.take_delta(byte_text)
+                    if delta.token_ids or delta.finish_reason is not None:
+                        yield delta
+                    if request.finish_reason is not None:
+                        live.pop(request.rid, None)
+        finally:
+            for request in live.values():
+                self.scheduler.abort(request)
+            self.scheduler.drain()
+
+    # -- request checks -------------------------------------------------------------------
+    @staticmethod
+    def _check_prompts(prompts: Sequence[Prompt]) -> None:
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+            raise TypeError("`prompts` must be a list of strings or token-id lists, not a string")
+
+    def _params_list(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None,
+    ) -> list[SamplingParams]:
+        self._check_prompts(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            return [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        return list(params)
+
+    @staticmethod
+    def _arrival_list(prompts: Sequence[Prompt], arrivals: Sequence[int] | None) -> list[int]:
+        if arrivals is None:
+            return [0] * len(prompts)
+        if len(arrivals) != len(prompts) or any(a < 0 for a in arrivals):
+            raise ValueError("`arrivals` needs one non-negative iteration per prompt")
+        return [int(a) for a in arrivals]
+
+    def _encode(self, prompt: Prompt) -> list[int] | str:
+        """Token ids, or an error message."""
+        vocab = self.model.config.vocab_size
+        if isinstance(prompt, str):
+            if not prompt:
+                return "prompt is empty"
+            if self.tokenizer is None:
+                return "string prompts need a tokenizer and this model has none; pass token ids"
+            return self.tokenizer.encode(prompt, add_bos=True)
+        if not isinstance(prompt, Sequence) or isinstance(prompt, bytes):
+            return f"a prompt must be a string or a list of token ids; got {type(prompt).__name__}"
+        ids = list(prompt)
+        if not ids:
+            return "prompt is empty"
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            return "prompt token ids must be integers"
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+            return f"prompt token ids [{shown}] are outside the vocabulary [0, {vocab})"
+        return ids
+
+    def _make_request(
+        self, index: int, prompt: Prompt, params: object, arrival: int
+    ) -> Request | str:
+        ids = self._encode(prompt)
+        if isinstance(ids, str):
+            return ids
+        if not isinstance(params, SamplingParams):
+            return f"sampling params must be a SamplingParams; got {type(params).__name__}"
+        for name in ("max_new_tokens", "top_k"):
+            value = getattr(params, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                return f"invalid sampling params: `{name}` must be an integer; got {value!r}"
+        try:
+            params.validate(self.model.config.vocab_size)
+        except (TypeError, ValueError) as exc:
+            return f"invalid sampling params: {exc}"
+        context = self.config.max_context
+        if len(ids) > context:
+            return (
+                f"prompt has {len(ids)} tokens but the context holds {context} "
+                "(`max_context`); shorten the prompt"
+            )
+        # The last sampled token is never written to the cache, hence the + 1.
+        max_new = min(params.max_new_tokens, context - len(ids) + 1)
+        request = Request(
+            rid=index,
+            prompt_ids=ids,
+            params=params,
+            seed=params.resolve_seed(self.seed, index),
+            max_new_tokens=max_new,
+            arrival=arrival,
+        )
+        if request.kv_need > self.config.kv_pool_tokens:
+            return (
+                f"request needs {request.kv_need} KV slots (prompt + max_new_tokens - 1) but the "
+                f"pool holds {self.config.kv_pool_tokens}; raise `kv_pool_tokens` or lower "
+                "`max_new_tokens`"
+            )
+        return request

@@ -1,0 +1,98 @@
+"""A request's life in the engine, and what the caller gets back.
+
+``Request`` is the scheduler's record of one prompt: what it asked for, where
+its state lives (request-pool slot, KV slots) and how far the device and the
+host have got. The two counters differ under overlap: ``scheduled_samples``
+counts tokens the device has been asked to sample (known when a forward is
+launched), ``output_ids`` holds the tokens the host has seen (one iteration
+later). ``Output`` is the finished result, ``StreamDelta`` one piece of it.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from relayc.engine.sampling import SamplingParams
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # sampled a stop token (included in the output)
+    LENGTH = "length"  # max_new_tokens, or the context is full
+    ERROR = "error"  # rejected before it ran; see ``error``
+    ABORT = "abort"  # the caller stopped consuming its stream
+
+
+@dataclass
+class Output:
+    """One request's result; ``token_ids`` holds generated tokens only (a stop token included)."""
+
+    index: int  # position of the prompt in the call
+    prompt_token_ids: list[int]  # [] for a rejected request
+    token_ids: list[int]
+    text: str | None  # None when the model has no tokenizer
+    finish_reason: FinishReason
+    error: str | None = None
+
+
+@dataclass
+class StreamDelta:
+    """New tokens of one request since its previous delta; the last one has a finish reason."""
+
+    index: int
+    token_ids: list[int]
+    text: str  # decoded text of the new tokens ("" while a UTF-8 character is incomplete)
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    rid: int  # index in the caller's list; keys the default seed
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    max_new_tokens: int  # params.max_new_tokens, clipped so the sequence fits the context
+    arrival: int = 0  # iteration at which the scheduler may first admit it
+    # Resources, held from admission until the last in-flight forward using them is done;
+    # the KV slots themselves are recorded in req_to_token.
+    req_pool_index: int = 0
+    kv_reserved: int = 0
+    # Device progress (host-known at launch): tokens whose K/V are written or being
+    # written, tokens asked to be sampled, forwards launched but not yet processed.
+    scheduled_len: int = 0
+    scheduled_samples: int = 0
+    inflight: int = 0
+    # Host progress (lags the device by one iteration under overlap).
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    _streamed: int = 0
+    _utf8: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
+    )
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def kv_need(self) -> int:
+        """KV slots the request can ever hold: the last sampled token is never written."""
+        return self.prompt_len + self.max_new_tokens - 1
+
+    @property
+    def device_done(self) -> bool:
+        """No further forward may include it: finished on the host, or every token is asked for."""
+        return self.finish_reason is not None or self.scheduled_samples >= self.max_new_tokens
+
+    def take_delta(self, byte_text: bool) -> StreamDelta:
+        """Tokens the host has seen since the previous delta, with their text."""
+        new = self.output_ids[self._streamed :]
+        self._streamed = len(self.output_ids)
+        text = ""
+        if byte_text:
+            text = self._utf8.decode(
+                bytes(t for t in new if t < 256), final=self.finish_reason is not None
+            )
+        return StreamDelta(self.rid, new, text, self.finish_reason)

@@ -1,0 +1,346 @@
+"""The scheduler: admission, batching, and the overlap of host work with the forward.
+
+Overlap contract
+================
+
+One iteration ``i`` of ``Scheduler.step()`` on the host:
+
+1. **Schedule.** Arrived requests join the waiting queue. The running batch is
+   filtered (requests the device is done with leave) and merged with requests
+   admitted from the queue, first come first served, while a request slot, room
+   in ``max_batch_size`` and the request's whole KV reservation are free.
+2. **Prepare.** A prefill step (prompt tokens from the host, at most
+   ``max_prefill_tokens`` of them: a long prompt is prefilled in chunks over
+   several iterations, only its last chunk samples) and a decode step (running
+   requests) are built as host tensors; KV slots for every new token are
+   sliced off the KV pool's free list.
+3. **Launch** job ``i`` on the forward runner (CUDA: the forward stream; CPU: a
+   worker thread; ``overlap=False``: inline). In order, on the device: copy the
+   host tensors; prefill hook (forward, sample, stash into the ``FutureMap``);
+   decode hook (resolve the input tokens from the ``FutureMap`` by request-pool
+   slot, forward, sample, stash); record the new tokens' KV slots in
+   ``req_to_token`` (the scheduler's commit; the model never writes it); start
+   a non-blocking copy of the sampled tokens to the host.
+4. **Process** job ``i - 1`` (overlap) or job ``i`` (no overlap): wait for its
+   guard, append the tokens to the requests, detect finishes, free.
+
+What lives where. The device state -- KV cache, ``req_to_token``, the relay
+buffers, the sampled tokens -- is touched only by jobs, and jobs run one after
+the other in submission order, so job ``i``'s resolve reads exactly what job
+``i - 1`` stashed (a request prefilled in job ``i - 1`` decodes in job ``i``
+from the token its prefill stashed). The host owns the request records, the
+queues and both free lists. The KV free list is a device tensor that is only
+sliced and concatenated, never written in place, so the slots handed to an
+in-flight job stay valid while the host allocates and frees.
+
+Guards. The host reads job ``i``'s sampled tokens only after ``Pending.wait()``:
+on CUDA an event recorded on the forward stream after the device-to-host copy,
+on the CPU the worker's future. Job ``i`` reads what the host prepared only
+after the forward stream waited for the scheduler's stream (CUDA) or after
+``submit`` handed it over (CPU); the in-flight record keeps those tensors alive
+until the wait.
+
+Why the host lags one iteration. Job ``i`` is prepared and launched before job
+``i - 1`` is processed, so the host knows tokens only up to job ``i - 2``. It
+needs no token to launch: the input tokens come from the relay, and lengths
+and positions are host-known because a forward adds a known number of tokens
+per request (a prompt chunk, or one decode token). Speculative algorithms
+break that last point: they relay ``new_seq_lens`` and read it back through the
+FutureMap's host mirror. Streamed tokens reach the caller one iteration late.
+
+Late finishes. ``max_new_tokens`` (and a full context) is known at launch from
+``scheduled_samples``, so no request is scheduled past it. A stop token sampled
+by job ``i - 1`` is seen when that job is processed in iteration ``i``, after
+job ``i`` -- which holds the request again -- was launched: job ``i``'s token
+for it is the one extra token, discarded when job ``i`` is processed (the
+request is finished by then), and the request leaves the batch at the next
+schedule. Without overlap there is no extra token.
+
+Freeing. A finished request keeps its request slot and KV slots until every
+job holding it has been processed (``inflight == 0``): no running forward can
+then read or stash into them. Its KV slots are read back from its
+``req_to_token`` row -- the one device read the host makes, safe because every
+job that wrote the row is done and no later job touches it. Admission reserves
+``prompt_len + max_new_tokens - 1`` KV slots per request, so a decode
+allocation never fails; a request that does not fit waits at the head of the
+queue until a release returns slots -- nothing is preempted or dropped.
+
+Determinism. The sampler keys its randomness by (seed, position), so overlap,
+batch composition and admission timing do not change any request's tokens.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from relayc.engine.algorithms import DecodeAlgorithm
+from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
+from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.overlap import ForwardRunner, Pending
+from relayc.engine.request import FinishReason, Request
+from relayc.engine.step_batch import HostStep, StepKind
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 64  # running requests (decode batch size)
+    req_pool_size: int = 128  # request slots; finished requests hold theirs one iteration
+    kv_pool_tokens: int = 16384  # KV slots
+    max_context: int = 2048  # tokens per request: prompt + generated - 1
+    max_prefill_tokens: int = 4096  # prompt tokens per prefill forward; longer prompts are chunked
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_batch_size",
+            "req_pool_size",
+            "kv_pool_tokens",
+            "max_context",
+            "max_prefill_tokens",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}` must be positive; got {getattr(self, name)}")
+
+
+@dataclass
+class SchedulerStats:
+    iterations: int = 0
+    forwards: int = 0
+    tokens: int = 0  # tokens delivered to requests (extra tokens not counted)
+    host_s: float = 0.0  # schedule + prepare + process, waits excluded
+    wait_s: float = 0.0  # blocked on job results
+    job_s: float = 0.0  # inside forward jobs (CUDA: launch time, the kernels run later)
+    kv_blocked: int = 0  # iterations whose queue head waited for KV slots
+    prefill_chunks: int = 0  # prefill rows that did not finish their prompt
+    max_running: int = 0  # most requests admitted at once (prefilling or decoding)
+    decode_rows: int = 0  # requests summed over decode batches (extra tokens included)
+
+
+@dataclass
+class _InFlight:
+    steps: list[HostStep]
+    pending: Pending[tuple[list[torch.Tensor], float]]  # host copies, job seconds
+
+
+class Scheduler:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        algorithm: DecodeAlgorithm,
+        runner: ForwardRunner,
+        config: SchedulerConfig,
+        *,
+        check_pools: bool = False,
+    ) -> None:
+        self.model, self.algorithm, self.runner, self.config = model, algorithm, runner, config
+        self.device = model.device
+        self.req_pool = ReqToTokenPool(config.req_pool_size, config.max_context, self.device)
+        self.kv_pool = TokenToKVPool(config.kv_pool_tokens, self.device, check=check_pools)
+        self.kv_cache = KVCache.for_model(model.config, config.kv_pool_tokens, self.device)
+        self.kv_unreserved = config.kv_pool_tokens
+        self.iteration = 0
+        self.stats = SchedulerStats()
+        self._arrivals: list[tuple[int, int, Request]] = []  # heap of (arrival, order, request)
+        self._order = 0
+        self.waiting: deque[Request] = deque()
+        self.prefilling: list[Request] = []  # admitted, prompt not fully scheduled yet
+        self.running: list[Request] = []  # prompt scheduled, decoding
+        self._inflight: deque[_InFlight] = deque()
+        self._pin = self.device.type == "cuda"
+
+    # -- requests -------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue ``request``; it may be admitted from iteration ``request.arrival`` on."""
+        heapq.heappush(self._arrivals, (request.arrival, self._order, request))
+        self._order += 1
+
+    def abort(self, request: Request) -> None:
+        """Finish ``request`` now; its resources come back once no job holds it."""
+        if request.finish_reason is not None:
+            return
+        request.finish_reason = FinishReason.ABORT
+        self._arrivals = [a for a in self._arrivals if a[2] is not request]
+        heapq.heapify(self._arrivals)
+        if request in self.waiting:
+            self.waiting.remove(request)
+        elif request.req_pool_index and request.inflight == 0:
+            self._release(request)
+
+    def has_work(self) -> bool:
+        return bool(
+            self._arrivals or self.waiting or self.prefilling or self.running or self._inflight
+        )
+
+    # -- the loop -------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """One iteration; returns the requests that got tokens or finished on the host."""
+        start = time.perf_counter()
+        steps = self._schedule()
+        self.stats.host_s += time.perf_counter() - start
+        if steps:  # the inline runner (no overlap) runs the forward right here
+            self._inflight.append(_InFlight(steps, self.runner.submit(self._job(steps))))
+            self.stats.forwards += len(steps)
+        touched: dict[int, Request] = {}
+        lag = 1 if self.runner.overlap and steps else 0
+        while len(self._inflight) > lag:
+            for request in self._process(self._inflight.popleft()):
+                touched[id(request)] = request
+        self.iteration += 1
+        self.stats.iterations += 1
+        return list(touched.values())
+
+    def drain(self) -> list[Request]:
+        """Step until nothing is queued, running or in flight."""
+        touched: dict[int, Request] = {}
+        while self.has_work():
+            for request in self.step():
+                touched[id(request)] = request
+        return list(touched.values())
+
+    # -- host side --------------------------------------------------------------------------
+    def _schedule(self) -> list[HostStep]:
+        while self._arrivals and self._arrivals[0][0] <= self.iteration:
+            self.waiting.append(heapq.heappop(self._arrivals)[2])
+        self.running = [r for r in self.running if not r.device_done]
+        self.prefilling = [r for r in self.prefilling if r.finish_reason is None]
+        decoding = list(self.running)
+        chunks = self._plan_prefill()
+        steps = []
+        if chunks:
+            steps.append(self._prefill_step(chunks))
+        if decoding:
+            steps.append(self._decode_step(decoding))
+        self.stats.decode_rows += len(decoding)
+        admitted = len(self.running) + len(self.prefilling)
+        self.stats.max_running = max(self.stats.max_running, admitted)
+        return steps
+
+    def _plan_prefill(self) -> list[tuple[Request, int]]:
+        """(request, prompt tokens this iteration): unfinished prompts first, then admissions."""
+        budget = self.config.max_prefill_tokens
+        plan: list[tuple[Request, int]] = []
+        for request in self.prefilling:
+            if budget == 0:
+                return plan
+            n = min(budget, request.prompt_len - request.scheduled_len)
+            plan.append((request, n))
+            budget -= n
+        while budget and self._admit_one():
+            request = self.prefilling[-1]
+            n = min(budget, request.prompt_len)
+            plan.append((request, n))
+            budget -= n
+        return plan
+
+    def _admit_one(self) -> bool:
+        """Move the head of the queue into ``prefilling`` if everything it needs is free."""
+        if not self.waiting:
+            return False
+        request = self.waiting[0]
+        if len(self.running) + len(self.prefilling) >= self.config.max_batch_size:
+            return False
+        if request.kv_need > self.kv_unreserved:
+            self.stats.kv_blocked += 1
+            return False
+        slots = self.req_pool.alloc(1)
+        if slots is None:
+            return False
+        self.waiting.popleft()
+        request.req_pool_index = slots[0]
+        request.kv_reserved = request.kv_need
+        self.kv_unreserved -= request.kv_reserved
+        self.prefilling.append(request)
+        return True
+
+    def _alloc_kv(self, n: int) -> torch.Tensor:
+        slots = self.kv_pool.alloc(n)
+        if slots is None:  # admission reserved them: a broken invariant, not a full pool
+            raise RuntimeError(f"KV pool has {self.kv_pool.available_size()} slots, needs {n}")
+        return slots
+
+    def _prefill_step(self, plan: list[tuple[Request, int]]) -> HostStep:
+        requests = [r for r, _ in plan]
+        chunks = [r.prompt_ids[r.scheduled_len : r.scheduled_len + n] for r, n in plan]
+        slots = self._alloc_kv(sum(n for _, n in plan))
+        step = HostStep.build(StepKind.PREFILL, requests, chunks, slots, self._pin)
+        for request, n in plan:
+            request.scheduled_len += n
+            request.inflight += 1
+            if request.scheduled_len == request.prompt_len:
+                request.scheduled_samples = 1
+                self.prefilling.remove(request)
+                self.running.append(request)
+            else:
+                self.stats.prefill_chunks += 1
+        # Only a prompt's last chunk samples; earlier chunks' tokens (and stashes,
+        # overwritten by the last chunk's) are never used.
+        step.samples = [r.scheduled_len == r.prompt_len for r in requests]
+        return step
+
+    def _decode_step(self, requests: list[Request]) -> HostStep:
+        slots = self._alloc_kv(len(requests))
+        step = HostStep.build(StepKind.DECODE, requests, [[-1]] * len(requests), slots, self._pin)
+        for request in requests:
+            request.scheduled_len += 1
+            request.scheduled_samples += 1
+            request.inflight += 1
+        return step
+
+    def _process(self, inflight: _InFlight) -> list[Request]:
+        start = time.perf_counter()
+        results, job_s = inflight.pending.wait()
+        waited = time.perf_counter() - start
+        self.stats.job_s += job_s
+        touched = []
+        for step, tokens in zip(inflight.steps, results, strict=True):
+            for request, token, sampled in zip(
+                step.requests, tokens.tolist(), step.samples, strict=True
+            ):
+                request.inflight -= 1
+                if sampled and request.finish_reason is None:
+                    request.output_ids.append(token)
+                    self.stats.tokens += 1
+                    if token in request.params.stop_token_ids:
+                        request.finish_reason = FinishReason.STOP
+                    elif len(request.output_ids) >= request.max_new_tokens:
+                        request.finish_reason = FinishReason.LENGTH
+                    touched.append(request)
+                # else: the extra token of a request that finished one iteration late.
+                if request.finish_reason is not None and request.inflight == 0:
+                    self._release(request)
+        self.stats.wait_s += waited
+        self.stats.host_s += time.perf_counter() - start - waited
+        return touched
+
+    def _release(self, request: Request) -> None:
+        row = self.req_pool.req_to_token[request.req_pool_index, : request.scheduled_len]
+        self.kv_pool.free(row.to(torch.int64))  # a copy: the row is reused by the next owner
+        self.req_pool.free(request.req_pool_index)
+        self.kv_unreserved += request.kv_reserved
+        request.req_pool_index, request.kv_reserved = 0, 0
+
+    # -- device side (runs on the forward runner) -----------------------------------------
+    def _job(self, steps: list[HostStep]) -> Callable[[], tuple[list[torch.Tensor], float]]:
+        algorithm, device, kv_cache = self.algorithm, self.device, self.kv_cache
+        req_to_token = self.req_pool.req_to_token
+
+        def run() -> tuple[list[torch.Tensor], float]:
+            start = time.perf_counter()
+            host_tokens = []
+            with torch.no_grad():
+                for step in steps:
+                    inputs, commit_rows = step.to_device(device, req_to_token, kv_cache)
+                    hook = algorithm.prefill if step.kind is StepKind.PREFILL else algorithm.decode
+                    out = hook(inputs)
+                    req_to_token[commit_rows, inputs.forward.positions] = (
+                        inputs.forward.out_cache_loc.to(torch.int32)
+                    )
+                    host_tokens.append(out.next_tokens.to("cpu", non_blocking=True))
+            return host_tokens, time.perf_counter() - start
+
+        return run

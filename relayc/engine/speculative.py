@@ -1,0 +1,197 @@
+"""Speculative decoding in the reference engine: the generated decode steps, run on real ops.
+
+For algorithm NAME the engine imports `relayc.generated.NAME` -- the relay
+(`FutureMap`) and the `PrefillStep` / `DecodeStep` relayc generated from
+`relayc/specs/NAME.yaml` -- and hands them the op implementations of
+:mod:`relayc.nodes` bound to this engine's target model and drafter. The
+scheduler calls `prefill` and `decode`; each decode step drafts, verifies one
+tree, accepts, commits the accepted KV itself (moving it to the front of the
+request's KV window and recording it in `req_to_token`) and relays what the
+next iteration needs, so the host only learns the accepted tokens one
+iteration later.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relayc.engine.algorithms import DecodeAlgorithm, StepInputs, StepOutput
+from relayc.engine.model import LlamaForCausalLM
+from relayc.nodes.context import StepContext
+from relayc.nodes.draft_ops import proposer_lock
+from relayc.nodes.verify_ops import implementations
+
+# Default drafters: seeded random weights, or a local directory (`draft_model=`).
+_DRAFTERS = ("eagle", "eagle_multilayer", "ngram")
+
+
+def _make_drafter(
+    name: str,
+    model: LlamaForCausalLM,
+    draft_model: str | Path | None,
+    *,
+    num_steps: int,
+    num_draft_tokens: int,
+    seed: int,
+) -> Any:
+    from relayc.engine.draft import EagleHead, MtpDrafter, NgramProposer
+
+    if name == "ngram":
+        return NgramProposer(num_draft_tokens=num_draft_tokens, max_depth=num_draft_tokens - 1)
+    if name == "eagle":
+        if draft_model is not None:
+            return EagleHead.load(draft_model, model)
+        return EagleHead.random(model, seed=seed + 1)
+    if draft_model is not None:
+        return MtpDrafter.load(draft_model, model)
+    return MtpDrafter.random(model, num_steps, seed=seed + 1)
+
+
+class SpeculativeDecoding(DecodeAlgorithm):
+    """One speculative algorithm on its generated module and the shared ops."""
+
+    def __init__(
+        self,
+        name: str,
+        model: LlamaForCausalLM,
+        req_pool_size: int,
+        *,
+        debug: bool,
+        num_steps: int,
+        topk: int,
+        num_draft_tokens: int,
+        draft_model: str | Path | None,
+        seed: int,
+    ) -> None:
+        super().__init__(model)
+        if name not in _DRAFTERS:
+            raise NotImplementedError(
+                f"algorithm `{name}` is not wired into the reference engine yet (the "
+                f"standalone drafter needs a reserved bonus slot); use one of {_DRAFTERS}"
+            )
+        if name == "eagle_multilayer" and num_draft_tokens - 1 > topk * num_steps:
+            raise ValueError(
+                f"eagle_multilayer drafts at most topk*num_steps = "
+                f"{topk * num_steps} tokens; num_draft_tokens={num_draft_tokens}"
+            )
+        self.name = name
+        config = model.config
+        self.dims = {
+            "topk": topk,
+            "num_steps": num_steps,
+            "num_draft_tokens": num_draft_tokens,
+            "hidden": config.hidden_size,
+            "vocab": config.vocab_size,
+        }
+        module = importlib.import_module(f"relayc.generated.{name}")
+        self.relay = module.FutureMap(
+            req_pool_size + 1,
+            model.device,
+            dims={k: v for k, v in self.dims.items() if k in module.DIM_DEFAULTS},
+            model_dtype=config.dtype,
+            debug=debug,
+        )
+        impls = implementations()
+        self.prefill_step = module.PrefillStep(self.relay, impls)
+        self.decode_step = module.DecodeStep(self.relay, impls)
+        self.drafter = _make_drafter(
+            name,
+            model,
+            draft_model,
+            num_steps=num_steps,
+            num_draft_tokens=num_draft_tokens,
+            seed=seed,
+        )
+        scratch = topk * (num_steps - 1) if name == "eagle" else 0
+        self.decode_width = num_draft_tokens + scratch
+        self.max_tokens_per_step = num_draft_tokens
+        self.draft_kv: Any = None  # allocated on the first step, sized like the target's
+
+    def _context(self, step: StepInputs, **kwargs: Any) -> StepContext:
+        forward = step.forward
+        if self.draft_kv is None and hasattr(self.drafter, "make_kv_cache"):
+            self.draft_kv = self.drafter.make_kv_cache(forward.kv_cache.size)
+        return StepContext(
+            model=self.model,
+            kv_cache=forward.kv_cache,
+            req_to_token=forward.req_to_token,
+            dims=self.dims,
+            sampling=step.sampling,
+            drafter=self.drafter,
+            extras={"draft_kv": self.draft_kv, "sample_positions": step.sample_positions},
+            **kwargs,
+        )
+
+    def prefill(self, step: StepInputs) -> StepOutput:
+        forward = step.forward
+        ctx = self._context(step, prefill=forward, max_prefix_len=forward.max_prefix_len)
+        outputs = self.prefill_step(
+            ctx,
+            req_pool_indices=forward.req_pool_indices,
+            seq_lens=forward.prefix_lens + forward.extend_lens,
+        )
+        first = outputs.get("prefill.next_tokens")
+        if first is None:  # n-gram seeds an accept row instead of a bonus token
+            first = outputs["prefill.accept_tokens"][:, 0]
+        return StepOutput(next_tokens=first)
+
+    def decode(self, step: StepInputs) -> StepOutput:
+        forward = step.forward
+        ctx = self._context(
+            step, out_cache_loc=forward.out_cache_loc, max_prefix_len=step.max_prefix_len
+        )
+        outputs = self.decode_step(
+            ctx, req_pool_indices=forward.req_pool_indices, seq_lens=forward.prefix_lens
+        )
+        counts = outputs["accept.accept_lens"].to(torch.int64)
+        return StepOutput(
+            next_tokens=outputs["accept.bonus_tokens"],
+            tokens=outputs["accept.accept_tokens"],
+            counts=counts,
+            committed=True,
+        )
+
+    # n-gram keeps each request's token history on the host (one iteration behind).
+    def on_prompt(self, req_pool_index: int, prompt_ids: list[int]) -> None:
+        if self.name == "ngram":
+            with proposer_lock():
+                self.drafter.add_request(req_pool_index, prompt_ids)
+
+    def on_tokens(self, req_pool_index: int, tokens: list[int]) -> None:
+        if self.name == "ngram":
+            with proposer_lock():
+                self.drafter.update(req_pool_index, tokens)
+
+    def release(self, req_pool_index: int) -> None:
+        if self.name == "ngram":
+            with proposer_lock():
+                self.drafter.remove_request(req_pool_index)
+
+
+def make_speculative(
+    name: str,
+    model: LlamaForCausalLM,
+    req_pool_size: int,
+    *,
+    debug: bool,
+    num_steps: int,
+    topk: int,
+    num_draft_tokens: int,
+    draft_model: str | Path | None,
+    seed: int,
+) -> SpeculativeDecoding:
+    return SpeculativeDecoding(
+        name,
+        model,
+        req_pool_size,
+        debug=debug,
+        num_steps=num_steps,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens,
+        draft_model=draft_model,
+        seed=seed,
+    )

@@ -1,0 +1,243 @@
+"""Implementations of the ops every tree algorithm shares: build the tree, verify it with
+one target forward, accept a path, and commit the accepted KV.
+
+Conventions (per request, N = num_draft_tokens, node 0 = the root = the bonus
+token of the previous iteration, at position L = the committed KV length):
+
+- ``accept_index [B, N]`` holds accepted nodes as rows of the flattened verify
+  batch (``b*N + node``, SGLang's convention), root first, -1 padded;
+- ``accept_lens [B]`` = accepted drafts + 1: the tokens emitted this iteration
+  (the accepted drafts and the new bonus token) and, equally, the tokens whose
+  KV is committed (the root and the accepted drafts);
+- ``accept_tokens [B, N]`` = the emitted tokens, left-aligned, 0 padded;
+- ``bonus_tokens [B]`` = the target's token after the last accepted node.
+
+Everything here is graph-safe: shapes depend on B and N only, no host reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from relayc.engine.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.sampling import filter_logits
+from relayc.kernels import (
+    TreeMaskMode,
+    build_tree,
+    keyed_uniforms,
+    tree_speculative_sampling_target_only,
+    verify_tree_greedy,
+)
+from relayc.kernels.rng import FINAL_STREAM
+from relayc.nodes.context import StepContext
+
+Impl = Callable[..., dict[str, torch.Tensor]]
+IMPLS: dict[str, Impl] = {}
+
+
+def implements(op_name: str) -> Callable[[Impl], Impl]:
+    def register(fn: Impl) -> Impl:
+        IMPLS[op_name] = fn
+        return fn
+
+    return register
+
+
+def verify_slots(ctx: StepContext, batch: int, n: int) -> torch.Tensor:
+    """`[B, N]` KV slots of the verify trees: the front of each request's window."""
+    return ctx.out_cache_loc.view(batch, -1)[:, :n]
+
+
+@implements("build_tree")
+def impl_build_tree(
+    ctx: StepContext,
+    *,
+    bonus_tokens: torch.Tensor,
+    parent_list: torch.Tensor,
+    top_scores_index: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    batch, n = bonus_tokens.shape[0], ctx.dims["num_draft_tokens"]
+    tree = build_tree(
+        bonus_tokens,
+        parent_list,
+        top_scores_index,
+        draft_tokens,
+        seq_lens,
+        seq_lens_sum=0,  # only the full mask needs it
+        topk=ctx.dims["topk"],
+        spec_steps=ctx.dims["num_steps"],
+        num_verify_tokens=n,
+        tree_mask_mode=TreeMaskMode.QLEN_ONLY,
+    )
+    return {
+        "candidates": tree.draft_tokens.view(batch, n),
+        "tree_mask": tree.tree_mask.view(batch, n, n),
+        "positions": tree.positions.view(batch, n),
+        "retrive_index": tree.retrive_index,
+        "retrive_next_token": tree.retrive_next_token,
+        "retrive_next_sibling": tree.retrive_next_sibling,
+    }
+
+
+@implements("target_verify")
+def impl_target_verify(
+    ctx: StepContext,
+    *,
+    candidates: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    batch, n = candidates.shape
+    forward = ForwardBatch(
+        mode=ForwardMode.VERIFY,
+        input_ids=candidates.reshape(-1),
+        positions=positions.reshape(-1),
+        out_cache_loc=verify_slots(ctx, batch, n).reshape(-1),
+        req_pool_indices=req_pool_indices,
+        prefix_lens=seq_lens,
+        extend_lens=torch.full_like(seq_lens, n),
+        max_prefix_len=ctx.max_prefix_len,
+        max_extend_len=n,
+        req_to_token=ctx.req_to_token,
+        kv_cache=ctx.kv_cache,
+        tree_mask=tree_mask,
+    )
+    out = ctx.model(forward)
+    return {
+        "logits": out.logits.view(batch, n, -1),
+        "hidden_states": out.hidden_states.view(batch, n, -1),
+    }
+
+
+def target_probs(logits: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    """Per-node target distributions `[B, N, V]` under each request's sampling params."""
+    sampling = ctx.sampling
+    batch, n, vocab = logits.shape
+    temperatures = torch.where(sampling.temperatures > 0, sampling.temperatures, 1.0)
+    flat = (logits.float() / temperatures[:, None, None]).reshape(batch * n, vocab)
+    filtered = filter_logits(
+        flat,
+        sampling.top_ks.repeat_interleave(n, output_size=batch * n),
+        sampling.top_ps.repeat_interleave(n, output_size=batch * n),
+    )
+    return torch.softmax(filtered, dim=-1).view(batch, n, vocab)
+
+
+def _accept_outputs(
+    predicts: torch.Tensor, accept_index: torch.Tensor, accept_num: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    accept_lens = accept_num + 1
+    valid = accept_index >= 0
+    tokens = predicts.to(torch.int64)[accept_index.clamp(min=0).to(torch.int64)]
+    tokens = torch.where(valid, tokens, 0)
+    bonus = tokens.gather(1, (accept_lens.to(torch.int64) - 1)[:, None])[:, 0]
+    return {
+        "accept_index": accept_index.to(torch.int64),
+        "accept_lens": accept_lens,
+        "accept_tokens": tokens,
+        "bonus_tokens": bonus,
+    }
+
+
+@implements("accept_tree")
+def impl_accept_tree(
+    ctx: StepContext,
+    *,
+    logits: torch.Tensor,
+    candidates: torch.Tensor,
+    positions: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Greedy rows: the longest path whose drafts equal the target's argmax; sampled rows:
+    target-only tree speculative sampling (lossless). Mixed batches run both, per row."""
+    batch, n = candidates.shape
+    device = candidates.device
+
+    def fresh() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (
+            torch.zeros(batch * n, dtype=torch.int32, device=device),
+            torch.full((batch, n), -1, dtype=torch.int32, device=device),
+            torch.zeros(batch, dtype=torch.int32, device=device),
+        )
+
+    predicts, accept_index, accept_num = fresh()
+    verify_tree_greedy(
+        predicts,
+        accept_index,
+        accept_num,
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        torch.argmax(logits, dim=-1),
+    )
+    if ctx.sampling is None:
+        return _accept_outputs(predicts, accept_index, accept_num)
+    s_predicts, s_index, s_num = fresh()
+    probs = target_probs(logits, ctx)
+    # Coins keyed by (seed, position of the root), so runs are reproducible.
+    root_positions = positions[:, 0].to(torch.int64)
+    coins = keyed_uniforms(ctx.sampling.seeds, root_positions, n)
+    final = keyed_uniforms(ctx.sampling.seeds, root_positions, 1, FINAL_STREAM)[:, 0]
+    tree_speculative_sampling_target_only(
+        s_predicts,
+        s_index,
+        s_num,
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        coins,
+        final,
+        probs,
+        torch.zeros_like(probs),
+    )
+    sampled = ctx.sampling.temperatures > 0
+    predicts = torch.where(
+        sampled.repeat_interleave(n, output_size=batch * n), s_predicts, predicts
+    )
+    accept_index = torch.where(sampled[:, None], s_index, accept_index)
+    accept_num = torch.where(sampled, s_num, accept_num)
+    return _accept_outputs(predicts, accept_index, accept_num)
+
+
+@implements("compact_accepted_kv")
+def impl_compact_accepted_kv(
+    ctx: StepContext,
+    *,
+    accept_index: torch.Tensor,
+    accept_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Move the accepted nodes' KV to the front of each verify window, in path order, and
+    record the window at positions [L, L+N) of `req_to_token`; the first `accept_lens`
+    entries are the committed ones (the rest are overwritten by the next window)."""
+    batch, n = accept_index.shape
+    window = verify_slots(ctx, batch, n)
+    offsets = torch.arange(batch, device=window.device)[:, None] * n
+    local = torch.where(
+        accept_index >= 0, accept_index - offsets, torch.arange(n, device=window.device)[None, :]
+    )
+    src = window.gather(1, local).reshape(-1)
+    dst = window.reshape(-1)
+    for layer in range(len(ctx.kv_cache.k)):
+        for cache in (ctx.kv_cache.k[layer], ctx.kv_cache.v[layer]):
+            cache[dst] = cache[src]
+    positions = seq_lens[:, None] + torch.arange(n, device=window.device)[None, :]
+    ctx.req_to_token[req_pool_indices[:, None], positions] = window.to(ctx.req_to_token.dtype)
+    return {"new_seq_lens": seq_lens + accept_lens.to(seq_lens.dtype)}
+
+
+def implementations() -> dict[str, Any]:
+    """Every op implementation relayc ships, by op name."""
+    return dict(IMPLS)
