@@ -174,7 +174,7 @@ def test_bad_payloads_say_what_is_wrong(gen: types.ModuleType) -> None:
 
 def test_fused_triton_path_matches_indexing(gen: types.ModuleType) -> None:
     """One launch per stash and per spec-extras resolve (Triton's interpreter on the CPU);
-    a float32 model dtype exercises the byte views of model-dtype fields."""
+    a float32 model dtype checks that model-dtype fields take the payload's dtype."""
     if not gen._HAVE_TRITON:
         pytest.skip("Triton is not installed")
     maps = [make_map(gen, "standalone", "STANDALONE"), make_map(gen, "standalone", "STANDALONE")]
@@ -256,7 +256,7 @@ def eagle_with_draft_probs(tmp_path: Path) -> Path:
     return tmp_path / "eagle.yaml"
 
 
-def run_twin(sgl, gen_module, scenario, seeds=range(5), steps: int = 40) -> None:
+def run_twin(sgl, gen_module, scenario, seeds=range(4), steps: int = 36) -> None:
     with sglang_env.server_args(sgl, scenario.sglang_algorithm, **scenario.server_kwargs):
         for seed in seeds:
             twin = Twin(sgl, gen_module, scenario, seed)

@@ -19,6 +19,7 @@ the generated module imports nothing from relayc.
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from relayc.compiler.targets import sglang_base
 from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
 from relayc.compiler.writer import Output
 from relayc.graph.passes import FieldLayout, RelayLayout, analyse
+from relayc.runtime import fused
 from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
 from relayc.specs.loader import Spec, load_spec
 
@@ -264,8 +266,8 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     w("    _HAVE_TRITON = False")
     w("else:")
     w("    _HAVE_TRITON = True\n")
-    buffers = [RelayBuffer(f.name, "bfloat16" if f.dtype == "model" else f.dtype) for f in union]
-    w("# Model-dtype fields go through the kernels as bfloat16 views of their bytes.")
+    buffers = [RelayBuffer(f.name, f.dtype) for f in union]
+    w(_pasted_fused_copy())
     w(emit_triton_relay(f"sglang: {', '.join(a.name for a in algorithms)}", buffers))
     w(_pasted_base())
     w("")
@@ -286,6 +288,17 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     for algo in algorithms:
         w(f"FutureMap.ALGORITHMS[{_q(algo.name)}] = {_class_name(algo.name)}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _pasted_fused_copy() -> str:
+    """relayc.runtime.fused (the fused kernels' host side) without its docstring and imports,
+    so the generated module needs no relayc at run time."""
+    text = Path(fused.__file__).read_text(encoding="utf-8")
+    body_start = max(
+        n.end_lineno for n in ast.parse(text).body if isinstance(n, ast.Import | ast.ImportFrom)
+    )
+    body = "\n".join(text.splitlines()[body_start:]).strip("\n")
+    return "# The fused kernels' host side (copied from relayc/runtime/fused.py).\n" + body + "\n\n"
 
 
 def _pasted_base() -> str:

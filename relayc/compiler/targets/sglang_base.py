@@ -46,7 +46,7 @@ def triton_stash(indices: torch.Tensor, bufs: Sequence[Any], srcs: Sequence[Any]
 def triton_resolve(indices: torch.Tensor, bufs: Sequence[Any], outs: Sequence[Any]) -> None: ...
 
 
-_RELAY_FIELDS: tuple[tuple[str, torch.dtype], ...] = ()
+_RELAY_FIELDS: tuple[tuple[str, torch.dtype | None], ...] = ()
 SGLANG_BUFFERS: tuple[str, ...] = ()  # SGLang's FutureMap buffer attributes
 
 PASTE_MARKER = "# ---- pasted into the generated module from here on ----"
@@ -295,22 +295,14 @@ class FutureMap:
     def _kernel_operands(
         self, rows: dict[str, torch.Tensor | None]
     ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
-        """Buffers and row tensors in the kernels' field order; model-dtype fields travel as
-        bfloat16 views of the same bytes (the kernels copy bytes and need a fixed dtype)."""
+        """Buffers and row tensors in the kernels' field order (None: not in this call)."""
         bufs: list[torch.Tensor | None] = []
         outs: list[torch.Tensor | None] = []
-        for name, kernel_dtype in _RELAY_FIELDS:
+        for name, _ in _RELAY_FIELDS:
             value = rows.get(name)
             f = self._fields.get(name)
-            if value is None or f is None:
-                bufs.append(None)
-                outs.append(None)
-                continue
-            buf = getattr(self, f.buffer)
-            if buf.dtype != kernel_dtype:
-                buf, value = buf.view(kernel_dtype), value.view(kernel_dtype)
-            bufs.append(buf)
-            outs.append(value)
+            bufs.append(None if value is None or f is None else getattr(self, f.buffer))
+            outs.append(None if f is None else value)
         return bufs, outs
 
     def _consume_once(self, name: str, values: torch.Tensor, indices: torch.Tensor) -> None:
