@@ -1,0 +1,509 @@
+"""The SGLang target: one module with SGLang 0.5.23's relay surface, from several specs.
+
+`relayc compile --target sglang SPEC... -o DIR` writes `DIR/overlap_utils.py`, a
+drop-in for the relay half of `sglang/srt/managers/overlap_utils.py`: `RelayPayload`
+(with `from_draft_input` / `from_ngram`), `FutureMap(device, spec_algo,
+req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)` and
+`resolve_forward_inputs(batch, future_map)`. `FutureMap(...)` returns the class
+generated for the relayc algorithm that SGLang's `spec_algo` maps to.
+
+What is generated from the specs: one class per algorithm with its field table, its
+`stash` (a block per field, one fused Triton launch on CUDA), its spec-extras resolve,
+and the fused kernels over the union of the fields (`emit_triton_relay`). What is
+SGLang's and so fixed here: the names (buffer attributes, payload fields, draft-input
+attributes), which of a payload's fields SGLang reads back per algorithm, and that
+n-gram draft inputs hold their rows flat. The spec-independent code (publish, the host
+mirror, events, debug checks) lives in `sglang_base.py` and is pasted in verbatim, so
+the generated module imports nothing from relayc.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from relayc.compiler.codegen import GENERATED_MARK
+from relayc.compiler.targets import sglang_base
+from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
+from relayc.compiler.writer import Output
+from relayc.graph.passes import FieldLayout, RelayLayout, analyse
+from relayc.runtime import fused
+from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
+from relayc.specs.loader import Spec, load_spec
+
+MODULE_NAME = "overlap_utils.py"
+SGLANG_VERSION = "0.5.23"
+
+# SGLang's RelayPayload fields, in its order; `dsa_topk_indices` no spec relays.
+SGLANG_PAYLOAD = (
+    "bonus_tokens",
+    "topk_p",
+    "topk_index",
+    "hidden_states",
+    "draft_probs",
+    "dsa_topk_indices",
+    "accept_tokens",
+    "accept_lens",
+)
+UNCOVERED_PAYLOAD = ("dsa_topk_indices",)
+# SGLang's buffer attribute of each field; `<field>_buf` for the rest.
+SGLANG_BUFFER_NAMES = {"bonus_tokens": "output_tokens_buf"}
+# The relayc algorithms SGLang's algorithms map to, and, per algorithm, the payload
+# fields SGLang 0.5.23 reads back into the next iteration: a spec that does not relay
+# one of these would silently lose it, so its stash refuses the field. Other fields a
+# spec does not relay are dropped, as SGLang drops them (n-gram relays only its accept
+# rows; STANDALONE and multi-layer EAGLE gate hidden states off).
+SGLANG_READS_BACK: dict[str, tuple[str, ...]] = {
+    "none": ("bonus_tokens",),
+    "eagle": ("bonus_tokens", "topk_p", "topk_index", "hidden_states", "draft_probs"),
+    "eagle_multilayer": ("bonus_tokens", "topk_p", "topk_index", "draft_probs"),
+    "standalone": ("bonus_tokens", "topk_p", "topk_index", "draft_probs"),
+    "ngram": ("accept_tokens", "accept_lens"),
+}
+# Algorithms whose SGLang draft input holds multi-element rows flattened ([bs * row]):
+# NgramVerifyInput; its row width is the attribute named here per dim.
+FLAT_ROW_ALGORITHMS = {"ngram": {"num_draft_tokens": "draft_token_num"}}
+# SGLang's FutureMap publishes exactly these, with a host copy of new_seq_lens.
+SGLANG_PUBLISHED = ("new_seq_lens",)
+
+
+@dataclass(frozen=True)
+class SGLangAlgorithm:
+    """One spec as the SGLang target sees it."""
+
+    spec: Spec
+    layout: RelayLayout
+
+    @property
+    def name(self) -> str:
+        return self.spec.algorithm
+
+    @property
+    def stashed(self) -> tuple[FieldLayout, ...]:
+        return tuple(f for f in self.layout.fields if f.publish != "early")
+
+
+def compile_sglang(spec_paths: Sequence[str | Path], out_dir: str | Path) -> Output:
+    """Generate the SGLang module of ``spec_paths``; raises SpecErrors (all of them)."""
+    algorithms = []
+    errors: list[SpecError] = []
+    for path in spec_paths:
+        try:
+            spec = load_spec(path)
+            algorithms.append(SGLangAlgorithm(spec, analyse(spec).analysis["layout"]))
+        except SpecErrors as exc:
+            errors.extend(exc.errors)
+    if not errors:
+        errors = check_algorithms(algorithms)
+    if errors:
+        raise SpecErrors(errors)
+    shown_dir = Path(out_dir).as_posix()
+    return Output(Path(out_dir) / MODULE_NAME, generate_sglang_module(algorithms, shown_dir))
+
+
+def _where(algorithm: SGLangAlgorithm, field: str | None = None) -> SourceLoc:
+    if field is not None:
+        return algorithm.spec.fields[field].loc
+    return SourceLoc(algorithm.spec.path, 1, 1)
+
+
+def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
+    """What the SGLang surface cannot express, located at the spec entry responsible."""
+    errors: list[SpecError] = []
+    seen: dict[str, SGLangAlgorithm] = {}
+    dtypes: dict[str, tuple[str, SGLangAlgorithm]] = {}
+    for algo in algorithms:
+        if algo.name not in SGLANG_READS_BACK:
+            errors.append(
+                SpecError(
+                    _where(algo),
+                    f"the SGLang target has no SGLang algorithm for `{algo.name}`",
+                    f"name the algorithm one of {', '.join(SGLANG_READS_BACK)}",
+                )
+            )
+        if algo.name in seen:
+            errors.append(
+                SpecError(
+                    _where(algo),
+                    f"algorithm `{algo.name}` is also compiled from {seen[algo.name].spec.path}",
+                    "pass one spec per algorithm",
+                )
+            )
+        seen[algo.name] = algo
+        for f in algo.layout.fields:
+            if f.publish == "early" and f.name not in SGLANG_PUBLISHED:
+                errors.append(
+                    SpecError(
+                        _where(algo, f.name),
+                        f"SGLang's FutureMap.publish carries only {', '.join(SGLANG_PUBLISHED)}, "
+                        f"not `{f.name}`",
+                        "publish it with the stash (`publish: stash`)",
+                    )
+                )
+            if f.host_mirror and f.name != "new_seq_lens":
+                errors.append(
+                    SpecError(
+                        _where(algo, f.name),
+                        f"SGLang keeps a host copy only of new_seq_lens, not of `{f.name}`",
+                        "drop `host_mirror` from it",
+                    )
+                )
+            if f.dtype == "bool":
+                errors.append(
+                    SpecError(
+                        _where(algo, f.name),
+                        f"the SGLang target's debug poisoning needs a numeric dtype; `{f.name}` "
+                        "is bool",
+                        "relay it as int32",
+                    )
+                )
+            other = dtypes.setdefault(f.name, (f.dtype, algo))
+            if other[0] != f.dtype:
+                errors.append(
+                    SpecError(
+                        _where(algo, f.name),
+                        f"relay field `{f.name}` is {f.dtype} here but {other[0]} in "
+                        f"{other[1].spec.path}; one SGLang module holds one buffer layout per field",
+                        "declare it with the same dtype in every spec",
+                    )
+                )
+            flat = FLAT_ROW_ALGORITHMS.get(algo.name)
+            if flat is not None and f.publish != "early" and f.shape:
+                if len(f.shape) != 1 or f.shape[0] not in flat:
+                    errors.append(
+                        SpecError(
+                            _where(algo, f.name),
+                            f"SGLang's `{algo.name}` draft input holds rows flat, sized by "
+                            f"{', '.join(flat)}; `{f.name}` has row [{_shape(f)}]",
+                            f"shape it [{next(iter(flat))}] or make it a scalar",
+                        )
+                    )
+    return errors
+
+
+def _shape(f: FieldLayout) -> str:
+    return ", ".join(str(d) for d in f.shape)
+
+
+def _buffer(name: str) -> str:
+    return SGLANG_BUFFER_NAMES.get(name, f"{name}_buf")
+
+
+def _class_name(algorithm: str) -> str:
+    return "".join(part.capitalize() for part in algorithm.split("_")) + "FutureMap"
+
+
+def _union(algorithms: Sequence[SGLangAlgorithm]) -> list[FieldLayout]:
+    fields: dict[str, FieldLayout] = {}
+    for algo in algorithms:
+        for f in algo.layout.fields:
+            fields.setdefault(f.name, f)
+    return list(fields.values())
+
+
+def _pylit(value: object) -> str:
+    if isinstance(value, float) and value != value:
+        return 'float("nan")'
+    if isinstance(value, str):
+        return _q(value)
+    return repr(value)
+
+
+def _q(text: str) -> str:
+    """A double-quoted Python string literal (the quotes ruff's formatter keeps)."""
+    return json.dumps(text)
+
+
+def _poison(f: FieldLayout) -> str:
+    if f.poison is not None:
+        return _pylit(f.poison)
+    if f.dtype in ("float32", "bfloat16", "float16", "model"):
+        return 'float("nan")'
+    return f"torch.iinfo(torch.{f.dtype}).min"
+
+
+def _consume_once(f: FieldLayout) -> bool:
+    # Rows that read as poison until written must be rewritten between reads; lazy
+    # fields are exempt because SGLang re-reads them (staging refreshes only the bonus).
+    return f.alloc == "eager" and (f.init == "empty" or f.init == f.poison)
+
+
+def header(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
+    paths = " ".join(a.spec.path for a in algorithms)
+    lines = [
+        f"# {GENERATED_MARK} by relayc (target sglang, SGLang {SGLANG_VERSION}) from:",
+        *(f"#     {a.spec.path} (spec hash {a.spec.content_hash})" for a in algorithms),
+        "# Do not edit: change the specs, then run",
+        f"#     relayc compile --target sglang {paths} -o {out_dir}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
+    union = _union(algorithms)
+    lines: list[str] = [header(algorithms, out_dir)]
+    w = lines.append
+    names = ", ".join(f"`{a.name}`" for a in algorithms)
+    w(f'"""Relay state for SGLang {SGLANG_VERSION}, generated by relayc for {names}.\n')
+    w("A drop-in for the relay of `sglang/srt/managers/overlap_utils.py`: `RelayPayload`,")
+    w("`FutureMap` and `resolve_forward_inputs` with SGLang's signatures (see relayc's")
+    w("docs/sglang.md for pointing SGLang at it). Needs only torch (and Triton on CUDA);")
+    w("importing it never touches CUDA.")
+    w('"""\n')
+    w("from __future__ import annotations\n")
+    w("import os")
+    w("from collections.abc import Sequence")
+    w("from dataclasses import dataclass")
+    w("from typing import Any, ClassVar\n")
+    w("import torch\n")
+    w("try:")
+    w("    import triton")
+    w("    import triton.language as tl")
+    w("except ImportError:  # the fused kernels are optional; torch indexing remains")
+    w("    _HAVE_TRITON = False")
+    w("else:")
+    w("    _HAVE_TRITON = True\n")
+    buffers = [RelayBuffer(f.name, f.dtype) for f in union]
+    w(_pasted_fused_copy())
+    w(emit_triton_relay(f"sglang: {', '.join(a.name for a in algorithms)}", buffers))
+    w(_pasted_base())
+    w("")
+    w(
+        "# Every buffer attribute SGLang's FutureMap has; those an algorithm does not relay are None."
+    )
+    w("SGLANG_BUFFERS: tuple[str, ...] = (")
+    for name in dict.fromkeys(
+        [*(_buffer(n) for n in SGLANG_PAYLOAD), *(_buffer(f.name) for f in union)]
+    ):
+        w(f"    {_q(name)},")
+    w(")\n\n")
+    _payload(w, algorithms, union)
+    for algo in algorithms:
+        w("\n")
+        _algorithm_class(w, algo)
+    w("\n")
+    for algo in algorithms:
+        w(f"FutureMap.ALGORITHMS[{_q(algo.name)}] = {_class_name(algo.name)}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _pasted_fused_copy() -> str:
+    """relayc.runtime.fused (the fused kernels' host side) without its docstring and imports,
+    so the generated module needs no relayc at run time."""
+    text = Path(fused.__file__).read_text(encoding="utf-8")
+    body_start = max(
+        n.end_lineno for n in ast.parse(text).body if isinstance(n, ast.Import | ast.ImportFrom)
+    )
+    body = "\n".join(text.splitlines()[body_start:]).strip("\n")
+    return "# The fused kernels' host side (copied from relayc/runtime/fused.py).\n" + body + "\n\n"
+
+
+def _pasted_base() -> str:
+    text = Path(sglang_base.__file__).read_text(encoding="utf-8")
+    marker = "\n" + sglang_base.PASTE_MARKER + "\n"
+    return "\n" + text[text.index(marker) + len(marker) :].strip("\n") + "\n"
+
+
+def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout]) -> None:
+    stashed = [f for f in union if f.publish != "early"]
+    extra = [f.name for f in stashed if f.name not in SGLANG_PAYLOAD]
+    docs = {
+        f.name: f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}: {f.doc}" for f in stashed
+    }
+    by_ngram = {f.name for a in algorithms if a.name == "ngram" for f in a.stashed}
+    by_draft = {f.name for a in algorithms if a.name not in ("none", "ngram") for f in a.stashed}
+    w("@dataclass")
+    w("class RelayPayload:")
+    w(
+        '    """One iteration\'s relay values for a batch (SGLang\'s fields); None: not written."""\n'
+    )
+    for i, name in enumerate((*SGLANG_PAYLOAD, *extra)):
+        default = "" if i == 0 else " = None"
+        doc = docs.get(
+            name,
+            "not relayed by these specs"
+            if name not in UNCOVERED_PAYLOAD
+            else "not covered (NotImplementedError)",
+        )
+        w(f"    # {doc}")
+        w(f"    {name}: torch.Tensor | None{default}")
+    w("")
+    w("    @classmethod")
+    w("    def from_ngram(cls, draft_input: Any) -> RelayPayload:")
+    w(
+        '        """The payload of an NgramVerifyInput (its row fields are flat: reshape to rows)."""'
+    )
+    if not by_ngram:
+        w('        raise NotImplementedError("this module was compiled without an `ngram` spec")')
+    else:
+        flat = FLAT_ROW_ALGORITHMS["ngram"]
+        w("        return cls(")
+        w("            bonus_tokens=None,")
+        ngram = next(a for a in algorithms if a.name == "ngram")
+        for f in ngram.stashed:
+            if f.shape:
+                w(
+                    f"            {f.name}=draft_input.{f.name}.reshape(-1, draft_input.{flat[f.shape[0]]}),"
+                )
+            else:
+                w(f"            {f.name}=draft_input.{f.name},")
+        w("        )")
+    w("")
+    w("    @classmethod")
+    w("    def from_draft_input(cls, draft_input: Any) -> RelayPayload:")
+    w('        """The payload of an EAGLE-family draft input (absent attributes: None)."""')
+    w("        return cls(")
+    for name in (*SGLANG_PAYLOAD, *extra):
+        if name in by_ngram and name not in by_draft:
+            continue
+        w(f"            {name}=getattr(draft_input, {_q(name)}, None),")
+    w("        )")
+
+
+def _algorithm_class(w, algo: SGLangAlgorithm) -> None:
+    spec = algo.spec
+    cls = _class_name(algo.name)
+    w(f"class {cls}(FutureMap):")
+    w(f'    """`{algo.name}`: {spec.description or algo.name}"""\n')
+    w(f"    ALGORITHM = {_q(algo.name)}")
+    provenance = f"{spec.path} (spec hash {spec.content_hash})"
+    w(f"    SPEC = {_q(provenance)}")
+    w("    FIELDS = (")
+    for f in algo.layout.fields:
+        dtype = "None" if f.dtype == "model" else f"torch.{f.dtype}"
+        lazy = f.alloc == "lazy" or bool(f.shape)
+        w("        RelayField(")
+        w(f"            name={_q(f.name)},")
+        w(f"            buffer={_q(_buffer(f.name))},")
+        w(f"            dtype={dtype},")
+        w(f"            shape={_q(_shape(f))},")
+        w(f"            lazy={lazy},")
+        w(f"            init={_pylit(f.init)},")
+        w(f"            poison={_poison(f)},")
+        w(f"            consume_once={_consume_once(f)},")
+        w(f"            origin={_q(f.origin)},")
+        w("        ),")
+    w("    )")
+    mirrored = any(f.name == "new_seq_lens" and f.host_mirror for f in algo.layout.fields)
+    w(f"    _host_mirrored = {mirrored}\n")
+    _stash(w, algo)
+    w("")
+    _resolve_extras(w, algo)
+
+
+def _row(f: FieldLayout) -> str:
+    return f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}"
+
+
+def _stash(w, algo: SGLangAlgorithm) -> None:
+    relayed = {f.name for f in algo.stashed}
+    refused = [n for n in SGLANG_READS_BACK[algo.name] if n not in relayed]
+    dropped = [
+        n
+        for n in SGLANG_PAYLOAD
+        if n not in relayed and n not in refused and n not in UNCOVERED_PAYLOAD
+    ]
+    w("    def stash(self, future_indices: torch.Tensor, payload: RelayPayload) -> None:")
+    w('        """Write the payload\'s non-None fields into rows `future_indices`."""')
+    w("        indices = future_indices")
+    w("        n = indices.shape[0]")
+    w("        if n == 0:")
+    w("            return  # DP idle: the payload is an empty stub")
+    w("        if payload.dsa_topk_indices is not None:")
+    w("            raise NotImplementedError(_DSA_SEEDS)")
+    for name in refused:
+        w(f"        if payload.{name} is not None:")
+        w("            raise RelayError(")
+        w(f'                "payload carries `{name}`, which SGLang relays for `{algo.name}` but "')
+        w(f'                "{algo.spec.path} does not: add the field to the spec"')
+        w("            )")
+    if dropped:
+        w(f"        # Not relayed by `{algo.name}`, and never read back by SGLang for it either:")
+        w(f"        # {', '.join(dropped)}.")
+    w("        if self._fused:  # one launch for every field the payload carries")
+    w("            self._scatter(")
+    w("                indices,")
+    w("                {")
+    for f in algo.stashed:
+        w(f"                    {_q(f.name)}: self._prepare({_q(f.name)}, payload.{f.name}, n),")
+    w("                },")
+    w("            )")
+    w("            return")
+    w("        if indices.dtype is not torch.int64:")
+    w("            indices = indices.long()")
+    for f in algo.stashed:
+        w(f"        # {f.origin} {_row(f)}")
+        w(f"        value = payload.{f.name}")
+        w("        if value is not None:")
+        w(f"            buf = self.{_buffer(f.name)}")
+        w("            if buf is None or value.dtype is not buf.dtype:  # allocate or cast")
+        w(f"                value = self._prepare({_q(f.name)}, value, n)")
+        w(f"                buf = self.{_buffer(f.name)}")
+        w("            try:")
+        w("                buf.index_copy_(0, indices, value)")
+        w("            except (IndexError, RuntimeError) as exc:")
+        w(f"                raise self._stash_error({_q(f.name)}, value, indices) from exc")
+
+
+def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
+    w("    def _resolve_spec_extras(self, batch: Any) -> None:")
+    if algo.name == "none":
+        w('        """Non-speculative decoding relays nothing but the input tokens."""')
+        w("        return")
+        return
+    fields = algo.stashed
+    names = ", ".join(f.name for f in fields)
+    w(f'        """Gather {names} into `batch.spec_info` (one launch where fused)."""')
+    w("        draft_input = batch.spec_info")
+    flat = FLAT_ROW_ALGORITHMS.get(algo.name)
+    if flat is not None:
+        w("        if draft_input is None or draft_input.future_indices is None:")
+        w("            return")
+    else:
+        w("        if draft_input is None:")
+        w("            return  # a prefill: nothing relayed yet")
+    w("        indices = draft_input.future_indices")
+    w("        if indices.shape[0] == 0:")
+    w("            return")
+    if flat is None:
+        w('        if getattr(draft_input, "future_dsa_topk_indices_available", False):')
+        w("            raise NotImplementedError(_DSA_SEEDS)")
+    w('        if indices.device.type != "cpu":')
+    w("            indices.record_stream(torch.get_device_module(self.device).current_stream())")
+    targets = ", ".join(f.name for f in fields) + ("," if len(fields) == 1 else "")
+    w("        if self._fused:")
+    w(f"            {targets} = self._gather(")
+    w("                indices,")
+    w("                (")
+    for f in fields:
+        w(f"                    {_q(f.name)},")
+    w("                ),")
+    w("            )")
+    w("        else:")
+    for f in fields:
+        w(f"            # {f.origin} {_row(f)}")
+        if f.alloc == "lazy" or f.shape:
+            w(f"            buf = self.{_buffer(f.name)}")
+            w(f"            {f.name} = None if buf is None else buf.index_select(0, indices)")
+        else:
+            w(f"            {f.name} = self.{_buffer(f.name)}.index_select(0, indices)")
+    for f in fields:
+        if flat is not None and f.shape:
+            w(f"        if {f.name} is None:")
+            w(f'            raise RelayError("resolve of `{f.name}` before any stash carried it")')
+            w(f"        draft_input.{f.name} = {f.name}.flatten()  # SGLang holds these rows flat")
+        elif f.name == "bonus_tokens" or not (f.alloc == "lazy" or f.shape):
+            w(f"        draft_input.{f.name} = {f.name}")
+        else:
+            w(f"        if {f.name} is not None:  # allocated by a stash that carried it")
+            w(f"            draft_input.{f.name} = {f.name}")
+    if flat is None:
+        w("        draft_input.dsa_topk_indices = None")
+    consumed = [f for f in fields if _consume_once(f)]
+    if consumed:
+        w("        if _DEBUG_ASSERT:")
+        for f in consumed:
+            w(f"            self._consume_once({_q(f.name)}, {f.name}, indices)")
