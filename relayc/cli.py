@@ -84,6 +84,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     from relayc.compiler.writer import GENERATED_DIR, compile_spec, regenerate_bundled, write
 
+    if args.target == "sglang" and not args.bundled:
+        return _compile_sglang(args)
     if args.bundled:
         for path in regenerate_bundled():
             print(f"wrote {path.relative_to(GENERATED_DIR.parent.parent)}")
@@ -100,6 +102,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
             continue
         print(f"{'wrote' if write(output) else 'unchanged'} {output.path}")
     return EXIT_SPEC_ERRORS if failed else EXIT_OK
+
+
+def _compile_sglang(args: argparse.Namespace) -> int:
+    """All specs into one module with SGLang's relay surface (DIR/overlap_utils.py)."""
+    from relayc.compiler.targets.sglang import compile_sglang
+    from relayc.compiler.writer import write
+
+    if not args.specs:
+        raise UsageError("give the algorithm specs to compile into the SGLang module, or --bundled")
+    try:
+        output = compile_sglang(_existing_files(args.specs), args.output)
+    except SpecErrors as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_SPEC_ERRORS
+    print(f"{'wrote' if write(output) else 'unchanged'} {output.path}")
+    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -153,12 +171,22 @@ def build_parser() -> argparse.ArgumentParser:
         "compile",
         help="generate one Python module per algorithm spec",
         description="Validate and analyse each spec, then write "
-        "<DIR>/<algorithm>.py (only when its bytes change).",
+        "<DIR>/<algorithm>.py (only when its bytes change); with --target sglang, one "
+        "<DIR>/overlap_utils.py with SGLang 0.5.23's relay surface for all of them.",
     )
     p.add_argument("specs", nargs="*", metavar="SPEC", help="algorithm spec YAML files")
     p.add_argument("-o", "--output", metavar="DIR", default=".", help="output folder")
     p.add_argument(
-        "--bundled", action="store_true", help="regenerate relayc/generated/ from the bundled specs"
+        "--bundled",
+        action="store_true",
+        help="regenerate relayc/generated/ and relayc/sglang_generated/ from the bundled specs",
+    )
+    p.add_argument(
+        "--target",
+        choices=("relayc", "sglang"),
+        default="relayc",
+        help="relayc: one module per algorithm (default); sglang: one drop-in module for "
+        "SGLang's overlap_utils relay",
     )
     p.set_defaults(func=cmd_compile)
 

@@ -11,6 +11,7 @@ from relayc.graph.passes import analyse
 from relayc.specs.loader import bundled_spec_paths, load_spec
 
 GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
+SGLANG_GENERATED_DIR = GENERATED_DIR.parent / "sglang_generated"
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,34 @@ def write(output: Output) -> bool:
     return True
 
 
-def stale_bundled() -> list[str]:
-    """Unified diffs of every checked-in generated module that differs from its spec."""
-    diffs = []
+def _bundled_outputs() -> list[tuple[Output, Path, str]]:
+    """(module, checked-in path, source) of every module generated from the bundled specs:
+    one per algorithm, and the SGLang target's one for all of them."""
+    from relayc.compiler.targets.sglang import compile_sglang
+
+    outputs = []
     for spec_path in bundled_spec_paths():
         output = compile_spec(spec_path, "relayc/generated")
-        target = GENERATED_DIR / output.path.name
+        outputs.append((output, GENERATED_DIR / output.path.name, spec_path.name))
+    output = compile_sglang(bundled_spec_paths(), "relayc/sglang_generated")
+    outputs.append((output, SGLANG_GENERATED_DIR / output.path.name, "the bundled specs"))
+    return outputs
+
+
+def stale_bundled() -> list[str]:
+    """Unified diffs of every checked-in generated module that differs from its specs."""
+    diffs = []
+    for output, target, source in _bundled_outputs():
         current = target.read_text(encoding="utf-8") if target.exists() else ""
         if current != output.text:
+            shown = f"{output.path.parent.as_posix()}/{output.path.name}"
             diffs.append(
                 "".join(
                     difflib.unified_diff(
                         current.splitlines(keepends=True),
                         output.text.splitlines(keepends=True),
-                        f"relayc/generated/{output.path.name} (checked in)",
-                        f"relayc/generated/{output.path.name} (from {spec_path.name})",
+                        f"{shown} (checked in)",
+                        f"{shown} (from {source})",
                     )
                 )
             )
@@ -60,9 +74,7 @@ def stale_bundled() -> list[str]:
 
 def regenerate_bundled() -> list[Path]:
     written = []
-    for spec_path in bundled_spec_paths():
-        output = compile_spec(spec_path, "relayc/generated")
-        output = Output(GENERATED_DIR / output.path.name, output.text)
-        if write(output):
-            written.append(output.path)
+    for output, target, _ in _bundled_outputs():
+        if write(Output(target, output.text)):
+            written.append(target)
     return written
