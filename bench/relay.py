@@ -22,21 +22,12 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from relayc.runtime.capture import count_aten_ops
 
 POOL = 4096
 HIDDEN = 4096
 VOCAB = 32000
-
-
-class CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def per_call_us(fn: Callable[[], object], iters: int) -> float:
@@ -57,12 +48,6 @@ def paired_us(
         best_a = min(best_a, per_call_us(a, iters // rounds or 1))
         best_b = min(best_b, per_call_us(b, iters // rounds or 1))
     return best_a, best_b
-
-
-def ops(fn: Callable[[], object]) -> int:
-    with CountOps() as mode:
-        fn()
-    return mode.count
 
 
 def configs() -> list[tuple[str, str, dict[str, int]]]:
@@ -117,8 +102,8 @@ def bench(name: str, algorithm: str, dims: dict[str, int], batch: int, iters: in
         f"{gen_r:.1f}",
         f"{base_r:.1f}",
         f"{gen_r / base_r:.2f}",
-        f"{ops(stash)}/{ops(base_stash)}",
-        f"{ops(resolve)}/{ops(base_resolve)}",
+        f"{count_aten_ops(stash)}/{count_aten_ops(base_stash)}",
+        f"{count_aten_ops(resolve)}/{count_aten_ops(base_resolve)}",
         triton_launches(module, dims, payload, idx),
     ]
 

@@ -27,25 +27,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from relayc.runtime.capture import count_aten_ops
 from tests.compiler import sglang_env
 
 POOL = 4096
 HIDDEN = 4096
 DRAFT_TOKENS = 8
 BATCH_SIZES = (1, 16, 64, 256)
-
-
-class CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def eager_gather_spec_extras(
@@ -147,12 +137,6 @@ def per_iteration_us(
     return best[ref], best[gen]
 
 
-def ops(fn: Callable[[], None]) -> int:
-    with CountOps() as mode:
-        fn()
-    return mode.count
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=300)
@@ -183,8 +167,8 @@ def main() -> None:
                         f"{ref_us:.1f}",
                         f"{gen_us:.1f}",
                         f"{gen_us / ref_us:.2f}",
-                        str(ops(ref)),
-                        str(ops(gen)),
+                        str(count_aten_ops(ref)),
+                        str(count_aten_ops(gen)),
                     ]
                 )
     print(

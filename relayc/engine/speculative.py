@@ -182,26 +182,6 @@ class SpeculativeDecoding(DecodeAlgorithm):
                 self.drafter.remove_request(req_pool_index)
 
 
-def make_speculative(
-    name: str,
-    model: LlamaForCausalLM,
-    req_pool_size: int,
-    *,
-    debug: bool,
-    num_steps: int,
-    topk: int,
-    num_draft_tokens: int,
-    draft_model: str | Path | None,
-    seed: int,
-) -> SpeculativeDecoding:
-    return SpeculativeDecoding(
-        name,
-        model,
-        req_pool_size,
-        debug=debug,
-        num_steps=num_steps,
-        topk=topk,
-        num_draft_tokens=num_draft_tokens,
-        draft_model=draft_model,
-        seed=seed,
-    )
+# What `relayc.engine.algorithms.make_algorithm` calls for the speculative names; the
+# class takes exactly those arguments.
+make_speculative = SpeculativeDecoding

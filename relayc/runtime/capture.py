@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -154,3 +154,20 @@ def capture_check(
                 "a captured graph returns only tensors in its static pool"
             )
     return outputs
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_aten_ops(fn: Callable[[], object]) -> int:
+    """How many aten ops ``fn()`` dispatches (what the relay benchmarks compare)."""
+    with _CountOps() as mode:
+        fn()
+    return mode.count

@@ -17,7 +17,8 @@ import torch
 from relayc.cli import main
 from relayc.compiler.writer import GENERATED_DIR, compile_spec, stale_bundled
 from relayc.runtime.relay import RelayError
-from relayc.specs.loader import BUNDLED_DIR, bundled_spec_paths
+from relayc.specs.loader import bundled_spec_paths
+from tests.spec_edits import DRAFT_PROBS_EDITS, edited_eagle_spec
 
 ALGORITHMS = [p.stem for p in bundled_spec_paths()]
 DIMS = {"hidden": 24, "vocab": 40}
@@ -189,40 +190,9 @@ def test_lazy_fields_and_publish() -> None:
 
 def test_adding_a_relay_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The workflow the README shows: add `draft_probs`, compile, import, round trip."""
-    shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
-    text = (BUNDLED_DIR / "eagle.yaml").read_text()
-    edits = [
-        (
-            "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states]",
-            "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states, draft_probs]",
-        ),
-        (
-            "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states]\n",
-            "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states, draft_probs]\n",
-        ),
-        (
-            "    hidden_states: hidden_states\n\nsteps:",
-            "    hidden_states: hidden_states\n    draft_probs: draft_probs\n\nsteps:",
-        ),
-        (
-            "      hidden_states: relay.hidden_states\n      seq_lens: relay.new_seq_lens\n",
-            "      hidden_states: relay.hidden_states\n      draft_probs: relay.draft_probs\n"
-            "      seq_lens: relay.new_seq_lens\n",
-        ),
-        (
-            "    writes: [topk_p, topk_index, hidden_states]\n"
-            "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states}",
-            "    writes: [topk_p, topk_index, hidden_states, draft_probs]\n"
-            "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states,"
-            " draft_probs: draft_probs}",
-        ),
-    ]
-    for old, new in edits:
-        assert old in text, old
-        text = text.replace(old, new)
-    (tmp_path / "eagle.yaml").write_text(text.replace("algorithm: eagle", "algorithm: eagle_dp"))
+    edited_eagle_spec(tmp_path, DRAFT_PROBS_EDITS, "eagle_dp")
     monkeypatch.chdir(tmp_path)
-    assert main(["compile", "eagle.yaml", "-o", "out"]) == 0
+    assert main(["compile", "eagle_dp.yaml", "-o", "out"]) == 0
     spec = importlib.util.spec_from_file_location("eagle_dp", tmp_path / "out" / "eagle_dp.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -231,7 +201,9 @@ def test_adding_a_relay_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     probs = torch.rand(3, 11)
     fmap.stash(torch.tensor([4, 8, 15]), module.RelayPayload(draft_probs=probs))
     assert torch.equal(fmap.resolve(torch.tensor([15, 4])).draft_probs, probs[[2, 0]])
-    assert compile_spec("eagle.yaml", "out").text == (tmp_path / "out" / "eagle_dp.py").read_text()
+    assert (
+        compile_spec("eagle_dp.yaml", "out").text == (tmp_path / "out" / "eagle_dp.py").read_text()
+    )
 
 
 def test_only_dims_named_by_fields_are_required() -> None:

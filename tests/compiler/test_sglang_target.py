@@ -27,6 +27,7 @@ from relayc.specs.errors import SpecErrors
 from relayc.specs.loader import BUNDLED_DIR, bundled_spec_paths
 from tests.compiler import sglang_env
 from tests.compiler.sglang_twin import DRAFT_PROBS_SCENARIO, SCENARIOS, Twin
+from tests.spec_edits import DRAFT_PROBS_EDITS, edited_eagle_spec
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "relayc" / "sglang_generated" / "overlap_utils.py"
@@ -243,39 +244,7 @@ def sgl() -> types.SimpleNamespace:
 
 def eagle_with_draft_probs(tmp_path: Path) -> Path:
     """The bundled eagle spec plus `draft_probs` (the README's "Adding a relay field")."""
-    shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
-    text = (BUNDLED_DIR / "eagle.yaml").read_text()
-    edits = [
-        (
-            "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states]",
-            "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states, draft_probs]",
-        ),
-        (
-            "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states]\n",
-            "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states, draft_probs]\n",
-        ),
-        (
-            "    hidden_states: hidden_states\n\nsteps:",
-            "    hidden_states: hidden_states\n    draft_probs: draft_probs\n\nsteps:",
-        ),
-        (
-            "      hidden_states: relay.hidden_states\n      seq_lens: relay.new_seq_lens\n",
-            "      hidden_states: relay.hidden_states\n      draft_probs: relay.draft_probs\n"
-            "      seq_lens: relay.new_seq_lens\n",
-        ),
-        (
-            "    writes: [topk_p, topk_index, hidden_states]\n"
-            "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states}",
-            "    writes: [topk_p, topk_index, hidden_states, draft_probs]\n"
-            "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states,"
-            " draft_probs: draft_probs}",
-        ),
-    ]
-    for old, new in edits:
-        assert old in text, old
-        text = text.replace(old, new)
-    (tmp_path / "eagle.yaml").write_text(text)
-    return tmp_path / "eagle.yaml"
+    return edited_eagle_spec(tmp_path, DRAFT_PROBS_EDITS)
 
 
 def run_twin(sgl, gen_module, scenario, seeds=range(4), steps: int = 36) -> None:

@@ -6,7 +6,6 @@ accepts with chain rejection sampling on those real probabilities -- recompiled 
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -17,7 +16,6 @@ from relayc.cli import main
 from relayc.engine import Engine, SamplingParams, random_model
 from relayc.engine.naive import greedy_generate_naive
 from relayc.engine.speculative import SpeculativeDecoding
-from relayc.specs.loader import BUNDLED_DIR
 from tests.nodes.spec_driver import SpecDriver
 from tests.nodes.test_spec_sampling import (
     PROMPT,
@@ -27,45 +25,7 @@ from tests.nodes.test_spec_sampling import (
     chi_square,
     exact_probabilities,
 )
-
-EDITS = [
-    (
-        "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states]",
-        "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states, draft_probs]",
-    ),
-    (
-        "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states]\n",
-        "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states, draft_probs]\n",
-    ),
-    (
-        "    hidden_states: hidden_states\n\nsteps:",
-        "    hidden_states: hidden_states\n    draft_probs: draft_probs\n\nsteps:",
-    ),
-    (
-        "      hidden_states: relay.hidden_states\n      seq_lens: relay.new_seq_lens\n",
-        "      hidden_states: relay.hidden_states\n      draft_probs: relay.draft_probs\n"
-        "      seq_lens: relay.new_seq_lens\n",
-    ),
-    (
-        "    writes: [parent_list, top_scores_index, draft_tokens]\n\n  - name: build_tree",
-        "    writes: [parent_list, top_scores_index, draft_tokens, chain_draft_probs]\n\n"
-        "  - name: build_tree",
-    ),
-    ("    op: accept_tree\n", "    op: accept_chain\n"),
-    (
-        "      positions: build_tree.positions\n      retrive_index: build_tree.retrive_index\n"
-        "      retrive_next_token: build_tree.retrive_next_token\n"
-        "      retrive_next_sibling: build_tree.retrive_next_sibling\n",
-        "      positions: build_tree.positions\n      draft_probs: draft.chain_draft_probs\n",
-    ),
-    (
-        "    writes: [topk_p, topk_index, hidden_states]\n"
-        "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states}",
-        "    writes: [topk_p, topk_index, hidden_states, draft_probs]\n"
-        "    stash: {topk_p: topk_p, topk_index: topk_index, hidden_states: hidden_states,"
-        " draft_probs: draft_probs}",
-    ),
-]
+from tests.spec_edits import CHAIN_ACCEPT_EDITS, DRAFT_PROBS_EDITS, edited_eagle_spec
 
 
 @pytest.fixture(autouse=True)
@@ -79,14 +39,7 @@ def _one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def chain_module(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
     work = tmp_path_factory.mktemp("spec")
-    shutil.copy(BUNDLED_DIR / "common.yaml", work / "common.yaml")
-    text = (BUNDLED_DIR / "eagle.yaml").read_text()
-    for old, new in EDITS:
-        assert old in text, f"edit no longer applies: {old!r}"
-        text = text.replace(old, new)
-    (work / "eagle_chain.yaml").write_text(
-        text.replace("algorithm: eagle", "algorithm: eagle_chain")
-    )
+    edited_eagle_spec(work, DRAFT_PROBS_EDITS + CHAIN_ACCEPT_EDITS, "eagle_chain")
     assert main(["compile", str(work / "eagle_chain.yaml"), "-o", str(work / "out")]) == 0
     spec = importlib.util.spec_from_file_location("eagle_chain", work / "out" / "eagle_chain.py")
     module = importlib.util.module_from_spec(spec)
