@@ -38,6 +38,7 @@ ALGORITHMS = [
     ("eagle", 3, 4, 8),
     ("eagle_multilayer", 3, 2, 6),
     ("ngram", 3, 1, 5),
+    ("standalone", 3, 1, 4),
 ]
 
 

@@ -31,6 +31,7 @@ ALGORITHMS: list[tuple[str, dict[str, int]]] = [
     ("eagle", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
     ("eagle_multilayer", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
     ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 6}),
+    ("standalone", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
 ]
 
 

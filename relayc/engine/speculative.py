@@ -20,13 +20,14 @@ from typing import Any
 import torch
 
 from relayc.engine.algorithms import DecodeAlgorithm, StepInputs, StepOutput
+from relayc.engine.draft.standalone import default_standalone_config
 from relayc.engine.model import LlamaForCausalLM
 from relayc.nodes.context import StepContext
 from relayc.nodes.draft_ops import proposer_lock
 from relayc.nodes.verify_ops import implementations
 
 # Default drafters: seeded random weights, or a local directory (`draft_model=`).
-_DRAFTERS = ("eagle", "eagle_multilayer", "ngram")
+_DRAFTERS = ("eagle", "eagle_multilayer", "ngram", "standalone")
 
 
 def _make_drafter(
@@ -38,8 +39,14 @@ def _make_drafter(
     num_draft_tokens: int,
     seed: int,
 ) -> Any:
-    from relayc.engine.draft import EagleHead, MtpDrafter, NgramProposer
+    from relayc.engine.draft import EagleHead, MtpDrafter, NgramProposer, StandaloneDrafter
 
+    if name == "standalone":
+        if draft_model is not None:
+            return StandaloneDrafter.load(draft_model, model.device)
+        return StandaloneDrafter.random(
+            default_standalone_config(model.config), seed + 1, model.device
+        )
     if name == "ngram":
         return NgramProposer(num_draft_tokens=num_draft_tokens, max_depth=num_draft_tokens - 1)
     if name == "eagle":
@@ -72,9 +79,12 @@ class SpeculativeDecoding(DecodeAlgorithm):
         user's own spec compiled with `relayc compile`), with the drafter of ``name``."""
         super().__init__(model)
         if name not in _DRAFTERS:
-            raise NotImplementedError(
-                f"algorithm `{name}` is not wired into the reference engine yet (the "
-                f"standalone drafter needs a reserved bonus slot); use one of {_DRAFTERS}"
+            raise ValueError(f"no drafter for algorithm `{name}`; use one of {_DRAFTERS}")
+        if name == "standalone" and (topk != 1 or num_draft_tokens != num_steps + 1):
+            raise ValueError(
+                "the standalone draft model drafts a chain: it needs topk=1 and "
+                f"num_draft_tokens = num_steps + 1 = {num_steps + 1}; got topk={topk}, "
+                f"num_draft_tokens={num_draft_tokens}"
             )
         if name == "eagle_multilayer" and num_draft_tokens - 1 > topk * num_steps:
             raise ValueError(
@@ -116,11 +126,13 @@ class SpeculativeDecoding(DecodeAlgorithm):
         self.decode_width = num_draft_tokens + scratch
         self.max_tokens_per_step = num_draft_tokens
         self.draft_kv: Any = None  # allocated on the first step, sized like the target's
+        # standalone: one private draft slot per request slot, after the target-sized ones
+        self.bonus_slots = req_pool_size + 1 if name == "standalone" else 0
 
     def _context(self, step: StepInputs, **kwargs: Any) -> StepContext:
         forward = step.forward
         if self.draft_kv is None and hasattr(self.drafter, "make_kv_cache"):
-            self.draft_kv = self.drafter.make_kv_cache(forward.kv_cache.size)
+            self.draft_kv = self.drafter.make_kv_cache(forward.kv_cache.size + self.bonus_slots)
         return StepContext(
             model=self.model,
             kv_cache=forward.kv_cache,
@@ -132,6 +144,7 @@ class SpeculativeDecoding(DecodeAlgorithm):
                 "draft_kv": self.draft_kv,
                 "sample_positions": step.sample_positions,
                 "chain_drafts": self.chain_drafts,
+                "bonus_slot_base": forward.kv_cache.size + 1,
             },
             **kwargs,
         )

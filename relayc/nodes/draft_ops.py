@@ -1,4 +1,5 @@
-"""Implementations of the prefill and drafting ops of EAGLE, multi-layer EAGLE and n-gram.
+"""Implementations of the prefill and drafting ops of EAGLE, multi-layer EAGLE, n-gram and
+the standalone draft model.
 
 Thin wrappers over the engine's drafters (:mod:`relayc.engine.draft`) and the
 target model; `ctx.drafter` is the algorithm's drafter and `ctx.extras["draft_kv"]`
@@ -33,6 +34,13 @@ def _prompt_rows(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
     return index, valid
 
 
+def _prompt_slots(ctx: StepContext, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The prompt tokens' KV slots `[B, W]` (0 where padded). The scheduler records them in
+    `req_to_token` only after the prefill step, so draft extends over prompts must not read
+    them from there."""
+    return torch.where(valid, ctx.prefill.out_cache_loc[index], 0)
+
+
 def _target_prefill(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Target forward over the prompts; (first tokens [B], hidden [T, H], committed lens [B])."""
     forward = ctx.prefill
@@ -46,8 +54,14 @@ def _coins_kwarg(ctx: StepContext, positions: torch.Tensor) -> dict[str, torch.T
     keyed by (seed, position) when sampling with a relayed `draft_probs`."""
     if ctx.sampling is None or not ctx.extras.get("chain_drafts"):
         return {}
-    coins = keyed_uniforms(ctx.sampling.seeds, positions.to(torch.int64), 1, DRAFT_STREAM + 1)
-    return {"coins": coins[:, 0]}
+    return {"coins": _draft_coins(ctx, positions, 1, DRAFT_STREAM + 1)[:, 0]}
+
+
+def _draft_coins(ctx: StepContext, positions: torch.Tensor, n: int, stream: int) -> torch.Tensor:
+    """`[B, n]` uniforms keyed by (seed, position) for sampled drafts; -1 (argmax) on the rows
+    of greedy requests, whose drafts gain nothing from being random."""
+    coins = keyed_uniforms(ctx.sampling.seeds, positions.to(torch.int64), n, stream)
+    return torch.where((ctx.sampling.temperatures > 0)[:, None], coins, -1.0)
 
 
 def _draft_extend_prompts(ctx: StepContext, next_tokens: torch.Tensor, hidden: torch.Tensor):  # type: ignore[no-untyped-def]
@@ -71,6 +85,7 @@ def _draft_extend_prompts(ctx: StepContext, next_tokens: torch.Tensor, hidden: t
         ctx.extras["draft_kv"],
         topk=ctx.dims["topk"],
         max_prefix_len=forward.max_prefix_len,
+        out_cache_loc=_prompt_slots(ctx, index, valid),
         **_coins_kwarg(ctx, forward.prefix_lens + forward.extend_lens),
     )
 
@@ -165,9 +180,7 @@ def impl_eagle_draft(
     if draft_probs is not None:
         coins = None
         if ctx.sampling is not None:
-            coins = keyed_uniforms(
-                ctx.sampling.seeds, seq_lens.to(torch.int64), num_steps - 1, DRAFT_STREAM
-            )
+            coins = _draft_coins(ctx, seq_lens, num_steps - 1, DRAFT_STREAM)
         chain = ctx.drafter.draft_chain(
             topk_index,
             draft_probs,
@@ -207,6 +220,133 @@ def impl_mtp_select(
         "parent_list": tree.parent_list,
         "top_scores_index": tree.top_scores_index,
         "draft_tokens": tree.draft_tokens,
+    }
+
+
+def _bonus_slots(ctx: StepContext, req_pool_indices: torch.Tensor) -> torch.Tensor:
+    """Each request slot's private draft KV slot for its bonus position (standalone)."""
+    return ctx.extras["bonus_slot_base"] + req_pool_indices.long()
+
+
+@implements("standalone_prefill")
+def impl_standalone_prefill(
+    ctx: StepContext, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Target prefill, then the draft model over the prompt and the first token: prompt
+    positions into the prompt's slots, the first token's into the request's bonus slot."""
+    next_tokens, _, committed = _target_prefill(ctx)
+    forward = ctx.prefill
+    index, valid = _prompt_rows(ctx)
+    batch, width = index.shape
+    cols = torch.arange(width + 1, device=index.device)[None, :]
+    at_bonus = cols == forward.extend_lens[:, None]
+    pad = torch.zeros(batch, 1, dtype=torch.int64, device=index.device)
+    tokens = torch.cat([torch.where(valid, forward.input_ids[index], 0), pad], dim=1)
+    tokens = torch.where(at_bonus, next_tokens[:, None], tokens)
+    slots = torch.cat([_prompt_slots(ctx, index, valid), pad], dim=1)
+    slots = torch.where(at_bonus, _bonus_slots(ctx, forward.req_pool_indices)[:, None], slots)
+    draft = ctx.drafter.extend(
+        tokens,
+        forward.extend_lens + 1,
+        forward.prefix_lens,
+        forward.req_pool_indices,
+        ctx.req_to_token,
+        ctx.extras["draft_kv"],
+        topk=ctx.dims["topk"],
+        max_prefix_len=forward.max_prefix_len,
+        out_cache_loc=slots,
+        **_coins_kwarg(ctx, committed),
+    )
+    return {
+        "next_tokens": next_tokens,
+        "seq_lens": committed,
+        "topk_p": draft.topk_p,
+        "topk_index": draft.topk_index,
+        "draft_probs": draft.draft_probs,
+    }
+
+
+@implements("standalone_draft")
+def impl_standalone_draft(
+    ctx: StepContext,
+    *,
+    topk_p: torch.Tensor,
+    topk_index: torch.Tensor,
+    draft_probs: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """A chain from the relayed first draft: the draft cache covers the bonus (in its bonus
+    slot); drafts 1..num_steps-1 go to the window's slots 1.. of the draft cache (the
+    target's K/V for those positions live in the other cache)."""
+    batch = topk_index.shape[0]
+    num_steps = ctx.dims["num_steps"]
+    window = ctx.out_cache_loc.view(batch, -1)
+    coins = None
+    if ctx.sampling is not None:
+        coins = _draft_coins(ctx, seq_lens, num_steps - 1, DRAFT_STREAM)
+    chain = ctx.drafter.draft_chain(
+        topk_index,
+        draft_probs,
+        seq_lens + 1,
+        req_pool_indices,
+        ctx.req_to_token,
+        ctx.extras["draft_kv"],
+        window[:, 1:num_steps],
+        num_steps=num_steps,
+        max_prefix_len=ctx.max_prefix_len + 1,
+        coins=coins,
+        bonus_cache_loc=_bonus_slots(ctx, req_pool_indices),
+    )
+    tree = chain.tree
+    return {
+        "parent_list": tree.parent_list,
+        "top_scores_index": tree.top_scores_index,
+        "draft_tokens": tree.draft_tokens,
+        "chain_draft_probs": chain.draft_probs,
+    }
+
+
+@implements("standalone_draft_extend")
+def impl_standalone_draft_extend(
+    ctx: StepContext,
+    *,
+    accept_tokens: torch.Tensor,
+    accept_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Commit the old bonus's draft K/V (now at position `seq_lens - m`, verified), then
+    the draft model over the emitted tokens: the accepted drafts into their committed
+    slots, the new bonus into the bonus slot. Its last position gives the next top-k."""
+    lens = accept_lens.to(torch.int64)
+    width = accept_tokens.shape[1]
+    root = seq_lens - lens  # the old bonus's position, committed by this step's verify
+    bonus = _bonus_slots(ctx, req_pool_indices)
+    kv = ctx.extras["draft_kv"]
+    rows = req_pool_indices.long()
+    ctx.drafter.commit_bonus(kv, bonus, ctx.req_to_token[rows, root].long())
+    cols = torch.arange(width, device=lens.device)[None, :]
+    positions = (root + 1)[:, None] + cols
+    committed = ctx.req_to_token[rows[:, None], positions.clamp(max=ctx.req_to_token.shape[1] - 1)]
+    slots = torch.where(cols < (lens - 1)[:, None], committed.long(), 0)
+    slots = torch.where(cols == (lens - 1)[:, None], bonus[:, None], slots)
+    draft = ctx.drafter.extend(
+        accept_tokens,
+        lens,
+        root + 1,
+        req_pool_indices,
+        ctx.req_to_token,
+        kv,
+        topk=ctx.dims["topk"],
+        max_prefix_len=ctx.max_prefix_len + 1,
+        out_cache_loc=slots,
+        **_coins_kwarg(ctx, seq_lens),
+    )
+    return {
+        "topk_p": draft.topk_p,
+        "topk_index": draft.topk_index,
+        "draft_probs": draft.draft_probs,
     }
 
 

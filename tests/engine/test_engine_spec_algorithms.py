@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from relayc.engine import Engine, LlamaForCausalLM, random_model
-from relayc.engine.draft import EagleHead
+from relayc.engine.draft import EagleHead, StandaloneDrafter
 from tests.engine.engine_helpers import (
     assert_idle,
     naive_outputs,
@@ -19,6 +19,7 @@ CONFIGS = [
     ("eagle", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
     ("eagle_multilayer", {"num_steps": 3, "topk": 2, "num_draft_tokens": 6}),
     ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 5}),
+    ("standalone", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
 ]
 
 
@@ -66,4 +67,46 @@ def test_a_draft_head_that_agrees_with_the_target_is_accepted(tmp_path) -> None:
     )
     outs = engine.generate([[1, 2, 3, 4]], None)
     assert max(outs[0].accept_lengths) == 4
+    engine.close()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_target_as_its_own_standalone_draft_model_accepts_every_chain(
+    model: LlamaForCausalLM,
+    tmp_path,
+    overlap: bool,  # type: ignore[no-untyped-def]
+) -> None:
+    """Self-drafting agrees with the target at every position only if the draft cache holds
+    exactly the target's context: prompt slots, accepted drafts, and the bonus position that
+    lives in the request's private bonus slot until the next verify commits it."""
+    directory = tmp_path / "self"
+    StandaloneDrafter(model).save(directory)
+    work = random_workload(8, 12, max_prompt=16, max_new=13, last_arrival=4)
+    expected = naive_outputs(model, work.prompts, work.params)
+    engine = Engine(model, algorithm="standalone", draft_model=directory, overlap=overlap)
+    outs = engine.generate(work.prompts, work.params, arrivals=work.arrivals)
+    assert [o.token_ids for o in outs] == expected
+    for out in outs:
+        # every verify but a request's last (cut at max_new_tokens) accepts the whole chain
+        assert all(a == 4 for a in out.accept_lengths[:-1]), out.accept_lengths
+    engine.close()
+
+
+def test_standalone_needs_a_chain() -> None:
+    with pytest.raises(ValueError, match="needs topk=1 and num_draft_tokens = num_steps \\+ 1"):
+        Engine(random_model(seed=3), algorithm="standalone", topk=2, num_draft_tokens=4)
+
+
+def test_eagle_prefill_writes_the_prompts_draft_kv_to_their_slots(
+    model: LlamaForCausalLM,
+) -> None:
+    """The scheduler records prompt slots in `req_to_token` after the prefill step, so the
+    draft extend over a prompt must write to the prefill's own slots."""
+    engine = Engine(model, algorithm="eagle", overlap=False)
+    prompt = [5, 6, 7, 8, 9, 10]
+    engine.generate([prompt], None)
+    row = engine.scheduler.req_pool.req_to_token[1, : len(prompt)].long()
+    draft_keys = engine.algorithm.draft_kv.k[0][row]
+    assert row.unique().numel() == len(prompt)
+    assert bool((draft_keys.abs().flatten(1).amax(dim=1) > 0).all())
     engine.close()

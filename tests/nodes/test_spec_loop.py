@@ -1,4 +1,4 @@
-"""The generated decode steps of EAGLE, multi-layer EAGLE and n-gram on the real ops are
+"""The generated decode steps of EAGLE, multi-layer EAGLE, n-gram and standalone on the real ops are
 lossless and capturable, driven by hand (tests/nodes/spec_driver.py)."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ CONFIGS = [
     ("eagle", 3, 4, 8),
     ("eagle_multilayer", 3, 2, 6),
     ("ngram", 3, 1, 5),
+    ("standalone", 3, 1, 4),
 ]
 
 

@@ -1,4 +1,5 @@
-"""Speculative sampling is lossless: under EAGLE and n-gram, the first sampled tokens follow
+"""Speculative sampling is lossless: under EAGLE, n-gram and standalone (chain rejection
+sampling with the draft model's real probabilities), the first sampled tokens follow
 the target's own distribution (chi-square against the exact probabilities, fixed seeds), and
 the same test rejects a deliberately biased acceptance rule."""
 
@@ -84,8 +85,16 @@ def chi_square(
 
 
 def sample_sequences(target, name: str, biased: bool = False) -> Counter:  # type: ignore[no-untyped-def]
+    topk = 1 if name == "standalone" else 2  # the standalone model drafts a chain
     spec = SpecDriver(
-        target, name, num_steps=3, topk=2, n=4, batch=REQUESTS, debug=False, kv_size=REQUESTS * 40
+        target,
+        name,
+        num_steps=3,
+        topk=topk,
+        n=4,
+        batch=REQUESTS,
+        debug=False,
+        kv_size=REQUESTS * 40,
     )
     if biased:  # accept with the greedy rule even when sampling: not lossless
         step = spec.algorithm.decode_step
@@ -101,7 +110,7 @@ def sample_sequences(target, name: str, biased: bool = False) -> Counter:  # typ
     return Counter(tuple(o[:TOKENS]) for o in spec.outputs)
 
 
-@pytest.mark.parametrize("name", ["eagle", "ngram"])
+@pytest.mark.parametrize("name", ["eagle", "ngram", "standalone"])
 def test_speculative_sampling_matches_the_target_distribution(target, name: str) -> None:  # type: ignore[no-untyped-def]
     probs = exact_probabilities(target)
     stat, critical = chi_square(sample_sequences(target, name), probs, REQUESTS)

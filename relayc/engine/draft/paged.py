@@ -177,8 +177,10 @@ def first_column_sampled(
 
 
 def sample_from(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw of one token per row of ``probs [R, V]`` with ``coins [R]`` in [0, 1)."""
+    """Inverse-CDF draw of one token per row of ``probs [R, V]`` with ``coins [R]`` in [0, 1);
+    a negative coin takes the argmax instead (a greedy request's draft)."""
     cdf = probs.cumsum(-1)
     target = (coins.to(cdf.dtype) * cdf[:, -1])[:, None].contiguous()
     token = torch.searchsorted(cdf.contiguous(), target, right=True)[:, 0]
-    return token.clamp(max=probs.shape[-1] - 1)
+    token = token.clamp(max=probs.shape[-1] - 1)
+    return torch.where(coins < 0, probs.argmax(dim=-1), token)

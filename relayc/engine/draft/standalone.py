@@ -4,12 +4,14 @@ Unlike an EAGLE head the draft model reads plain tokens, so draft position
 ``t`` holds ``x[t]``; to propose the token after the bonus it must have read
 the bonus. The draft cache therefore runs one ahead of the target's: it covers
 ``new_seq_len + 1`` positions (through the bonus), and draft extend over the
-emitted tokens ``a_1..a_m, bonus`` writes positions ``new_seq_len - m ..
+emitted tokens ``a_1..a_m, bonus`` writes positions ``new_seq_len - m + 1 ..
 new_seq_len``. Draft and target caches are separate buffers addressed by the
-same KV slot ids, so this works with the target's ``req_to_token`` as long as
-the scheduler records the bonus position's slot before the draft extend (the
-verify root writes the target's K/V into that same slot id one iteration
-later); or pass ``out_cache_loc`` / another table explicitly.
+same KV slot ids, except the bonus position, which has no target slot yet:
+the engine gives each request slot ``r`` a private draft slot (``bonus_slot``)
+that holds the bonus's draft K/V until the next verify commits that position;
+the next draft extend first copies it to the committed slot
+(:meth:`StandaloneDrafter.commit_bonus`). A caller that reserves the bonus
+position's slot in ``req_to_token`` itself can skip both.
 
 Drafting is a chain (topk 1): the relayed top-1 (from the last extend) is draft
 1; ``num_steps - 1`` one-token forwards give drafts 2..num_steps, each writing to
@@ -38,6 +40,20 @@ from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.kv_cache import KVCache
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.weights import load_checkpoint, random_model, save_checkpoint
+
+
+def default_standalone_config(target: ModelConfig) -> ModelConfig:
+    """The random default draft model: the target's vocabulary and context, a quarter of its
+    width and two layers."""
+    hidden = max(32, target.hidden_size // 4)
+    return target.replace(
+        hidden_size=hidden,
+        intermediate_size=max(64, target.intermediate_size // 4),
+        num_layers=min(2, target.num_layers),
+        num_heads=max(1, hidden // 32),
+        num_kv_heads=1,
+        head_dim=32,
+    )
 
 
 class StandaloneExtendOutput(NamedTuple):
@@ -108,6 +124,16 @@ class StandaloneDrafter:
         return StandaloneExtendOutput(topk_p, topk_index, probs)
 
     @torch.no_grad()
+    def commit_bonus(
+        self, kv_cache: KVCache, bonus_cache_loc: torch.Tensor, slots: torch.Tensor
+    ) -> None:
+        """Copy the draft K/V held in ``bonus_cache_loc [B]`` to the committed ``slots [B]``."""
+        src, dst = bonus_cache_loc.long(), slots.long()
+        for layer in range(len(kv_cache.k)):
+            for cache in (kv_cache.k[layer], kv_cache.v[layer]):
+                cache[dst] = cache[src]
+
+    @torch.no_grad()
     def draft_chain(
         self,
         topk_index: torch.Tensor,
@@ -121,6 +147,7 @@ class StandaloneDrafter:
         num_steps: int,
         max_prefix_len: int,
         coins: torch.Tensor | None = None,
+        bonus_cache_loc: torch.Tensor | None = None,
     ) -> ChainDraft:
         """``num_steps`` drafts per request from the relayed top-1 and its distribution.
 
@@ -129,6 +156,8 @@ class StandaloneDrafter:
         K/V; ``coins [B, num_steps - 1]`` switch drafts 2.. from argmax to samples.
         Each step is a DECODE forward over a private ``[B, max_prefix_len +
         num_steps - 1]`` table: the request's slots, then its scratch slots.
+        ``bonus_cache_loc [B]``: the slot of the bonus position ``draft_lens - 1``
+        when ``req_to_token`` does not hold it (the engine's private bonus slots).
         """
         batch_size = topk_index.shape[0]
         device = topk_index.device
@@ -144,6 +173,8 @@ class StandaloneDrafter:
             ],
             dim=1,
         )
+        if bonus_cache_loc is not None:
+            table.scatter_(1, (draft_lens - 1)[:, None], bonus_cache_loc[:, None].to(table.dtype))
         scratch_cols = draft_lens[:, None] + torch.arange(num_steps - 1, device=device)
         table.scatter_(1, scratch_cols, scratch_cache_loc.to(table.dtype))
         rows = torch.arange(batch_size, device=device)
