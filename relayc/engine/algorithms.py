@@ -56,6 +56,9 @@ class StepInputs:
     sampling: SamplingBatch
     sample_positions: torch.Tensor  # [B] int64, where each sampled token will sit
     max_prefix_len: int  # host bound on every request's committed KV length (attention shapes)
+    # Host knowledge: no request in the batch samples. Speculative steps then skip the sampled
+    # acceptance rule (a CUDA-graph runner must key its graphs by this flag).
+    all_greedy: bool = False
 
 
 @dataclass

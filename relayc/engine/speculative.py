@@ -138,7 +138,7 @@ class SpeculativeDecoding(DecodeAlgorithm):
             kv_cache=forward.kv_cache,
             req_to_token=forward.req_to_token,
             dims=self.dims,
-            sampling=step.sampling,
+            sampling=None if step.all_greedy else step.sampling,  # None: greedy rules only
             drafter=self.drafter,
             extras={
                 "draft_kv": self.draft_kv,

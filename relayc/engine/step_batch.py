@@ -170,5 +170,11 @@ class HostStep:
         sampling = SamplingBatch(
             dev(self.temperatures), dev(self.top_ks), dev(self.top_ps), dev(self.seeds)
         )
-        inputs = StepInputs(forward, sampling, dev(self.sample_positions), self.max_prefix_len)
+        inputs = StepInputs(
+            forward,
+            sampling,
+            dev(self.sample_positions),
+            self.max_prefix_len,
+            all_greedy=not bool((self.temperatures > 0).any()),  # a host tensor: no sync
+        )
         return inputs, dev(self.commit_rows)

@@ -45,7 +45,10 @@ def _target_prefill(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch
     """Target forward over the prompts; (first tokens [B], hidden [T, H], committed lens [B])."""
     forward = ctx.prefill
     out = ctx.model(forward)
-    next_tokens = sample(out.logits, ctx.sampling, ctx.extras["sample_positions"])
+    if ctx.sampling is None:  # every request greedy
+        next_tokens = torch.argmax(out.logits, dim=-1)
+    else:
+        next_tokens = sample(out.logits, ctx.sampling, ctx.extras["sample_positions"])
     return next_tokens, out.hidden_states, forward.prefix_lens + forward.extend_lens
 
 

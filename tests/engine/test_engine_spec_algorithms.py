@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayc.engine import Engine, LlamaForCausalLM, random_model
+from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.draft import EagleHead, StandaloneDrafter
 from tests.engine.engine_helpers import (
     assert_idle,
@@ -110,3 +110,20 @@ def test_eagle_prefill_writes_the_prompts_draft_kv_to_their_slots(
     assert row.unique().numel() == len(prompt)
     assert bool((draft_keys.abs().flatten(1).amax(dim=1) > 0).all())
     engine.close()
+
+
+@pytest.mark.parametrize("algorithm", ["eagle", "standalone"])
+def test_a_sampled_request_is_the_same_alone_and_beside_greedy_ones(
+    model: LlamaForCausalLM, algorithm: str
+) -> None:
+    """An all-greedy batch skips the sampled acceptance rule (host knowledge); a mixed batch
+    runs both and each row keeps its own: the sampled request's tokens depend only on its
+    seed, the greedy ones stay the target's greedy tokens."""
+    sampled = SamplingParams(max_new_tokens=12, temperature=0.9, seed=7)
+    greedy = SamplingParams(max_new_tokens=12)
+    prompts = [[4, 5, 6, 7], [9, 8, 7], [1, 2, 3, 4, 5]]
+    with Engine(model, algorithm=algorithm, overlap=False) as engine:
+        alone = engine.generate(prompts[:1], sampled)[0].token_ids
+        mixed = engine.generate(prompts, [sampled, greedy, greedy])
+    assert mixed[0].token_ids == alone
+    assert [o.token_ids for o in mixed[1:]] == naive_outputs(model, prompts[1:], [greedy] * 2)
