@@ -30,8 +30,9 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     p = subparsers.add_parser(
         "generate",
         help="generate text with the reference engine (streamed)",
-        description="Stream a completion of --prompt from the reference engine: the tiny "
-        "byte-level default model (random weights) or a local Hugging Face Llama checkpoint. "
+        description="Stream a completion of --prompt from the reference engine: the shipped "
+        "byte-level demo model (trained on Python source) with its draft models, a local Hugging "
+        "Face Llama checkpoint, or `--model random`. "
         "Text goes to stdout; a summary line (tokens, tokens/s, mean accept length: tokens "
         "per decode step) to stderr.",
         epilog="Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request).",
@@ -44,7 +45,7 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
     p.add_argument(
-        "--seed", type=int, default=0, help="seeds the default model's weights and the sampler"
+        "--seed", type=int, default=0, help="seeds the sampler (and `--model random`'s weights)"
     )
     p.add_argument(
         "--algorithm",
@@ -64,7 +65,15 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         "--no-overlap", action="store_true", help="run scheduling and the forward synchronously"
     )
     p.add_argument(
-        "--model", metavar="DIR", help="Hugging Face Llama checkpoint directory (default: tiny)"
+        "--model",
+        metavar="DIR",
+        help="Hugging Face Llama checkpoint directory, or `random` (default: the shipped model)",
+    )
+    p.add_argument(
+        "--draft-model",
+        metavar="DIR",
+        help="draft checkpoint directory (EAGLE head, MTP drafter or standalone model; default: "
+        "the shipped one with the shipped model, else random)",
     )
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.set_defaults(func=cmd_generate)
@@ -89,11 +98,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             num_steps=args.num_steps,
             topk=args.topk,
             num_draft_tokens=args.num_draft_tokens,
+            draft_model=args.draft_model,
             overlap=not args.no_overlap,
             seed=args.seed,
             device=args.device,
         )
-    except (CheckpointError, ValueError, RuntimeError) as exc:  # NotImplementedError included
+    except (CheckpointError, ValueError, RuntimeError, OSError) as exc:  # NotImplementedError too
         return usage(str(exc))
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,

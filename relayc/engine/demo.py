@@ -1,7 +1,7 @@
 """`relayc demo`: compile the bundled specs, run every algorithm, compare with greedy `none`.
 
-The same measurement serves `bench/e2e.py`. Every algorithm runs the same fixed
-prompts greedily on the same target; the table gives the mean accept length
+The same measurement serves `bench/e2e.py`. Every algorithm runs the same prompts
+(by default the shipped models' held-out prompts) greedily on the same target; the table gives the mean accept length
 (tokens emitted per verify, bonus included), tokens/s, the speedup over `none`
 measured in the same run, and whether the outputs equal greedy `none` exactly.
 """
@@ -25,6 +25,16 @@ PROMPTS = [
     "if __name__ == '__main__':\n    main()\nif __name__ == '__main__':\n",
     "SELECT name, age FROM users WHERE age > 30 ORDER BY name;\nSELECT",
 ]
+
+
+def demo_prompts(model: str | None) -> list[str]:
+    """The shipped models' held-out prompts (code from standard-library files their training
+    left out); the fixed `PROMPTS` for any other model."""
+    from relayc.engine.shipped import heldout_prompts
+
+    return (heldout_prompts() if model is None else []) or list(PROMPTS)
+
+
 ALGORITHMS: list[tuple[str, dict[str, int]]] = [
     ("none", {}),
     ("eagle", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
@@ -64,8 +74,12 @@ def measure(
     model: str | None = None,
     overlap: bool = True,
     seed: int = 0,
+    batch_size: int = 0,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[Row]:
+    """Every algorithm over ``prompts``: all at once (``batch_size`` 0), or in consecutive
+    groups of ``batch_size`` concurrent requests (1: one request at a time, the latency view
+    speculative decoding is for)."""
     import torch
 
     from relayc.engine import Engine, SamplingParams
@@ -81,8 +95,13 @@ def measure(
             progress(i, len(ALGORITHMS), label)
         engine = Engine(model, algorithm=name, overlap=overlap, seed=seed, **sizes)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
+        group = batch_size or len(prompts)
         start = time.perf_counter()
-        outs = engine.generate(prompts, params)
+        outs = [
+            out
+            for i in range(0, len(prompts), group)
+            for out in engine.generate(prompts[i : i + group], params)
+        ]
         elapsed = time.perf_counter() - start
         engine.close()
         tokens = sum(len(o.token_ids) for o in outs)
@@ -159,8 +178,9 @@ def run_demo(args: argparse.Namespace) -> int:
         f"compiled the bundled specs into {GENERATED_DIR} "
         f"({len(written)} rewritten, the rest unchanged)"
     )
+    prompts = demo_prompts(args.model)
     rows = measure(
-        PROMPTS[: args.prompts], args.max_new_tokens, model=args.model, progress=_progress
+        prompts[: args.prompts], args.max_new_tokens, model=args.model, progress=_progress
     )
     print(table(rows))
     out = Path(args.chart)
@@ -179,8 +199,12 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
         "print mean accept length, tokens/s, speedup vs none and whether the outputs equal "
         "greedy none, and write the same as a PNG chart.",
     )
-    p.add_argument("--model", metavar="DIR", help="a local checkpoint (default: embedded)")
-    p.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many prompts to run")
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="a local checkpoint directory, or `random` (default: the shipped demo models)",
+    )
+    p.add_argument("--prompts", type=int, default=8, help="how many prompts to run")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--chart", default="relayc-demo.png", help="where to write the PNG chart")
     p.set_defaults(func=run_demo)

@@ -28,6 +28,7 @@ from relayc.engine.overlap import make_runner
 from relayc.engine.request import FinishReason, Output, Request, StreamDelta
 from relayc.engine.sampling import SamplingParams
 from relayc.engine.scheduler import Scheduler, SchedulerConfig
+from relayc.engine.shipped import RANDOM, shipped_drafter, shipped_target
 from relayc.engine.tokenizer import VOCAB_SIZE, ByteTokenizer
 from relayc.engine.weights import load_checkpoint, random_model
 
@@ -37,8 +38,10 @@ Prompt = str | Sequence[int]
 class Engine:
     """Generate with a Llama model on the paged cache, overlapping scheduling with the forward.
 
-    ``model``: None for the tiny byte-level default (random weights from ``seed``),
-    a Hugging Face Llama checkpoint directory, or a ``LlamaForCausalLM``.
+    ``model``: None for the shipped byte-level demo target trained on Python source
+    (``relayc/assets/demo``; with it ``draft_model=None`` means the shipped drafter of
+    ``algorithm``), ``"random"`` for the same tiny architecture with random weights from
+    ``seed``, a Hugging Face Llama checkpoint directory, or a ``LlamaForCausalLM``.
     ``seed`` also seeds every request whose ``SamplingParams.seed`` is None
     (``seed + index in the call``). ``debug=True`` poisons the relay buffers and
     checks every KV free (slower; for tests).
@@ -76,7 +79,11 @@ class Engine:
         if isinstance(model, LlamaForCausalLM):
             self.model = model
             self.device = model.device
-        elif model is None:
+        elif model is None and shipped_target() is not None:
+            self.model = load_checkpoint(shipped_target(), device=self.device, dtype=dtype)
+            if draft_model is None and isinstance(algorithm, str):
+                draft_model = shipped_drafter(algorithm, num_steps)
+        elif model is None or model == RANDOM:
             config = ModelConfig() if dtype is None else ModelConfig(dtype=dtype)
             self.model = random_model(config, seed=seed, device=self.device)
         else:

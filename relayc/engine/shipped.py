@@ -1,0 +1,65 @@
+"""The trained demo models shipped in the package (``relayc/assets/demo``, see its MODEL_CARD).
+
+``Engine(model=None)`` loads the shipped byte-level target, and for a speculative
+algorithm with a trained drafter (``eagle``, ``eagle_multilayer``, ``standalone``)
+``draft_model=None`` then means the shipped drafter for it. ``model="random"`` is
+the same architecture with seeded random weights (the tests' default: fast, and
+no draft model ever agrees with it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
+RANDOM = "random"  # `Engine(model=RANDOM)`: the tiny default config, random weights
+_DRAFTERS = {"eagle": "eagle", "eagle_multilayer": "eagle_multilayer", "standalone": "standalone"}
+
+
+def shipped_target() -> Path | None:
+    """The shipped target's checkpoint directory, or None in an install without it."""
+    target = DEMO_DIR / "target"
+    return target if (target / "config.json").is_file() else None
+
+
+def shipped_drafter(algorithm: str, num_steps: int) -> Path | None:
+    """The shipped drafter of ``algorithm`` (None for ``none`` / ``ngram``).
+
+    The MTP drafter has one layer per draft step, so it serves only its own ``num_steps``.
+    """
+    name = _DRAFTERS.get(algorithm)
+    if name is None:
+        return None
+    directory = DEMO_DIR / name
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"the shipped `{algorithm}` drafter is missing from {directory}; reinstall relayc "
+            "or pass draft_model=DIR"
+        )
+    if algorithm == "eagle_multilayer":
+        layers = _mtp_layers(directory)
+        if layers is not None and layers != num_steps:
+            raise ValueError(
+                f"the shipped eagle_multilayer drafter has {layers} layers, one per draft step: "
+                f"use num_steps={layers}, or pass draft_model=DIR (a drafter trained for "
+                f"num_steps={num_steps})"
+            )
+    return directory
+
+
+def _mtp_layers(directory: Path) -> int | None:
+    path = directory / "config.json"
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("num_steps")
+    return int(value) if isinstance(value, int) else None
+
+
+def heldout_prompts() -> list[str]:
+    """The held-out prompts of the shipped models (code cut from standard-library files the
+    training left out); empty in an install without them."""
+    path = DEMO_DIR / "heldout_prompts.json"
+    if not path.is_file():
+        return []
+    return [p["text"] for p in json.loads(path.read_text())["prompts"]]
