@@ -908,8 +908,10 @@ def model_card(log: dict[str, Any], acceptance: dict[str, Any] | None) -> str:
         "python -m relayc.engine.train --out relayc/assets/demo --measure-only  # acceptance + card",
         "```",
         "",
-        "Time budgets make the step counts machine-dependent; pass the `--steps-*` recorded",
-        "above (with large `--minutes-*`) to replay the same optimisation exactly.",
+        "With time budgets the step counts and the (time-based) learning-rate schedule depend on",
+        "the machine and its load, so a rerun gives similar, not identical, weights. `--steps-*`",
+        "(with `--minutes-*` large enough) switch to a step-based schedule: seeded and",
+        "reproducible on the same Python (same corpus hash) and torch build.",
         "",
     ]
     return "\n".join(lines)
@@ -1123,7 +1125,7 @@ def _argv_tail(args: argparse.Namespace) -> str:
     parts = [] if not args.smoke else ["--smoke"]
     for name in SUBDIRS:
         minutes = getattr(args, f"minutes_{name}")
-        parts.append(f"--minutes-{name} {minutes:g}")
+        parts.append(f"--minutes-{name.replace('_', '-')} {minutes:g}")
     parts.append(f"--seed {args.seed}")
     if not args.smoke:
         parts.append(f"--target-layers {args.target_layers}")
