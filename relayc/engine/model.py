@@ -31,6 +31,23 @@ from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def batched_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch_size: int
+) -> torch.Tensor:
+    """``batch_size`` equal-length sequences flattened to tokens, no cache: ``q [B*S, H, D]``,
+    ``k/v [B*S, Hkv, D]`` -> ``[B*S, H, D]``, causal within each sequence (training)."""
+    tokens, heads, dim = q.shape
+    seq = tokens // batch_size
+
+    def split(x: torch.Tensor) -> torch.Tensor:
+        return x.view(batch_size, seq, x.shape[1], dim).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(
+        split(q), split(k), split(v), is_causal=True, enable_gqa=True
+    )
+    return out.transpose(1, 2).reshape(tokens, heads, dim)
+
+
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # [R, vocab] float32; R = B for extend/decode, T for verify / all-logits
@@ -213,4 +230,17 @@ class LlamaForCausalLM(nn.Module):
             return dense_causal_attention(q, k, v)
 
         hidden = self._decoder(input_ids, positions, attend)
+        return ForwardOutput(self._logits(hidden), hidden)
+
+    def forward_train(self, input_ids: torch.Tensor) -> ForwardOutput:
+        """Training helper: a batch ``[B, S]`` of sequences from position 0, causal, no cache,
+        with autograd; logits ``[B, S, vocab]`` float32, hidden states ``[B, S, hidden]``."""
+        batch_size, seq = input_ids.shape
+        positions = torch.arange(seq, device=input_ids.device).repeat(batch_size)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return batched_causal_attention(q, k, v, batch_size)
+
+        hidden = self._decoder(input_ids.reshape(-1), positions, attend)
+        hidden = hidden.view(batch_size, seq, -1)
         return ForwardOutput(self._logits(hidden), hidden)
