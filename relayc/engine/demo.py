@@ -180,7 +180,11 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     prompts = demo_prompts(args.model)
     rows = measure(
-        prompts[: args.prompts], args.max_new_tokens, model=args.model, progress=_progress
+        prompts[: args.prompts],
+        args.max_new_tokens,
+        model=args.model,
+        batch_size=args.batch_size,
+        progress=_progress,
     )
     print(table(rows))
     out = Path(args.chart)
@@ -205,6 +209,13 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
         help="a local checkpoint directory, or `random` (default: the shipped demo models)",
     )
     p.add_argument("--prompts", type=int, default=8, help="how many prompts to run")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="concurrent requests (default 1: one at a time, the latency speculation cuts; "
+        "0: every prompt at once)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--chart", default="relayc-demo.png", help="where to write the PNG chart")
     p.set_defaults(func=run_demo)

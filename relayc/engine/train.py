@@ -730,6 +730,7 @@ ENGINE_RUNS = (
         {"topk": 4, "num_draft_tokens": 8},
     ),
     ("ngram (num_draft_tokens 8)", "ngram", {"num_draft_tokens": 8}),
+    ("standalone (num_draft_tokens 4)", "standalone", {"topk": 1, "num_draft_tokens": 4}),
 )
 
 
@@ -739,7 +740,7 @@ def measure_acceptance(out: Path, prompts: list[str], new_tokens: int = 64) -> d
     from relayc.engine import Engine, SamplingParams
 
     params = SamplingParams(max_new_tokens=new_tokens)
-    draft_dirs = {"eagle": out / "eagle", "eagle_multilayer": out / "eagle_multilayer"}
+    draft_dirs = {name: out / name for name in ("eagle", "eagle_multilayer", "standalone")}
     results: dict[str, Any] = {
         "engine": {},
         "offline": {},
@@ -890,7 +891,9 @@ def model_card(log: dict[str, Any], acceptance: dict[str, Any] | None) -> str:
             )
         lines += [
             "",
-            "Offline estimates (dense forwards, exact greedy chain speculative decoding, no engine):",
+            "Cross-check with cache-free dense forwards (greedy chain speculative decoding, no"
+            " engine): the engine's chains must match it verify for verify"
+            " (tests/engine/test_shipped_models.py).",
             "",
             "| drafter | mean accept length | verifies |",
             "|---|---|---|",

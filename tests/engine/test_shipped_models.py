@@ -7,9 +7,11 @@ import pytest
 
 from relayc.engine import Engine, SamplingParams
 from relayc.engine.demo import ALGORITHMS
+from relayc.engine.draft import EagleHead, StandaloneDrafter
 from relayc.engine.naive import greedy_generate_naive
-from relayc.engine.shipped import heldout_prompts, shipped_drafter, shipped_target
-from relayc.engine.tokenizer import ByteTokenizer
+from relayc.engine.shipped import DEMO_DIR, heldout_prompts, shipped_drafter, shipped_target
+from relayc.engine.tokenizer import BOS_ID, ByteTokenizer
+from relayc.engine.train import eagle_chain_proposer, simulate_chain, standalone_chain_proposer
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 
 NEW_TOKENS = 24
@@ -47,3 +49,24 @@ def test_every_algorithm_is_lossless_on_the_shipped_models(
     accepts = [a for o in outs for a in o.accept_lengths]
     if name != "ngram":  # trained drafters agree with the target: more than the bonus per verify
         assert sum(accepts) / len(accepts) > 1.5, (name, sizes, accepts)
+
+
+@pytest.mark.parametrize("name", ["eagle", "standalone"])
+def test_engine_chains_match_a_dense_simulation_verify_for_verify(
+    prompts: list[str], name: str
+) -> None:
+    """Every accept length of the engine's chain drafting equals that of a cache-free dense
+    simulation (relayc.engine.train.simulate_chain): the draft caches hold exactly the right
+    keys at every position (prompt, accepted drafts, the standalone bonus slot)."""
+    with Engine(algorithm=name, overlap=True, num_steps=3, topk=1, num_draft_tokens=4) as engine:
+        outs = engine.generate(prompts, SamplingParams(max_new_tokens=NEW_TOKENS))
+        target = engine.model
+    if name == "eagle":
+        propose = eagle_chain_proposer(EagleHead.load(DEMO_DIR / "eagle", target), 3)
+    else:
+        propose = standalone_chain_proposer(
+            StandaloneDrafter.load(DEMO_DIR / "standalone").model, 3
+        )
+    for prompt, out in zip(prompts, outs, strict=True):
+        ids = [BOS_ID, *prompt.encode("utf-8")]
+        assert out.accept_lengths == simulate_chain(target, propose, ids, NEW_TOKENS)
