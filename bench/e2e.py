@@ -1,7 +1,7 @@
 """End to end: every algorithm's mean accept length and tokens/s against `none`, one run.
 
     python bench/e2e.py [--model DIR|random] [--prompts 16] [--max-new-tokens 64]
-                        [--batch-sizes 1,8] [--no-overlap]
+                        [--batch-sizes 1,8] [--repeats 3] [--no-overlap]
 
 Greedy decoding of the shipped models' held-out prompts (a fixed prompt set for another
 model) on the same target; the last column says whether the
@@ -23,6 +23,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16, help="how many held-out prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--no-overlap", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3, help="best of N timed runs")
     parser.add_argument(
         "--batch-sizes",
         default="1,8",
@@ -37,6 +38,7 @@ def main() -> None:
             model=args.model,
             overlap=not args.no_overlap,
             batch_size=batch_size,
+            repeats=args.repeats,
         )
         concurrency = batch_size or len(prompts)
         print(
