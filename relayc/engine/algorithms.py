@@ -125,7 +125,10 @@ class PlainDecoding(DecodeAlgorithm):
 
     def _sample_and_stash(self, forward: ForwardBatch, step: StepInputs) -> StepOutput:
         logits = self.model(forward).logits
-        next_tokens = sample(logits, step.sampling, step.sample_positions)
+        if step.all_greedy:  # what `sample` gives greedy rows, without the sampling work
+            next_tokens = torch.argmax(logits, dim=-1)
+        else:
+            next_tokens = sample(logits, step.sampling, step.sample_positions)
         self.future_map.stash(
             forward.req_pool_indices, none_relay.RelayPayload(bonus_tokens=next_tokens)
         )
