@@ -79,8 +79,8 @@ class Engine:
         if isinstance(model, LlamaForCausalLM):
             self.model = model
             self.device = model.device
-        elif model is None and shipped_target() is not None:
-            self.model = load_checkpoint(shipped_target(), device=self.device, dtype=dtype)
+        elif model is None and (shipped := shipped_target()) is not None:
+            self.model = load_checkpoint(shipped, device=self.device, dtype=dtype)
             if draft_model is None and isinstance(algorithm, str):
                 draft_model = shipped_drafter(algorithm, num_steps)
         elif model is None or model == RANDOM:

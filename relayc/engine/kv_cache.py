@@ -124,6 +124,12 @@ class KVCache:
             config.num_layers, size, config.num_kv_heads, config.head_dim, config.dtype, device
         )
 
+    def copy_slots(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy every layer's K/V at slots ``src [T]`` to slots ``dst [T]``."""
+        src, dst = src.long(), dst.long()
+        for cache in (*self.k, *self.v):
+            cache[dst] = cache[src]
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``/``v`` ``[T, num_kv_heads, head_dim]`` at KV ``slots`` ``[T]``."""
         self.k[layer][slots] = k.to(self.k[layer].dtype)

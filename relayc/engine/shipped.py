@@ -14,7 +14,7 @@ from pathlib import Path
 
 DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
 RANDOM = "random"  # `Engine(model=RANDOM)`: the tiny default config, random weights
-_DRAFTERS = {"eagle": "eagle", "eagle_multilayer": "eagle_multilayer", "standalone": "standalone"}
+_DRAFTERS = ("eagle", "eagle_multilayer", "standalone")  # subdirectories of DEMO_DIR
 
 
 def shipped_target() -> Path | None:
@@ -28,10 +28,9 @@ def shipped_drafter(algorithm: str, num_steps: int) -> Path | None:
 
     The MTP drafter has one layer per draft step, so it serves only its own ``num_steps``.
     """
-    name = _DRAFTERS.get(algorithm)
-    if name is None:
+    if algorithm not in _DRAFTERS:
         return None
-    directory = DEMO_DIR / name
+    directory = DEMO_DIR / algorithm
     if not directory.is_dir():
         raise FileNotFoundError(
             f"the shipped `{algorithm}` drafter is missing from {directory}; reinstall relayc "

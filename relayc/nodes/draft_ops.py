@@ -55,14 +55,20 @@ def _target_prefill(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch
 def _coins_kwarg(ctx: StepContext, positions: torch.Tensor) -> dict[str, torch.Tensor]:
     """Chain rejection sampling needs the first draft drawn from its distribution: coins
     keyed by (seed, position) when sampling with a relayed `draft_probs`."""
-    if ctx.sampling is None or not ctx.extras.get("chain_drafts"):
+    if not ctx.extras.get("chain_drafts"):
         return {}
-    return {"coins": _draft_coins(ctx, positions, 1, DRAFT_STREAM + 1)[:, 0]}
+    coins = _draft_coins(ctx, positions, 1, DRAFT_STREAM + 1)
+    return {} if coins is None else {"coins": coins[:, 0]}
 
 
-def _draft_coins(ctx: StepContext, positions: torch.Tensor, n: int, stream: int) -> torch.Tensor:
+def _draft_coins(
+    ctx: StepContext, positions: torch.Tensor, n: int, stream: int
+) -> torch.Tensor | None:
     """`[B, n]` uniforms keyed by (seed, position) for sampled drafts; -1 (argmax) on the rows
-    of greedy requests, whose drafts gain nothing from being random."""
+    of greedy requests, whose drafts gain nothing from being random; None (every draft the
+    argmax) when no request samples."""
+    if ctx.sampling is None:
+        return None
     coins = keyed_uniforms(ctx.sampling.seeds, positions.to(torch.int64), n, stream)
     return torch.where((ctx.sampling.temperatures > 0)[:, None], coins, -1.0)
 
@@ -181,9 +187,7 @@ def impl_eagle_draft(
     scratch = window[:, n : n + topk * (num_steps - 1)]
     common = (seq_lens, req_pool_indices, ctx.req_to_token, ctx.extras["draft_kv"], scratch)
     if draft_probs is not None:
-        coins = None
-        if ctx.sampling is not None:
-            coins = _draft_coins(ctx, seq_lens, num_steps - 1, DRAFT_STREAM)
+        coins = _draft_coins(ctx, seq_lens, num_steps - 1, DRAFT_STREAM)
         chain = ctx.drafter.draft_chain(
             topk_index,
             draft_probs,
@@ -285,9 +289,7 @@ def impl_standalone_draft(
     batch = topk_index.shape[0]
     num_steps = ctx.dims["num_steps"]
     window = ctx.out_cache_loc.view(batch, -1)
-    coins = None
-    if ctx.sampling is not None:
-        coins = _draft_coins(ctx, seq_lens, num_steps - 1, DRAFT_STREAM)
+    coins = _draft_coins(ctx, seq_lens, num_steps - 1, DRAFT_STREAM)
     chain = ctx.drafter.draft_chain(
         topk_index,
         draft_probs,
@@ -328,7 +330,7 @@ def impl_standalone_draft_extend(
     bonus = _bonus_slots(ctx, req_pool_indices)
     kv = ctx.extras["draft_kv"]
     rows = req_pool_indices.long()
-    ctx.drafter.commit_bonus(kv, bonus, ctx.req_to_token[rows, root].long())
+    kv.copy_slots(ctx.req_to_token[rows, root], bonus)
     cols = torch.arange(width, device=lens.device)[None, :]
     positions = (root + 1)[:, None] + cols
     committed = ctx.req_to_token[rows[:, None], positions.clamp(max=ctx.req_to_token.shape[1] - 1)]

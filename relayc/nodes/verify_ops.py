@@ -266,11 +266,7 @@ def impl_compact_accepted_kv(
     local = torch.where(
         accept_index >= 0, accept_index - offsets, torch.arange(n, device=window.device)[None, :]
     )
-    src = window.gather(1, local).reshape(-1)
-    dst = window.reshape(-1)
-    for layer in range(len(ctx.kv_cache.k)):
-        for cache in (ctx.kv_cache.k[layer], ctx.kv_cache.v[layer]):
-            cache[dst] = cache[src]
+    ctx.kv_cache.copy_slots(window.reshape(-1), window.gather(1, local).reshape(-1))
     positions = seq_lens[:, None] + torch.arange(n, device=window.device)[None, :]
     ctx.req_to_token[req_pool_indices[:, None], positions] = window.to(ctx.req_to_token.dtype)
     return {"new_seq_lens": seq_lens + accept_lens.to(seq_lens.dtype)}

@@ -10,7 +10,7 @@ same KV slot ids, except the bonus position, which has no target slot yet:
 the engine gives each request slot ``r`` a private draft slot (``bonus_slot``)
 that holds the bonus's draft K/V until the next verify commits that position;
 the next draft extend first copies it to the committed slot
-(:meth:`StandaloneDrafter.commit_bonus`). A caller that reserves the bonus
+(``KVCache.copy_slots``). A caller that reserves the bonus
 position's slot in ``req_to_token`` itself can skip both.
 
 Drafting is a chain (topk 1): the relayed top-1 (from the last extend) is draft
@@ -122,16 +122,6 @@ class StandaloneDrafter:
         if coins is not None:
             topk_p, topk_index = first_column_sampled(topk_p, topk_index, probs, coins)
         return StandaloneExtendOutput(topk_p, topk_index, probs)
-
-    @torch.no_grad()
-    def commit_bonus(
-        self, kv_cache: KVCache, bonus_cache_loc: torch.Tensor, slots: torch.Tensor
-    ) -> None:
-        """Copy the draft K/V held in ``bonus_cache_loc [B]`` to the committed ``slots [B]``."""
-        src, dst = bonus_cache_loc.long(), slots.long()
-        for layer in range(len(kv_cache.k)):
-            for cache in (kv_cache.k[layer], kv_cache.v[layer]):
-                cache[dst] = cache[src]
 
     @torch.no_grad()
     def draft_chain(
