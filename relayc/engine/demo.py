@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
@@ -51,7 +52,7 @@ class Row:
     mean_accept: float
     tokens_per_s: float
     speedup: float
-    identical: bool | None
+    identical: bool
 
 
 def _label(name: str, sizes: dict[str, int]) -> str:
@@ -81,50 +82,59 @@ def measure(
     """Every algorithm over ``prompts``: all at once (``batch_size`` 0), or in consecutive
     groups of ``batch_size`` concurrent requests (1: one request at a time, the latency view
     speculative decoding is for). Tokens/s is the best of ``repeats`` runs (the outputs are
-    the same every run: greedy)."""
+    the same every run: greedy). The runs go round robin, one of every algorithm per round,
+    so a slow spell of a shared CPU does not fall on one algorithm's runs only."""
     import torch
 
     from relayc.engine import Engine, SamplingParams
 
     torch.set_num_threads(1)  # tiny forwards: one thread is fastest and least noisy here
     params = SamplingParams(max_new_tokens=max_new_tokens)
-    rows: list[Row] = []
-    reference: list[list[int]] | None = None
-    base_tps = 0.0
+    labels = [_label(name, sizes) for name, sizes in ALGORITHMS]
+    engines = []
     for i, (name, sizes) in enumerate(ALGORITHMS):
-        label = _label(name, sizes)
         if progress:
-            progress(i, len(ALGORITHMS), label)
+            progress(i, len(ALGORITHMS) + 1, f"load {labels[i]}")
         engine = Engine(model, algorithm=name, overlap=overlap, seed=seed, **sizes)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
-        group = batch_size or len(prompts)
-        elapsed = float("inf")
-        for _ in range(max(repeats, 1)):  # the fastest of `repeats` runs: a shared CPU is noisy
-            start = time.perf_counter()
-            outs = [
-                out
-                for i in range(0, len(prompts), group)
-                for out in engine.generate(prompts[i : i + group], params)
-            ]
-            elapsed = min(elapsed, time.perf_counter() - start)
-        engine.close()
-        tokens = sum(len(o.token_ids) for o in outs)
+        engines.append(engine)
+    group = batch_size or len(prompts)
+    elapsed = [float("inf")] * len(engines)
+    outputs: list[list[Any]] = [[] for _ in engines]
+    rounds = max(repeats, 1)
+    try:
+        for r in range(rounds):
+            if progress:
+                progress(len(ALGORITHMS), len(ALGORITHMS) + 1, f"run {r + 1}/{rounds}")
+            for i, engine in enumerate(engines):
+                start = time.perf_counter()
+                outputs[i] = [
+                    out
+                    for g in range(0, len(prompts), group)
+                    for out in engine.generate(prompts[g : g + group], params)
+                ]
+                elapsed[i] = min(elapsed[i], time.perf_counter() - start)
+    finally:
+        for engine in engines:
+            engine.close()
+    if progress:
+        progress(len(ALGORITHMS) + 1, len(ALGORITHMS) + 1, "done")
+    base = [name for name, _ in ALGORITHMS].index("none")
+    reference = [o.token_ids for o in outputs[base]]
+    base_tps = sum(len(t) for t in reference) / elapsed[base]
+    rows: list[Row] = []
+    for label, outs, seconds in zip(labels, outputs, elapsed, strict=True):
         accepts = [a for o in outs for a in o.accept_lengths]
-        tps = tokens / elapsed
-        if name == "none":
-            reference, base_tps = [o.token_ids for o in outs], tps
-        identical = None if reference is None else [o.token_ids for o in outs] == reference
+        tps = sum(len(o.token_ids) for o in outs) / seconds
         rows.append(
             Row(
                 label,
                 sum(accepts) / max(len(accepts), 1),
                 tps,
-                tps / base_tps if base_tps else 1.0,
-                identical,
+                tps / base_tps,
+                [o.token_ids for o in outs] == reference,
             )
         )
-    if progress:
-        progress(len(ALGORITHMS), len(ALGORITHMS), "done")
     return rows
 
 

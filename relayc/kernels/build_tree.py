@@ -49,7 +49,7 @@ from typing import NamedTuple
 
 import torch
 
-from relayc.kernels._backend import resolve_backend
+from relayc.kernels._backend import host_loops, resolve_backend
 from relayc.kernels._triton import jit, next_power_of_2, tl
 
 
@@ -130,6 +130,24 @@ def build_tree(
         verified_id, parent_list, top_scores_index, draft_tokens, seq_lens, topk, spec_steps, n
     )
     device = seq_lens.device
+    buffers = (tree_mask_buf, positions_buf, retrive_buf)
+    if (
+        tree_mask_mode == TreeMaskMode.QLEN_ONLY
+        and all(buf is None for buf in buffers)
+        and host_loops(backend, device, batch_size)
+    ):
+        return build_tree_reference(
+            verified_id,
+            parent_list,
+            top_scores_index,
+            draft_tokens,
+            seq_lens,
+            seq_lens_sum,
+            topk,
+            spec_steps,
+            n,
+            tree_mask_mode,
+        )
     mask_numel = tree_mask_numel(batch_size, seq_lens_sum, n, tree_mask_mode)
     tree_mask = _output(tree_mask_buf, "tree_mask_buf", (mask_numel,), torch.bool, device)
     positions = _output(positions_buf, "positions_buf", (batch_size * n,), torch.int64, device)
@@ -445,7 +463,9 @@ def build_tree_reference(
     num_verify_tokens: int,
     tree_mask_mode: TreeMaskMode = TreeMaskMode.FULL_MASK,
 ) -> BuiltTree:
-    """Plain loops in the order SGLang's CUDA kernel runs them; the spec the kernels are tested against."""
+    """Plain loops in the order SGLang's CUDA kernel runs them; the spec the kernels are tested
+    against, and ``backend="auto"``'s path for small QLEN_ONLY batches on the CPU (see
+    ``relayc.kernels._backend``)."""
     n = num_verify_tokens
     batch_size = seq_lens.shape[0]
     parents = parent_list.tolist()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from relayc.kernels._backend import resolve_backend
+from relayc.kernels._backend import host_loops, resolve_backend
 from relayc.kernels._tree_layout import check_tree_args, expect_tensor
 from relayc.kernels._triton import jit, next_power_of_2, tl
 
@@ -40,33 +40,48 @@ def verify_tree_greedy_reference(
     retrive_next_sibling: torch.Tensor,
     target_predict: torch.Tensor,
 ) -> None:
-    """Plain loops, one request at a time; the definition the other paths are tested against."""
-    batch = candidates.shape[0]
+    """Plain loops, one request at a time; the definition the other paths are tested against.
+
+    Each loop visits one node per turn, at most ``N - 1`` turns, as the other paths do.
+    Outputs are written once at the end (on the CPU this is also ``backend="auto"``'s path
+    for small batches, see ``relayc.kernels._backend``).
+    """
+    batch, num_draft = candidates.shape
+    if batch == 0:
+        return
     max_accept = accept_index.shape[1] - 1
     target_flat = target_predict.reshape(-1).tolist()
-    for b in range(batch):
-        tokens = candidates[b].tolist()
-        global_ids = retrive_index[b].tolist()
-        first_child = retrive_next_token[b].tolist()
-        next_sibling = retrive_next_sibling[b].tolist()
-
+    paths: list[list[int]] = []
+    for tokens, global_ids, first_child, next_sibling in zip(
+        candidates.tolist(),
+        retrive_index.tolist(),
+        retrive_next_token.tolist(),
+        retrive_next_sibling.tolist(),
+        strict=True,
+    ):
         path = [global_ids[0]]
-        node = 0
-        while len(path) - 1 < max_accept:
-            want = target_flat[path[-1]]
-            child = first_child[node]
-            while child != -1 and tokens[child] != want:
-                child = next_sibling[child]
+        child = first_child[0] if max_accept > 0 else -1
+        for _ in range(num_draft - 1):
             if child == -1:
                 break
-            path.append(global_ids[child])
-            node = child
+            if tokens[child] == target_flat[path[-1]]:
+                path.append(global_ids[child])
+                if len(path) - 1 == max_accept:
+                    break
+                child = first_child[child]
+            else:
+                child = next_sibling[child]
+        paths.append(path)
 
-        for slot in range(max_accept + 1):
-            accept_index[b, slot] = path[slot] if slot < len(path) else -1
-        accept_token_num[b] = len(path) - 1
-        for g in path:
-            predicts[g] = target_flat[g]
+    device = accept_index.device
+    rows = [path + [-1] * (max_accept + 1 - len(path)) for path in paths]
+    accept_index.copy_(torch.tensor(rows, dtype=accept_index.dtype, device=device))
+    counts = [len(path) - 1 for path in paths]
+    accept_token_num.copy_(torch.tensor(counts, dtype=accept_token_num.dtype, device=device))
+    on_path = [g for path in paths for g in path]
+    predicts[torch.tensor(on_path, dtype=torch.int64, device=device)] = torch.tensor(
+        [target_flat[g] for g in on_path], dtype=predicts.dtype, device=device
+    )
 
 
 def _verify_tree_greedy_torch(
@@ -211,7 +226,11 @@ def verify_tree_greedy(
         retrive_next_sibling,
         target_predict,
     )
-    if resolve_backend(backend, candidates.device) == "torch":
+    resolved = resolve_backend(backend, candidates.device)
+    if host_loops(backend, candidates.device, shape.batch):
+        verify_tree_greedy_reference(*args)
+        return
+    if resolved == "torch":
         _verify_tree_greedy_torch(*args)
         return
     if shape.batch == 0:

@@ -12,7 +12,9 @@ addresses) and returns only tensors.
 
 Some host reads never reach the dispatcher (`.tolist()`, `.numpy()`, and `.cpu()`
 of a tensor already on the CPU), so while the check runs those Tensor methods are
-replaced by ones that fail: on a GPU each would be a device-to-host copy.
+replaced by ones that fail: on a GPU each would be a device-to-host copy. The
+tree walks' CPU host loops (``relayc.kernels._backend.host_loops``) are switched
+off meanwhile, so the check sees the path a GPU captures.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from relayc.kernels._backend import graph_safe_paths
 
 aten = torch.ops.aten
 
@@ -67,6 +71,9 @@ class CaptureCheck(TorchDispatchMode):
     _HOST_READS = ("tolist", "numpy", "cpu", "__array__")
 
     def __enter__(self):  # type: ignore[no-untyped-def]
+        # The CPU's host-loop fast paths stand aside: check the path a GPU would capture.
+        self._graph_safe = graph_safe_paths()
+        self._graph_safe.__enter__()
         self._saved = {name: getattr(torch.Tensor, name) for name in self._HOST_READS}
         for name in self._HOST_READS:
             setattr(torch.Tensor, name, self._host_read(name))
@@ -75,6 +82,7 @@ class CaptureCheck(TorchDispatchMode):
     def __exit__(self, *exc: object):  # type: ignore[no-untyped-def]
         for name, method in self._saved.items():
             setattr(torch.Tensor, name, method)
+        self._graph_safe.__exit__(None, None, None)
         return super().__exit__(*exc)
 
     def _host_read(self, name: str) -> Any:

@@ -175,3 +175,27 @@ def _reference_free_build(draft: DraftResult, **buffers: torch.Tensor) -> BuiltT
         backend="torch",
         **buffers,
     )
+
+
+@pytest.mark.parametrize("case", SMALL_CASES + LARGE_CASES, ids=str)
+def test_auto_without_buffers_matches_reference(case: tuple[int, int, int, int]) -> None:
+    # Small CPU batches take the host loop, larger ones (and graph-safe mode) the torch path.
+    from relayc.kernels._backend import graph_safe_paths
+
+    draft = _draft(case, seed=23)
+    args = (
+        draft.verified_id,
+        draft.parent_list,
+        draft.top_scores_index,
+        draft.draft_tokens,
+        draft.seq_lens,
+        draft.seq_lens_sum,
+        draft.topk,
+        draft.spec_steps,
+        draft.num_verify_tokens,
+    )
+    for mode in TreeMaskMode:
+        want = _reference(draft, mode)
+        _assert_same(build_tree(*args, mode, backend="auto"), want)
+        with graph_safe_paths():
+            _assert_same(build_tree(*args, mode, backend="auto"), want)

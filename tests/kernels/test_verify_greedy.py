@@ -47,6 +47,9 @@ def assert_same(got, want):
         assert torch.equal(g, w), f"{name} differs:\n{g}\nvs reference\n{w}"
 
 
+# "auto" on CPU tensors: the host loop up to HOST_LOOP_MAX_BATCH requests, torch above.
+BACKENDS = ["auto", "torch", "triton"]
+
 CASES = [
     # (batch, num_draft, num_spec_step, max_depth, vocab)
     (1, 1, 1, 1, 4),
@@ -59,7 +62,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("batch", "num_draft", "num_spec_step", "max_depth", "vocab"), CASES)
 def test_matches_reference(backend, batch, num_draft, num_spec_step, max_depth, vocab):
     gen = torch.Generator().manual_seed(1000 * batch + 10 * num_draft + num_spec_step)
@@ -90,7 +93,7 @@ def chain(tokens: list[int]) -> DraftTrees:
     )
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_chain_edge_cases(backend):
     trees = chain([7, 1, 2, 3])
     all_agree = torch.tensor([[1, 2, 3, 4]])
@@ -110,7 +113,7 @@ def test_chain_edge_cases(backend):
     assert predicts.tolist() == [5, POISON_PREDICT, POISON_PREDICT, POISON_PREDICT]
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_later_sibling_is_accepted(backend):
     # root has children 3 -> 1 -> 2 in sibling order (index order differs on purpose).
     trees = DraftTrees(
@@ -133,7 +136,7 @@ def test_rejects_wrong_dtype():
         run(verify_tree_greedy, trees, torch.tensor([[1, 2]], dtype=torch.int32), 2)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_argmax_ties_go_to_the_lowest_token(backend):
     # The kernel takes target_predict as given; the contract is that the caller's
     # argmax breaks ties towards the lowest id, which torch.argmax does. Tokens 1 and 3
@@ -151,3 +154,31 @@ def test_argmax_ties_go_to_the_lowest_token(backend):
     predicts, accept_index, num = run(verify_tree_greedy, trees, target, 3, backend=backend)
     assert num.tolist() == [1] and accept_index.tolist() == [[0, 2, -1]]
     assert predicts.tolist() == [1, POISON_PREDICT, 3]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sibling_cycle_ends(backend):
+    # A malformed tree whose siblings form a cycle: every path stops after N - 1 visits.
+    trees = DraftTrees(
+        candidates=torch.tensor([[0, 5, 6]]),
+        retrive_index=torch.arange(3)[None],
+        retrive_next_token=torch.tensor([[1, -1, -1]]),
+        retrive_next_sibling=torch.tensor([[-1, 2, 1]]),
+        parent=torch.tensor([[-1, 0, 0]]),
+        depth=torch.tensor([[0, 1, 1]]),
+    )
+    target = torch.tensor([[9, 9, 9]])
+    predicts, accept_index, num = run(verify_tree_greedy, trees, target, 3, backend=backend)
+    assert num.tolist() == [0] and accept_index.tolist() == [[0, -1, -1]]
+    assert predicts.tolist() == [9, POISON_PREDICT, POISON_PREDICT]
+
+
+def test_auto_runs_the_host_loop_on_small_cpu_batches():
+    from relayc.kernels import _backend
+
+    assert _backend.host_loops("auto", "cpu", 1)
+    assert not _backend.host_loops("auto", "cpu", _backend.HOST_LOOP_MAX_BATCH + 1)
+    assert not _backend.host_loops("torch", "cpu", 1)
+    with _backend.graph_safe_paths():
+        assert not _backend.host_loops("auto", "cpu", 1)
+    assert _backend.host_loops("auto", "cpu", 1)

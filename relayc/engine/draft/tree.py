@@ -18,7 +18,9 @@ descending sort, where SGLang uses ``torch.topk`` whose tie order is
 unspecified). A child's flat index always exceeds its parent's and its score
 never exceeds it, so the selection is closed under parents even on ties.
 
-Everything here is fixed-shape torch with no host reads: safe inside a CUDA graph.
+Everything here is fixed-shape torch with no host reads, safe inside a CUDA graph,
+except the small-batch CPU host loop of :func:`tree_from_parents`, which
+``relayc.kernels._backend.graph_safe_paths`` (and so ``capture_check``) turns off.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+from relayc.kernels._backend import host_loops
 
 
 class DraftTree(NamedTuple):
@@ -204,6 +208,8 @@ def tree_from_parents(
     """
     batch, n = parents.shape
     device = parents.device
+    if host_loops("auto", device, batch):
+        return _tree_from_parents_host(parents, valid, seq_lens, max_depth)
     nodes = torch.arange(n, device=device)
     linked = valid & (nodes >= 1) & (parents >= 0)
     parent = torch.where(linked, parents, -1)
@@ -229,4 +235,61 @@ def tree_from_parents(
         retrive_index=torch.arange(batch * n, device=device).view(batch, n),
         retrive_next_token=torch.where(first_child < n, first_child, -1),
         retrive_next_sibling=torch.where(next_sibling < n, next_sibling, -1),
+    )
+
+
+def _tree_from_parents_host(
+    parents: torch.Tensor, valid: torch.Tensor, seq_lens: torch.Tensor, max_depth: int
+) -> TreeLayout:
+    """:func:`tree_from_parents` one request at a time over host lists (same outputs)."""
+    batch, n = parents.shape
+    device = parents.device
+    masks: list[list[list[bool]]] = []
+    positions: list[int] = []
+    first_child: list[list[int]] = []
+    next_sibling: list[list[int]] = []
+    for row, row_valid, seq_len in zip(
+        parents.tolist(), valid.tolist(), seq_lens.tolist(), strict=True
+    ):
+        parent = [
+            p if i >= 1 and ok and p >= 0 else -1
+            for i, (p, ok) in enumerate(zip(row, row_valid, strict=True))
+        ]
+        firsts, siblings = [-1] * n, [-1] * n
+        youngest: dict[int, int] = {}  # parent -> its highest-index child so far
+        for i in range(1, n):
+            p = parent[i]
+            if p < 0:
+                continue
+            if p in youngest:
+                siblings[youngest[p]] = i
+            elif p < n:
+                firsts[p] = i
+            youngest[p] = i
+        mask = []
+        for i in range(n):
+            sees = [False] * n
+            sees[0] = True
+            depth, cur = 0, i
+            for _ in range(max_depth):
+                if not 1 <= cur < n:
+                    break
+                sees[cur] = True
+                depth += 1
+                cur = parent[cur]
+            mask.append(sees)
+            positions.append(seq_len + depth)
+        masks.append(mask)
+        first_child.append(firsts)
+        next_sibling.append(siblings)
+    return TreeLayout(
+        tree_mask=torch.tensor(masks, dtype=torch.bool, device=device).view(batch, n, n),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        retrive_index=torch.arange(batch * n, device=device).view(batch, n),
+        retrive_next_token=torch.tensor(first_child, dtype=torch.int64, device=device).view(
+            batch, n
+        ),
+        retrive_next_sibling=torch.tensor(next_sibling, dtype=torch.int64, device=device).view(
+            batch, n
+        ),
     )

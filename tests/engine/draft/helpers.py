@@ -12,6 +12,7 @@ from relayc.engine.config import ModelConfig
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.weights import random_model
+from relayc.kernels._backend import graph_safe_paths
 from tests.engine.helpers import PagedDriver
 
 SMALL = ModelConfig(
@@ -81,7 +82,20 @@ def padded_states(rows: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 class NoHostSync(TorchDispatchMode):
-    """Fails on ops a CUDA graph cannot hold: host reads and data-dependent shapes."""
+    """Fails on ops a CUDA graph cannot hold: host reads and data-dependent shapes.
+
+    Like ``capture_check`` it turns the CPU's host-loop fast paths off, so the code under
+    test takes the path a GPU would capture.
+    """
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        self._graph_safe = graph_safe_paths()
+        self._graph_safe.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: object):  # type: ignore[no-untyped-def]
+        self._graph_safe.__exit__(None, None, None)
+        return super().__exit__(*exc)
 
     FORBIDDEN = frozenset(
         {

@@ -252,3 +252,24 @@ def test_the_sync_detector_catches_host_reads() -> None:
     ):
         with pytest.raises(AssertionError, match=r"host|output_size"), NoHostSync():
             host_read()
+
+
+def test_tree_from_parents_host_loop_matches_the_torch_path() -> None:
+    # Random parent arrays (parent index < node index), some nodes invalid: the CPU host loop
+    # (small batches) and the vectorised path (graph-safe mode) lay them out identically.
+    from relayc.engine.draft.tree import tree_from_parents
+    from relayc.kernels._backend import graph_safe_paths
+
+    gen = torch.Generator().manual_seed(3)
+    for batch, n, max_depth in [(1, 1, 3), (1, 6, 3), (3, 8, 2), (4, 12, 5)]:
+        nodes = torch.arange(n)
+        parents = (torch.rand(batch, n, generator=gen) * nodes).long()
+        parents[:, 0] = -1
+        valid = torch.rand(batch, n, generator=gen) < 0.8
+        valid[:, 0] = True
+        seq_lens = torch.randint(0, 50, (batch,), generator=gen, dtype=torch.int32)
+        host = tree_from_parents(parents, valid, seq_lens, max_depth)
+        with graph_safe_paths():
+            vectorised = tree_from_parents(parents, valid, seq_lens, max_depth)
+        for name, got, want in zip(host._fields, host, vectorised, strict=True):
+            assert got.dtype == want.dtype and torch.equal(got, want), name
