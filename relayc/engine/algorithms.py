@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
 from relayc.engine.forward_batch import ForwardBatch
 from relayc.engine.model import LlamaForCausalLM
@@ -95,6 +96,10 @@ class DecodeAlgorithm(ABC):
     @abstractmethod
     def decode(self, step: StepInputs) -> StepOutput:
         """Resolve the relay, run one decode iteration, stash the relay for the next."""
+
+    def draft_modules(self) -> tuple[nn.Module, ...]:
+        """The draft model's modules, if any (the engine sets their CPU weight layout)."""
+        return ()
 
     def on_prompt(self, req_pool_index: int, prompt_ids: list[int]) -> None:  # noqa: B027
         """A request was admitted into ``req_pool_index`` with these prompt tokens."""

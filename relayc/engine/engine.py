@@ -23,7 +23,7 @@ import torch
 
 from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
 from relayc.engine.config import ModelConfig
-from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.overlap import make_runner
 from relayc.engine.request import FinishReason, Output, Request, StreamDelta
 from relayc.engine.sampling import SamplingParams
@@ -118,6 +118,9 @@ class Engine:
                 seed=seed,
             )
         self.algorithm_name = self.algorithm.name
+        if self.device.type == "cpu":
+            for module in (self.model, *self.algorithm.draft_modules()):
+                use_cpu_matmul_layout(module)
         self.runner = make_runner(self.device, overlap)
         self.scheduler = Scheduler(
             self.model, self.algorithm, self.runner, self.config, check_pools=debug

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from relayc.engine.algorithms import DecodeAlgorithm, StepInputs, StepOutput
 from relayc.engine.draft.standalone import default_standalone_config
@@ -177,6 +178,11 @@ class SpeculativeDecoding(DecodeAlgorithm):
             counts=counts,
             committed=True,
         )
+
+    def draft_modules(self) -> tuple[nn.Module, ...]:
+        drafter = self.drafter
+        module = drafter if isinstance(drafter, nn.Module) else getattr(drafter, "model", None)
+        return (module,) if isinstance(module, nn.Module) else ()
 
     # n-gram keeps each request's token history on the host (one iteration behind).
     def on_prompt(self, req_pool_index: int, prompt_ids: list[int]) -> None:

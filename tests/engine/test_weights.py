@@ -118,3 +118,29 @@ def test_hf_config_both_rope_layouts_and_rejections() -> None:
     with pytest.raises(ValueError, match="num_kv_heads"):
         SMALL.replace(num_kv_heads=3)
     assert json.loads(json.dumps(base)) == base
+
+
+def test_cpu_matmul_layout_keeps_values_ties_and_outputs(tmp_path: Path) -> None:
+    from relayc.engine import Engine
+    from relayc.engine.model import Linear, use_cpu_matmul_layout
+
+    model = random_model(TINY_CONFIG.replace(tie_word_embeddings=True), seed=3)
+    ids = torch.tensor([256, 5, 9, 14, 200])
+    before = model.forward_dense(ids).logits
+    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert use_cpu_matmul_layout(model) == len(linears)
+    assert all(m.weight.t().is_contiguous() for m in linears)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+    assert all(torch.equal(v, snapshot[k]) for k, v in model.state_dict().items())
+    assert torch.allclose(model.forward_dense(ids).logits, before, atol=1e-5)
+    use_cpu_matmul_layout(model)  # idempotent
+    assert all(m.weight.t().is_contiguous() for m in linears)
+    save_checkpoint(model, tmp_path / "m")  # saving makes the tensors contiguous again
+    assert _same_weights(load_checkpoint(tmp_path / "m"), model)
+    # The engine lays out the target and the draft model this way on the CPU.
+    engine = Engine("random", algorithm="eagle", overlap=False)
+    for module in (engine.model, *engine.algorithm.draft_modules()):
+        assert all(m.weight.t().is_contiguous() for m in module.modules() if isinstance(m, Linear))
+    assert engine.algorithm.draft_modules()
+    engine.close()

@@ -1,6 +1,6 @@
 """Train the tiny demo models shipped in ``relayc/assets/demo`` (issue #8), on the CPU.
 
-    python -m relayc.engine.train --out relayc/assets/demo          # ~45 minutes, 2 threads
+    python -m relayc.engine.train --out relayc/assets/demo          # ~70 minutes, 2 threads
     python -m relayc.engine.train --out /tmp/demo --smoke           # tiny sizes, < 60 s
     python -m relayc.engine.train --out relayc/assets/demo --measure-only
 
