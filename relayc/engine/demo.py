@@ -231,7 +231,8 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
         help="concurrent requests (default 1: one at a time, the latency speculation cuts; "
         "0: every prompt at once)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    # 64: long enough that the drafters' prompt pass (EAGLE, MTP, standalone) is amortised
+    p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="best of N timed runs (default 2)")
     p.add_argument("--chart", default="relayc-demo.png", help="where to write the PNG chart")
     p.set_defaults(func=run_demo)
