@@ -35,11 +35,9 @@ def _draft(case: tuple[int, int, int, int], seed: int) -> DraftResult:
     return draft_eagle_tree(batch_size, topk, spec_steps, n, torch.Generator().manual_seed(seed))
 
 
-def _run(draft: DraftResult, mode: TreeMaskMode, backend: str, poison_from: BuiltTree) -> BuiltTree:
-    # Every output buffer starts as a value that differs from the expected one in every
-    # element, so an element the implementation leaves unwritten fails the comparison.
-    retrive = torch.stack(poison_from[2:5]) + 7919
-    return build_tree(
+def _inputs(draft: DraftResult) -> tuple:
+    """``build_tree``'s positional inputs before ``tree_mask_mode``."""
+    return (
         draft.verified_id,
         draft.parent_list,
         draft.top_scores_index,
@@ -49,6 +47,15 @@ def _run(draft: DraftResult, mode: TreeMaskMode, backend: str, poison_from: Buil
         draft.topk,
         draft.spec_steps,
         draft.num_verify_tokens,
+    )
+
+
+def _run(draft: DraftResult, mode: TreeMaskMode, backend: str, poison_from: BuiltTree) -> BuiltTree:
+    # Every output buffer starts as a value that differs from the expected one in every
+    # element, so an element the implementation leaves unwritten fails the comparison.
+    retrive = torch.stack(poison_from[2:5]) + 7919
+    return build_tree(
+        *_inputs(draft),
         mode,
         tree_mask_buf=~poison_from.tree_mask,
         positions_buf=poison_from.positions + 7919,
@@ -58,18 +65,7 @@ def _run(draft: DraftResult, mode: TreeMaskMode, backend: str, poison_from: Buil
 
 
 def _reference(draft: DraftResult, mode: TreeMaskMode) -> BuiltTree:
-    return build_tree_reference(
-        draft.verified_id,
-        draft.parent_list,
-        draft.top_scores_index,
-        draft.draft_tokens,
-        draft.seq_lens,
-        draft.seq_lens_sum,
-        draft.topk,
-        draft.spec_steps,
-        draft.num_verify_tokens,
-        mode,
-    )
+    return build_tree_reference(*_inputs(draft), mode)
 
 
 def _assert_same(got: BuiltTree, want: BuiltTree) -> None:
@@ -163,15 +159,7 @@ def test_wrong_tree_mask_buf_is_rejected() -> None:
 
 def _reference_free_build(draft: DraftResult, **buffers: torch.Tensor) -> BuiltTree:
     return build_tree(
-        draft.verified_id,
-        draft.parent_list,
-        draft.top_scores_index,
-        draft.draft_tokens,
-        draft.seq_lens,
-        draft.seq_lens_sum,
-        draft.topk,
-        draft.spec_steps,
-        draft.num_verify_tokens,
+        *_inputs(draft),
         backend="torch",
         **buffers,
     )
@@ -183,17 +171,7 @@ def test_auto_without_buffers_matches_reference(case: tuple[int, int, int, int])
     from relayc.kernels._backend import graph_safe_paths
 
     draft = _draft(case, seed=23)
-    args = (
-        draft.verified_id,
-        draft.parent_list,
-        draft.top_scores_index,
-        draft.draft_tokens,
-        draft.seq_lens,
-        draft.seq_lens_sum,
-        draft.topk,
-        draft.spec_steps,
-        draft.num_verify_tokens,
-    )
+    args = _inputs(draft)
     for mode in TreeMaskMode:
         want = _reference(draft, mode)
         _assert_same(build_tree(*args, mode, backend="auto"), want)
