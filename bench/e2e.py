@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from relayc.engine.demo import demo_prompts, measure, table
+from relayc.tools.demo import demo_prompts, measure, table
 
 
 def main() -> None:

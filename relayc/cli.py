@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from relayc.compiler.picture import add_graph_command
-from relayc.engine.cli import add_generate_command
-from relayc.engine.demo import add_demo_command
 from relayc.specs.errors import SpecErrors
+from relayc.tools.demo import add_demo_command
+from relayc.tools.generate import add_generate_command
 
 EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
 

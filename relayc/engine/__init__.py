@@ -16,10 +16,11 @@ step_batch.py     one forward as prepared on the host, and its move to the devic
 overlap.py        forward runners: inline, worker thread (CPU), forward stream (CUDA)
 scheduler.py      admission, batching and the overlap contract
 engine.py         Engine: generate / stream, bad-input handling
-cli.py            `relayc generate`
+ops/              the implementations of the spec's ops on this engine
 
-The names below load on first use (PEP 562), so ``relayc.engine.cli`` -- which
-``relayc``'s command line imports for every command -- does not pull in torch.
+The tools over the engine (``relayc generate``, ``relayc demo``, training) live in
+``relayc.tools``. The names below load on first use (PEP 562), so ``relayc.tools.generate``
+-- which ``relayc``'s command line imports for every command -- does not pull in torch.
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from torch import nn
 from relayc.engine.algorithms import DecodeAlgorithm, StepInputs, StepOutput
 from relayc.engine.draft.standalone import default_standalone_config
 from relayc.engine.model import LlamaForCausalLM
-from relayc.nodes.context import StepContext
-from relayc.nodes.draft_ops import proposer_lock
-from relayc.nodes.verify_ops import implementations
+from relayc.engine.ops import implementations
+from relayc.engine.ops.context import StepContext
+from relayc.engine.ops.draft import proposer_lock
 
 # Default drafters: seeded random weights, or a local directory (`draft_model=`).
 _DRAFTERS = ("eagle", "eagle_multilayer", "ngram", "standalone")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
-from relayc.engine.cli import _printable, add_generate_command
 from relayc.engine.overlap import InlineRunner, ThreadRunner
+from relayc.tools.generate import _printable, add_generate_command
 from tests.engine.engine_helpers import (
     assert_idle,
     one_intra_op_thread,  # noqa: F401 - autouse fixture
@@ -124,6 +124,6 @@ def test_a_stream_never_iterated_queues_nothing(model: LlamaForCausalLM) -> None
 def test_the_generate_command_module_does_not_import_torch() -> None:
     """relayc's command line imports it for every command, `relayc validate` included."""
     root = Path(__file__).resolve().parents[2]
-    code = "import sys, relayc.engine.cli; sys.exit('torch' in sys.modules)"
+    code = "import sys, relayc.tools.generate; sys.exit('torch' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": str(root)}
     assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0

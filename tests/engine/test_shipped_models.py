@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.demo import ALGORITHMS
 from relayc.engine.draft import EagleHead, StandaloneDrafter
 from relayc.engine.naive import greedy_generate_naive
 from relayc.engine.shipped import DEMO_DIR, heldout_prompts, shipped_drafter, shipped_target
 from relayc.engine.tokenizer import BOS_ID, ByteTokenizer
-from relayc.engine.train import eagle_chain_proposer, simulate_chain, standalone_chain_proposer
+from relayc.tools.demo import ALGORITHMS
+from relayc.tools.train import eagle_chain_proposer, simulate_chain, standalone_chain_proposer
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 
 NEW_TOKENS = 24
@@ -56,7 +56,7 @@ def test_engine_chains_match_a_dense_simulation_verify_for_verify(
     prompts: list[str], name: str
 ) -> None:
     """Every accept length of the engine's chain drafting equals that of a cache-free dense
-    simulation (relayc.engine.train.simulate_chain): the draft caches hold exactly the right
+    simulation (relayc.tools.train.simulate_chain): the draft caches hold exactly the right
     keys at every position (prompt, accepted drafts, the standalone bonus slot)."""
     with Engine(algorithm=name, overlap=True, num_steps=3, topk=1, num_draft_tokens=4) as engine:
         outs = engine.generate(prompts, SamplingParams(max_new_tokens=NEW_TOKENS))

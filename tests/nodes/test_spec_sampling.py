@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from relayc.engine.config import ModelConfig
+from relayc.engine.ops.verify import impl_accept_tree
 from relayc.engine.sampling import SamplingParams
 from relayc.engine.weights import random_model
-from relayc.nodes.verify_ops import impl_accept_tree
 from tests.nodes.spec_driver import SpecDriver
 
 TINY_VOCAB = ModelConfig(

@@ -1,4 +1,4 @@
-"""The command line (``python -m relayc.engine.train``): argument parsing, the training
+"""The command line (``python -m relayc.tools.train``): argument parsing, the training
 run (corpus and prompts, then the target, the EAGLE head, the multi-layer EAGLE (MTP)
 drafter and the standalone draft model, each stored in float16 and reloaded before
 use), the acceptance measurement and the written outputs."""
@@ -20,18 +20,19 @@ from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.mtp import MtpDrafter
 from relayc.engine.draft.standalone import StandaloneDrafter
 from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.train.card import write_outputs
-from relayc.engine.train.corpus import assemble_corpus, heldout_prompts, sample_batch
-from relayc.engine.train.loop import draft_eval, prompt_loss, target_heldout_loss, train_loop
-from relayc.engine.train.losses import (
+from relayc.engine.weights import load_checkpoint, save_checkpoint
+from relayc.tools.train.card import write_outputs
+from relayc.tools.train.corpus import assemble_corpus, heldout_prompts, sample_batch
+from relayc.tools.train.loop import draft_eval, prompt_loss, target_heldout_loss, train_loop
+from relayc.tools.train.losses import (
     eagle_losses,
     mtp_losses,
     run_target,
     standalone_losses,
     weighted,
 )
-from relayc.engine.train.measure import measure_acceptance
-from relayc.engine.train.plan import (
+from relayc.tools.train.measure import measure_acceptance
+from relayc.tools.train.plan import (
     MTP_STEPS,
     SUBDIRS,
     _config_summary,
@@ -42,7 +43,6 @@ from relayc.engine.train.plan import (
     smoke_plan,
     store_half,
 )
-from relayc.engine.weights import load_checkpoint, save_checkpoint
 
 
 def run_training(args: argparse.Namespace) -> dict[str, Any]:
@@ -253,10 +253,10 @@ def _argv_tail(args: argparse.Namespace) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from relayc.engine import train  # the package docstring's first line describes the CLI
+    from relayc.tools import train  # the package docstring's first line describes the CLI
 
     p = argparse.ArgumentParser(
-        prog="python -m relayc.engine.train", description=(train.__doc__ or "").split("\n")[0]
+        prog="python -m relayc.tools.train", description=(train.__doc__ or "").split("\n")[0]
     )
     p.add_argument("--out", required=True, help="output directory (e.g. relayc/assets/demo)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps (tests)")

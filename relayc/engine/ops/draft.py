@@ -17,10 +17,10 @@ import torch
 
 from relayc.engine.draft.ngram import splice_proposals
 from relayc.engine.draft.tree import mtp_select, tree_from_parents
+from relayc.engine.ops.context import StepContext
+from relayc.engine.ops.registry import implements
 from relayc.engine.sampling import sample
 from relayc.kernels import keyed_uniforms
-from relayc.nodes.context import StepContext
-from relayc.nodes.verify_ops import implements
 
 
 def _prompt_rows(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,9 +9,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from relayc.engine.train.corpus import PROMPT_BYTES
-from relayc.engine.train.losses import STEP_WEIGHTS
-from relayc.engine.train.plan import SUBDIRS, dir_bytes
+from relayc.tools.train.corpus import PROMPT_BYTES
+from relayc.tools.train.losses import STEP_WEIGHTS
+from relayc.tools.train.plan import SUBDIRS, dir_bytes
 
 
 def model_card(log: dict[str, Any], acceptance: dict[str, Any] | None) -> str:
@@ -21,7 +21,7 @@ def model_card(log: dict[str, Any], acceptance: dict[str, Any] | None) -> str:
         "# relayc demo models",
         "",
         "Tiny byte-level models for the reference engine's demos and tests, trained on the CPU by",
-        "`python -m relayc.engine.train` (issue #8). They are toys: a few minutes of training on",
+        "`python -m relayc.tools.train` (issue #8). They are toys: a few minutes of training on",
         "a few MB of Python source. Vocabulary: 256 bytes + `<bos>` (256), `<eos>` (257),",
         "`<pad>` (258); prompts start with `<bos>` as `Engine` encodes them.",
         "",
@@ -123,8 +123,8 @@ def model_card(log: dict[str, Any], acceptance: dict[str, Any] | None) -> str:
         "## Reproduce",
         "",
         "```",
-        "python -m relayc.engine.train --out relayc/assets/demo " + log["argv_tail"],
-        "python -m relayc.engine.train --out relayc/assets/demo --measure-only  # acceptance + card",
+        "python -m relayc.tools.train --out relayc/assets/demo " + log["argv_tail"],
+        "python -m relayc.tools.train --out relayc/assets/demo --measure-only  # acceptance + card",
         "```",
         "",
         "With time budgets the step counts and the (time-based) learning-rate schedule depend on",

@@ -17,8 +17,8 @@ from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.standalone import StandaloneDrafter
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.tokenizer import BOS_ID
-from relayc.engine.train.plan import MTP_STEPS
 from relayc.engine.weights import load_checkpoint
+from relayc.tools.train.plan import MTP_STEPS
 
 
 @torch.no_grad()

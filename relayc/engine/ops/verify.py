@@ -18,11 +18,12 @@ Everything here is graph-safe: shapes depend on B and N only, no host reads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.ops.context import StepContext
+from relayc.engine.ops.registry import implements
 from relayc.engine.sampling import filter_logits
 from relayc.kernels import (
     TreeMaskMode,
@@ -33,18 +34,6 @@ from relayc.kernels import (
     verify_tree_greedy,
 )
 from relayc.kernels.rng import FINAL_STREAM
-from relayc.nodes.context import StepContext
-
-Impl = Callable[..., dict[str, torch.Tensor]]
-IMPLS: dict[str, Impl] = {}
-
-
-def implements(op_name: str) -> Callable[[Impl], Impl]:
-    def register(fn: Impl) -> Impl:
-        IMPLS[op_name] = fn
-        return fn
-
-    return register
 
 
 def verify_slots(ctx: StepContext, batch: int, n: int) -> torch.Tensor:
@@ -270,8 +259,3 @@ def impl_compact_accepted_kv(
     positions = seq_lens[:, None] + torch.arange(n, device=window.device)[None, :]
     ctx.req_to_token[req_pool_indices[:, None], positions] = window.to(ctx.req_to_token.dtype)
     return {"new_seq_lens": seq_lens + accept_lens.to(seq_lens.dtype)}
-
-
-def implementations() -> dict[str, Any]:
-    """Every op implementation relayc ships, by op name."""
-    return dict(IMPLS)

@@ -16,7 +16,7 @@ from torch import nn
 
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.tokenizer import BOS_ID
-from relayc.engine.train.losses import STEP_WEIGHTS, TargetOut
+from relayc.tools.train.losses import STEP_WEIGHTS, TargetOut
 
 
 def make_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:

@@ -1,4 +1,4 @@
-"""The demo-model training script (``python -m relayc.engine.train``) and the shipped weights."""
+"""The demo-model training script (``python -m relayc.tools.train``) and the shipped weights."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch
 
 import relayc
 from relayc.engine.draft import EagleHead, MtpDrafter, StandaloneDrafter
-from relayc.engine.train import (
+from relayc.engine.weights import load_checkpoint
+from relayc.tools.train import (
     NUM_PROMPTS,
     PROMPT_BYTES,
     SUBDIRS,
@@ -23,7 +24,6 @@ from relayc.engine.train import (
     prompt_loss,
     standalone_losses,
 )
-from relayc.engine.weights import load_checkpoint
 
 REPO = Path(relayc.__file__).resolve().parent.parent
 DEMO = Path(relayc.__file__).resolve().parent / "assets" / "demo"
@@ -52,7 +52,7 @@ def smoke_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     subprocess.run(
-        [sys.executable, "-m", "relayc.engine.train", "--out", str(out), "--smoke"],
+        [sys.executable, "-m", "relayc.tools.train", "--out", str(out), "--smoke"],
         check=True,
         cwd=REPO,
         env=env,

@@ -1,8 +1,8 @@
 """Train the tiny demo models shipped in ``relayc/assets/demo`` (issue #8), on the CPU.
 
-    python -m relayc.engine.train --out relayc/assets/demo          # ~70 minutes, 2 threads
-    python -m relayc.engine.train --out /tmp/demo --smoke           # tiny sizes, < 60 s
-    python -m relayc.engine.train --out relayc/assets/demo --measure-only
+    python -m relayc.tools.train --out relayc/assets/demo          # ~70 minutes, 2 threads
+    python -m relayc.tools.train --out /tmp/demo --smoke           # tiny sizes, < 60 s
+    python -m relayc.tools.train --out relayc/assets/demo --measure-only
 
 1. A corpus assembled from this Python's standard library (``*.py`` under
    ``sysconfig.get_paths()["stdlib"]``, sorted, tests / idlelib / site-packages and
@@ -25,16 +25,16 @@ Weights are stored as float16 tensors under a float32 ``config.json``: the loade
 cast them to float32, the dtype the engine runs in.
 """
 
-from relayc.engine.train.card import (
+from relayc.tools.train.card import (
     model_card,
     write_outputs,
 )
-from relayc.engine.train.cli import (
+from relayc.tools.train.cli import (
     main,
     parse_args,
     run_training,
 )
-from relayc.engine.train.corpus import (
+from relayc.tools.train.corpus import (
     CORPUS_EXCLUDE,
     HOLDOUT_AT,
     HOLDOUT_EVERY,
@@ -46,14 +46,14 @@ from relayc.engine.train.corpus import (
     heldout_prompts,
     sample_batch,
 )
-from relayc.engine.train.loop import (
+from relayc.tools.train.loop import (
     draft_eval,
     make_optimizer,
     prompt_loss,
     target_heldout_loss,
     train_loop,
 )
-from relayc.engine.train.losses import (
+from relayc.tools.train.losses import (
     EAGLE_DEPTH,
     STEP_WEIGHTS,
     TargetOut,
@@ -65,14 +65,14 @@ from relayc.engine.train.losses import (
     standalone_losses,
     weighted,
 )
-from relayc.engine.train.measure import (
+from relayc.tools.train.measure import (
     ENGINE_RUNS,
     eagle_chain_proposer,
     measure_acceptance,
     simulate_chain,
     standalone_chain_proposer,
 )
-from relayc.engine.train.plan import (
+from relayc.tools.train.plan import (
     MTP_STEPS,
     SUBDIRS,
     Plan,

@@ -1,0 +1,24 @@
+"""The reference engine's implementations of the ops in :mod:`relayc.nodes`.
+
+The op *signatures* (what the compiler checks) live in ``relayc.nodes``; the
+implementations that run them on this engine's model, KV cache and drafters live
+here, registered in one place: importing this package imports every module that
+registers an implementation.
+
+context.py   StepContext: what every implementation receives as ``ctx``
+verify.py    build the tree, verify it with one target forward, accept, commit KV
+draft.py     the drafters' ops (EAGLE, MTP, n-gram, standalone) and the prefills
+registry.py  ``@implements(op_name)``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relayc.engine.ops import draft, verify  # noqa: F401  (they register their ops)
+from relayc.engine.ops.registry import IMPLS
+
+
+def implementations() -> dict[str, Any]:
+    """Every op implementation the reference engine ships, by op name."""
+    return dict(IMPLS)
