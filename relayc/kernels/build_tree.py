@@ -1,5 +1,13 @@
 """Build the verify tree from EAGLE drafting results (SGLang's ``build_tree_kernel_efficient``).
 
+The signature is SGLang 0.5.23's ``build_tree_kernel_efficient``
+(``sglang/srt/speculative/eagle_utils.py``): ``bonus_tokens`` first, ``parent_list``
+a tensor or a list of tensors, ``tree_mask_buf`` and ``fill_prefix_mask``; relayc adds
+keyword-only ``positions_buf``, ``retrive_buf`` and ``backend``, and keeps
+``verified_id=`` (the pre-0.5.23 name of ``bonus_tokens``) as a deprecated alias.
+Index inputs may be int64 or int32 (SGLang's callers pass both); other dtypes are
+rejected with the dtype named.
+
 EAGLE drafts ``spec_steps`` levels; level 0 offers ``topk`` candidates under the root and
 each later level offers ``topk * topk`` (``topk`` children of each of the ``topk`` beams
 kept at the previous level). Flattened per request, candidate ``x`` of the score list is
@@ -34,7 +42,14 @@ Outputs, per request ``b`` (N = ``num_verify_tokens``):
   ``QLEN_ONLY``: only the draft window, ``[B, N, N]`` flattened; row i is the same as
   the last N columns of the full row. This is the mask the reference engine's verify
   forward uses (attend the whole prefix plus this window).
-- ``draft_tokens``: ``cat(verified_id[:, None], draft_tokens)`` flattened to ``[B*N]``.
+  ``QLEN_ONLY_BITPACKING``: the window packed one integer per row, ``[B*N]``: bit ``j``
+  of row ``b*N + i`` is window column ``j`` (little-endian bytes, as SGLang's
+  ``build_tree_efficient_partial_packed``); uint8 for ``N <= 8``, uint16 for
+  ``N <= 16``, uint32 for ``N <= 32``, larger ``N`` rejected.
+  ``fill_prefix_mask=False`` (FULL_MASK only) leaves the prefix columns ``[0, seq_len)``
+  of each row unwritten, for callers whose attention never reads them (SGLang skips
+  the memset the same way); in a fresh allocation they are then undefined.
+- ``draft_tokens``: ``cat(bonus_tokens[:, None], draft_tokens)`` flattened to ``[B*N]``.
 
 Malformed trees (a selected node whose parent was not selected, e.g. after NaN logits)
 follow SGLang's hardened kernel: the node is left unlinked (no parent link, no sibling),
@@ -44,26 +59,49 @@ its ancestor walk stops at the missing parent, and no walk takes more than
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from enum import IntEnum
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 
 from relayc.kernels._backend import host_loops, resolve_backend
 from relayc.kernels._triton import jit, next_power_of_2, tl
 
+_T = TypeVar("_T")
+
 
 class TreeMaskMode(IntEnum):
-    """Layout of ``tree_mask``; the values are SGLang's (bit-packing, 2, is not supported)."""
+    """Layout of ``tree_mask``; the values are SGLang's."""
 
     FULL_MASK = 0
     QLEN_ONLY = 1
+    QLEN_ONLY_BITPACKING = 2
+
+
+# The packed row width by N, as SGLang allocates it.
+_PACKED_DTYPES = ((8, torch.uint8), (16, torch.uint16), (32, torch.uint32))
+MAX_BITPACKED_NODES = 32
+
+
+def packed_mask_dtype(num_verify_tokens: int) -> torch.dtype:
+    """The element type of a QLEN_ONLY_BITPACKING mask for ``num_verify_tokens`` nodes."""
+    for width, dtype in _PACKED_DTYPES:
+        if num_verify_tokens <= width:
+            return dtype
+    raise ValueError(
+        f"QLEN_ONLY_BITPACKING packs at most {MAX_BITPACKED_NODES} nodes per row; "
+        f"got `num_verify_tokens`={num_verify_tokens} (use TreeMaskMode.QLEN_ONLY)"
+    )
 
 
 class BuiltTree(NamedTuple):
     """What :func:`build_tree` returns; unpacks in the order of SGLang's 6-tuple."""
 
-    tree_mask: torch.Tensor  # FULL_MASK: [seq_lens_sum*N + B*N*N] bool; QLEN_ONLY: [B*N*N] bool
+    # FULL_MASK: [seq_lens_sum*N + B*N*N] bool; QLEN_ONLY: [B*N*N] bool;
+    # QLEN_ONLY_BITPACKING: [B*N] uint8/uint16/uint32 (packed_mask_dtype)
+    tree_mask: torch.Tensor
     positions: torch.Tensor  # [B*N] int64
     retrive_index: torch.Tensor  # [B, N] int64
     retrive_next_token: torch.Tensor  # [B, N] int64, -1 = none
@@ -76,68 +114,114 @@ def tree_mask_numel(
 ) -> int:
     """Number of elements of ``tree_mask`` (for callers that preallocate ``tree_mask_buf``)."""
     window = batch_size * num_verify_tokens * num_verify_tokens
-    if TreeMaskMode(tree_mask_mode) == TreeMaskMode.FULL_MASK:
+    mode = TreeMaskMode(tree_mask_mode)
+    if mode == TreeMaskMode.FULL_MASK:
         return seq_lens_sum * num_verify_tokens + window
+    if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
+        return batch_size * num_verify_tokens
     return window
 
 
+def _mask_dtype(tree_mask_mode: TreeMaskMode, num_verify_tokens: int) -> torch.dtype:
+    if tree_mask_mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
+        return packed_mask_dtype(num_verify_tokens)
+    return torch.bool
+
+
+def pack_tree_mask(window: torch.Tensor) -> torch.Tensor:
+    """``[..., N, N]`` bool window -> ``[...*N]`` packed rows (bit ``j`` = column ``j``)."""
+    n = window.shape[-1]
+    bits = torch.arange(n, device=window.device)
+    packed = (window.reshape(-1, n).to(torch.int64) << bits).sum(-1)
+    return packed.to(packed_mask_dtype(n))
+
+
+def unpack_tree_mask(packed: torch.Tensor, num_verify_tokens: int) -> torch.Tensor:
+    """The inverse of :func:`pack_tree_mask`: ``[B*N]`` packed -> ``[B*N*N]`` bool."""
+    bits = torch.arange(num_verify_tokens, device=packed.device)
+    return ((packed.to(torch.int64)[:, None] >> bits) & 1).to(torch.bool).flatten()
+
+
 def build_tree(
-    verified_id: torch.Tensor,
-    parent_list: torch.Tensor,
-    top_scores_index: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    seq_lens: torch.Tensor,
-    seq_lens_sum: int,
-    topk: int,
-    spec_steps: int,
-    num_verify_tokens: int,
+    bonus_tokens: torch.Tensor | None = None,
+    parent_list: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    top_scores_index: torch.Tensor | None = None,
+    draft_tokens: torch.Tensor | None = None,
+    seq_lens: torch.Tensor | None = None,
+    seq_lens_sum: int = 0,
+    topk: int = 1,
+    spec_steps: int = 1,
+    num_verify_tokens: int = 1,
     tree_mask_mode: TreeMaskMode = TreeMaskMode.FULL_MASK,
     tree_mask_buf: torch.Tensor | None = None,
+    fill_prefix_mask: bool = True,
+    *,
     positions_buf: torch.Tensor | None = None,
     retrive_buf: torch.Tensor | None = None,
     backend: str = "auto",
+    verified_id: torch.Tensor | None = None,
 ) -> BuiltTree:
     """Tree mask, positions and retrive arrays for one verify forward.
 
+    Follows SGLang 0.5.23's ``build_tree_kernel_efficient`` signature (positional
+    arguments in its order; the defaults of the required ones only exist so that the
+    deprecated ``verified_id=`` keyword can stand in for ``bonus_tokens``).
+
     Args:
-        verified_id: ``[B]`` the token each request verified last round; it becomes node 0.
-        parent_list: ``[B, topk*(spec_steps-1)+1]`` int64, the flat candidate index of
-            every beam kept while drafting (SGLang's ``organize_draft_results``); width 0
-            is accepted when ``spec_steps == 1`` (nothing then has a non-root parent).
-        top_scores_index: ``[B, N-1]`` int64, the selected flat candidate indices, sorted.
+        bonus_tokens: ``[B]`` the token each request emitted last round (its bonus
+            token); it becomes node 0.
+        parent_list: ``[B, topk*(spec_steps-1)+1]`` int64/int32, the flat candidate index
+            of every beam kept while drafting, or the list of per-step ``[B, w]`` parent
+            tensors that concatenate (dim 1) to it (SGLang's ``organize_draft_results``);
+            width 0 (or an empty list) is accepted when ``spec_steps == 1``.
+        top_scores_index: ``[B, N-1]`` int64/int32, the selected flat candidate indices,
+            sorted.
         draft_tokens: ``[B, N-1]`` the token ids of the selected candidates.
-        seq_lens: ``[B]`` int, tokens already in each request's KV cache (the root's
-            position).
+        seq_lens: ``[B]`` int64/int32, tokens already in each request's KV cache (the
+            root's position).
         seq_lens_sum: ``sum(seq_lens)`` as a Python int, so the FULL_MASK output can be
-            allocated without reading the device (ignored for QLEN_ONLY).
+            allocated without reading the device (ignored by the other modes).
         topk: candidates kept per beam per drafting level.
         spec_steps: drafting depth (the deepest node has depth ``spec_steps``).
         num_verify_tokens: N, tree nodes per request including the root.
-        tree_mask_mode: ``FULL_MASK`` (prefix + window rows) or ``QLEN_ONLY`` (window).
-        tree_mask_buf: optional preallocated bool output of :func:`tree_mask_numel`
-            elements (CUDA-graph replay); every element is rewritten.
+        tree_mask_mode: ``FULL_MASK`` (prefix + window rows), ``QLEN_ONLY`` (window) or
+            ``QLEN_ONLY_BITPACKING`` (window rows packed into bits).
+        tree_mask_buf: optional preallocated output of :func:`tree_mask_numel` elements
+            (bool, or :func:`packed_mask_dtype` when bit-packed) for CUDA-graph replay;
+            every element is rewritten (but see ``fill_prefix_mask``).
+        fill_prefix_mask: FULL_MASK only: ``False`` leaves the prefix columns unwritten.
         positions_buf: optional preallocated ``[B*N]`` int64 output for ``positions``.
         retrive_buf: optional preallocated ``[3, B, N]`` int64 output holding
             ``retrive_index``, ``retrive_next_token``, ``retrive_next_sibling``.
         backend: ``"auto"``, ``"torch"`` or ``"triton"`` (see ``relayc.kernels._backend``).
+        verified_id: deprecated name of ``bonus_tokens`` (SGLang before 0.5.23).
 
     No output shape depends on tensor values and nothing is read back to the host.
     """
+    bonus_tokens = _bonus_tokens(bonus_tokens, verified_id)
+    parent_list = _required(parent_list, "parent_list")
+    top_scores_index = _required(top_scores_index, "top_scores_index")
+    draft_tokens = _required(draft_tokens, "draft_tokens")
+    seq_lens = _required(seq_lens, "seq_lens")
     tree_mask_mode = TreeMaskMode(tree_mask_mode)
     n = num_verify_tokens
     batch_size = seq_lens.shape[0]
-    _check_inputs(
-        verified_id, parent_list, top_scores_index, draft_tokens, seq_lens, topk, spec_steps, n
-    )
     device = seq_lens.device
+    parent_list = _parent_tensor(parent_list, batch_size, device)
+    _check_inputs(
+        bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens, topk, spec_steps, n
+    )
+    mask_dtype = _mask_dtype(tree_mask_mode, n)
+    parent_list = parent_list.to(torch.int64)
+    top_scores_index = top_scores_index.to(torch.int64)
     buffers = (tree_mask_buf, positions_buf, retrive_buf)
     if (
-        tree_mask_mode == TreeMaskMode.QLEN_ONLY
+        tree_mask_mode != TreeMaskMode.FULL_MASK
         and all(buf is None for buf in buffers)
         and host_loops(backend, device, batch_size)
     ):
         return build_tree_reference(
-            verified_id,
+            bonus_tokens,
             parent_list,
             top_scores_index,
             draft_tokens,
@@ -149,7 +233,7 @@ def build_tree(
             tree_mask_mode,
         )
     mask_numel = tree_mask_numel(batch_size, seq_lens_sum, n, tree_mask_mode)
-    tree_mask = _output(tree_mask_buf, "tree_mask_buf", (mask_numel,), torch.bool, device)
+    tree_mask = _output(tree_mask_buf, "tree_mask_buf", (mask_numel,), mask_dtype, device)
     positions = _output(positions_buf, "positions_buf", (batch_size * n,), torch.int64, device)
     retrive = _output(retrive_buf, "retrive_buf", (3, batch_size, n), torch.int64, device)
     retrive_index, retrive_next_token, retrive_next_sibling = retrive.unbind(0)
@@ -157,6 +241,12 @@ def build_tree(
         # spec_steps == 1: no index is ever read, but kernels need a valid address.
         parent_list = torch.full((batch_size, 1), -1, dtype=torch.int64, device=device)
     seq_lens = seq_lens.to(torch.int64)
+    # The kernels write bool windows; a packed mask is built from one (a [B*N*N] scratch).
+    packed = tree_mask_mode == TreeMaskMode.QLEN_ONLY_BITPACKING
+    kernel_mode = TreeMaskMode.QLEN_ONLY if packed else tree_mask_mode
+    kernel_mask = (
+        torch.empty(batch_size * n * n, dtype=torch.bool, device=device) if packed else tree_mask
+    )
 
     if batch_size > 0:
         impl = (
@@ -168,7 +258,7 @@ def build_tree(
             parent_list,
             top_scores_index,
             seq_lens,
-            tree_mask,
+            kernel_mask,
             positions,
             retrive_index,
             retrive_next_token,
@@ -176,12 +266,60 @@ def build_tree(
             topk,
             spec_steps,
             n,
-            tree_mask_mode,
+            kernel_mode,
+            fill_prefix_mask,
         )
-    tokens = torch.cat((verified_id.unsqueeze(1), draft_tokens), dim=1).flatten()
+    if packed:
+        tree_mask.copy_(pack_tree_mask(kernel_mask.view(batch_size, n, n)))
+    tokens = torch.cat((bonus_tokens.unsqueeze(1), draft_tokens), dim=1).flatten()
     return BuiltTree(
         tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling, tokens
     )
+
+
+def _required(value: _T | None, name: str) -> _T:
+    if value is None:
+        raise TypeError(f"build_tree() missing required argument `{name}`")
+    return value
+
+
+def _bonus_tokens(
+    bonus_tokens: torch.Tensor | None, verified_id: torch.Tensor | None
+) -> torch.Tensor:
+    if verified_id is not None:
+        if bonus_tokens is not None:
+            raise TypeError(
+                "build_tree() got both `bonus_tokens` and its deprecated alias `verified_id`; "
+                "pass only `bonus_tokens`"
+            )
+        warnings.warn(
+            "build_tree(verified_id=...) is deprecated: SGLang 0.5.23 renamed it "
+            "`bonus_tokens`; pass bonus_tokens=... (or positionally)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return verified_id
+    if bonus_tokens is None:
+        raise TypeError("build_tree() missing required argument `bonus_tokens`")
+    return bonus_tokens
+
+
+def _parent_tensor(
+    parent_list: torch.Tensor | Sequence[torch.Tensor], batch_size: int, device: torch.device
+) -> torch.Tensor:
+    """SGLang 0.5.23 types ``parent_list`` as a list of per-step tensors; one tensor (their
+    concatenation, what ``organize_draft_results`` returns) is accepted too."""
+    if isinstance(parent_list, torch.Tensor):
+        return parent_list
+    parts = list(parent_list)
+    if not all(isinstance(part, torch.Tensor) for part in parts):
+        raise TypeError(
+            "`parent_list` must be a tensor or a list of tensors; got "
+            f"{[type(part).__name__ for part in parts]}"
+        )
+    if not parts:
+        return torch.empty(batch_size, 0, dtype=torch.int64, device=device)
+    return torch.cat(parts, dim=1)
 
 
 def _output(
@@ -202,7 +340,7 @@ def _output(
 
 
 def _check_inputs(
-    verified_id: torch.Tensor,
+    bonus_tokens: torch.Tensor,
     parent_list: torch.Tensor,
     top_scores_index: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -224,7 +362,7 @@ def _check_inputs(
         )
     parent_width = topk * (spec_steps - 1) + 1
     expected = {
-        "verified_id": (verified_id, (batch_size,)),
+        "bonus_tokens": (bonus_tokens, (batch_size,)),
         "top_scores_index": (top_scores_index, (batch_size, n - 1)),
         "draft_tokens": (draft_tokens, (batch_size, n - 1)),
     }
@@ -244,9 +382,15 @@ def _check_inputs(
             f"`parent_list` must have shape [{batch_size}, {parent_width}] "
             f"(topk*(spec_steps-1)+1); got {list(parent_list.shape)}"
         )
-    for name, tensor in (("parent_list", parent_list), ("top_scores_index", top_scores_index)):
-        if tensor.dtype != torch.int64:
-            raise ValueError(f"`{name}` must be int64; got {tensor.dtype}")
+    for name, tensor in (
+        ("parent_list", parent_list),
+        ("top_scores_index", top_scores_index),
+        ("seq_lens", seq_lens),
+    ):
+        if tensor.dtype not in (torch.int64, torch.int32):
+            raise TypeError(
+                f"`{name}` must be int64 or int32; got {tensor.dtype} (convert with .long())"
+            )
 
 
 def _build_tree_torch(
@@ -262,6 +406,7 @@ def _build_tree_torch(
     spec_steps: int,
     n: int,
     tree_mask_mode: TreeMaskMode,
+    fill_prefix_mask: bool,
 ) -> None:
     batch_size = seq_lens.shape[0]
     device = seq_lens.device
@@ -317,7 +462,11 @@ def _build_tree_torch(
     row = local // row_len[req]
     col = local % row_len[req] - seq_lens[req]
     in_window = on_path[req, row, col.clamp(min=0)]
-    tree_mask.copy_((col < 0) | in_window)
+    if fill_prefix_mask:
+        tree_mask.copy_((col < 0) | in_window)
+    else:
+        # Prefix elements keep what the buffer held: they write their own old value.
+        tree_mask.copy_(torch.where(col < 0, tree_mask, in_window))
 
 
 def _build_tree_triton(
@@ -333,6 +482,7 @@ def _build_tree_triton(
     spec_steps: int,
     n: int,
     tree_mask_mode: TreeMaskMode,
+    fill_prefix_mask: bool,
 ) -> None:
     batch_size = seq_lens.shape[0]
     full = tree_mask_mode == TreeMaskMode.FULL_MASK
@@ -358,6 +508,7 @@ def _build_tree_triton(
         spec_steps,
         n,
         FULL_MASK=full,
+        FILL_PREFIX=bool(fill_prefix_mask),
         BLOCK_N=max(next_power_of_2(n), 2),
         BLOCK_PREFIX=64,
     )
@@ -380,6 +531,7 @@ def _build_tree_kernel(
     spec_steps,
     n,
     FULL_MASK: tl.constexpr,
+    FILL_PREFIX: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_PREFIX: tl.constexpr,
 ):
@@ -438,13 +590,14 @@ def _build_tree_kernel(
     if FULL_MASK:
         row_start = tl.load(block_start_ptr + b) + (seq_len + n) * nodes
         prefix_cols = tl.arange(0, BLOCK_PREFIX).to(tl.int64)
-        for c in range(0, seq_len, BLOCK_PREFIX):
-            cols = c + prefix_cols
-            tl.store(
-                tree_mask_ptr + row_start[:, None] + cols[None, :],
-                (cols[None, :] >= 0) & in_tree[:, None],
-                mask=in_tree[:, None] & (cols[None, :] < seq_len),
-            )
+        if FILL_PREFIX:
+            for c in range(0, seq_len, BLOCK_PREFIX):
+                cols = c + prefix_cols
+                tl.store(
+                    tree_mask_ptr + row_start[:, None] + cols[None, :],
+                    (cols[None, :] >= 0) & in_tree[:, None],
+                    mask=in_tree[:, None] & (cols[None, :] < seq_len),
+                )
         window_start = row_start + seq_len
     else:
         window_start = b * n * n + n * nodes
@@ -452,7 +605,7 @@ def _build_tree_kernel(
 
 
 def build_tree_reference(
-    verified_id: torch.Tensor,
+    bonus_tokens: torch.Tensor,
     parent_list: torch.Tensor,
     top_scores_index: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -464,10 +617,13 @@ def build_tree_reference(
     tree_mask_mode: TreeMaskMode = TreeMaskMode.FULL_MASK,
 ) -> BuiltTree:
     """Plain loops in the order SGLang's CUDA kernel runs them; the spec the kernels are tested
-    against, and ``backend="auto"``'s path for small QLEN_ONLY batches on the CPU (see
-    ``relayc.kernels._backend``)."""
+    against, and ``backend="auto"``'s path for small QLEN_ONLY(_BITPACKING) batches on the
+    CPU (see ``relayc.kernels._backend``). Always fills the prefix (``fill_prefix_mask``)."""
     n = num_verify_tokens
     batch_size = seq_lens.shape[0]
+    packed = TreeMaskMode(tree_mask_mode) == TreeMaskMode.QLEN_ONLY_BITPACKING
+    if packed:
+        tree_mask_mode = TreeMaskMode.QLEN_ONLY
     parents = parent_list.tolist()
     selected = top_scores_index.tolist()
     lens = seq_lens.tolist()
@@ -526,11 +682,12 @@ def build_tree_reference(
         block_start += n * (seq_len + n)
 
     device = seq_lens.device
+    mask = torch.tensor(tree_mask, dtype=torch.bool, device=device)
     return BuiltTree(
-        torch.tensor(tree_mask, dtype=torch.bool, device=device),
+        pack_tree_mask(mask.view(batch_size, n, n)) if packed else mask,
         torch.tensor(positions, dtype=torch.int64, device=device),
         torch.tensor(retrive_index, dtype=torch.int64, device=device).view(batch_size, n),
         torch.tensor(next_token, dtype=torch.int64, device=device).view(batch_size, n),
         torch.tensor(next_sibling, dtype=torch.int64, device=device).view(batch_size, n),
-        torch.cat((verified_id.unsqueeze(1), draft_tokens), dim=1).flatten(),
+        torch.cat((bonus_tokens.unsqueeze(1), draft_tokens), dim=1).flatten(),
     )

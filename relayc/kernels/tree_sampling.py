@@ -1,14 +1,21 @@
 """Tree speculative sampling, target-only acceptance: SGLang's rule with real sampling.
 
-Drop-in for ``sgl_kernel.tree_speculative_sampling_target_only`` (same
-arguments, order, dtypes and in-place outputs; tree layout in ``_tree_layout``).
+Drop-in for SGLang 0.5.23's ``tree_speculative_sampling_target_only``
+(``sglang/kernels/ops/speculative/sampling.py``, kernel in
+``sgl_kernel/speculative/sampling.cuh``): same arguments, order, dtypes and
+in-place outputs; tree layout in ``_tree_layout``. Target probabilities are read
+through ``_inverse_cdf``'s degenerate-input policy (NaN, inf and negative entries
+count as 0), and so are draft probabilities in the final draw.
 Per request, starting at the root with ``coin = uniform_samples[b, 0]``:
 
 - walk the current node's children in sibling order, adding each child's target
   probability ``p = target_probs[b, node, token]`` to ``prob_acc``; accept the
-  first child with ``p > 0`` and ``coin <= prob_acc / threshold_acc`` or
-  ``p >= threshold_single``. With both thresholds 1 this draws a token from the
-  target distribution by inverse CDF over the children, and with ``draft_probs``
+  first child with ``p > 0`` and ``coin < prob_acc / threshold_acc`` (strict: a
+  coin exactly on the boundary belongs to the next sibling, SGLang PR #35798) or
+  ``p >= threshold_single``. A child with zero target probability is never
+  accepted (SGLang's ``has_target_mass`` test, the same PR; sglang issue 35771).
+  With both thresholds 1 this draws a token from the target distribution by
+  inverse CDF over the children, and with ``draft_probs``
   zero (SGLang's target-only call) the whole step is lossless; smaller
   thresholds trade exactness for acceptance, as in SGLang. A non-zero
   ``draft_probs`` is subtracted in the final draw exactly as SGLang does, which
@@ -30,13 +37,12 @@ drafts.
 
 Differences from SGLang's CUDA kernel, all deliberate:
 
-- a child with zero target probability is never accepted (SGLang accepts one when
-  ``coin`` is exactly 0 or ``threshold_single <= 0``: sglang issue 35771);
 - ``draft_probs`` is read only. SGLang writes the target probability of each
   rejected child into it as scratch so that its residual excludes them; here the
   rejected children are masked instead, which gives the same residual without a
   side effect on a buffer the caller may reuse (e.g. a CUDA-graph static input);
 - an all-zero residual falls back to the target row instead of token ``V - 1``;
+- NaN, inf and negative probabilities count as 0 (SGLang reads them as they are);
 - ``deterministic`` is accepted for compatibility and ignored: every path here
   is deterministic.
 """
@@ -47,9 +53,14 @@ import torch
 
 from relayc.kernels._backend import resolve_backend
 from relayc.kernels._inverse_cdf import (
+    draft_mass_reference,
+    draft_mass_torch,
     sample_residual_reference,
     sample_residual_torch,
     sample_residual_triton,
+    target_mass_reference,
+    target_mass_torch,
+    target_mass_triton,
 )
 from relayc.kernels._tree_layout import check_tree_args, expect_tensor
 from relayc.kernels._triton import jit, next_power_of_2, tl
@@ -90,13 +101,13 @@ def tree_speculative_sampling_target_only_reference(
         rejected_here: list[int] = []  # tokens of the children of `node` tried and rejected
         coin = coins[0]
         while len(emitted) < max_accept:
-            probs = target_probs[b, node].tolist()
+            probs = [target_mass_reference(x) for x in target_probs[b, node].tolist()]
             prob_acc = 0.0
             child = first_child[node]
             while child != -1:
                 p = probs[tokens[child]]
                 prob_acc += p
-                if p > 0 and (coin <= prob_acc / threshold_acc or p >= threshold_single):
+                if p > 0 and (coin < prob_acc / threshold_acc or p >= threshold_single):
                     break
                 rejected_here.append(tokens[child])
                 child = next_sibling[child]
@@ -108,9 +119,9 @@ def tree_speculative_sampling_target_only_reference(
             coin = coins[child]
             rejected_here = []
 
-        target = target_probs[b, node].tolist()
+        target = [target_mass_reference(x) for x in target_probs[b, node].tolist()]
         if len(emitted) < max_accept:
-            draft = draft_probs[b, node].tolist()
+            draft = [draft_mass_reference(x) for x in draft_probs[b, node].tolist()]
             residual = [max(t - d, 0.0) for t, d in zip(target, draft, strict=True)]
             for token in rejected_here:
                 residual[token] = 0.0
@@ -148,7 +159,7 @@ def _tree_sampling_torch(
     rows = torch.arange(batch, device=device)
     slots = torch.arange(num_spec_step, device=device)
     node_ids = torch.arange(num_draft, device=device)
-    target_rows = target_probs.reshape(batch * num_draft, vocab)
+    target_rows = target_mass_torch(target_probs.reshape(batch * num_draft, vocab))
 
     path = torch.full((batch, num_spec_step), -1, dtype=torch.int64, device=device)
     path[:, 0] = retrive_index[:, 0]
@@ -168,7 +179,7 @@ def _tree_sampling_torch(
         token = candidates[rows, node]
         p = target_rows[rows * num_draft + last, token]
         prob_acc = torch.where(active, prob_acc + p, prob_acc)
-        accept = active & (p > 0) & ((coin <= prob_acc / threshold_acc) | (p >= threshold_single))
+        accept = active & (p > 0) & ((coin < prob_acc / threshold_acc) | (p >= threshold_single))
         emitted = torch.where(
             accept[:, None] & (slots == num_accepted[:, None]), token[:, None], emitted
         )
@@ -191,7 +202,7 @@ def _tree_sampling_torch(
 
     last_rows = rows * num_draft + last
     target = target_rows[last_rows]
-    draft = draft_probs.reshape(batch * num_draft, vocab)[last_rows]  # a copy: safe to edit
+    draft = draft_mass_torch(draft_probs.reshape(batch * num_draft, vocab)[last_rows])
     draft.masked_fill_((num_accepted == num_spec_step - 1)[:, None], 0.0)
     residual = (target - draft).clamp_(min=0)
     # Multiply rejected tokens by 0 and everything else by 1 (non-rejected nodes all
@@ -260,9 +271,9 @@ def _tree_sampling_kernel(
         active = cur >= 0
         node = tl.where(active, cur, 0)
         token = tl.load(candidates_ptr + row + node)
-        p = tl.load(target_probs_ptr + (row + last) * vocab + token)
+        p = target_mass_triton(tl.load(target_probs_ptr + (row + last) * vocab + token))
         prob_acc = tl.where(active, prob_acc + p, prob_acc)
-        accept = active & (p > 0) & ((coin <= prob_acc / threshold_acc) | (p >= threshold_single))
+        accept = active & (p > 0) & ((coin < prob_acc / threshold_acc) | (p >= threshold_single))
         emitted = tl.where(accept & (slots == num_accepted), token, emitted)
         num_accepted += accept.to(tl.int32)
         path = tl.where(
@@ -286,6 +297,7 @@ def _tree_sampling_kernel(
         target_probs_ptr + (row + last) * vocab,
         draft_probs_ptr + (row + last) * vocab,
         num_accepted < num_spec_step - 1,
+        1.0,
         rejected_tokens,
         rejected,
         vocab,

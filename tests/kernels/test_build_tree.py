@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from relayc.kernels._backend import triton_available
-from relayc.kernels.build_tree import BuiltTree, TreeMaskMode, build_tree, build_tree_reference
+from relayc.kernels.build_tree import (
+    MAX_BITPACKED_NODES,
+    BuiltTree,
+    TreeMaskMode,
+    build_tree,
+    build_tree_reference,
+    unpack_tree_mask,
+)
 from tests.kernels.tree_utils import DraftResult, check_describes_tree, draft_eagle_tree
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
@@ -50,6 +57,19 @@ def _inputs(draft: DraftResult) -> tuple:
     )
 
 
+def _poison(mask: torch.Tensor) -> torch.Tensor:
+    """A mask that differs from ``mask`` in every element (packed rows: bit 0, the root's
+    column, is always set, so flipping it changes every row)."""
+    if mask.dtype == torch.bool:
+        return ~mask
+    return (mask.to(torch.int64) ^ 1).to(mask.dtype)
+
+
+def _skip_unpackable(case: tuple[int, int, int, int], mode: TreeMaskMode) -> None:
+    if mode == TreeMaskMode.QLEN_ONLY_BITPACKING and case[3] > MAX_BITPACKED_NODES:
+        pytest.skip(f"bit-packing holds at most {MAX_BITPACKED_NODES} nodes per row")
+
+
 def _run(draft: DraftResult, mode: TreeMaskMode, backend: str, poison_from: BuiltTree) -> BuiltTree:
     # Every output buffer starts as a value that differs from the expected one in every
     # element, so an element the implementation leaves unwritten fails the comparison.
@@ -57,7 +77,7 @@ def _run(draft: DraftResult, mode: TreeMaskMode, backend: str, poison_from: Buil
     return build_tree(
         *_inputs(draft),
         mode,
-        tree_mask_buf=~poison_from.tree_mask,
+        tree_mask_buf=_poison(poison_from.tree_mask),
         positions_buf=poison_from.positions + 7919,
         retrive_buf=retrive,
         backend=backend,
@@ -79,13 +99,20 @@ def _assert_same(got: BuiltTree, want: BuiltTree) -> None:
 def test_reference_describes_the_drafted_tree(
     case: tuple[int, int, int, int], mode: TreeMaskMode
 ) -> None:
+    _skip_unpackable(case, mode)
     draft = _draft(case, seed=hash(case) % 1000)
-    check_describes_tree(draft, _reference(draft, mode), mode == TreeMaskMode.FULL_MASK)
+    built = _reference(draft, mode)
+    if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
+        window = unpack_tree_mask(built.tree_mask, draft.num_verify_tokens)
+        assert torch.equal(window, _reference(draft, TreeMaskMode.QLEN_ONLY).tree_mask)
+        built = built._replace(tree_mask=window)
+    check_describes_tree(draft, built, mode == TreeMaskMode.FULL_MASK)
 
 
 @pytest.mark.parametrize("mode", list(TreeMaskMode))
 @pytest.mark.parametrize("case", SMALL_CASES + LARGE_CASES, ids=str)
 def test_torch_matches_reference(case: tuple[int, int, int, int], mode: TreeMaskMode) -> None:
+    _skip_unpackable(case, mode)
     for seed in range(3):
         draft = _draft(case, seed)
         want = _reference(draft, mode)
@@ -96,6 +123,7 @@ def test_torch_matches_reference(case: tuple[int, int, int, int], mode: TreeMask
 @pytest.mark.parametrize("mode", list(TreeMaskMode))
 @pytest.mark.parametrize("case", SMALL_CASES, ids=str)
 def test_triton_matches_reference(case: tuple[int, int, int, int], mode: TreeMaskMode) -> None:
+    _skip_unpackable(case, mode)
     draft = _draft(case, seed=17)
     want = _reference(draft, mode)
     _assert_same(_run(draft, mode, "triton", want), want)
@@ -138,7 +166,6 @@ def test_int32_seq_lens_give_int64_positions() -> None:
         ),
         ("draft_tokens", lambda d: d.draft_tokens[:1], "`draft_tokens` must have shape"),
         ("parent_list", lambda d: d.parent_list[:, :-1], "`parent_list` must have shape"),
-        ("parent_list", lambda d: d.parent_list.int(), "`parent_list` must be int64"),
         ("num_verify_tokens", lambda d: 99, "exceeds the 15 nodes"),
     ],
 )
@@ -148,6 +175,14 @@ def test_bad_inputs_name_the_argument(
     draft = _draft((3, 2, 4, 9), seed=1)
     broken = DraftResult(**{**draft.__dict__, field: bad(draft)})
     with pytest.raises(ValueError, match=message):
+        _reference_free_build(broken)
+
+
+@pytest.mark.parametrize("field", ["parent_list", "top_scores_index", "seq_lens"])
+def test_float_index_tensors_are_rejected_naming_the_dtype(field: str) -> None:
+    draft = _draft((3, 2, 4, 9), seed=1)
+    broken = DraftResult(**{**draft.__dict__, field: getattr(draft, field).float()})
+    with pytest.raises(TypeError, match=f"`{field}` must be int64 or int32; got torch.float32"):
         _reference_free_build(broken)
 
 
@@ -173,6 +208,8 @@ def test_auto_without_buffers_matches_reference(case: tuple[int, int, int, int])
     draft = _draft(case, seed=23)
     args = _inputs(draft)
     for mode in TreeMaskMode:
+        if mode == TreeMaskMode.QLEN_ONLY_BITPACKING and case[3] > MAX_BITPACKED_NODES:
+            continue  # checked in test_bitpacking_rejects_more_than_32_nodes
         want = _reference(draft, mode)
         _assert_same(build_tree(*args, mode, backend="auto"), want)
         with graph_safe_paths():
