@@ -67,7 +67,7 @@ from relayc.kernels._inverse_cdf import (
     target_mass_torch,
     target_mass_triton,
 )
-from relayc.kernels._tree_layout import expect_tensor
+from relayc.kernels._tree_layout import TREE_INDEX_DTYPES, expect_tensor, widen
 from relayc.kernels._triton import jit, next_power_of_2, tl
 
 
@@ -341,7 +341,7 @@ def chain_speculative_sampling(
 
     - predicts ``[B * (S + 1)]``, accept_index ``[B, S + 1]``, accept_token_num
       ``[B]``, all int32 (outputs);
-    - draft_token_ids ``[B, S]`` int64;
+    - draft_token_ids ``[B, S]`` int64 (int32 accepted);
     - uniform_samples ``[B, S]`` and uniform_samples_for_final_sampling ``[B]``
       float32 in [0, 1) (``relayc.kernels.rng`` makes them from a seed);
     - target_probs ``[B, S + 1, V]``, draft_probs ``[B, S, V]`` float32.
@@ -358,7 +358,8 @@ def chain_speculative_sampling(
     expect_tensor(predicts, "predicts", (batch * nodes,), torch.int32)
     expect_tensor(accept_index, "accept_index", (batch, nodes), torch.int32)
     expect_tensor(accept_token_num, "accept_token_num", (batch,), torch.int32)
-    expect_tensor(draft_token_ids, "draft_token_ids", (batch, num_drafts), torch.int64)
+    expect_tensor(draft_token_ids, "draft_token_ids", (batch, num_drafts), TREE_INDEX_DTYPES)
+    (draft_token_ids,) = widen(draft_token_ids)
     expect_tensor(uniform_samples, "uniform_samples", (batch, num_drafts), torch.float32)
     expect_tensor(
         uniform_samples_for_final_sampling,

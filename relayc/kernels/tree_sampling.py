@@ -62,7 +62,7 @@ from relayc.kernels._inverse_cdf import (
     target_mass_torch,
     target_mass_triton,
 )
-from relayc.kernels._tree_layout import check_tree_args, expect_tensor
+from relayc.kernels._tree_layout import check_tree_args, expect_tensor, widen
 from relayc.kernels._triton import jit, next_power_of_2, tl
 
 # SGLang clamps threshold_acc the same way so that 0 does not divide by zero.
@@ -338,7 +338,10 @@ def tree_speculative_sampling_target_only(
 ) -> None:
     """Tree speculative sampling in place; see the module docstring for the contract.
 
-    Shapes: tree tensors ``[B, N]`` int64; uniform_samples ``[B, N]`` and
+    Signature of SGLang 0.5.23's ``tree_speculative_sampling_target_only``
+    (``sglang/kernels/ops/speculative/sampling.py``) plus ``backend``.
+
+    Shapes: tree tensors ``[B, N]`` int64 (int32 accepted); uniform_samples ``[B, N]`` and
     uniform_samples_for_final_sampling ``[B]`` float32 in [0, 1); target_probs and
     draft_probs ``[B, N, V]`` float32 (``target_probs[b, i]`` is the target's
     distribution after node ``i``); predicts ``[B * N]``, accept_index
@@ -355,6 +358,9 @@ def tree_speculative_sampling_target_only(
         retrive_next_sibling,
     )
     batch, num_draft = shape.batch, shape.num_draft_tokens
+    candidates, retrive_index, retrive_next_token, retrive_next_sibling = widen(
+        candidates, retrive_index, retrive_next_token, retrive_next_sibling
+    )
     if target_probs.dim() != 3:
         raise ValueError(f"`target_probs` must be [B, N, V]; got {list(target_probs.shape)}")
     vocab = target_probs.shape[2]

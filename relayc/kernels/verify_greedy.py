@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from relayc.kernels._backend import host_loops, resolve_backend
-from relayc.kernels._tree_layout import check_tree_args, expect_tensor
+from relayc.kernels._tree_layout import TREE_INDEX_DTYPES, check_tree_args, expect_tensor, widen
 from relayc.kernels._triton import jit, next_power_of_2, tl
 
 
@@ -201,8 +201,11 @@ def verify_tree_greedy(
 ) -> None:
     """Greedy tree verification in place; see the module docstring for the contract.
 
-    Shapes: candidates / retrive_* / target_predict ``[B, N]`` int64; predicts
-    ``[B * N]``, accept_index ``[B, S + 1]``, accept_token_num ``[B]`` int32.
+    Signature of SGLang 0.5.23's ``verify_tree_greedy``
+    (``sglang/kernels/ops/speculative/tree.py``).
+
+    Shapes: candidates / retrive_* / target_predict ``[B, N]`` int64 (int32 accepted);
+    predicts ``[B * N]``, accept_index ``[B, S + 1]``, accept_token_num ``[B]`` int32.
     """
     shape = check_tree_args(
         predicts,
@@ -214,7 +217,13 @@ def verify_tree_greedy(
         retrive_next_sibling,
     )
     expect_tensor(
-        target_predict, "target_predict", (shape.batch, shape.num_draft_tokens), torch.int64
+        target_predict,
+        "target_predict",
+        (shape.batch, shape.num_draft_tokens),
+        TREE_INDEX_DTYPES,
+    )
+    candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict = widen(
+        candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict
     )
     args = (
         predicts,
