@@ -12,6 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from relayc.kernels.build_tree import _build_tree_kernel
 from relayc.kernels.chain_sampling import _chain_sampling_kernel
 from relayc.kernels.tree_sampling import _tree_sampling_kernel
 from relayc.kernels.verify_greedy import _verify_tree_greedy_kernel
@@ -56,12 +57,46 @@ KERNELS = [
         },
         {"BLOCK_S": 8, "BLOCK_N": 64, "BLOCK_V": 128},
     ),
-    (
-        _chain_sampling_kernel,
-        {**OUTPUTS, "draft_token_ids_ptr": "*i64", **FLOATS, "num_drafts": "i32", "vocab": "i32"},
-        {"BLOCK_S": 8, "BLOCK_V": 1024},
+    *(
+        (
+            _chain_sampling_kernel,
+            {
+                **OUTPUTS,
+                "draft_token_ids_ptr": "*i64",
+                **FLOATS,
+                "num_drafts": "i32",
+                "vocab": "i32",
+            },
+            {"BLOCK_S": 8, "BLOCK_V": 1024, "BLOCK_VERIFICATION": block},
+        )
+        for block in (False, True)
+    ),
+    *(
+        (
+            _build_tree_kernel,
+            {
+                "parent_list_ptr": "*i64",
+                "parent_stride": "i64",
+                "sel_ptr": "*i64",
+                "sel_stride": "i64",
+                "seq_lens_ptr": "*i64",
+                "block_start_ptr": "*i64",
+                "tree_mask_ptr": "*i1",
+                "positions_ptr": "*i64",
+                "retrive_index_ptr": "*i64",
+                "next_token_ptr": "*i64",
+                "next_sibling_ptr": "*i64",
+                "topk": "i32",
+                "spec_steps": "i32",
+                "n": "i32",
+            },
+            {"FULL_MASK": full, "FILL_PREFIX": fill, "BLOCK_N": 8, "BLOCK_PREFIX": 64},
+        )
+        for full, fill in ((True, True), (True, False), (False, True))
     ),
 ]
+# The number of kernel builds main() prints, for the test to check.
+NUM_KERNELS = 7
 
 
 # Triton turns an integer argument equal to 1 into a compile-time constant, which
@@ -82,7 +117,8 @@ def main() -> None:
         compile_sm90(
             kernel, {k: v for k, v in signature.items() if k not in ones}, {**constexprs, **ones}
         )
-        print(f"{kernel.__name__}: {size} bytes of sm_90 cubin")
+        modes = ", ".join(f"{k}={v}" for k, v in constexprs.items() if isinstance(v, bool))
+        print(f"{kernel.__name__}({modes}): {size} bytes of sm_90 cubin")
 
 
 if __name__ == "__main__":
