@@ -2,17 +2,88 @@
 
     python bench/e2e.py [--model DIR|random] [--prompts 16] [--max-new-tokens 64]
                         [--batch-sizes 1,8] [--repeats 3] [--no-overlap]
+                        [--block-verification [--temperature 1.0]]
 
 Greedy decoding of the shipped models' held-out prompts (a fixed prompt set for another
 model) on the same target; the last column says whether the
 outputs equal greedy `none` exactly (they must: speculation is lossless).
+
+``--block-verification`` instead compares, on sampled decoding (greedy rows never use
+it), the chain-drafting algorithm (`standalone`) verified token by token and by block
+verification (Sun et al. 2024): mean accept length and tokens/s of each, one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Sequence
 
-from relayc.tools.demo import demo_prompts, measure, table
+from relayc.specs.explain import table as render
+from relayc.tools.demo import ALGORITHMS, demo_prompts, measure, table
+
+CHAIN = dict(ALGORITHMS)["standalone"]
+
+
+def compare_block_verification(
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    *,
+    model: str | None,
+    overlap: bool,
+    batch_size: int,
+    repeats: int,
+    temperature: float,
+) -> str:
+    """Token-wise vs block verification of `standalone`, same prompts, seeds and engine
+    settings; runs alternate so a slow spell of the machine hits both."""
+    import torch
+
+    from relayc.engine import Engine, SamplingParams
+
+    torch.set_num_threads(1)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    modes = [False, True]
+    engines = [
+        Engine(model, algorithm="standalone", overlap=overlap, block_verification=m, **CHAIN)
+        for m in modes
+    ]
+    group = batch_size or len(prompts)
+    elapsed = [float("inf")] * len(modes)
+    accepts: list[list[int]] = [[] for _ in modes]
+    tokens = [0] * len(modes)
+    try:
+        for engine in engines:
+            engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
+        for _ in range(max(repeats, 1)):
+            for i, engine in enumerate(engines):
+                start = time.perf_counter()
+                outs = [
+                    out
+                    for g in range(0, len(prompts), group)
+                    for out in engine.generate(prompts[g : g + group], params)
+                ]
+                elapsed[i] = min(elapsed[i], time.perf_counter() - start)
+                # Sampled with the same seeds every run: the same tokens each time.
+                accepts[i] = [a for o in outs for a in o.accept_lengths]
+                tokens[i] = sum(len(o.token_ids) for o in outs)
+    finally:
+        for engine in engines:
+            engine.close()
+    mean = [sum(a) / len(a) for a in accepts]
+    tps = [t / e for t, e in zip(tokens, elapsed, strict=True)]
+    rows = [
+        [
+            f"standalone, {'block' if m else 'token-wise'}",
+            f"{mean[i]:.3f}",
+            f"{mean[i] / mean[0]:.3f}x",
+            f"{tps[i]:.1f}",
+            f"{tps[i] / tps[0]:.2f}x",
+        ]
+        for i, m in enumerate(modes)
+    ]
+    header = ["verification", "mean accept length", "vs token-wise", "tokens/s", "vs token-wise"]
+    return render(header, rows)
 
 
 def main() -> None:
@@ -29,8 +100,36 @@ def main() -> None:
         default="1,8",
         help="concurrent requests, one table each (default 1,8; 0 = every prompt at once)",
     )
+    parser.add_argument(
+        "--block-verification",
+        action="store_true",
+        help="compare token-wise and block verification of `standalone` (sampled decoding)",
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="for --block-verification (> 0)"
+    )
     args = parser.parse_args()
     prompts = demo_prompts(args.model)[: args.prompts]
+    if args.block_verification:
+        if not args.temperature > 0:
+            parser.error("--block-verification needs --temperature > 0 (greedy never uses it)")
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            text = compare_block_verification(
+                prompts,
+                args.max_new_tokens,
+                model=args.model,
+                overlap=not args.no_overlap,
+                batch_size=batch_size,
+                repeats=args.repeats,
+                temperature=args.temperature,
+            )
+            concurrency = batch_size or len(prompts)
+            print(
+                f"\n{len(prompts)} prompts, {concurrency} at a time, {args.max_new_tokens} new "
+                f"tokens, temperature {args.temperature}"
+            )
+            print(text)
+        return
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
         rows = measure(
             prompts,

@@ -182,10 +182,13 @@ def make_algorithm(
     num_draft_tokens: int = 4,
     draft_model: Any = None,
     seed: int = 0,
+    block_verification: bool = False,
 ) -> DecodeAlgorithm:
     """The algorithm ``name`` on ``model``, with relay rows for ``req_pool_size`` slots."""
     check_algorithm(name)
     if name == PlainDecoding.name:
+        if block_verification:
+            raise ValueError("`block_verification` needs a chain-drafting algorithm, not `none`")
         return PlainDecoding(model, req_pool_size, debug=debug)
     return _speculative_factory(name)(
         name,
@@ -197,4 +200,5 @@ def make_algorithm(
         num_draft_tokens=num_draft_tokens,
         draft_model=draft_model,
         seed=seed,
+        block_verification=block_verification,
     )

@@ -50,7 +50,9 @@ class Engine:
     ``"eagle_multilayer"``, ``"ngram"``, ``"standalone"``), which ``num_steps``,
     ``topk``, ``num_draft_tokens`` and ``draft_model`` configure; or a
     ``DecodeAlgorithm`` built on ``model`` with relay rows for ``req_pool_size``
-    slots (custom algorithms, tests).
+    slots (custom algorithms, tests). ``block_verification=True``: sampled requests of a
+    chain-drafting algorithm (``"standalone"``) are verified by block verification (Sun
+    et al. 2024) instead of token by token; lossless either way.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class Engine:
         max_context: int | None = None,
         max_prefill_tokens: int = 4096,
         debug: bool = False,
+        block_verification: bool = False,
     ) -> None:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
@@ -116,6 +119,7 @@ class Engine:
                 num_draft_tokens=num_draft_tokens,
                 draft_model=draft_model,
                 seed=seed,
+                block_verification=block_verification,
             )
         self.algorithm_name = self.algorithm.name
         if self.device.type == "cpu":

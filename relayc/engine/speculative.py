@@ -75,6 +75,7 @@ class SpeculativeDecoding(DecodeAlgorithm):
         draft_model: str | Path | None,
         seed: int,
         module: Any = None,
+        block_verification: bool = False,
     ) -> None:
         """``module``: a generated module to run instead of ``relayc.generated.<name>`` (a
         user's own spec compiled with `relayc compile`), with the drafter of ``name``."""
@@ -105,6 +106,12 @@ class SpeculativeDecoding(DecodeAlgorithm):
         # A relayed draft distribution means chain rejection sampling: first drafts are drawn
         # from it rather than taken as the top-1.
         self.chain_drafts = any(f.name == "draft_probs" for f in module.FIELDS)
+        if block_verification and not self.chain_drafts:
+            raise ValueError(
+                f"`block_verification` verifies chain drafts with their draft probabilities; "
+                f"algorithm `{name}` does not draft a chain (use `standalone`)"
+            )
+        self.block_verification = block_verification
         self.relay = module.FutureMap(
             req_pool_size + 1,
             model.device,
@@ -141,6 +148,7 @@ class SpeculativeDecoding(DecodeAlgorithm):
             dims=self.dims,
             sampling=None if step.all_greedy else step.sampling,  # None: greedy rules only
             drafter=self.drafter,
+            block_verification=self.block_verification,
             extras={
                 "draft_kv": self.draft_kv,
                 "sample_positions": step.sample_positions,

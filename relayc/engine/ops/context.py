@@ -32,3 +32,4 @@ class StepContext:
     prefill: ForwardBatch | None = None  # prefill ops: the prompt batch
     drafter: Any = None  # the algorithm's draft model / proposer
     extras: dict[str, Any] | None = None  # per-algorithm state (e.g. n-gram host tables)
+    block_verification: bool = False  # accept_chain: Sun et al. 2024's block rule

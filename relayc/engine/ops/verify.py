@@ -214,7 +214,8 @@ def impl_accept_chain(
     draft_probs: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """A chain (topk 1): greedy rows accept while drafts equal the target's argmax; sampled
-    rows use rejection sampling with the drafts' real probabilities (Leviathan et al.)."""
+    rows use rejection sampling with the drafts' real probabilities (Leviathan et al.; with
+    ``ctx.block_verification``, Sun et al. 2024's block verification)."""
     batch, n = candidates.shape
     device = candidates.device
     nodes = torch.arange(n, device=device)
@@ -232,6 +233,7 @@ def impl_accept_chain(
             final,
             target_probs(logits, ctx),
             draft_probs.contiguous(),
+            block_verification=ctx.block_verification,
         )
 
     return _accept(ctx, logits, candidates, positions, chain, sampled_accept, n - 1)
