@@ -1,8 +1,10 @@
 """Chain (topk = 1) speculative sampling with real draft probabilities.
 
-Signature and semantics follow SGLang 0.5.23's chain verify
+Semantics follow SGLang 0.5.23's chain verify
 (``sglang/kernels/ops/speculative/reject_sampling.py``,
-``speculative_sampling_classic_kernel``), argument list in relayc's chain layout.
+``chain_speculative_sampling_triton``), including its ``block_verification`` keyword. The
+argument list is relayc's own chain layout: SGLang's takes the tree layout (candidates
+with the root, ``retrive_*``, unused thresholds), which a chain does not need.
 
 Each request drafted ``S`` tokens one after another, draft ``i`` sampled from the
 draft model's ``q_i = draft_probs[b, i]``; the target scored every prefix, giving
@@ -335,7 +337,8 @@ def chain_speculative_sampling(
     block_verification: bool = False,
 ) -> None:
     """Chain speculative sampling in place; see the module docstring for the rules
-    (SGLang 0.5.23's chain verify semantics, ``block_verification`` keyword included).
+    (SGLang 0.5.23's chain verify semantics; relayc's chain argument list, with SGLang's
+    keyword-only ``block_verification``).
 
     Shapes (``S`` drafts per request, ``S >= 0``):
 

@@ -35,6 +35,9 @@ def assign_req_to_token_pool(
 ) -> None:
     """``req_to_token[req_pool_indices[b], start_offset[b]:end_offset[b]] = `` request b's slots.
 
+    Arguments of SGLang 0.5.23's ``assign_req_to_token_pool``
+    (``srt/mem_cache/allocation.py``) without its launch-size constexprs, plus ``backend``.
+
     Args:
         req_pool_indices: ``[B]`` int, the pool row of each request.
         req_to_token: ``[pool_size, max_context_len]`` int32/int64, written in place.
@@ -71,6 +74,9 @@ def read_req_to_token_pool(
     backend: str = "auto",
 ) -> torch.Tensor:
     """The inverse of :func:`assign_req_to_token_pool`: the windows' slots, back to back.
+
+    The job of SGLang 0.5.23's ``assign_extend_cache_locs``; the argument list is relayc's
+    (it mirrors :func:`assign_req_to_token_pool`'s).
 
     ``num_tokens`` is ``sum(end_offset - start_offset)`` as a Python int (``B*N`` for
     verify windows), so the output is sized without reading the device. ``out``, when
@@ -109,6 +115,10 @@ def fill_accept_out_cache_loc(
     backend: str = "auto",
 ) -> AcceptedCacheLocs:
     """Pack the KV slots of the accepted nodes to the front, in ``accept_index`` order.
+
+    SGLang 0.5.23's ``fill_accept_out_cache_loc`` (``kernels/ops/speculative/eagle.py``)
+    with its first two arguments; relayc returns the packed slots (and their count) instead
+    of writing a caller's ``accept_out_cache_loc``.
 
     Args:
         accept_index: ``[B, S+1]`` int, row b lists the accepted nodes of request b as
