@@ -2,7 +2,7 @@
 
     python bench/e2e.py [--model DIR|random] [--prompts 16] [--max-new-tokens 64]
                         [--batch-sizes 1,8] [--repeats 3] [--no-overlap]
-                        [--block-verification [--temperature 1.0]]
+                        [--block-verification [--temperature 1.0] [--seeds 4]]
 
 Greedy decoding of the shipped models' held-out prompts (a fixed prompt set for another
 model) on the same target; the last column says whether the
@@ -10,7 +10,8 @@ outputs equal greedy `none` exactly (they must: speculation is lossless).
 
 ``--block-verification`` instead compares, on sampled decoding (greedy rows never use
 it), the chain-drafting algorithm (`standalone`) verified token by token and by block
-verification (Sun et al. 2024): mean accept length and tokens/s of each, one run.
+verification (Sun et al. 2024): mean accept length (with its standard error) and
+tokens/s of each, over ``--seeds`` sampling seeds of every prompt.
 """
 
 from __future__ import annotations
@@ -32,57 +33,76 @@ def compare_block_verification(
     model: str | None,
     overlap: bool,
     batch_size: int,
-    repeats: int,
+    seeds: int,
     temperature: float,
 ) -> str:
     """Token-wise vs block verification of `standalone`, same prompts, seeds and engine
-    settings; runs alternate so a slow spell of the machine hits both."""
+    settings; runs alternate so a slow spell of the machine hits both. Sampled runs differ
+    from the first diverging token on, so the accept lengths are compared as means."""
     import torch
 
     from relayc.engine import Engine, SamplingParams
 
     torch.set_num_threads(1)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     modes = [False, True]
     engines = [
         Engine(model, algorithm="standalone", overlap=overlap, block_verification=m, **CHAIN)
         for m in modes
     ]
     group = batch_size or len(prompts)
-    elapsed = [float("inf")] * len(modes)
+    elapsed = [0.0] * len(modes)
     accepts: list[list[int]] = [[] for _ in modes]
     tokens = [0] * len(modes)
     try:
         for engine in engines:
             engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
-        for _ in range(max(repeats, 1)):
+        for seed in range(seeds):
+            params = [
+                SamplingParams(
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    seed=seed * len(prompts) + i,
+                )
+                for i in range(len(prompts))
+            ]
             for i, engine in enumerate(engines):
                 start = time.perf_counter()
                 outs = [
                     out
                     for g in range(0, len(prompts), group)
-                    for out in engine.generate(prompts[g : g + group], params)
+                    for out in engine.generate(prompts[g : g + group], params[g : g + group])
                 ]
-                elapsed[i] = min(elapsed[i], time.perf_counter() - start)
-                # Sampled with the same seeds every run: the same tokens each time.
-                accepts[i] = [a for o in outs for a in o.accept_lengths]
-                tokens[i] = sum(len(o.token_ids) for o in outs)
+                elapsed[i] += time.perf_counter() - start
+                accepts[i] += [a for o in outs for a in o.accept_lengths]
+                tokens[i] += sum(len(o.token_ids) for o in outs)
     finally:
         for engine in engines:
             engine.close()
     mean = [sum(a) / len(a) for a in accepts]
+    stderr = [
+        (sum((x - m) ** 2 for x in a) / (len(a) - 1) / len(a)) ** 0.5 if len(a) > 1 else 0.0
+        for a, m in zip(accepts, mean, strict=True)
+    ]
     tps = [t / e for t, e in zip(tokens, elapsed, strict=True)]
     rows = [
         [
             f"standalone, {'block' if m else 'token-wise'}",
-            f"{mean[i]:.3f}",
+            f"{mean[i]:.3f} +- {stderr[i]:.3f}",
+            f"{len(accepts[i])}",
             f"{mean[i] / mean[0]:.3f}x",
             f"{tps[i]:.1f}",
             f"{tps[i] / tps[0]:.2f}x",
         ]
         for i, m in enumerate(modes)
     ]
-    header = ["verification", "mean accept length", "vs token-wise", "tokens/s", "vs token-wise"]
+    header = [
+        "verification",
+        "mean accept length",
+        "verifies",
+        "vs token-wise",
+        "tokens/s",
+        "vs token-wise",
+    ]
     return render(header, rows)
 
 
@@ -108,6 +128,9 @@ def main() -> None:
     parser.add_argument(
         "--temperature", type=float, default=1.0, help="for --block-verification (> 0)"
     )
+    parser.add_argument(
+        "--seeds", type=int, default=4, help="for --block-verification: sampling seeds"
+    )
     args = parser.parse_args()
     prompts = demo_prompts(args.model)[: args.prompts]
     if args.block_verification:
@@ -120,13 +143,13 @@ def main() -> None:
                 model=args.model,
                 overlap=not args.no_overlap,
                 batch_size=batch_size,
-                repeats=args.repeats,
+                seeds=args.seeds,
                 temperature=args.temperature,
             )
             concurrency = batch_size or len(prompts)
             print(
                 f"\n{len(prompts)} prompts, {concurrency} at a time, {args.max_new_tokens} new "
-                f"tokens, temperature {args.temperature}"
+                f"tokens, temperature {args.temperature}, {args.seeds} seeds"
             )
             print(text)
         return
