@@ -132,8 +132,21 @@ def test_later_sibling_is_accepted(backend):
 
 def test_rejects_wrong_dtype():
     trees = chain([0, 1])
-    with pytest.raises(TypeError, match=r"`target_predict` must be torch\.int64"):
-        run(verify_tree_greedy, trees, torch.tensor([[1, 2]], dtype=torch.int32), 2)
+    with pytest.raises(
+        TypeError,
+        match=r"`target_predict` must be torch\.int64 or torch\.int32; got torch\.float32",
+    ):
+        run(verify_tree_greedy, trees, torch.tensor([[1.0, 2.0]]), 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int32_tree_tensors_give_the_int64_result(backend):
+    trees = chain([0, 1, 2])
+    target = torch.tensor([[1, 2, 5]])
+    want = run(verify_tree_greedy, trees, target, 3, backend=backend)
+    narrow = DraftTrees(**{k: v.to(torch.int32) for k, v in trees.__dict__.items()})
+    got = run(verify_tree_greedy, narrow, target.to(torch.int32), 3, backend=backend)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
