@@ -13,15 +13,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from relayc.compiler.picture import add_graph_command
-from relayc.specs.errors import SpecErrors
+from relayc.specs.errors import EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE, SpecErrors, UsageError
 from relayc.tools.demo import add_demo_command
 from relayc.tools.generate import add_generate_command
 
-EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    """A command-line mistake: reported in one line, exit code 2."""
+__all__ = ["EXIT_OK", "EXIT_SPEC_ERRORS", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 
 def _existing_files(paths: Sequence[str]) -> list[Path]:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from relayc.specs.errors import EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE, SpecErrors
+
 if TYPE_CHECKING:
     # Imported lazily at run time: the CLI imports this module while building its
     # parser, and `relayc --help` should not pay for pydantic and YAML.
@@ -329,9 +331,6 @@ def add_graph_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 def cmd_graph(args: argparse.Namespace) -> int:
     """``relayc graph``: 0 ok, 1 spec errors, 2 usage errors."""
-    # Imported here, not at the top: relayc.cli imports this module.
-    from relayc.cli import EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE
-    from relayc.specs.errors import SpecErrors
     from relayc.specs.loader import load_spec
 
     def usage(message: str) -> int:

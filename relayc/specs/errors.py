@@ -3,6 +3,10 @@
 Errors render as ``path:line:col: error: <what is wrong> (<hint>)`` -- the format
 compilers use, so editors and terminals turn them into links.  A loader collects
 every error of a file before raising, so one run shows them all.
+
+The exit codes and :class:`UsageError` live here, below every command, so the
+commands registered from other packages (``relayc graph``, ``relayc generate``,
+``relayc demo``) report like ``relayc.cli`` without importing it.
 """
 
 from __future__ import annotations
@@ -10,6 +14,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A command-line mistake: reported in one line, exit code 2."""
 
 
 @dataclass(frozen=True, order=True)

@@ -61,6 +61,20 @@ def _ref(value: Any) -> Any:
     return value
 
 
+def _module_name(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    parts = value.split(".")
+    if not all(IDENTIFIER_RE.match(p) and not keyword.iskeyword(p) for p in parts):
+        raise PydanticCustomError(
+            "relayc_module",
+            "`{value}` is not a Python module name (dotted names such as `mypkg.relay_ops`; "
+            "a module beside the spec is named after its file, `ops` for `ops.py`)",
+            {"value": value},
+        )
+    return value
+
+
 def _dim_entry(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise PydanticCustomError(
@@ -93,6 +107,7 @@ def _init_policy(value: Any) -> Any:
 
 Identifier = Annotated[str, BeforeValidator(_identifier)]
 ValueRef = Annotated[str, BeforeValidator(_ref)]
+ModuleName = Annotated[str, BeforeValidator(_module_name)]
 DimEntry = Annotated[str | int, BeforeValidator(_dim_entry)]
 InitPolicy = Annotated[
     Literal["empty", "zeros"] | bool | int | float, BeforeValidator(_init_policy)
@@ -242,6 +257,13 @@ class SpecFile(SpecModel):
     )
     description: str = Field(default="", description="What this file describes.")
     imports: list[Import] = Field(default_factory=list, description="Libraries imported.")
+    ops: list[ModuleName] = Field(
+        default_factory=list,
+        description="Python modules that register user ops with `relayc.nodes.register`, "
+        "imported before the steps are checked (the spec's folder is importable, so `ops` "
+        "names an `ops.py` beside the spec). Importing runs the module's code: list only "
+        "modules you trust.",
+    )
     dims: dict[Identifier, Dim] = Field(default_factory=dict, description="Symbolic sizes.")
     inputs: dict[Identifier, Input] = Field(
         default_factory=dict, description="Values the engine provides each iteration."

@@ -11,6 +11,8 @@ import sys
 import time
 from contextlib import closing
 
+from relayc.specs.errors import EXIT_OK, EXIT_USAGE
+
 # Control characters a random model happily samples (ESC among them) would
 # drive the terminal; print them escaped. Newlines and tabs stay.
 _KEEP = {"\n", "\t"}
@@ -81,8 +83,7 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """``relayc generate``: 0 ok, 2 usage errors."""
-    # Imported here: relayc.cli imports this module, and torch is slow to import.
-    from relayc.cli import EXIT_OK, EXIT_USAGE
+    # Imported here: torch is slow to import, and `relayc validate` should not pay for it.
     from relayc.engine.engine import Engine
     from relayc.engine.sampling import SamplingParams
     from relayc.engine.weights import CheckpointError

@@ -241,6 +241,11 @@ def run_training(args: argparse.Namespace) -> dict[str, Any]:
     return log
 
 
+# The package docstring (relayc/tools/train/__init__.py) tells the whole story; the
+# package imports this module, so the one-line summary is kept here rather than read back.
+DESCRIPTION = "Train the tiny demo models shipped in relayc/assets/demo on the CPU."
+
+
 def _argv_tail(args: argparse.Namespace) -> str:
     parts = [] if not args.smoke else ["--smoke"]
     for name in SUBDIRS:
@@ -253,11 +258,7 @@ def _argv_tail(args: argparse.Namespace) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from relayc.tools import train  # the package docstring's first line describes the CLI
-
-    p = argparse.ArgumentParser(
-        prog="python -m relayc.tools.train", description=(train.__doc__ or "").split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m relayc.tools.train", description=DESCRIPTION)
     p.add_argument("--out", required=True, help="output directory (e.g. relayc/assets/demo)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps (tests)")
     p.add_argument("--seed", type=int, default=0)
