@@ -73,6 +73,31 @@ def _eval(node: ast.AST, dims: Mapping[str, int]) -> int:
     raise ValueError(f"unsupported shape expression: {ast.unparse(node)}")
 
 
+_SHAPE_OPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)
+
+
+def _check_shape_entry(entry: object) -> None:
+    """A shape entry is a positive int or arithmetic (+ - * //) over dim names and ints."""
+    if isinstance(entry, bool) or not isinstance(entry, (int, str)):
+        raise ValueError(f"shape entry {entry!r} is neither a size nor a dim expression")
+    if isinstance(entry, int):
+        if entry <= 0:
+            raise ValueError(f"shape entry {entry} is not a positive size")
+        return
+    try:
+        tree = ast.parse(entry, mode="eval")
+    except SyntaxError:
+        raise ValueError(f"shape entry {entry!r} is not a dim expression") from None
+    for node in ast.walk(tree.body):
+        allowed = isinstance(node, (ast.Name, ast.BinOp, *_SHAPE_OPS, ast.Load)) or (
+            isinstance(node, ast.Constant) and type(node.value) is int
+        )
+        if not allowed:
+            raise ValueError(
+                f"shape entry {entry!r}: only dim names, whole numbers and + - * // are allowed"
+            )
+
+
 def dims_of(expr: str | int) -> set[str]:
     if isinstance(expr, int):
         return set()
@@ -90,7 +115,11 @@ class TensorType:
 
     def __post_init__(self) -> None:
         if self.dtype != "any" and self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}")
+            raise ValueError(
+                f"unknown dtype {self.dtype!r}; use `any` or one of {', '.join(DTYPES)}"
+            )
+        for entry in self.shape:
+            _check_shape_entry(entry)
 
     def text(self) -> str:
         return f"{self.dtype} [{', '.join(str(d) for d in self.shape)}]"
@@ -108,6 +137,18 @@ class Op:
     outputs: Mapping[str, TensorType]
     placement: str = "device"  # where it may run: device, host, or any
     doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"op name {self.name!r} is not a Python identifier")
+        if self.placement not in ("device", "host", "any"):
+            raise ValueError(
+                f"op `{self.name}`: placement {self.placement!r} is not device, host or any"
+            )
+        for kind, signature in (("input", self.inputs), ("output", self.outputs)):
+            for name, tensor_type in signature.items():
+                if not isinstance(tensor_type, TensorType):
+                    raise ValueError(f"op `{self.name}`: {kind} `{name}` is not a TensorType")
 
     @property
     def __name__(self) -> str:  # torch.fx names call_function nodes after the target
@@ -265,12 +306,14 @@ def display_folder(folder: FsPath) -> str:
 
 
 def _user_frame(exc: BaseException) -> str:
-    """` (at file:line)` of the innermost traceback frame, so the user finds the line."""
+    """` (at file:line)` of the user's line that failed, so they find it."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}:{exc.lineno})"
     tb = exc.__traceback__
-    last = None
+    where = ""
     while tb is not None:
-        last = tb
+        filename = tb.tb_frame.f_code.co_filename
+        if not filename.startswith("<frozen"):
+            where = f" (at {filename}:{tb.tb_lineno})"
         tb = tb.tb_next
-    if last is None:
-        return ""
-    return f" (at {last.tb_frame.f_code.co_filename}:{last.tb_lineno})"
+    return where

@@ -11,6 +11,7 @@ commands registered from other packages (``relayc graph``, ``relayc generate``,
 
 from __future__ import annotations
 
+import argparse
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,18 @@ EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
 
 class UsageError(Exception):
     """A command-line mistake: reported in one line, exit code 2."""
+
+
+def add_ops_option(parser: argparse.ArgumentParser) -> None:
+    """``--ops MODULE`` (repeatable) on every command that checks specs."""
+    parser.add_argument(
+        "--ops",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (its user ops) before checking, as if listed under the spec's "
+        "`ops:`; repeatable",
+    )
 
 
 @dataclass(frozen=True, order=True)
