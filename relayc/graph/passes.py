@@ -7,6 +7,7 @@ and raised together as :class:`SpecErrors` once all passes ran.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from relayc.specs.schema import RelayField
 _SAMPLE_SIZES = (5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53)
 SAMPLE_MODEL_DTYPE = torch.bfloat16
 _SAMPLE_BATCH = 3
+_MAX_ELEMENTS = 2**62  # below int64's limit on a tensor's element count
 
 
 def _sample_dims(spec: Spec) -> dict[str, int]:
@@ -131,6 +133,19 @@ def propagate_meta(
                     node.meta["ident"]
                 ]
                 row = tuple(eval_dim(d, dims) for d in entity.shape)
+                if math.prod(row) * _SAMPLE_BATCH > _MAX_ELEMENTS:
+                    kind = "relay field" if node.meta["kind"] == "relay" else "engine input"
+                    errors.append(
+                        SpecError(
+                            entity.loc,
+                            f"{kind} `{node.meta['ident']}` of shape "
+                            f"[{', '.join(str(d) for d in entity.shape)}] has more elements per "
+                            "request than a tensor can index",
+                            "use smaller literal sizes",
+                        )
+                    )
+                    node.meta["val"] = None
+                    continue
                 node.meta["val"] = torch.empty(
                     (_SAMPLE_BATCH, *row),
                     dtype=torch_dtype(entity.dtype, SAMPLE_MODEL_DTYPE),

@@ -30,12 +30,30 @@ DType = Literal["int32", "int64", "float32", "bfloat16", "float16", "bool", "mod
 
 IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REF_KINDS = ("relay", "input")
+# Largest literal size, dim default or batch size: sizes index int32 tensors in kernels,
+# and a larger one is a typo that would otherwise overflow far from the spec.
+MAX_SIZE = 2**31 - 1
+# Names become attributes, and the algorithm's name a file name (<= 255 bytes on disk).
+MAX_NAME_LENGTH = 64
+# Largest finite value per float dtype; `model` may be float16, so it gets float16's.
+_FLOAT_MAX = {
+    "float32": 3.4028234663852886e38,
+    "bfloat16": 3.3895313892515355e38,
+    "float16": 65504.0,
+}
 _INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
 def _identifier(value: Any) -> Any:
     if not isinstance(value, str):
         return value  # the str type check reports it
+    if len(value) > MAX_NAME_LENGTH:
+        raise PydanticCustomError(
+            "relayc_identifier",
+            "a name of {length} characters is too long (at most {limit}: names become "
+            "attributes and file names in generated code)",
+            {"length": len(value), "limit": MAX_NAME_LENGTH},
+        )
     if not IDENTIFIER_RE.match(value) or keyword.iskeyword(value):
         raise PydanticCustomError(
             "relayc_identifier",
@@ -88,6 +106,12 @@ def _dim_entry(value: Any) -> Any:
             "a literal size in a shape must be positive, got {value}",
             {"value": value},
         )
+    if isinstance(value, int) and value > MAX_SIZE:
+        raise PydanticCustomError(
+            "relayc_dim_entry",
+            "a literal size of {value} is too large (at most {limit}: 2**31 - 1)",
+            {"value": value, "limit": MAX_SIZE},
+        )
     return _identifier(value) if isinstance(value, str) else value
 
 
@@ -117,7 +141,9 @@ InitPolicy = Annotated[
 class SpecModel(BaseModel):
     """Base of every spec entity: frozen, unknown keys rejected, a source location."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+    # Strict: YAML already gives typed values, so `default: true` or `default: "16"` is a
+    # mistake to report, not a value to coerce into 1 or 16.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     _loc: SourceLoc | None = PrivateAttr(default=None)
 
     @property
@@ -131,7 +157,10 @@ class Dim(SpecModel):
     """A symbolic size bound at run time."""
 
     default: int | None = Field(
-        default=None, gt=0, description="Value used when the engine does not bind this dim."
+        default=None,
+        gt=0,
+        le=MAX_SIZE,
+        description="Value used when the engine does not bind this dim.",
     )
     supplied_by: str | None = Field(
         default=None,
@@ -228,10 +257,10 @@ class Step(SpecModel):
 class Capture(SpecModel):
     """CUDA-graph capture settings for the device part of the decode step."""
 
-    batch_sizes: list[Annotated[int, Field(gt=0)]] = Field(
+    batch_sizes: list[Annotated[int, Field(gt=0, le=MAX_SIZE)]] = Field(
         description="Batch-size buckets captured as graphs, ascending."
     )
-    max_batch_size: int = Field(gt=0, description="Largest batch the engine runs.")
+    max_batch_size: int = Field(gt=0, le=MAX_SIZE, description="Largest batch the engine runs.")
 
 
 class Import(SpecModel):
@@ -291,4 +320,9 @@ def fill_fits_dtype(value: bool | int | float, dtype: str) -> bool:
             return False
         lo, hi = _INT_RANGES[dtype]
         return lo <= int(value) <= hi
-    return True
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        return False
+    # inf and NaN are fine fills (NaN is the float poison); a finite value must stay finite.
+    return not math.isfinite(number) or abs(number) <= _FLOAT_MAX.get(dtype, _FLOAT_MAX["float16"])
