@@ -18,6 +18,7 @@ from relayc.specs.errors import (
     EXIT_OK,
     EXIT_SPEC_ERRORS,
     EXIT_USAGE,
+    OneLineParser,
     SpecErrors,
     UsageError,
     add_ops_option,
@@ -210,7 +211,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="relayc",
         description="Compile relay-state specs for overlapped speculative decoding.",
         epilog="Exit codes: 0 ok, 1 spec errors, 2 usage errors.",

@@ -15,12 +15,21 @@ import argparse
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
 
 
 class UsageError(Exception):
     """A command-line mistake: reported in one line, exit code 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line, exit 2 (the usage block is what --help is
+    for); subcommands' parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def add_ops_option(parser: argparse.ArgumentParser) -> None:
