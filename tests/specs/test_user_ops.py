@@ -75,6 +75,8 @@ def test_ops_module_beside_the_spec(
     if command == "compile":
         generated = (tmp_path / "out" / "none.py").read_text()
         assert "scale_logits" in generated
+    if command == "explain":
+        assert "user ops from: ops\n" in capsys.readouterr().out
 
 
 def test_ops_option_names_the_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
