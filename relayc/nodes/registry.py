@@ -281,7 +281,7 @@ def import_op_module(name: str, search_dir: str | os.PathLike[str]) -> dict[str,
                 f"no module named `{exc.name}` (looked in {display_folder(folder)} and on sys.path)"
             ) from None
         raise OpsImportError(f"{type(exc).__name__}: {exc}") from None
-    except Exception as exc:  # the user's module: any failure is reported, located
+    except (Exception, SystemExit) as exc:  # the user's module: any failure is reported
         where = _user_frame(exc)
         raise OpsImportError(f"{type(exc).__name__}: {exc}{where}") from None
     finally:

@@ -8,6 +8,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from relayc.compiler.codegen import generate_relay_module
 from relayc.graph.passes import analyse
 from relayc.specs.errors import SpecErrors
 from relayc.specs.loader import BUNDLED_DIR, Library, Spec, load_spec_text
@@ -49,13 +50,13 @@ yaml_values = st.recursive(
 
 
 def assert_loads_or_locates(text: str) -> None:
-    """Loading, and for a loaded algorithm every check `relayc compile` runs (the graph
-    passes), end in a result or located errors: never another exception."""
+    """Loading, and for a loaded algorithm all `relayc compile` does (the graph passes and
+    code generation), end in a result or located errors: never another exception."""
     base_dir = DATA if "tiny_ops" in text else BUNDLED_DIR  # where tiny.yaml's ops module is
     try:
         result = load_spec_text(text, "fuzz.yaml", base_dir=base_dir)
         if isinstance(result, Spec):
-            analyse(result)
+            generate_relay_module(analyse(result), "out")
     except SpecErrors as exc:
         assert exc.errors, "SpecErrors raised with no errors"
         lines = text.count("\n") + 2

@@ -153,6 +153,14 @@ def test_missing_module_and_raising_module(
     assert ":12: error: cannot import ops module `nope`: no module named `nope`" in second
 
 
+def test_module_calling_exit_is_reported(tmp_path: Path, monkeypatch, capsys) -> None:
+    _folder(tmp_path, ops="import sys\nsys.exit(3)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", "spec.yaml"]) == EXIT_SPEC_ERRORS
+    (error,) = _errors(capsys)
+    assert "cannot import ops module `ops`: SystemExit: 3 (at " in error
+
+
 def test_clash_with_a_builtin_op_is_located(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
