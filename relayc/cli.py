@@ -11,17 +11,26 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from relayc.compiler.picture import add_graph_command
-from relayc.specs.errors import SpecErrors
+from relayc.specs.errors import (
+    EXIT_OK,
+    EXIT_SPEC_ERRORS,
+    EXIT_USAGE,
+    OneLineParser,
+    SpecErrors,
+    UsageError,
+    add_ops_option,
+)
 from relayc.tools.demo import add_demo_command
 from relayc.tools.generate import add_generate_command
 
-EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
+if TYPE_CHECKING:
+    from relayc.compiler.writer import Output
+    from relayc.specs.loader import Library, Spec
 
-
-class UsageError(Exception):
-    """A command-line mistake: reported in one line, exit code 2."""
+__all__ = ["EXIT_OK", "EXIT_SPEC_ERRORS", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 
 def _existing_files(paths: Sequence[str]) -> list[Path]:
@@ -31,13 +40,25 @@ def _existing_files(paths: Sequence[str]) -> list[Path]:
     return [Path(p) for p in paths]
 
 
+def _check_document(path: Path, ops: Sequence[str]) -> Spec | Library:
+    """Load a spec file and, for an algorithm, run every check ``compile`` runs (op
+    signatures, dims, dtypes and shapes through the graph passes); raises SpecErrors."""
+    from relayc.graph.passes import analyse
+    from relayc.specs.loader import Spec, load_document
+
+    document = load_document(path, ops=ops)
+    if isinstance(document, Spec):
+        analyse(document)
+    return document
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    from relayc.specs.loader import Library, display_path, load_document
+    from relayc.specs.loader import Library, display_path
 
     failed = False
     for path in _existing_files(args.specs):
         try:
-            document = load_document(path)
+            document = _check_document(path, args.ops)
         except SpecErrors as exc:
             print(exc.render(), file=sys.stderr)
             failed = True
@@ -54,12 +75,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from relayc.specs.explain import explain
-    from relayc.specs.loader import load_document
 
     failed = False
     for i, path in enumerate(_existing_files(args.specs)):
         try:
-            document = load_document(path)
+            document = _check_document(path, args.ops)
         except SpecErrors as exc:
             print(exc.render(), file=sys.stderr)
             failed = True
@@ -75,48 +95,98 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     text = json.dumps(spec_json_schema(), indent=2, sort_keys=True) + "\n"
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.output}: {_why(exc)}") from None
     else:
         sys.stdout.write(text)
     return EXIT_OK
 
 
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _output_dir(path: str) -> Path:
+    """``-o DIR`` checked before any work: a folder, or a path one can be made at."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {path}: not a folder (compile writes one module per algorithm in it)")
+    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise UsageError(f"-o {path}: {existing} is not a folder")
+    return out
+
+
+def _algorithms(args: argparse.Namespace) -> tuple[list[Path], bool]:
+    """The spec files to compile, libraries validated and skipped with a note; and whether
+    any file had errors (reported)."""
+    from relayc.specs.loader import Library, display_path, load_document
+
+    paths: list[Path] = []
+    failed = False
+    for path in _existing_files(args.specs):
+        try:
+            document = load_document(path, ops=args.ops)
+        except SpecErrors as exc:
+            print(exc.render(), file=sys.stderr)
+            failed = True
+            continue
+        if isinstance(document, Library):
+            print(f"{display_path(path)}: library `{document.name}` is valid; skipped")
+            continue
+        paths.append(path)
+    return paths, failed
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from relayc.compiler.writer import GENERATED_DIR, compile_spec, regenerate_bundled, write
 
-    if args.target == "sglang" and not args.bundled:
-        return _compile_sglang(args)
     if args.bundled:
         for path in regenerate_bundled():
             print(f"wrote {path.relative_to(GENERATED_DIR.parent.parent)}")
         return EXIT_OK
     if not args.specs:
         raise UsageError("give spec files to compile, or --bundled")
-    failed = False
-    for path in _existing_files(args.specs):
+    out_dir = _output_dir(args.output)
+    paths, failed = _algorithms(args)
+    if args.target == "sglang":
+        return _compile_sglang(paths, out_dir, args.ops, failed)
+    for path in paths:
         try:
-            output = compile_spec(path, args.output)
+            output = compile_spec(path, out_dir, ops=args.ops)
         except SpecErrors as exc:
             print(exc.render(), file=sys.stderr)
             failed = True
             continue
-        print(f"{'wrote' if write(output) else 'unchanged'} {output.path}")
+        print(f"{'wrote' if _write(output, write) else 'unchanged'} {output.path}")
     return EXIT_SPEC_ERRORS if failed else EXIT_OK
 
 
-def _compile_sglang(args: argparse.Namespace) -> int:
+def _write(output: Output, write: Callable[[Output], bool]) -> bool:
+    try:
+        return write(output)
+    except OSError as exc:
+        raise UsageError(f"cannot write {output.path}: {_why(exc)}") from None
+
+
+def _compile_sglang(paths: list[Path], out_dir: Path, ops: Sequence[str], failed: bool) -> int:
     """All specs into one module with SGLang's relay surface (DIR/overlap_utils.py)."""
     from relayc.compiler.targets.sglang import compile_sglang
     from relayc.compiler.writer import write
 
-    if not args.specs:
-        raise UsageError("give the algorithm specs to compile into the SGLang module, or --bundled")
+    if failed:
+        return EXIT_SPEC_ERRORS
+    if not paths:
+        print("no algorithm specs among the files: nothing to compile", file=sys.stderr)
+        return EXIT_OK
     try:
-        output = compile_sglang(_existing_files(args.specs), args.output)
+        output = compile_sglang(paths, out_dir, ops=ops)
     except SpecErrors as exc:
         print(exc.render(), file=sys.stderr)
         return EXIT_SPEC_ERRORS
-    print(f"{'wrote' if write(output) else 'unchanged'} {output.path}")
+    print(f"{'wrote' if _write(output, write) else 'unchanged'} {output.path}")
     return EXIT_OK
 
 
@@ -141,7 +211,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="relayc",
         description="Compile relay-state specs for overlapped speculative decoding.",
         epilog="Exit codes: 0 ok, 1 spec errors, 2 usage errors.",
@@ -157,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec YAML files")
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+    add_ops_option(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser(
@@ -165,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the dims, engine inputs, relay fields and steps of each spec.",
     )
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec YAML files")
+    add_ops_option(p)
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser(
@@ -188,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="relayc: one module per algorithm (default); sglang: one drop-in module for "
         "SGLang's overlap_utils relay",
     )
+    add_ops_option(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser(

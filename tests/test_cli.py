@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from relayc.cli import EXIT_USAGE, build_parser, main
+from relayc.cli import EXIT_OK, EXIT_USAGE, build_parser, main
 
 COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
 
@@ -61,3 +64,220 @@ def test_demo_compiles_runs_every_algorithm_and_writes_a_chart(
     assert out.count(" yes") >= len(labels)  # every algorithm's outputs equal greedy none
     if "chart skipped" not in out:
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- validate runs what compile runs; compile skips libraries ----------------------------
+
+
+def _none_spec(tmp_path: Path, old: str, new: str) -> Path:
+    from relayc.specs.loader import BUNDLED_DIR
+
+    shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
+    text = (BUNDLED_DIR / "none.yaml").read_text()
+    assert old in text
+    (tmp_path / "spec.yaml").write_text(text.replace(old, new, 1))
+    return tmp_path / "spec.yaml"
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        # A step writing an output its op does not have: validate used to say ok.
+        ("    writes: [logits]\n", "    writes: [logits, hidden]\n", "has no output `hidden`"),
+        # An op parameter the step does not bind.
+        (
+            "      seq_lens: input.seq_lens\n    writes: [logits]",
+            "    writes: [logits]",
+            "does not bind `seq_lens` of op `target_decode`",
+        ),
+        # A dtype mismatch between what a step reads and what its op takes.
+        (
+            "input_ids: relay.bonus_tokens",
+            "input_ids: input.seq_lens\n      x: relay.bonus_tokens",
+            "has no parameter `x`",
+        ),
+    ],
+)
+def test_validate_reports_what_compile_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, old: str, new: str, message: str
+) -> None:
+    _none_spec(tmp_path, old, new)
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", "spec.yaml", "-o", "out"]) == 1
+    compile_err = capsys.readouterr().err
+    assert main(["validate", "-q", "spec.yaml"]) == 1
+    validate_err = capsys.readouterr().err
+    assert message in validate_err
+    assert validate_err == compile_err
+    assert "Traceback" not in validate_err
+
+
+@pytest.mark.parametrize("target", ["relayc", "sglang"])
+def test_compile_skips_library_files(tmp_path: Path, capsys, target: str) -> None:
+    from relayc.specs.loader import BUNDLED_DIR
+
+    specs = sorted(str(p) for p in BUNDLED_DIR.glob("*.yaml"))
+    assert main(["compile", *specs, "-o", str(tmp_path), "--target", target]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "relayc/specs/common.yaml: library `common` is valid; skipped" in out.splitlines()
+    assert list(tmp_path.glob("*.py"))
+
+
+def test_compile_of_a_broken_library_fails(tmp_path: Path, capsys) -> None:
+    lib = tmp_path / "lib.yaml"
+    lib.write_text("library: lib\ndims: {topk: {default: 0}}\n")
+    assert main(["compile", str(lib), "-o", str(tmp_path / "out")]) == 1
+    assert "lib.yaml:2:" in capsys.readouterr().err
+
+
+# -- no traceback: every user error is one line and exit 2 ------------------------------
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"relayc {command}: error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Argument errors must be reported before any model is loaded."""
+    from relayc.engine import engine
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(engine.Engine, "__init__", refuse)
+
+
+def test_compile_output_is_a_file(tmp_path: Path, capsys) -> None:
+    from relayc.specs.loader import BUNDLED_DIR
+
+    target = tmp_path / "a_file"
+    target.write_text("")
+    assert main(["compile", str(BUNDLED_DIR / "none.yaml"), "-o", str(target)]) == EXIT_USAGE
+    assert "not a folder" in _one_line(capsys, "compile")
+    nested = target / "below"
+    assert main(["compile", str(BUNDLED_DIR / "none.yaml"), "-o", str(nested)]) == EXIT_USAGE
+    assert "is not a folder" in _one_line(capsys, "compile")
+
+
+@pytest.mark.parametrize("target", ["relayc", "sglang"])
+def test_compile_into_a_folder_it_cannot_write(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, target: str
+) -> None:
+    """A read-only folder (simulated: the tests may run as root, who writes anyway)."""
+    from relayc.specs.loader import BUNDLED_DIR
+
+    def read_only(self: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "write_text", read_only)
+    spec = str(BUNDLED_DIR / "none.yaml")
+    assert main(["compile", spec, "-o", str(tmp_path), "--target", target]) == EXIT_USAGE
+    assert "cannot write" in _one_line(capsys, "compile")
+
+
+@pytest.mark.parametrize("where", [".", "missing/schema.json"])
+def test_schema_output_errors(tmp_path: Path, monkeypatch, capsys, where: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["schema", "-o", where]) == EXIT_USAGE
+    assert f"cannot write {where}" in _one_line(capsys, "schema")
+
+
+GENERATE_ERRORS = [
+    (["--top-k", "1e23"], "expected a whole number"),
+    (["--top-k", str(10**23)], "must be at least 0"),
+    (["--top-k", "-1"], "must be at least 0"),
+    (["--max-new-tokens", "0"], "must be at least 1"),
+    (["--temperature", "nan"], "finite number"),
+    (["--temperature", "-1"], "finite number"),
+    (["--top-p", "0"], "(0, 1]"),
+    (["--seed", "-1"], "between 0 and"),
+    (["--num-draft-tokens", "0"], "must be at least 1"),
+    (["--model", "/nonexistent"], "no checkpoint folder"),
+    (["--draft-model", "/nonexistent"], "no checkpoint folder"),
+    (["--device", "nonsense"], "unknown device"),
+    (["--prompt", "a\udcffb"], "is not valid UTF-8 (byte 0xff at character 1)"),
+]
+
+
+@pytest.mark.parametrize("extra, message", GENERATE_ERRORS, ids=[a[0] for a, _ in GENERATE_ERRORS])
+def test_generate_argument_errors(
+    capsys, no_model_loads: None, extra: list[str], message: str
+) -> None:
+    assert main(["generate", "--prompt", "hi", *extra]) == EXIT_USAGE
+    assert message in _one_line(capsys, "generate")
+
+
+def test_generate_on_a_device_that_is_not_there(capsys, no_model_loads: None) -> None:
+    import torch
+
+    device = "cuda:64" if torch.cuda.is_available() else "cuda"
+    assert main(["generate", "--prompt", "hi", "--device", device]) == EXIT_USAGE
+    assert "--device" in _one_line(capsys, "generate")
+
+
+DEMO_ERRORS = [
+    (["--prompts", "0"], "must be at least 1"),
+    (["--max-new-tokens", "0"], "must be at least 1"),
+    (["--batch-size", "-1"], "must be at least 0"),
+    (["--repeats", "0"], "must be at least 1"),
+    (["--model", "/nonexistent"], "no checkpoint folder"),
+    (["--chart", "/nonexistent/chart.png"], "does not exist"),
+    (["--chart", "."], "is a folder"),
+]
+
+
+@pytest.mark.parametrize("extra, message", DEMO_ERRORS, ids=[" ".join(a) for a, _ in DEMO_ERRORS])
+def test_demo_argument_errors(capsys, no_model_loads: None, extra: list[str], message: str) -> None:
+    assert main(["demo", *extra]) == EXIT_USAGE
+    assert message in _one_line(capsys, "demo")
+
+
+@pytest.mark.parametrize(
+    "option", ["--top-k", "--max-new-tokens", "--seed", "--num-steps", "--temperature", "--top-p"]
+)
+@given(value=st.one_of(st.integers(-(2**80), 2**80).map(str), st.text(max_size=12)))
+@settings(max_examples=60, deadline=None)
+def test_generate_numbers_parse_or_fail_in_one_line(option: str, value: str) -> None:
+    """Whatever is typed after a numeric option: a value the sampler accepts, or exit 2 with
+    one line -- never an exception from the engine later."""
+    import contextlib
+    import io
+
+    from relayc.engine.sampling import SamplingParams
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            args = build_parser().parse_args(["generate", "--prompt", "x", option, value])
+        except SystemExit as exc:
+            assert exc.code == EXIT_USAGE
+            assert len(err.getvalue().splitlines()) == 1
+            return
+    SamplingParams(  # raises on any value the engine would refuse
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+
+
+def test_train_argument_errors(tmp_path: Path, capsys) -> None:
+    from relayc.tools.train.cli import parse_args
+
+    for argv, message in [
+        (["--out", str(tmp_path), "--threads", "0"], "must be between 1 and 4096"),
+        (["--out", str(tmp_path), "--measure-only"], "needs"),
+        (["--out", str(tmp_path), "--steps-target", "0"], "must be at least 1"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            parse_args(argv)
+        assert info.value.code == EXIT_USAGE
+        (line,) = capsys.readouterr().err.splitlines()
+        assert message in line

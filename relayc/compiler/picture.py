@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from relayc.specs.errors import EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE, SpecErrors, add_ops_option
+
 if TYPE_CHECKING:
     # Imported lazily at run time: the CLI imports this module while building its
     # parser, and `relayc --help` should not pay for pydantic and YAML.
@@ -324,14 +326,13 @@ def add_graph_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         metavar="FILE",
         help="write to FILE instead of stdout (required for svg)",
     )
+    add_ops_option(p)
     p.set_defaults(func=cmd_graph)
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
     """``relayc graph``: 0 ok, 1 spec errors, 2 usage errors."""
-    # Imported here, not at the top: relayc.cli imports this module.
-    from relayc.cli import EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE
-    from relayc.specs.errors import SpecErrors
+    from relayc.graph.passes import analyse
     from relayc.specs.loader import load_spec
 
     def usage(message: str) -> int:
@@ -343,7 +344,8 @@ def cmd_graph(args: argparse.Namespace) -> int:
     if not Path(args.spec).is_file():
         return usage(f"no such spec file: {args.spec}")
     try:
-        spec = load_spec(args.spec)
+        spec = load_spec(args.spec, ops=args.ops)
+        analyse(spec)  # the same checks as `relayc compile`: draw only a spec that compiles
     except SpecErrors as exc:
         print(exc.render(), file=sys.stderr)
         return EXIT_SPEC_ERRORS

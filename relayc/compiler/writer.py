@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +21,9 @@ class Output:
     text: str
 
 
-def compile_spec(spec_path: str | Path, out_dir: str | Path) -> Output:
-    """Generate the module of one spec; raises SpecErrors."""
-    spec = load_spec(spec_path)
+def compile_spec(spec_path: str | Path, out_dir: str | Path, *, ops: Sequence[str] = ()) -> Output:
+    """Generate the module of one spec (``ops``: more user-op modules); raises SpecErrors."""
+    spec = load_spec(spec_path, ops=ops)
     graphs = analyse(spec)
     shown_dir = Path(out_dir).as_posix()
     return Output(Path(out_dir) / f"{spec.algorithm}.py", generate_relay_module(graphs, shown_dir))

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from relayc.nodes.registry import Op, all_ops, get_op
+from relayc.nodes.registry import Op, OpsImportError, all_ops, get_op, import_op_module
 from relayc.specs.errors import SpecError, SpecErrors, did_you_mean, join_hints, quoted_list
 from relayc.specs.loader import Spec
 from relayc.specs.schema import Step
@@ -83,6 +83,38 @@ def _check_signature(spec: Spec, step: Step, op: Op, errors: list[SpecError]) ->
         )
 
 
+def import_spec_ops(spec: Spec) -> list[SpecError]:
+    """Import the spec's user-op modules; errors located at their `ops:` entries."""
+    errors: list[SpecError] = []
+    owner: dict[str, str] = {}
+    for module in spec.ops:
+        where = "`--ops` module" if module.from_cli else "ops module"
+        try:
+            registered = import_op_module(module.name, spec.ops_dir)
+        except OpsImportError as exc:
+            errors.append(
+                SpecError(
+                    module.loc,
+                    f"cannot import {where} `{module.name}`: {exc}",
+                    "fix the module, or check the name: a module beside the spec is "
+                    "named after its file",
+                )
+            )
+            continue
+        for name in registered:
+            if name in owner and owner[name] != module.name:
+                errors.append(
+                    SpecError(
+                        module.loc,
+                        f"{where} `{module.name}` registers op `{name}`, which "
+                        f"`{owner[name]}` registers too",
+                        "rename one of the two ops",
+                    )
+                )
+            owner.setdefault(name, module.name)
+    return errors
+
+
 def _build(spec: Spec, steps: tuple[Step, ...], errors: list[SpecError], phase: str) -> fx.Graph:
     graph = fx.Graph()
     values: dict[str, fx.Node] = {}
@@ -93,15 +125,17 @@ def _build(spec: Spec, steps: tuple[Step, ...], errors: list[SpecError], phase: 
             values[f"relay.{name}"] = _placeholder(graph, f"relay_{name}", "relay", name, spec)
     stashed: dict[str, fx.Node] = {}
     for step in steps:
-        op = get_op(step.op)
+        modules = [m.name for m in spec.ops]
+        op = get_op(step.op, modules)
         if op is None:
             errors.append(
                 SpecError(
                     step.loc,
                     f"unknown op `{step.op}` in step `{step.name}`",
                     join_hints(
-                        did_you_mean(step.op, all_ops()),
-                        "ops are registered in relayc/nodes/ with `relayc.nodes.registry.register`",
+                        did_you_mean(step.op, all_ops(modules)),
+                        "built-in ops are in relayc/nodes/ops.py; register your own with "
+                        "`relayc.nodes.register` in a module listed under `ops:`",
                     ),
                 )
             )
@@ -128,7 +162,9 @@ def _build(spec: Spec, steps: tuple[Step, ...], errors: list[SpecError], phase: 
 
 def build_graphs(spec: Spec) -> IterationGraphs:
     """The decode-iteration and prefill graphs of ``spec``; raises located SpecErrors."""
-    errors: list[SpecError] = []
+    errors = import_spec_ops(spec)
+    if errors:
+        raise SpecErrors(errors)  # unknown-op errors would only echo the failed import
     decode = _build(spec, spec.steps, errors, "decode")
     prefill = _build(spec, (spec.prefill,), errors, "prefill")
     if errors:

@@ -7,6 +7,7 @@ and raised together as :class:`SpecErrors` once all passes ran.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from relayc.graph.builder import IterationGraphs, build_graphs
-from relayc.nodes.registry import Op, dtype_name, eval_dim, torch_dtype
+from relayc.nodes.registry import Op, dims_of, dtype_name, eval_dim, torch_dtype
 from relayc.specs.errors import SpecError, SpecErrors
 from relayc.specs.loader import Spec
 from relayc.specs.schema import RelayField
@@ -25,6 +26,7 @@ from relayc.specs.schema import RelayField
 _SAMPLE_SIZES = (5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53)
 SAMPLE_MODEL_DTYPE = torch.bfloat16
 _SAMPLE_BATCH = 3
+_MAX_ELEMENTS = 2**62  # below int64's limit on a tensor's element count
 
 
 def _sample_dims(spec: Spec) -> dict[str, int]:
@@ -131,13 +133,30 @@ def propagate_meta(
                     node.meta["ident"]
                 ]
                 row = tuple(eval_dim(d, dims) for d in entity.shape)
+                if math.prod(row) * _SAMPLE_BATCH > _MAX_ELEMENTS:
+                    kind = "relay field" if node.meta["kind"] == "relay" else "engine input"
+                    errors.append(
+                        SpecError(
+                            entity.loc,
+                            f"{kind} `{node.meta['ident']}` of shape "
+                            f"[{', '.join(str(d) for d in entity.shape)}] has more elements per "
+                            "request than a tensor can index",
+                            "use smaller literal sizes",
+                        )
+                    )
+                    node.meta["val"] = None
+                    continue
                 node.meta["val"] = torch.empty(
                     (_SAMPLE_BATCH, *row),
                     dtype=torch_dtype(entity.dtype, SAMPLE_MODEL_DTYPE),
                     device="meta",
                 )
             elif node.op == "call_function" and node.meta["kind"] == "step":
-                node.meta["val"] = _run_meta(spec, node, dims, errors)
+                node.meta["val"] = (
+                    _run_meta(spec, node, dims, errors)
+                    if _op_dims_declared(spec, node, dims, errors)
+                    else {}
+                )
             elif node.op == "call_function":
                 outputs = node.args[0].meta.get("val") or {}
                 node.meta["val"] = outputs.get(node.args[1])
@@ -145,6 +164,37 @@ def propagate_meta(
                 _check_stash(spec, node, dims, errors)
     graphs.analysis["sample_dims"] = dims
     return graphs, True
+
+
+def _op_dims_declared(
+    spec: Spec, node: fx.Node, dims: Mapping[str, int], errors: list[SpecError]
+) -> bool:
+    """Whether the spec declares every dim the step's op sizes its tensors with; a
+    located error naming the missing ones when not."""
+    op: Op = node.target  # type: ignore[assignment]
+    step = node.meta["step"]
+    needed: dict[str, str] = {}  # dim -> the op parameter or output that needs it
+    for kind, types in (("parameter", op.inputs), ("output", op.outputs)):
+        for name, tensor_type in types.items():
+            for entry in tensor_type.shape:
+                for dim in sorted(dims_of(entry)):
+                    needed.setdefault(dim, f"{kind} `{name}`")
+    missing = [d for d in needed if d not in dims]
+    if not missing:
+        return True
+    errors.append(
+        SpecError(
+            step.loc,
+            f"op `{op.name}` of step `{step.name}` sizes its tensors with "
+            + ", ".join(f"dim `{d}` ({needed[d]})" for d in missing)
+            + ", which the spec does not declare",
+            "declare "
+            + (" and ".join(f"`{d}`" for d in missing))
+            + " under `dims:` with a `default:` or `supplied_by:`, or import a library "
+            "that does",
+        )
+    )
+    return False
 
 
 def _run_meta(

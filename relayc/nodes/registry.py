@@ -12,8 +12,13 @@ mapping from op name to implementation to the generated ``DecodeStep``.
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Mapping
+import importlib
+import os
+import sys
+import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path as FsPath
 from typing import Any
 
 import torch
@@ -68,6 +73,31 @@ def _eval(node: ast.AST, dims: Mapping[str, int]) -> int:
     raise ValueError(f"unsupported shape expression: {ast.unparse(node)}")
 
 
+_SHAPE_OPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)
+
+
+def _check_shape_entry(entry: object) -> None:
+    """A shape entry is a positive int or arithmetic (+ - * //) over dim names and ints."""
+    if isinstance(entry, bool) or not isinstance(entry, (int, str)):
+        raise ValueError(f"shape entry {entry!r} is neither a size nor a dim expression")
+    if isinstance(entry, int):
+        if entry <= 0:
+            raise ValueError(f"shape entry {entry} is not a positive size")
+        return
+    try:
+        tree = ast.parse(entry, mode="eval")
+    except SyntaxError:
+        raise ValueError(f"shape entry {entry!r} is not a dim expression") from None
+    for node in ast.walk(tree.body):
+        allowed = isinstance(node, (ast.Name, ast.BinOp, *_SHAPE_OPS, ast.Load)) or (
+            isinstance(node, ast.Constant) and type(node.value) is int
+        )
+        if not allowed:
+            raise ValueError(
+                f"shape entry {entry!r}: only dim names, whole numbers and + - * // are allowed"
+            )
+
+
 def dims_of(expr: str | int) -> set[str]:
     if isinstance(expr, int):
         return set()
@@ -85,7 +115,11 @@ class TensorType:
 
     def __post_init__(self) -> None:
         if self.dtype != "any" and self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}")
+            raise ValueError(
+                f"unknown dtype {self.dtype!r}; use `any` or one of {', '.join(DTYPES)}"
+            )
+        for entry in self.shape:
+            _check_shape_entry(entry)
 
     def text(self) -> str:
         return f"{self.dtype} [{', '.join(str(d) for d in self.shape)}]"
@@ -103,6 +137,18 @@ class Op:
     outputs: Mapping[str, TensorType]
     placement: str = "device"  # where it may run: device, host, or any
     doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"op name {self.name!r} is not a Python identifier")
+        if self.placement not in ("device", "host", "any"):
+            raise ValueError(
+                f"op `{self.name}`: placement {self.placement!r} is not device, host or any"
+            )
+        for kind, signature in (("input", self.inputs), ("output", self.outputs)):
+            for name, tensor_type in signature.items():
+                if not isinstance(tensor_type, TensorType):
+                    raise ValueError(f"op `{self.name}`: {kind} `{name}` is not a TensorType")
 
     @property
     def __name__(self) -> str:  # torch.fx names call_function nodes after the target
@@ -127,24 +173,147 @@ class Op:
         )
 
 
-_OPS: dict[str, Op] = {}
+class OpRegistrationError(ValueError):
+    """An op that cannot be registered: its name is a built-in op's."""
 
 
-def register(op: Op) -> Op:
-    """Register an op so specs can name it; a name is registered once."""
-    if op.name in _OPS and _OPS[op.name] is not op:
-        raise ValueError(f"op `{op.name}` is already registered with another signature")
-    _OPS[op.name] = op
+_BUILTIN: dict[str, Op] = {}
+_BUILTINS_SEALED = False
+# User ops by the module that registered them, then by name: a spec sees the built-in
+# ops and those of the modules it names (`ops:`, `--ops`), never another spec's.
+_USER: dict[str, dict[str, Op]] = {}
+# The module named under `ops:` being imported now: what it registers, directly or
+# through helpers it imports, is its.
+_importing: list[str] = []
+
+
+def register(op: Op, *, module: str | None = None) -> Op:
+    """Register ``op`` so specs can name it in `op:`; returns it (usable at module level).
+
+    User ops belong to the module that registers them (``module``, else the module
+    named under `ops:` that is being imported, else the caller's module) and are
+    visible only to specs that name that module. Registering again from the same
+    module replaces the op of that name, so re-importing a module (or registering the
+    same object twice) is harmless. A user op cannot take a built-in op's name:
+    :class:`OpRegistrationError`.
+    """
+    if not _BUILTINS_SEALED:
+        if op.name in _BUILTIN and _BUILTIN[op.name] is not op:
+            raise OpRegistrationError(f"built-in op `{op.name}` is registered twice")
+        _BUILTIN[op.name] = op
+        return op
+    if op.name in _BUILTIN:
+        if _BUILTIN[op.name] is op:
+            return op
+        raise OpRegistrationError(
+            f"op `{op.name}` clashes with the built-in op of that name; give your op another name"
+        )
+    owner = module or (_importing[-1] if _importing else sys._getframe(1).f_globals["__name__"])
+    _USER.setdefault(owner, {})[op.name] = op
     return op
 
 
-def get_op(name: str) -> Op | None:
-    from relayc.nodes import ops  # noqa: F401  (registers the built-in ops)
+def seal_builtins() -> None:
+    """From now on registrations are user ops (called once the built-in ops are in)."""
+    global _BUILTINS_SEALED
+    _BUILTINS_SEALED = True
 
-    return _OPS.get(name)
+
+def get_op(name: str, modules: Sequence[str] = ()) -> Op | None:
+    """The op ``name``: a built-in, or one registered by one of ``modules``."""
+    if name in _BUILTIN:
+        return _BUILTIN[name]
+    for module in modules:
+        op = _USER.get(module, {}).get(name)
+        if op is not None:
+            return op
+    return None
 
 
-def all_ops() -> dict[str, Op]:
-    from relayc.nodes import ops  # noqa: F401
+def all_ops(modules: Sequence[str] = ()) -> dict[str, Op]:
+    """The built-in ops and those registered by ``modules`` (first registration wins)."""
+    ops = dict(_BUILTIN)
+    for module in modules:
+        for name, op in _USER.get(module, {}).items():
+            ops.setdefault(name, op)
+    return ops
 
-    return dict(_OPS)
+
+def builtin_op_names() -> frozenset[str]:
+    return frozenset(_BUILTIN)
+
+
+def user_ops(module: str) -> dict[str, Op]:
+    """The ops ``module`` registered (empty when it registered none)."""
+    return dict(_USER.get(module, {}))
+
+
+class OpsImportError(Exception):
+    """A module of user ops that failed to import; the message says why."""
+
+
+def import_op_module(name: str, search_dir: str | os.PathLike[str]) -> dict[str, Op]:
+    """Import the user-op module ``name`` with ``search_dir`` importable first; returns its ops.
+
+    A module already imported from another folder (an ``ops.py`` beside another spec)
+    is imported afresh from ``search_dir`` when that folder holds it, and the ops the
+    stale copy registered are dropped with it, so specs in different folders each get
+    their own ``ops``.
+    """
+    top = name.partition(".")[0]
+    folder = FsPath(search_dir).resolve()
+    local = folder / f"{top}.py" if (folder / f"{top}.py").is_file() else folder / top
+    cached = sys.modules.get(top)
+    if local.exists() and cached is not None and not _defined_under(cached, local):
+        for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+            del sys.modules[loaded]
+            _USER.pop(loaded, None)
+    sys.path.insert(0, str(folder))
+    _importing.append(name)
+    importlib.invalidate_caches()  # the file may be newer than the finders' listings
+    try:
+        importlib.import_module(name)
+    except OpRegistrationError as exc:
+        raise OpsImportError(str(exc)) from None
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+            raise OpsImportError(
+                f"no module named `{exc.name}` (looked in {display_folder(folder)} and on sys.path)"
+            ) from None
+        raise OpsImportError(f"{type(exc).__name__}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # the user's module: any failure is reported
+        where = _user_frame(exc)
+        raise OpsImportError(f"{type(exc).__name__}: {exc}{where}") from None
+    finally:
+        _importing.pop()
+        sys.path.remove(str(folder))
+    return user_ops(name)
+
+
+def _defined_under(module: types.ModuleType, local: FsPath) -> bool:
+    file = getattr(module, "__file__", None)
+    if file is None:
+        return False
+    path = FsPath(file).resolve()
+    return path == local or local in path.parents
+
+
+def display_folder(folder: FsPath) -> str:
+    try:
+        return str(folder.relative_to(FsPath.cwd())) or "."
+    except ValueError:
+        return str(folder)
+
+
+def _user_frame(exc: BaseException) -> str:
+    """` (at file:line)` of the user's line that failed, so they find it."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}:{exc.lineno})"
+    tb = exc.__traceback__
+    where = ""
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not filename.startswith("<frozen"):
+            where = f" (at {filename}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return where

@@ -10,8 +10,8 @@ checks accepted.
 
 from __future__ import annotations
 
+from relayc.specs.document import Parts, Spec
 from relayc.specs.errors import SourceLoc, SpecError, did_you_mean, join_hints, quoted_list
-from relayc.specs.loader import Parts, Spec
 from relayc.specs.schema import (
     REF_KINDS,
     Dim,
@@ -117,6 +117,7 @@ def check_algorithm(
         capture=parts.capture,
         origin=origin,
         entry_locs=_entry_locs(parts),
+        ops=tuple(parts.ops),
     )
 
 

@@ -3,13 +3,45 @@
 Errors render as ``path:line:col: error: <what is wrong> (<hint>)`` -- the format
 compilers use, so editors and terminals turn them into links.  A loader collects
 every error of a file before raising, so one run shows them all.
+
+The exit codes and :class:`UsageError` live here, below every command, so the
+commands registered from other packages (``relayc graph``, ``relayc generate``,
+``relayc demo``) report like ``relayc.cli`` without importing it.
 """
 
 from __future__ import annotations
 
+import argparse
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
+
+EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A command-line mistake: reported in one line, exit code 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line, exit 2 (the usage block is what --help is
+    for); subcommands' parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def add_ops_option(parser: argparse.ArgumentParser) -> None:
+    """``--ops MODULE`` (repeatable) on every command that checks specs."""
+    parser.add_argument(
+        "--ops",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (its user ops) before checking, as if listed under the spec's "
+        "`ops:`; repeatable",
+    )
 
 
 @dataclass(frozen=True, order=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from relayc.specs.loader import Library, Spec
+from relayc.specs.document import Library, Spec
 from relayc.specs.schema import Dim, RelayField, Step
 
 
@@ -66,6 +66,9 @@ def explain(document: Spec | Library) -> str:
         out.append(f"library {document.name}  ({document.path})")
     if document.description:
         out.append(document.description)
+    if isinstance(document, Spec) and document.ops:
+        names = ", ".join(m.name + (" (--ops)" if m.from_cli else "") for m in document.ops)
+        out.append(f"user ops from: {names}")
     out += [
         "",
         "dims",

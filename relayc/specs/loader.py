@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path as FsPath
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from relayc.specs.checks import check_algorithm, check_library
+from relayc.specs.document import Library, OpsModule, Parts, Spec
 from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
 from relayc.specs.messages import translate
 from relayc.specs.schema import (
@@ -29,69 +32,21 @@ from relayc.specs.schema import (
     SpecFile,
     Step,
 )
-from relayc.specs.yamlsrc import LocIndex, Path, load_yaml
+from relayc.specs.yamlsrc import LocIndex, decode_spec_bytes, load_yaml
 
 BUNDLED_DIR = FsPath(__file__).resolve().parent
 
-
-@dataclass
-class Parts:
-    """The well-formed entities of one file, each with its path in the document.
-
-    Built from a fully valid file or, when some entities are broken, from those
-    that validate on their own; ``broken`` holds names of entities that did not,
-    so references to them do not produce follow-on errors.
-    """
-
-    path: str
-    index: LocIndex
-    algorithm: str | None = None
-    library: str | None = None
-    description: str = ""
-    imports: list[tuple[Path, Import]] = field(default_factory=list)
-    dims: dict[str, Dim] = field(default_factory=dict)
-    inputs: dict[str, Input] = field(default_factory=dict)
-    fields: dict[str, RelayField] = field(default_factory=dict)
-    prefill: Step | None = None
-    steps: list[tuple[Path, Step]] = field(default_factory=list)
-    capture: Capture | None = None
-    broken: set[tuple[str, str]] = field(default_factory=set)
-    has: set[str] = field(default_factory=set)  # top-level keys present in the file
-
-
-@dataclass(frozen=True)
-class Spec:
-    """A validated algorithm spec with its imports resolved.
-
-    ``dims``, ``inputs`` and ``fields`` merge the imported definitions (first,
-    in import order) with the file's own, in declaration order: that order is
-    the order of everything generated from the spec.
-    """
-
-    path: str
-    algorithm: str
-    description: str
-    content_hash: str
-    dims: dict[str, Dim]
-    inputs: dict[str, Input]
-    fields: dict[str, RelayField]
-    prefill: Step
-    steps: tuple[Step, ...]
-    capture: Capture
-    origin: dict[str, str]  # relay field -> the file that defines it
-    # (step name, "reads" | "writes" | "stash", parameter / output / field) -> where it is
-    entry_locs: dict[tuple[str, str, str], SourceLoc] = field(default_factory=dict)
-
-    def locate(self, step: str, section: str, key: str) -> SourceLoc:
-        """Where a step's read, write or stash entry is, falling back to the step."""
-        loc = self.entry_locs.get((step, section, key))
-        if loc is not None:
-            return loc
-        return next(s.loc for s in (self.prefill, *self.steps) if s.name == step)
-
-    @property
-    def relay_fields(self) -> list[str]:
-        return list(self.fields)
+__all__ = [
+    "BUNDLED_DIR",
+    "Library",
+    "Parts",
+    "Spec",
+    "bundled_spec_paths",
+    "display_path",
+    "load_document",
+    "load_spec",
+    "load_spec_text",
+]
 
 
 def display_path(path: str | os.PathLike[str]) -> str:
@@ -116,21 +71,12 @@ def _is_library_file(path: FsPath) -> bool:
     return isinstance(data, dict) and "library" in data
 
 
-@dataclass(frozen=True)
-class Library:
-    """A validated library file: shared dims, inputs and fields."""
+def load_spec(path: str | os.PathLike[str], *, ops: Sequence[str] = ()) -> Spec:
+    """Load and validate an algorithm spec file; raises :class:`SpecErrors`.
 
-    path: str
-    name: str
-    description: str
-    dims: dict[str, Dim]
-    inputs: dict[str, Input]
-    fields: dict[str, RelayField]
-
-
-def load_spec(path: str | os.PathLike[str]) -> Spec:
-    """Load and validate an algorithm spec file; raises :class:`SpecErrors`."""
-    document = load_document(path)
+    ``ops`` names more modules of user ops (the CLI's ``--ops``), after the spec's own.
+    """
+    document = load_document(path, ops=ops)
     if isinstance(document, Library):
         raise SpecErrors(
             [
@@ -144,22 +90,24 @@ def load_spec(path: str | os.PathLike[str]) -> Spec:
     return document
 
 
-def load_document(path: str | os.PathLike[str]) -> Spec | Library:
+def load_document(path: str | os.PathLike[str], *, ops: Sequence[str] = ()) -> Spec | Library:
     """Load and validate a spec file of either kind; raises :class:`SpecErrors`."""
     shown = display_path(path)
     try:
-        text = FsPath(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = FsPath(path).read_bytes()
+    except OSError as exc:
         raise SpecErrors(
             [SpecError(SourceLoc(shown, 1, 1), f"cannot read spec: {_why(exc)}", "check the path")]
         ) from None
-    return load_spec_text(text, shown, base_dir=FsPath(path).resolve().parent)
+    text = decode_spec_bytes(data, shown)
+    return load_spec_text(text, shown, base_dir=FsPath(path).resolve().parent, ops=ops)
 
 
-def load_spec_text(text: str, path: str, *, base_dir: FsPath | None = None) -> Spec | Library:
-    """Load a spec file's text; ``path`` is used in messages, ``base_dir`` for imports."""
-    from relayc.specs.checks import check_algorithm
-
+def load_spec_text(
+    text: str, path: str, *, base_dir: FsPath | None = None, ops: Sequence[str] = ()
+) -> Spec | Library:
+    """Load a spec file's text; ``path`` is used in messages, ``base_dir`` for imports and
+    user-op modules, ``ops`` names user-op modules beyond the spec's `ops:`."""
     errors: list[SpecError] = []
     parts = parse_parts(text, path, errors)
     if parts is None:
@@ -177,7 +125,9 @@ def load_spec_text(text: str, path: str, *, base_dir: FsPath | None = None) -> S
         )
     if errors or spec is None:
         raise SpecErrors(errors or [SpecError(parts.index.value(()), "invalid spec")])
-    return spec
+    root = parts.index.value(())
+    cli_ops = [OpsModule(name, root, from_cli=True) for name in ops]
+    return replace(spec, ops=(*parts.ops, *cli_ops), ops_dir=str(base_dir or FsPath.cwd()))
 
 
 def _hash(text: str, libraries: dict[str, tuple[Parts, str]]) -> str:
@@ -232,6 +182,7 @@ def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -
     for i, imp in enumerate(valid.imports):
         _locate(imp, index.value(("imports", i)))
         parts.imports.append((("imports", i), imp))
+    parts.ops = [OpsModule(name, index.value(("ops", i))) for i, name in enumerate(valid.ops)]
     for i, step in enumerate(valid.steps):
         _locate(step, index.value(("steps", i)))
         parts.steps.append((("steps", i), step))
@@ -307,8 +258,12 @@ def _load_imports(
         loc = parts.index.value((*path, "file"))
         target = (base_dir / imp.file).resolve()
         try:
-            text = target.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            text = decode_spec_bytes(target.read_bytes(), display_path(target))
+        except SpecErrors as exc:
+            errors.extend(exc.errors)
+            parts.broken.add(("imports", imp.file))
+            continue
+        except OSError as exc:
             errors.append(
                 SpecError(
                     loc,
@@ -334,8 +289,6 @@ def _load_imports(
             )
             parts.broken.add(("imports", imp.file))
             continue
-        from relayc.specs.checks import check_library
-
         check_library(lib, errors)
         libraries[imp.file] = (lib, text)
     return libraries

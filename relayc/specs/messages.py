@@ -178,6 +178,9 @@ def _one(err: Any, index: LocIndex, data: Any, prefix: Path) -> SpecError:
         return SpecError(
             index.value(loc), f"{where} must be greater than {bound}, got {kind_of(value)}"
         )
+    if kind in ("less_than", "less_than_equal"):
+        bound = err.get("ctx", {}).get("lt", err.get("ctx", {}).get("le"))
+        return SpecError(index.value(loc), f"{where} must be at most {bound}, got {kind_of(value)}")
     if kind == "string_too_short":
         return SpecError(
             index.value(loc), f"{where} must not be empty", "say in a few words what it is for"

@@ -30,12 +30,30 @@ DType = Literal["int32", "int64", "float32", "bfloat16", "float16", "bool", "mod
 
 IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REF_KINDS = ("relay", "input")
+# Largest literal size, dim default or batch size: sizes index int32 tensors in kernels,
+# and a larger one is a typo that would otherwise overflow far from the spec.
+MAX_SIZE = 2**31 - 1
+# Names become attributes, and the algorithm's name a file name (<= 255 bytes on disk).
+MAX_NAME_LENGTH = 64
+# Largest finite value per float dtype; `model` may be float16, so it gets float16's.
+_FLOAT_MAX = {
+    "float32": 3.4028234663852886e38,
+    "bfloat16": 3.3895313892515355e38,
+    "float16": 65504.0,
+}
 _INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
 def _identifier(value: Any) -> Any:
     if not isinstance(value, str):
         return value  # the str type check reports it
+    if len(value) > MAX_NAME_LENGTH:
+        raise PydanticCustomError(
+            "relayc_identifier",
+            "a name of {length} characters is too long (at most {limit}: names become "
+            "attributes and file names in generated code)",
+            {"length": len(value), "limit": MAX_NAME_LENGTH},
+        )
     if not IDENTIFIER_RE.match(value) or keyword.iskeyword(value):
         raise PydanticCustomError(
             "relayc_identifier",
@@ -61,6 +79,20 @@ def _ref(value: Any) -> Any:
     return value
 
 
+def _module_name(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    parts = value.split(".")
+    if not all(IDENTIFIER_RE.match(p) and not keyword.iskeyword(p) for p in parts):
+        raise PydanticCustomError(
+            "relayc_module",
+            "`{value}` is not a Python module name (dotted names such as `mypkg.relay_ops`; "
+            "a module beside the spec is named after its file, `ops` for `ops.py`)",
+            {"value": value},
+        )
+    return value
+
+
 def _dim_entry(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise PydanticCustomError(
@@ -73,6 +105,12 @@ def _dim_entry(value: Any) -> Any:
             "relayc_dim_entry",
             "a literal size in a shape must be positive, got {value}",
             {"value": value},
+        )
+    if isinstance(value, int) and value > MAX_SIZE:
+        raise PydanticCustomError(
+            "relayc_dim_entry",
+            "a literal size of {value} is too large (at most {limit}: 2**31 - 1)",
+            {"value": value, "limit": MAX_SIZE},
         )
     return _identifier(value) if isinstance(value, str) else value
 
@@ -93,6 +131,7 @@ def _init_policy(value: Any) -> Any:
 
 Identifier = Annotated[str, BeforeValidator(_identifier)]
 ValueRef = Annotated[str, BeforeValidator(_ref)]
+ModuleName = Annotated[str, BeforeValidator(_module_name)]
 DimEntry = Annotated[str | int, BeforeValidator(_dim_entry)]
 InitPolicy = Annotated[
     Literal["empty", "zeros"] | bool | int | float, BeforeValidator(_init_policy)
@@ -102,7 +141,9 @@ InitPolicy = Annotated[
 class SpecModel(BaseModel):
     """Base of every spec entity: frozen, unknown keys rejected, a source location."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+    # Strict: YAML already gives typed values, so `default: true` or `default: "16"` is a
+    # mistake to report, not a value to coerce into 1 or 16.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     _loc: SourceLoc | None = PrivateAttr(default=None)
 
     @property
@@ -116,7 +157,10 @@ class Dim(SpecModel):
     """A symbolic size bound at run time."""
 
     default: int | None = Field(
-        default=None, gt=0, description="Value used when the engine does not bind this dim."
+        default=None,
+        gt=0,
+        le=MAX_SIZE,
+        description="Value used when the engine does not bind this dim.",
     )
     supplied_by: str | None = Field(
         default=None,
@@ -213,10 +257,10 @@ class Step(SpecModel):
 class Capture(SpecModel):
     """CUDA-graph capture settings for the device part of the decode step."""
 
-    batch_sizes: list[Annotated[int, Field(gt=0)]] = Field(
+    batch_sizes: list[Annotated[int, Field(gt=0, le=MAX_SIZE)]] = Field(
         description="Batch-size buckets captured as graphs, ascending."
     )
-    max_batch_size: int = Field(gt=0, description="Largest batch the engine runs.")
+    max_batch_size: int = Field(gt=0, le=MAX_SIZE, description="Largest batch the engine runs.")
 
 
 class Import(SpecModel):
@@ -242,6 +286,13 @@ class SpecFile(SpecModel):
     )
     description: str = Field(default="", description="What this file describes.")
     imports: list[Import] = Field(default_factory=list, description="Libraries imported.")
+    ops: list[ModuleName] = Field(
+        default_factory=list,
+        description="Python modules that register user ops with `relayc.nodes.register`, "
+        "imported before the steps are checked (the spec's folder is importable, so `ops` "
+        "names an `ops.py` beside the spec). Importing runs the module's code: list only "
+        "modules you trust.",
+    )
     dims: dict[Identifier, Dim] = Field(default_factory=dict, description="Symbolic sizes.")
     inputs: dict[Identifier, Input] = Field(
         default_factory=dict, description="Values the engine provides each iteration."
@@ -269,4 +320,9 @@ def fill_fits_dtype(value: bool | int | float, dtype: str) -> bool:
             return False
         lo, hi = _INT_RANGES[dtype]
         return lo <= int(value) <= hi
-    return True
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        return False
+    # inf and NaN are fine fills (NaN is the float poison); a finite value must stay finite.
+    return not math.isfinite(number) or abs(number) <= _FLOAT_MAX.get(dtype, _FLOAT_MAX["float16"])

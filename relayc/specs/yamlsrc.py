@@ -14,10 +14,14 @@ from typing import Any
 
 import yaml
 
-from relayc.specs.errors import SourceLoc, SpecError
+from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
 
 Path = tuple[str | int, ...]
 _MAX_DEPTH = 64
+# Values the document may expand to once aliases are followed. The bundled specs have
+# about a thousand; a "billion laughs" file of a few hundred bytes has billions, and
+# building them would take minutes and gigabytes before any check ran.
+MAX_EXPANDED_VALUES = 100_000
 
 
 @dataclass
@@ -133,6 +137,70 @@ class _Builder:
             return None
 
 
+def _expanded_sizes(root: yaml.Node) -> dict[int, int]:
+    """Values under each node with aliases expanded (capped just above the limit).
+
+    Computed once per distinct node, so it takes time linear in the file however far
+    aliases would expand; a node inside itself (a recursive alias) counts once here
+    and is reported by the builder.
+    """
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+    cap = MAX_EXPANDED_VALUES + 1
+
+    def size(node: yaml.Node, depth: int) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active or depth > _MAX_DEPTH:
+            return 1
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                total += size(key_node, depth + 1) + size(value_node, depth + 1)
+                if total >= cap:
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                total += size(item, depth + 1)
+                if total >= cap:
+                    break
+        active.discard(key)
+        sizes[key] = min(total, cap)
+        return sizes[key]
+
+    size(root, 0)
+    return sizes
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _too_large(root: yaml.Node, path: str) -> SpecError | None:
+    """A located error when aliases expand the document past MAX_EXPANDED_VALUES."""
+    sizes = _expanded_sizes(root)
+    if sizes.get(id(root), 0) <= MAX_EXPANDED_VALUES:
+        return None
+    # Point at the smallest value that is too large on its own: the anchor to fix.
+    node = root
+    while True:
+        bigger = [c for c in _children(node) if sizes.get(id(c), 0) > MAX_EXPANDED_VALUES]
+        if not bigger or bigger[0] is node:
+            break
+        node = bigger[0]
+    return SpecError(
+        _mark(path, node.start_mark),
+        f"this value expands to more than {MAX_EXPANDED_VALUES} values through YAML aliases",
+        "specs are small trees; write the values out or use fewer, smaller aliases",
+    )
+
+
 def _problem(exc: yaml.YAMLError) -> str:
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     return str(problem)
@@ -148,6 +216,8 @@ def load_yaml(text: str, path: str) -> tuple[Any, LocIndex, list[SpecError]]:
         message = f"YAML syntax error: {exc.problem or exc.context}"
         hint = exc.context if exc.context and exc.problem else None
         return None, builder.index, [SpecError(_mark(path, mark), message, hint)]
+    except yaml.reader.ReaderError as exc:  # a byte YAML does not allow, e.g. NUL
+        return None, builder.index, [_reader_error(exc, text, path)]
     except yaml.YAMLError as exc:
         return (
             None,
@@ -177,5 +247,41 @@ def load_yaml(text: str, path: str) -> tuple[Any, LocIndex, list[SpecError]]:
                 "remove the `---` and what follows, or split the file",
             )
         )
+    too_large = _too_large(nodes[0], path)
+    if too_large is not None:
+        return None, builder.index, [*builder.errors, too_large]
     data = builder.build(nodes[0], (), frozenset())
     return data, builder.index, builder.errors
+
+
+def text_position(text: str, offset: int) -> tuple[int, int]:
+    """1-based (line, column) of character ``offset`` in ``text``."""
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def _reader_error(exc: yaml.reader.ReaderError, text: str, path: str) -> SpecError:
+    line, col = text_position(text, exc.position)
+    char = exc.character
+    code = ord(char) if isinstance(char, str) else int(char)
+    shown = f"U+{code:04X}"
+    return SpecError(
+        SourceLoc(path, line, col),
+        f"character {shown} is not allowed in YAML",
+        "remove it; spec files are plain UTF-8 text",
+    )
+
+
+def decode_spec_bytes(data: bytes, path: str) -> str:
+    """UTF-8 text of a spec file, or a SpecError located at the first undecodable byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        error = SpecError(
+            SourceLoc(path, line, col),
+            f"byte 0x{data[exc.start]:02x} is not UTF-8 ({exc.reason})",
+            "save the file as UTF-8",
+        )
+        raise SpecErrors([error]) from None

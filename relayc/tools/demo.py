@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relayc.specs.errors import UsageError
+from relayc.tools.args import int_in, model_dir, writable_file
+
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
     "for i in range(10):\n    for j in range(10):\n        print(i, j)\n",
@@ -186,24 +189,35 @@ def chart(rows: Sequence[Row], path: Path) -> bool:
 
 def run_demo(args: argparse.Namespace) -> int:
     from relayc.compiler.writer import GENERATED_DIR, regenerate_bundled
+    from relayc.engine.weights import CheckpointError
 
-    written = regenerate_bundled()
+    try:
+        written = regenerate_bundled()
+    except OSError as exc:
+        raise UsageError(f"cannot write the generated modules: {exc.strerror or exc}") from None
     print(
         f"compiled the bundled specs into {GENERATED_DIR} "
         f"({len(written)} rewritten, the rest unchanged)"
     )
     prompts = demo_prompts(args.model)
-    rows = measure(
-        prompts[: args.prompts],
-        args.max_new_tokens,
-        model=args.model,
-        batch_size=args.batch_size,
-        repeats=args.repeats,
-        progress=_progress,
-    )
+    try:
+        rows = measure(
+            prompts[: args.prompts],
+            args.max_new_tokens,
+            model=args.model,
+            batch_size=args.batch_size,
+            repeats=args.repeats,
+            progress=_progress,
+        )
+    except (CheckpointError, ValueError) as exc:  # a checkpoint the engine cannot run
+        raise UsageError(str(exc)) from None
     print(table(rows))
     out = Path(args.chart)
-    if chart(rows, out):
+    try:
+        written_chart = chart(rows, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write the chart {out}: {exc.strerror or exc}") from None
+    if written_chart:
         print(f"chart: {out}")
     else:
         print("chart skipped: `pip install matplotlib` to write it")
@@ -217,22 +231,31 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
         description="Compile the bundled specs, run every algorithm on a fixed prompt set, "
         "print mean accept length, tokens/s, speedup vs none and whether the outputs equal "
         "greedy none, and write the same as a PNG chart.",
+        epilog="Exit codes: 0 ok, 1 an algorithm's output differs from greedy none, 2 usage "
+        "errors (bad arguments, checkpoint).",
     )
     p.add_argument(
         "--model",
+        type=model_dir,
         metavar="DIR",
         help="a local checkpoint directory, or `random` (default: the shipped demo models)",
     )
-    p.add_argument("--prompts", type=int, default=8, help="how many prompts to run")
+    p.add_argument("--prompts", type=int_in(1), default=8, help="how many prompts to run")
     p.add_argument(
         "--batch-size",
-        type=int,
+        type=int_in(0),
         default=1,
         help="concurrent requests (default 1: one at a time, the latency speculation cuts; "
         "0: every prompt at once)",
     )
     # 64: long enough that the drafters' prompt pass (EAGLE, MTP, standalone) is amortised
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=2, help="best of N timed runs (default 2)")
-    p.add_argument("--chart", default="relayc-demo.png", help="where to write the PNG chart")
+    p.add_argument("--max-new-tokens", type=int_in(1), default=64)
+    p.add_argument("--repeats", type=int_in(1), default=2, help="best of N timed runs (default 2)")
+    # Checked before the run (folder exists, writable), not after minutes of measuring.
+    p.add_argument(
+        "--chart",
+        type=writable_file,
+        default="relayc-demo.png",
+        help="where to write the PNG chart",
+    )
     p.set_defaults(func=run_demo)

@@ -11,6 +11,9 @@ import sys
 import time
 from contextlib import closing
 
+from relayc.specs.errors import EXIT_OK, EXIT_USAGE
+from relayc.tools.args import MAX_SEED, float_in, int_in, model_dir, torch_device, utf8_text
+
 # Control characters a random model happily samples (ESC among them) would
 # drive the terminal; print them escaped. Newlines and tabs stay.
 _KEEP = {"\n", "\t"}
@@ -37,26 +40,38 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         "per decode step) to stderr.",
         epilog="Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request).",
     )
-    p.add_argument("--prompt", required=True, help="prompt text (byte-level tokenizer)")
-    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="default 32")
     p.add_argument(
-        "--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples"
+        "--prompt", required=True, type=utf8_text, help="prompt text (byte-level tokenizer)"
     )
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
+    p.add_argument("--max-new-tokens", type=int_in(1), default=32, metavar="N", help="default 32")
     p.add_argument(
-        "--seed", type=int, default=0, help="seeds the sampler (and `--model random`'s weights)"
+        "--temperature", type=float_in(0.0), default=0.0, help="0 = greedy (default); > 0 samples"
+    )
+    p.add_argument(
+        "--top-k", type=int_in(0), default=0, help="keep the k most likely tokens (0 = off)"
+    )
+    p.add_argument(
+        "--top-p",
+        type=float_in(0.0, 1.0, low_open=True),
+        default=1.0,
+        help="nucleus mass in (0, 1] (1 = off)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int_in(0, MAX_SEED),
+        default=0,
+        help="seeds the sampler (and `--model random`'s weights)",
     )
     p.add_argument(
         "--algorithm",
         default="none",
         help="none (default: one token per step), eagle, eagle_multilayer, ngram or standalone",
     )
-    p.add_argument("--num-steps", type=int, default=3, help="draft steps (EAGLE; default 3)")
-    p.add_argument("--topk", type=int, default=1, help="draft branching per step (default 1)")
+    p.add_argument("--num-steps", type=int_in(1), default=3, help="draft steps (EAGLE; default 3)")
+    p.add_argument("--topk", type=int_in(1), default=1, help="draft branching per step (default 1)")
     p.add_argument(
         "--num-draft-tokens",
-        type=int,
+        type=int_in(1),
         default=4,
         metavar="N",
         help="tokens verified per step, root included (default 4)",
@@ -66,23 +81,24 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     )
     p.add_argument(
         "--model",
+        type=model_dir,
         metavar="DIR",
         help="Hugging Face Llama checkpoint directory, or `random` (default: the shipped model)",
     )
     p.add_argument(
         "--draft-model",
+        type=model_dir,
         metavar="DIR",
         help="draft checkpoint directory (EAGLE head, MTP drafter or standalone model; default: "
         "the shipped one with the shipped model, else random)",
     )
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--device", type=torch_device, default="cpu", help="torch device (default cpu)")
     p.set_defaults(func=cmd_generate)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """``relayc generate``: 0 ok, 2 usage errors."""
-    # Imported here: relayc.cli imports this module, and torch is slow to import.
-    from relayc.cli import EXIT_OK, EXIT_USAGE
+    # Imported here: torch is slow to import, and `relayc validate` should not pay for it.
     from relayc.engine.engine import Engine
     from relayc.engine.sampling import SamplingParams
     from relayc.engine.weights import CheckpointError

@@ -81,7 +81,7 @@ CASES = [
         "unknown_op",
         [("op: eagle_draft_extend", "op: eagle_draft_extnd")],
         [
-            "eagle.yaml:86:5: error: unknown op `eagle_draft_extnd` in step `draft_extend` (did you mean `eagle_draft_extend`? ops are registered in relayc/nodes/ with `relayc.nodes.registry.register`)"
+            "eagle.yaml:86:5: error: unknown op `eagle_draft_extnd` in step `draft_extend` (did you mean `eagle_draft_extend`? built-in ops are in relayc/nodes/ops.py; register your own with `relayc.nodes.register` in a module listed under `ops:`)"
         ],
     ),
     (

@@ -32,7 +32,7 @@ CASES = [
         "unknown_top_key",
         [("algorithm: tiny", "algorithm: tiny\nbogus: 1")],
         [
-            "spec.yaml:2:1: error: unknown key `bogus` in the spec (allowed keys: `version`, `algorithm`, `library`, `description`, `imports`, `dims`, `inputs`, `fields`, `prefill`, `steps`, `capture`)"
+            "spec.yaml:2:1: error: unknown key `bogus` in the spec (allowed keys: `version`, `algorithm`, `library`, `description`, `imports`, `ops`, `dims`, `inputs`, `fields`, `prefill`, `steps`, `capture`)"
         ],
     ),
     (
@@ -105,7 +105,7 @@ CASES = [
     ),
     (
         "missing_op",
-        [("  - name: decode\n    op: target_decode", "  - name: decode")],
+        [("  - name: decode\n    op: tiny_decode", "  - name: decode")],
         [
             "spec.yaml:16:5: error: step `decode` is missing `op` (add `op:`: the node op the step runs; ops are registered in `relayc/nodes/`)"
         ],
@@ -128,7 +128,7 @@ CASES = [
         "yaml_syntax",
         [("max_batch_size: 4}", "max_batch_size: 4")],
         [
-            "spec.yaml:26:1: error: YAML syntax error: expected ',' or '}', but got '<stream end>' (while parsing a flow mapping)"
+            "spec.yaml:26:4: error: YAML syntax error: expected ',' or '}', but got ':' (while parsing a flow mapping)"
         ],
     ),
     (
@@ -186,6 +186,7 @@ CASES = [
             "spec.yaml:9:1: error: a library cannot have `prefill` (a library holds only `dims`, `inputs`, `fields`; move `prefill` to an algorithm spec)",
             "spec.yaml:15:1: error: a library cannot have `steps` (a library holds only `dims`, `inputs`, `fields`; move `steps` to an algorithm spec)",
             "spec.yaml:25:1: error: a library cannot have `capture` (a library holds only `dims`, `inputs`, `fields`; move `capture` to an algorithm spec)",
+            "spec.yaml:26:1: error: a library cannot have `ops` (a library holds only `dims`, `inputs`, `fields`; move `ops` to an algorithm spec)",
         ],
     ),
     (
@@ -222,14 +223,14 @@ CASES = [
     ),
     (
         "yaml_bool_key",
-        [("    op: sample\n", "    op: sample\n    on: host\n")],
+        [("    op: tiny_sample\n", "    op: tiny_sample\n    on: host\n")],
         [
             "spec.yaml:22:5: error: mapping key `on` is not a name (YAML reads unquoted `on`, `off`, `yes`, `no`, `true`, `null` as booleans or null; quote the key if you meant a name)"
         ],
     ),
     (
         "bad_placement",
-        [("    op: sample\n", "    op: sample\n    placement: gpu\n")],
+        [("    op: tiny_sample\n", "    op: tiny_sample\n    placement: gpu\n")],
         [
             "spec.yaml:22:16: error: `placement` of step `sample` must be one of `device`, `host`, got the string `gpu`"
         ],
@@ -288,7 +289,7 @@ CASES = [
     ),
     (
         "tab_indent",
-        [("  - name: decode\n    op: target_decode", "  - name: decode\n\top: target_decode")],
+        [("  - name: decode\n    op: tiny_decode", "  - name: decode\n\top: tiny_decode")],
         [
             "spec.yaml:17:1: error: YAML syntax error: found character '\\t' that cannot start any token (while scanning for the next token)"
         ],
@@ -373,7 +374,7 @@ def write_case(tmp_path: Path, mutations: list[tuple[str, str]]) -> Path:
     for old, new in mutations:
         assert old in text, f"catalogue mutation no longer applies: {old!r}"
         text = text.replace(old, new, 1)
-    for name in ("tiny.yaml", "shared.yaml"):
+    for name in ("tiny.yaml", "shared.yaml", "tiny_ops.py"):
         shutil.copy(DATA / name, tmp_path / name)
     spec = tmp_path / "spec.yaml"
     spec.write_text(text)

@@ -86,13 +86,16 @@ class SGLangAlgorithm:
         return tuple(f for f in self.layout.fields if f.publish != "early")
 
 
-def compile_sglang(spec_paths: Sequence[str | Path], out_dir: str | Path) -> Output:
-    """Generate the SGLang module of ``spec_paths``; raises SpecErrors (all of them)."""
+def compile_sglang(
+    spec_paths: Sequence[str | Path], out_dir: str | Path, *, ops: Sequence[str] = ()
+) -> Output:
+    """Generate the SGLang module of ``spec_paths`` (``ops``: more user-op modules); raises
+    SpecErrors (all of them)."""
     algorithms = []
     errors: list[SpecError] = []
     for path in spec_paths:
         try:
-            spec = load_spec(path)
+            spec = load_spec(path, ops=ops)
             algorithms.append(SGLangAlgorithm(spec, analyse(spec).analysis["layout"]))
         except SpecErrors as exc:
             errors.extend(exc.errors)

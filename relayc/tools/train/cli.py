@@ -21,6 +21,8 @@ from relayc.engine.draft.mtp import MtpDrafter
 from relayc.engine.draft.standalone import StandaloneDrafter
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.weights import load_checkpoint, save_checkpoint
+from relayc.specs.errors import OneLineParser
+from relayc.tools.args import MAX_SEED, float_in, int_in
 from relayc.tools.train.card import write_outputs
 from relayc.tools.train.corpus import assemble_corpus, heldout_prompts, sample_batch
 from relayc.tools.train.loop import draft_eval, prompt_loss, target_heldout_loss, train_loop
@@ -241,6 +243,11 @@ def run_training(args: argparse.Namespace) -> dict[str, Any]:
     return log
 
 
+# The package docstring (relayc/tools/train/__init__.py) tells the whole story; the
+# package imports this module, so the one-line summary is kept here rather than read back.
+DESCRIPTION = "Train the tiny demo models shipped in relayc/assets/demo on the CPU."
+
+
 def _argv_tail(args: argparse.Namespace) -> str:
     parts = [] if not args.smoke else ["--smoke"]
     for name in SUBDIRS:
@@ -253,34 +260,41 @@ def _argv_tail(args: argparse.Namespace) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from relayc.tools import train  # the package docstring's first line describes the CLI
-
-    p = argparse.ArgumentParser(
-        prog="python -m relayc.tools.train", description=(train.__doc__ or "").split("\n")[0]
-    )
+    p = OneLineParser(prog="python -m relayc.tools.train", description=DESCRIPTION)
     p.add_argument("--out", required=True, help="output directory (e.g. relayc/assets/demo)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps (tests)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
+    p.add_argument("--threads", type=int_in(1, 4096), default=2, help="torch CPU threads")
     # Depth: a one-layer draft head step costs about one target layer, so speculation pays
     # off only when that is a small fraction of a target forward (README, demo models).
-    p.add_argument("--target-layers", type=int, default=6)
-    p.add_argument("--corpus-bytes", type=int, default=8 << 20, help="corpus cap (bytes)")
+    p.add_argument("--target-layers", type=int_in(1, 1024), default=6)
+    p.add_argument("--corpus-bytes", type=int_in(1), default=8 << 20, help="corpus cap (bytes)")
     # The shipped models' budgets (MODEL_CARD.md): about 70 minutes on two cores.
     defaults = {"target": 45.0, "eagle": 10.0, "eagle_multilayer": 9.0, "standalone": 5.0}
     for name, minutes in defaults.items():
         flag = name.replace("_", "-")
-        p.add_argument(f"--minutes-{flag}", dest=f"minutes_{name}", type=float, default=minutes)
-        p.add_argument(f"--steps-{flag}", dest=f"steps_{name}", type=int, default=None)
+        p.add_argument(
+            f"--minutes-{flag}", dest=f"minutes_{name}", type=float_in(0.0), default=minutes
+        )
+        p.add_argument(f"--steps-{flag}", dest=f"steps_{name}", type=int_in(1), default=None)
     p.add_argument(
-        "--minutes-mtp", dest="minutes_eagle_multilayer", type=float, default=argparse.SUPPRESS
+        "--minutes-mtp",
+        dest="minutes_eagle_multilayer",
+        type=float_in(0.0),
+        default=argparse.SUPPRESS,
     )
     p.add_argument("--no-measure", action="store_true", help="skip the engine acceptance runs")
     p.add_argument(
         "--measure-only", action="store_true", help="re-measure acceptance, rewrite card"
     )
-    p.add_argument("--new-tokens", type=int, default=64)
-    return p.parse_args(argv)
+    p.add_argument("--new-tokens", type=int_in(1), default=64)
+    args = p.parse_args(argv)
+    log = Path(args.out) / "training_log.json"
+    if args.measure_only and not log.is_file():
+        p.error(f"--measure-only needs {log} from an earlier training run")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        p.error(f"--out {args.out} is not a folder")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
