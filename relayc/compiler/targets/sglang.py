@@ -20,15 +20,14 @@ the generated module imports nothing from relayc.
 from __future__ import annotations
 
 import ast
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from relayc.compiler.codegen import GENERATED_MARK
+from relayc.compiler.codegen import GENERATED_MARK, comment_text, pylit, string_literal
+from relayc.compiler.output import Output, format_source
 from relayc.compiler.targets import sglang_base
 from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
-from relayc.compiler.writer import Output
 from relayc.graph.passes import FieldLayout, RelayLayout, analyse
 from relayc.runtime import fused
 from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
@@ -101,7 +100,8 @@ def compile_sglang(spec_paths: Sequence[str | Path], out_dir: str | Path) -> Out
     if errors:
         raise SpecErrors(errors)
     shown_dir = Path(out_dir).as_posix()
-    return Output(Path(out_dir) / MODULE_NAME, generate_sglang_module(algorithms, shown_dir))
+    text = format_source(generate_sglang_module(algorithms, shown_dir), MODULE_NAME)
+    return Output(Path(out_dir) / MODULE_NAME, text)
 
 
 def _where(algorithm: SGLangAlgorithm, field: str | None = None) -> SourceLoc:
@@ -204,17 +204,8 @@ def _union(algorithms: Sequence[SGLangAlgorithm]) -> list[FieldLayout]:
     return list(fields.values())
 
 
-def _pylit(value: object) -> str:
-    if isinstance(value, float) and value != value:
-        return 'float("nan")'
-    if isinstance(value, str):
-        return _q(value)
-    return repr(value)
-
-
-def _q(text: str) -> str:
-    """A double-quoted Python string literal (the quotes ruff's formatter keeps)."""
-    return json.dumps(text)
+_pylit = pylit
+_q = string_literal
 
 
 def _poison(f: FieldLayout) -> str:
@@ -232,12 +223,15 @@ def _consume_once(f: FieldLayout) -> bool:
 
 
 def header(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
-    paths = " ".join(a.spec.path for a in algorithms)
+    paths = comment_text(" ".join(a.spec.path for a in algorithms))
     lines = [
         f"# {GENERATED_MARK} by relayc (target sglang, SGLang {SGLANG_VERSION}) from:",
-        *(f"#     {a.spec.path} (spec hash {a.spec.content_hash})" for a in algorithms),
+        *(
+            f"#     {comment_text(a.spec.path)} (spec hash {a.spec.content_hash})"
+            for a in algorithms
+        ),
         "# Do not edit: change the specs, then run",
-        f"#     relayc compile --target sglang {paths} -o {out_dir}",
+        f"#     relayc compile --target sglang {paths} -o {comment_text(out_dir)}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -268,7 +262,7 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     w("    _HAVE_TRITON = True\n")
     buffers = [RelayBuffer(f.name, f.dtype) for f in union]
     w(_pasted_fused_copy())
-    w(emit_triton_relay(f"sglang: {', '.join(a.name for a in algorithms)}", buffers))
+    w(emit_triton_relay(buffers))
     w(_pasted_base())
     w("")
     w(
@@ -311,7 +305,8 @@ def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout])
     stashed = [f for f in union if f.publish != "early"]
     extra = [f.name for f in stashed if f.name not in SGLANG_PAYLOAD]
     docs = {
-        f.name: f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}: {f.doc}" for f in stashed
+        f.name: f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}: {comment_text(f.doc)}"
+        for f in stashed
     }
     by_ngram = {f.name for a in algorithms if a.name == "ngram" for f in a.stashed}
     by_draft = {f.name for a in algorithms if a.name not in ("none", "ngram") for f in a.stashed}
@@ -367,7 +362,8 @@ def _algorithm_class(w, algo: SGLangAlgorithm) -> None:
     spec = algo.spec
     cls = _class_name(algo.name)
     w(f"class {cls}(FutureMap):")
-    w(f'    """`{algo.name}`: {spec.description or algo.name}"""\n')
+    w(f'    """Relay of `{algo.name}` (DESCRIPTION: the spec\'s description)."""\n')
+    w(f"    DESCRIPTION = {_q(spec.description)}")
     w(f"    ALGORITHM = {_q(algo.name)}")
     provenance = f"{spec.path} (spec hash {spec.content_hash})"
     w(f"    SPEC = {_q(provenance)}")
