@@ -304,3 +304,23 @@ def test_debug_mode_counts_init_fields_as_written(backend: str, tmp_path: Path) 
     slots = torch.tensor([3, 9])
     fmap.publish(slots, new_seq_lens=torch.tensor([5, 6]))  # `bonus_tokens` has init -1
     assert fmap.resolve(slots).bonus_tokens.tolist() == [-1, -1]
+
+
+def test_check_runs_ruff_and_needs_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import relayc.compiler.output as output
+
+    if output.ruff_binary() is None:
+        pytest.skip("ruff is not installed")
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\nx=1\n")
+    problems = output.style_problems([bad])
+    assert [p.split(":")[0] for p in problems] == ["ruff check", "ruff format"]
+    assert "F401" in problems[0]
+
+    # Without ruff, compile still writes importable code and check says why it fails.
+    monkeypatch.setattr(output, "ruff_binary", lambda: None)
+    assert output.format_source("x=1\n") == "x=1\n"
+    assert main(["check"]) == 1
+    assert "ruff is not installed" in capsys.readouterr().err
