@@ -910,37 +910,39 @@ class EagleFutureMap(FutureMap):
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
-            bonus_tokens, topk_p, topk_index, hidden_states = self._gather(
-                indices,
-                (
-                    "bonus_tokens",
-                    "topk_p",
-                    "topk_index",
-                    "hidden_states",
-                ),
+            relayed_bonus_tokens, relayed_topk_p, relayed_topk_index, relayed_hidden_states = (
+                self._gather(
+                    indices,
+                    (
+                        "bonus_tokens",
+                        "topk_p",
+                        "topk_index",
+                        "hidden_states",
+                    ),
+                )
             )
         else:
             # relayc/specs/common.yaml:44 [bs] int64
-            bonus_tokens = self.output_tokens_buf.index_select(0, indices)
+            relayed_bonus_tokens = self.output_tokens_buf.index_select(0, indices)
             # relayc/specs/common.yaml:66 [bs, topk] float32
             buf = self.topk_p_buf
-            topk_p = None if buf is None else buf.index_select(0, indices)
+            relayed_topk_p = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/common.yaml:71 [bs, topk] int64
             buf = self.topk_index_buf
-            topk_index = None if buf is None else buf.index_select(0, indices)
+            relayed_topk_index = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/common.yaml:79 [bs, hidden] model
             buf = self.hidden_states_buf
-            hidden_states = None if buf is None else buf.index_select(0, indices)
-        draft_input.bonus_tokens = bonus_tokens
-        if topk_p is not None:  # allocated by a stash that carried it
-            draft_input.topk_p = topk_p
-        if topk_index is not None:  # allocated by a stash that carried it
-            draft_input.topk_index = topk_index
-        if hidden_states is not None:  # allocated by a stash that carried it
-            draft_input.hidden_states = hidden_states
+            relayed_hidden_states = None if buf is None else buf.index_select(0, indices)
+        draft_input.bonus_tokens = relayed_bonus_tokens
+        if relayed_topk_p is not None:  # allocated by a stash that carried it
+            draft_input.topk_p = relayed_topk_p
+        if relayed_topk_index is not None:  # allocated by a stash that carried it
+            draft_input.topk_index = relayed_topk_index
+        if relayed_hidden_states is not None:  # allocated by a stash that carried it
+            draft_input.hidden_states = relayed_hidden_states
         draft_input.dsa_topk_indices = None
         if _DEBUG_ASSERT:
-            self._consume_once("bonus_tokens", bonus_tokens, indices)
+            self._consume_once("bonus_tokens", relayed_bonus_tokens, indices)
 
 
 class EagleMultilayerFutureMap(FutureMap):
@@ -1071,7 +1073,7 @@ class EagleMultilayerFutureMap(FutureMap):
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
-            bonus_tokens, topk_p, topk_index = self._gather(
+            relayed_bonus_tokens, relayed_topk_p, relayed_topk_index = self._gather(
                 indices,
                 (
                     "bonus_tokens",
@@ -1081,21 +1083,21 @@ class EagleMultilayerFutureMap(FutureMap):
             )
         else:
             # relayc/specs/common.yaml:44 [bs] int64
-            bonus_tokens = self.output_tokens_buf.index_select(0, indices)
+            relayed_bonus_tokens = self.output_tokens_buf.index_select(0, indices)
             # relayc/specs/eagle_multilayer.yaml:13 [bs, num_steps, topk] float32
             buf = self.topk_p_buf
-            topk_p = None if buf is None else buf.index_select(0, indices)
+            relayed_topk_p = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/eagle_multilayer.yaml:18 [bs, num_steps, topk] int64
             buf = self.topk_index_buf
-            topk_index = None if buf is None else buf.index_select(0, indices)
-        draft_input.bonus_tokens = bonus_tokens
-        if topk_p is not None:  # allocated by a stash that carried it
-            draft_input.topk_p = topk_p
-        if topk_index is not None:  # allocated by a stash that carried it
-            draft_input.topk_index = topk_index
+            relayed_topk_index = None if buf is None else buf.index_select(0, indices)
+        draft_input.bonus_tokens = relayed_bonus_tokens
+        if relayed_topk_p is not None:  # allocated by a stash that carried it
+            draft_input.topk_p = relayed_topk_p
+        if relayed_topk_index is not None:  # allocated by a stash that carried it
+            draft_input.topk_index = relayed_topk_index
         draft_input.dsa_topk_indices = None
         if _DEBUG_ASSERT:
-            self._consume_once("bonus_tokens", bonus_tokens, indices)
+            self._consume_once("bonus_tokens", relayed_bonus_tokens, indices)
 
 
 class NgramFutureMap(FutureMap):
@@ -1196,7 +1198,7 @@ class NgramFutureMap(FutureMap):
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
-            accept_tokens, accept_lens = self._gather(
+            relayed_accept_tokens, relayed_accept_lens = self._gather(
                 indices,
                 (
                     "accept_tokens",
@@ -1206,13 +1208,13 @@ class NgramFutureMap(FutureMap):
         else:
             # relayc/specs/common.yaml:96 [bs, num_draft_tokens] int64
             buf = self.accept_tokens_buf
-            accept_tokens = None if buf is None else buf.index_select(0, indices)
+            relayed_accept_tokens = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/common.yaml:101 [bs] int32
-            accept_lens = self.accept_lens_buf.index_select(0, indices)
-        if accept_tokens is None:
+            relayed_accept_lens = self.accept_lens_buf.index_select(0, indices)
+        if relayed_accept_tokens is None:
             raise RelayError("resolve of `accept_tokens` before any stash carried it")
-        draft_input.accept_tokens = accept_tokens.flatten()  # SGLang holds these rows flat
-        draft_input.accept_lens = accept_lens
+        draft_input.accept_tokens = relayed_accept_tokens.flatten()  # SGLang holds these rows flat
+        draft_input.accept_lens = relayed_accept_lens
 
 
 class NoneFutureMap(FutureMap):
@@ -1419,37 +1421,39 @@ class StandaloneFutureMap(FutureMap):
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
-            bonus_tokens, topk_p, topk_index, draft_probs = self._gather(
-                indices,
-                (
-                    "bonus_tokens",
-                    "topk_p",
-                    "topk_index",
-                    "draft_probs",
-                ),
+            relayed_bonus_tokens, relayed_topk_p, relayed_topk_index, relayed_draft_probs = (
+                self._gather(
+                    indices,
+                    (
+                        "bonus_tokens",
+                        "topk_p",
+                        "topk_index",
+                        "draft_probs",
+                    ),
+                )
             )
         else:
             # relayc/specs/common.yaml:44 [bs] int64
-            bonus_tokens = self.output_tokens_buf.index_select(0, indices)
+            relayed_bonus_tokens = self.output_tokens_buf.index_select(0, indices)
             # relayc/specs/common.yaml:66 [bs, topk] float32
             buf = self.topk_p_buf
-            topk_p = None if buf is None else buf.index_select(0, indices)
+            relayed_topk_p = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/common.yaml:71 [bs, topk] int64
             buf = self.topk_index_buf
-            topk_index = None if buf is None else buf.index_select(0, indices)
+            relayed_topk_index = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/common.yaml:87 [bs, vocab] float32
             buf = self.draft_probs_buf
-            draft_probs = None if buf is None else buf.index_select(0, indices)
-        draft_input.bonus_tokens = bonus_tokens
-        if topk_p is not None:  # allocated by a stash that carried it
-            draft_input.topk_p = topk_p
-        if topk_index is not None:  # allocated by a stash that carried it
-            draft_input.topk_index = topk_index
-        if draft_probs is not None:  # allocated by a stash that carried it
-            draft_input.draft_probs = draft_probs
+            relayed_draft_probs = None if buf is None else buf.index_select(0, indices)
+        draft_input.bonus_tokens = relayed_bonus_tokens
+        if relayed_topk_p is not None:  # allocated by a stash that carried it
+            draft_input.topk_p = relayed_topk_p
+        if relayed_topk_index is not None:  # allocated by a stash that carried it
+            draft_input.topk_index = relayed_topk_index
+        if relayed_draft_probs is not None:  # allocated by a stash that carried it
+            draft_input.draft_probs = relayed_draft_probs
         draft_input.dsa_topk_indices = None
         if _DEBUG_ASSERT:
-            self._consume_once("bonus_tokens", bonus_tokens, indices)
+            self._consume_once("bonus_tokens", relayed_bonus_tokens, indices)
 
 
 FutureMap.ALGORITHMS["eagle"] = EagleFutureMap

@@ -444,6 +444,10 @@ def _stash(w, algo: SGLangAlgorithm) -> None:
         w(f"                raise self._stash_error({_q(f.name)}, value, indices) from exc")
 
 
+def _local(f: FieldLayout) -> str:
+    return f"relayed_{f.name}"
+
+
 def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
     w("    def _resolve_spec_extras(self, batch: Any) -> None:")
     if algo.name == "none":
@@ -469,7 +473,8 @@ def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
         w("            raise NotImplementedError(_DSA_SEEDS)")
     w('        if indices.device.type != "cpu":')
     w("            indices.record_stream(torch.get_device_module(self.device).current_stream())")
-    targets = ", ".join(f.name for f in fields) + ("," if len(fields) == 1 else "")
+    # Locals are `relayed_<field>`: no field name can collide with `indices`, `buf`, ...
+    targets = ", ".join(_local(f) for f in fields) + ("," if len(fields) == 1 else "")
     w("        if self._fused:")
     w(f"            {targets} = self._gather(")
     w("                indices,")
@@ -483,23 +488,25 @@ def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
         w(f"            # {f.origin} {_row(f)}")
         if f.alloc == "lazy" or f.shape:
             w(f"            buf = self.{_buffer(f.name)}")
-            w(f"            {f.name} = None if buf is None else buf.index_select(0, indices)")
+            w(f"            {_local(f)} = None if buf is None else buf.index_select(0, indices)")
         else:
-            w(f"            {f.name} = self.{_buffer(f.name)}.index_select(0, indices)")
+            w(f"            {_local(f)} = self.{_buffer(f.name)}.index_select(0, indices)")
     for f in fields:
         if flat is not None and f.shape:
-            w(f"        if {f.name} is None:")
+            w(f"        if {_local(f)} is None:")
             w(f'            raise RelayError("resolve of `{f.name}` before any stash carried it")')
-            w(f"        draft_input.{f.name} = {f.name}.flatten()  # SGLang holds these rows flat")
+            w(
+                f"        draft_input.{f.name} = {_local(f)}.flatten()  # SGLang holds these rows flat"
+            )
         elif f.name == "bonus_tokens" or not (f.alloc == "lazy" or f.shape):
-            w(f"        draft_input.{f.name} = {f.name}")
+            w(f"        draft_input.{f.name} = {_local(f)}")
         else:
-            w(f"        if {f.name} is not None:  # allocated by a stash that carried it")
-            w(f"            draft_input.{f.name} = {f.name}")
+            w(f"        if {_local(f)} is not None:  # allocated by a stash that carried it")
+            w(f"            draft_input.{f.name} = {_local(f)}")
     if flat is None:
         w("        draft_input.dsa_topk_indices = None")
     consumed = [f for f in fields if _consume_once(f)]
     if consumed:
         w("        if _DEBUG_ASSERT:")
         for f in consumed:
-            w(f"            self._consume_once({_q(f.name)}, {f.name}, indices)")
+            w(f"            self._consume_once({_q(f.name)}, {_local(f)}, indices)")
