@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -76,7 +77,13 @@ def _spec_with(tmp_path: Path, old: str, new: str, name: str = "spec.yaml") -> P
     return path
 
 
-FIELD_NAMES = ["indices", "device", "self", "payload", "stash", "resolve", "debug", "rows"]
+# The generated code's own names, as relay fields: the torch path's locals and the base
+# class's attributes, the kernel's parameters and locals, module-level names.
+FIELD_NAMES = [
+    *("indices", "device", "self", "payload", "stash", "resolve", "debug", "rows"),
+    *("buffers", "buffer", "value", "row", "slot", "valid", "pool_size", "TO_BUFFERS"),
+    *("torch", "tl", "triton", "RelayPayload", "FutureMap", "_HAVE_TRITON", "_relay_copy_row"),
+]
 # YAML double-quoted: newlines, a line that would run at import, quotes, `\N{`, U+2028.
 HOSTILE_DOC = 'line one\\nimport os; print(\'ran at import\')\\n\\"\\"\\" \\\\N{ \\u2028 end'
 HOSTILE_FIELDS = "".join(
@@ -104,16 +111,18 @@ spec = importlib.util.spec_from_file_location("m", {str(output.path)!r})
 m = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(m)
 assert m.DESCRIPTION.startswith("line one\\nimport os"), m.DESCRIPTION
-fmap = m.FutureMap(8, "cpu")
-assert fmap.resolve(torch.tensor([5])).self.tolist() == [float("inf")]
-names = {FIELD_NAMES!r}
-values = {{n: torch.randn(2) for n in names}}
-fmap.stash(torch.tensor([3, 6], dtype=torch.int32), m.RelayPayload(**values))
-got = fmap.resolve(torch.tensor([3, 6]))
-assert all(torch.equal(getattr(got, n), v) for n, v in values.items())
+for backend in ("torch", "triton"):
+    fmap = m.FutureMap(8, "cpu", backend=backend)
+    assert fmap.resolve(torch.tensor([5])).self.tolist() == [float("inf")]
+    names = {FIELD_NAMES!r}
+    values = {{n: torch.randn(2) for n in names}}
+    fmap.stash(torch.tensor([3, 6], dtype=torch.int32), m.RelayPayload(**values))
+    got = fmap.resolve(torch.tensor([3, 6]))
+    assert all(torch.equal(getattr(got, n), v) for n, v in values.items()), backend
 print("ok")
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == "ok\n"
 
