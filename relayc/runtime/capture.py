@@ -129,11 +129,7 @@ class CaptureCheck(TorchDispatchMode):
 
 
 def _buffers(relay: Any) -> dict[str, int]:
-    return {
-        info.name: getattr(relay, info.name).data_ptr()
-        for info in relay.FIELD_INFOS
-        if getattr(relay, info.name) is not None
-    }
+    return {name: buffer.data_ptr() for name, buffer in relay.buffers.items() if buffer is not None}
 
 
 def capture_check(

@@ -32,20 +32,23 @@ except ImportError:  # the fused kernels are optional; torch indexing remains
 else:
     _HAVE_TRITON = True
 
+
 # The fused kernels' host side (copied from relayc/runtime/fused.py).
-# Largest row chunk one loop iteration copies: a power of two (tl.arange needs one) that keeps
-# registers bounded while a 4096-wide bf16 hidden row still takes only four iterations.
-MAX_BLOCK = 1024
-
-
 def launch_args(
     fields: Sequence[tuple[str, torch.dtype | None]],
     indices: torch.Tensor,
     bufs: Sequence[torch.Tensor | None],
     rows: Sequence[torch.Tensor | None],
 ) -> list[object]:
-    """Kernel arguments for ``fields``, after checking what the kernels assume (host metadata only)."""
-    if indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
+    """Kernel arguments for ``fields``, after checking what the kernel assumes (host metadata only).
+
+    Raises ValueError naming the field for anything the kernel cannot copy. Indices may be
+    int32 or int64 and strided (the kernel reads ``indices[i * stride]``); their values are
+    the kernel's to bound (it masks slots outside ``[0, pool)``), so nothing here syncs.
+    """
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
+        raise ValueError("`indices` must be a 1-D int32/int64 tensor")
+    if indices.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"`indices` must be 1-D int32/int64; got {indices.dtype} {tuple(indices.shape)}"
         )
@@ -55,15 +58,20 @@ def launch_args(
             f"({', '.join(name for name, _ in fields)}); got {len(bufs)} and {len(rows)}"
         )
     n = indices.shape[0]
-    args: list[object] = [indices]
+    pool: int | None = None
+    args: list[object] = [indices, indices.stride(0), 0]
     for (name, dtype), buf, field_rows in zip(fields, bufs, rows, strict=True):
         if field_rows is None:
-            # Fixed width/block for absent fields: one specialisation per presence pattern,
-            # not per shape of a buffer the launch never touches.
-            args += (None, None, 1, 1, False)
+            # Absent: two None pointers and width 0, so the copy compiles out and the
+            # launch specialises on which fields are present, not on unused buffers.
+            args += (None, None, 0)
             continue
         if buf is None:
             raise ValueError(f"relay field `{name}` has rows but no buffer; allocate it first")
+        if not isinstance(field_rows, torch.Tensor):
+            raise ValueError(
+                f"relay field `{name}` rows must be a tensor; got {type(field_rows).__name__}"
+            )
         if (dtype is not None and buf.dtype != dtype) or field_rows.dtype != buf.dtype:
             raise ValueError(
                 f"relay field `{name}` is {dtype}; got buffer {buf.dtype}, rows {field_rows.dtype}"
@@ -75,14 +83,24 @@ def launch_args(
             )
         if not (buf.is_contiguous() and field_rows.is_contiguous()):
             raise ValueError(f"relay field `{name}`: the kernels need contiguous tensors")
-        width = buf.numel() // buf.shape[0]
+        if field_rows.device != buf.device or indices.device != buf.device:
+            raise ValueError(
+                f"relay field `{name}`: buffer on {buf.device}, rows on {field_rows.device}, "
+                f"indices on {indices.device}; all must be on one device"
+            )
+        if pool is None:
+            pool = buf.shape[0]
+        elif buf.shape[0] != pool:
+            raise ValueError(
+                f"relay field `{name}` buffer has {buf.shape[0]} slots, another one {pool}; "
+                "all buffers of a relay have req_pool_size slots"
+            )
         if dtype == torch.bool:
             # Same bytes, but a plain byte pointer: Triton's handling of bool pointers
             # (int1 loaded as int8) has varied across versions.
             buf, field_rows = buf.view(torch.uint8), field_rows.view(torch.uint8)
-        # Next power of two by bit_length: triton.next_power_of_2 costs ~5 us a call.
-        block = min(1 << max(width - 1, 0).bit_length(), MAX_BLOCK)
-        args += (buf, field_rows, width, block, True)
+        args += (buf, field_rows, buf.numel() // buf.shape[0])
+    args[2] = pool or 0
     return args
 
 
@@ -92,17 +110,21 @@ def fused_copy(
     indices: torch.Tensor,
     bufs: Sequence[torch.Tensor | None],
     rows: Sequence[torch.Tensor | None],
+    *,
+    to_buffers: bool,
 ) -> None:
-    """Launch ``kernel`` once over ``indices`` (no launch for an empty batch)."""
-    if indices.shape[0] == 0:
+    """Launch ``kernel`` once over ``indices`` (no launch for an empty batch or no field)."""
+    args = launch_args(fields, indices, bufs, rows)
+    if indices.shape[0] == 0 or not args[2]:
         return
-    kernel[(indices.shape[0],)](*launch_args(fields, indices, bufs, rows))
+    kernel[(indices.shape[0],)](*args, TO_BUFFERS=to_buffers)
 
 
-# Fused relay kernels for `sglang: eagle, eagle_multilayer, ngram, none, standalone`: one Triton launch per stash and one per
-# resolve, whatever the number of fields (relayc.compiler.triton_relay).
+# The fused relay kernel: one Triton launch per stash and one per resolve, whatever
+# the number of fields (emitted by relayc.compiler.triton_relay; the host side is
+# relayc.runtime.fused). Program i copies row i of every field present in the launch.
 if _HAVE_TRITON:
-    # Field order of the kernels' parameters and of `bufs` / `srcs` / `outs`.
+    # Field order of the kernel's parameters and of `bufs` / `srcs` / `outs`.
     # (None: the model's dtype, bound when the FutureMap is built.)
     _RELAY_FIELDS: tuple[tuple[str, torch.dtype | None], ...] = (
         ("bonus_tokens", torch.int64),
@@ -116,254 +138,89 @@ if _HAVE_TRITON:
     )
 
     @triton.jit
-    def _relay_copy_row(dst, src, width: tl.constexpr, block: tl.constexpr):
-        # Chunked so any row width works with bounded registers; the mask covers the tail.
-        for start in range(0, width, block):
-            cols = start + tl.arange(0, block)
-            mask = cols < width
-            tl.store(dst + cols, tl.load(src + cols, mask=mask), mask=mask)
+    def _relay_copy_row(buf, rows, slot, row, valid, width: tl.constexpr, TO_BUFFERS: tl.constexpr):
+        if width > 0:
+            block: tl.constexpr = 1024 if width > 1024 // 2 else triton.next_power_of_2(width)
+            for start in tl.static_range(0, width, block):
+                cols = start + tl.arange(0, block)
+                mask = cols < width
+                # valid is 0 or 1: a slot outside the pool has no buffer columns at all.
+                buf_mask = cols < width * valid
+                buf_at = buf + slot * width + cols
+                rows_at = rows + row * width + cols
+                if TO_BUFFERS:
+                    tl.store(buf_at, tl.load(rows_at, mask=mask), mask=buf_mask)
+                else:
+                    tl.store(rows_at, tl.load(buf_at, mask=buf_mask, other=0), mask=mask)
 
     @triton.jit
-    def _relay_stash_kernel(
+    def _relay_copy_kernel(
         indices,
+        index_stride,
+        pool_size,
         # bonus_tokens: int64
         bonus_tokens_buf,
         bonus_tokens_rows,
         bonus_tokens_width: tl.constexpr,
-        bonus_tokens_block: tl.constexpr,
-        bonus_tokens_present: tl.constexpr,
         # new_seq_lens: int64
         new_seq_lens_buf,
         new_seq_lens_rows,
         new_seq_lens_width: tl.constexpr,
-        new_seq_lens_block: tl.constexpr,
-        new_seq_lens_present: tl.constexpr,
         # topk_p: float32
         topk_p_buf,
         topk_p_rows,
         topk_p_width: tl.constexpr,
-        topk_p_block: tl.constexpr,
-        topk_p_present: tl.constexpr,
         # topk_index: int64
         topk_index_buf,
         topk_index_rows,
         topk_index_width: tl.constexpr,
-        topk_index_block: tl.constexpr,
-        topk_index_present: tl.constexpr,
         # hidden_states: model
         hidden_states_buf,
         hidden_states_rows,
         hidden_states_width: tl.constexpr,
-        hidden_states_block: tl.constexpr,
-        hidden_states_present: tl.constexpr,
         # accept_tokens: int64
         accept_tokens_buf,
         accept_tokens_rows,
         accept_tokens_width: tl.constexpr,
-        accept_tokens_block: tl.constexpr,
-        accept_tokens_present: tl.constexpr,
         # accept_lens: int32
         accept_lens_buf,
         accept_lens_rows,
         accept_lens_width: tl.constexpr,
-        accept_lens_block: tl.constexpr,
-        accept_lens_present: tl.constexpr,
         # draft_probs: float32
         draft_probs_buf,
         draft_probs_rows,
         draft_probs_width: tl.constexpr,
-        draft_probs_block: tl.constexpr,
-        draft_probs_present: tl.constexpr,
+        TO_BUFFERS: tl.constexpr,
     ):
-        # Program i copies row i of every present field into buffer slot indices[i].
         # int64 offsets: slot * width passes 2**31 for vocab-wide rows in a large pool.
         row = tl.program_id(0).to(tl.int64)
-        slot = tl.load(indices + row).to(tl.int64)
-        # bonus_tokens: int64
-        if bonus_tokens_present:
-            _relay_copy_row(
-                bonus_tokens_buf + slot * bonus_tokens_width,
-                bonus_tokens_rows + row * bonus_tokens_width,
-                bonus_tokens_width,
-                bonus_tokens_block,
-            )
-        # new_seq_lens: int64
-        if new_seq_lens_present:
-            _relay_copy_row(
-                new_seq_lens_buf + slot * new_seq_lens_width,
-                new_seq_lens_rows + row * new_seq_lens_width,
-                new_seq_lens_width,
-                new_seq_lens_block,
-            )
-        # topk_p: float32
-        if topk_p_present:
-            _relay_copy_row(
-                topk_p_buf + slot * topk_p_width,
-                topk_p_rows + row * topk_p_width,
-                topk_p_width,
-                topk_p_block,
-            )
-        # topk_index: int64
-        if topk_index_present:
-            _relay_copy_row(
-                topk_index_buf + slot * topk_index_width,
-                topk_index_rows + row * topk_index_width,
-                topk_index_width,
-                topk_index_block,
-            )
-        # hidden_states: model
-        if hidden_states_present:
-            _relay_copy_row(
-                hidden_states_buf + slot * hidden_states_width,
-                hidden_states_rows + row * hidden_states_width,
-                hidden_states_width,
-                hidden_states_block,
-            )
-        # accept_tokens: int64
-        if accept_tokens_present:
-            _relay_copy_row(
-                accept_tokens_buf + slot * accept_tokens_width,
-                accept_tokens_rows + row * accept_tokens_width,
-                accept_tokens_width,
-                accept_tokens_block,
-            )
-        # accept_lens: int32
-        if accept_lens_present:
-            _relay_copy_row(
-                accept_lens_buf + slot * accept_lens_width,
-                accept_lens_rows + row * accept_lens_width,
-                accept_lens_width,
-                accept_lens_block,
-            )
-        # draft_probs: float32
-        if draft_probs_present:
-            _relay_copy_row(
-                draft_probs_buf + slot * draft_probs_width,
-                draft_probs_rows + row * draft_probs_width,
-                draft_probs_width,
-                draft_probs_block,
-            )
-
-    @triton.jit
-    def _relay_resolve_kernel(
-        indices,
-        # bonus_tokens: int64
-        bonus_tokens_buf,
-        bonus_tokens_rows,
-        bonus_tokens_width: tl.constexpr,
-        bonus_tokens_block: tl.constexpr,
-        bonus_tokens_present: tl.constexpr,
-        # new_seq_lens: int64
-        new_seq_lens_buf,
-        new_seq_lens_rows,
-        new_seq_lens_width: tl.constexpr,
-        new_seq_lens_block: tl.constexpr,
-        new_seq_lens_present: tl.constexpr,
-        # topk_p: float32
-        topk_p_buf,
-        topk_p_rows,
-        topk_p_width: tl.constexpr,
-        topk_p_block: tl.constexpr,
-        topk_p_present: tl.constexpr,
-        # topk_index: int64
-        topk_index_buf,
-        topk_index_rows,
-        topk_index_width: tl.constexpr,
-        topk_index_block: tl.constexpr,
-        topk_index_present: tl.constexpr,
-        # hidden_states: model
-        hidden_states_buf,
-        hidden_states_rows,
-        hidden_states_width: tl.constexpr,
-        hidden_states_block: tl.constexpr,
-        hidden_states_present: tl.constexpr,
-        # accept_tokens: int64
-        accept_tokens_buf,
-        accept_tokens_rows,
-        accept_tokens_width: tl.constexpr,
-        accept_tokens_block: tl.constexpr,
-        accept_tokens_present: tl.constexpr,
-        # accept_lens: int32
-        accept_lens_buf,
-        accept_lens_rows,
-        accept_lens_width: tl.constexpr,
-        accept_lens_block: tl.constexpr,
-        accept_lens_present: tl.constexpr,
-        # draft_probs: float32
-        draft_probs_buf,
-        draft_probs_rows,
-        draft_probs_width: tl.constexpr,
-        draft_probs_block: tl.constexpr,
-        draft_probs_present: tl.constexpr,
-    ):
-        # Program i copies buffer slot indices[i] of every present field into row i.
-        # int64 offsets: slot * width passes 2**31 for vocab-wide rows in a large pool.
-        row = tl.program_id(0).to(tl.int64)
-        slot = tl.load(indices + row).to(tl.int64)
-        # bonus_tokens: int64
-        if bonus_tokens_present:
-            _relay_copy_row(
-                bonus_tokens_rows + row * bonus_tokens_width,
-                bonus_tokens_buf + slot * bonus_tokens_width,
-                bonus_tokens_width,
-                bonus_tokens_block,
-            )
-        # new_seq_lens: int64
-        if new_seq_lens_present:
-            _relay_copy_row(
-                new_seq_lens_rows + row * new_seq_lens_width,
-                new_seq_lens_buf + slot * new_seq_lens_width,
-                new_seq_lens_width,
-                new_seq_lens_block,
-            )
-        # topk_p: float32
-        if topk_p_present:
-            _relay_copy_row(
-                topk_p_rows + row * topk_p_width,
-                topk_p_buf + slot * topk_p_width,
-                topk_p_width,
-                topk_p_block,
-            )
-        # topk_index: int64
-        if topk_index_present:
-            _relay_copy_row(
-                topk_index_rows + row * topk_index_width,
-                topk_index_buf + slot * topk_index_width,
-                topk_index_width,
-                topk_index_block,
-            )
-        # hidden_states: model
-        if hidden_states_present:
-            _relay_copy_row(
-                hidden_states_rows + row * hidden_states_width,
-                hidden_states_buf + slot * hidden_states_width,
-                hidden_states_width,
-                hidden_states_block,
-            )
-        # accept_tokens: int64
-        if accept_tokens_present:
-            _relay_copy_row(
-                accept_tokens_rows + row * accept_tokens_width,
-                accept_tokens_buf + slot * accept_tokens_width,
-                accept_tokens_width,
-                accept_tokens_block,
-            )
-        # accept_lens: int32
-        if accept_lens_present:
-            _relay_copy_row(
-                accept_lens_rows + row * accept_lens_width,
-                accept_lens_buf + slot * accept_lens_width,
-                accept_lens_width,
-                accept_lens_block,
-            )
-        # draft_probs: float32
-        if draft_probs_present:
-            _relay_copy_row(
-                draft_probs_rows + row * draft_probs_width,
-                draft_probs_buf + slot * draft_probs_width,
-                draft_probs_width,
-                draft_probs_block,
-            )
+        slot = tl.load(indices + row * index_stride).to(tl.int64)
+        # Out-of-pool slots never write a buffer and read as zeros: a bad index cannot
+        # corrupt memory (debug mode rejects it on the host before the launch).
+        valid = ((slot >= 0) & (slot < pool_size)).to(tl.int64)
+        slot = tl.where(valid != 0, slot, 0)
+        _relay_copy_row(
+            bonus_tokens_buf, bonus_tokens_rows, slot, row, valid, bonus_tokens_width, TO_BUFFERS
+        )
+        _relay_copy_row(
+            new_seq_lens_buf, new_seq_lens_rows, slot, row, valid, new_seq_lens_width, TO_BUFFERS
+        )
+        _relay_copy_row(topk_p_buf, topk_p_rows, slot, row, valid, topk_p_width, TO_BUFFERS)
+        _relay_copy_row(
+            topk_index_buf, topk_index_rows, slot, row, valid, topk_index_width, TO_BUFFERS
+        )
+        _relay_copy_row(
+            hidden_states_buf, hidden_states_rows, slot, row, valid, hidden_states_width, TO_BUFFERS
+        )
+        _relay_copy_row(
+            accept_tokens_buf, accept_tokens_rows, slot, row, valid, accept_tokens_width, TO_BUFFERS
+        )
+        _relay_copy_row(
+            accept_lens_buf, accept_lens_rows, slot, row, valid, accept_lens_width, TO_BUFFERS
+        )
+        _relay_copy_row(
+            draft_probs_buf, draft_probs_rows, slot, row, valid, draft_probs_width, TO_BUFFERS
+        )
 
     def triton_stash(
         indices: torch.Tensor,
@@ -375,7 +232,7 @@ if _HAVE_TRITON:
         No host sync and no allocation; the grid depends only on `indices.shape[0]`.
         Duplicate indices (the padding slot) race: which row lands there is unspecified.
         """
-        fused_copy(_relay_stash_kernel, _RELAY_FIELDS, indices, bufs, srcs)
+        fused_copy(_relay_copy_kernel, _RELAY_FIELDS, indices, bufs, srcs, to_buffers=True)
 
     def triton_resolve(
         indices: torch.Tensor,
@@ -387,7 +244,7 @@ if _HAVE_TRITON:
         No host sync and no allocation (callers allocate `outs`); the grid depends only on
         `indices.shape[0]`.
         """
-        fused_copy(_relay_resolve_kernel, _RELAY_FIELDS, indices, bufs, outs)
+        fused_copy(_relay_copy_kernel, _RELAY_FIELDS, indices, bufs, outs, to_buffers=False)
 
 
 def _env_flag(name: str) -> bool:
@@ -903,8 +760,9 @@ class RelayPayload:
 
 
 class EagleFutureMap(FutureMap):
-    """`eagle`: EAGLE / EAGLE-3 tree drafting (topk >= 1) with a one-layer draft head."""
+    """Relay of `eagle` (DESCRIPTION: the spec's description)."""
 
+    DESCRIPTION = "EAGLE / EAGLE-3 tree drafting (topk >= 1) with a one-layer draft head."
     ALGORITHM = "eagle"
     SPEC = "relayc/specs/eagle.yaml (spec hash 971575aa7ac9994a)"
     FIELDS = (
@@ -1052,42 +910,45 @@ class EagleFutureMap(FutureMap):
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
-            bonus_tokens, topk_p, topk_index, hidden_states = self._gather(
-                indices,
-                (
-                    "bonus_tokens",
-                    "topk_p",
-                    "topk_index",
-                    "hidden_states",
-                ),
+            relayed_bonus_tokens, relayed_topk_p, relayed_topk_index, relayed_hidden_states = (
+                self._gather(
+                    indices,
+                    (
+                        "bonus_tokens",
+                        "topk_p",
+                        "topk_index",
+                        "hidden_states",
+                    ),
+                )
             )
         else:
             # relayc/specs/common.yaml:44 [bs] int64
-            bonus_tokens = self.output_tokens_buf.index_select(0, indices)
+            relayed_bonus_tokens = self.output_tokens_buf.index_select(0, indices)
             # relayc/specs/common.yaml:66 [bs, topk] float32
             buf = self.topk_p_buf
-            topk_p = None if buf is None else buf.index_select(0, indices)
+            relayed_topk_p = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/common.yaml:71 [bs, topk] int64
             buf = self.topk_index_buf
-            topk_index = None if buf is None else buf.index_select(0, indices)
+            relayed_topk_index = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/common.yaml:79 [bs, hidden] model
             buf = self.hidden_states_buf
-            hidden_states = None if buf is None else buf.index_select(0, indices)
-        draft_input.bonus_tokens = bonus_tokens
-        if topk_p is not None:  # allocated by a stash that carried it
-            draft_input.topk_p = topk_p
-        if topk_index is not None:  # allocated by a stash that carried it
-            draft_input.topk_index = topk_index
-        if hidden_states is not None:  # allocated by a stash that carried it
-            draft_input.hidden_states = hidden_states
+            relayed_hidden_states = None if buf is None else buf.index_select(0, indices)
+        draft_input.bonus_tokens = relayed_bonus_tokens
+        if relayed_topk_p is not None:  # allocated by a stash that carried it
+            draft_input.topk_p = relayed_topk_p
+        if relayed_topk_index is not None:  # allocated by a stash that carried it
+            draft_input.topk_index = relayed_topk_index
+        if relayed_hidden_states is not None:  # allocated by a stash that carried it
+            draft_input.hidden_states = relayed_hidden_states
         draft_input.dsa_topk_indices = None
         if _DEBUG_ASSERT:
-            self._consume_once("bonus_tokens", bonus_tokens, indices)
+            self._consume_once("bonus_tokens", relayed_bonus_tokens, indices)
 
 
 class EagleMultilayerFutureMap(FutureMap):
-    """`eagle_multilayer`: Multi-token-prediction drafting, one draft layer per step."""
+    """Relay of `eagle_multilayer` (DESCRIPTION: the spec's description)."""
 
+    DESCRIPTION = "Multi-token-prediction drafting, one draft layer per step."
     ALGORITHM = "eagle_multilayer"
     SPEC = "relayc/specs/eagle_multilayer.yaml (spec hash e875097384189660)"
     FIELDS = (
@@ -1212,7 +1073,7 @@ class EagleMultilayerFutureMap(FutureMap):
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
-            bonus_tokens, topk_p, topk_index = self._gather(
+            relayed_bonus_tokens, relayed_topk_p, relayed_topk_index = self._gather(
                 indices,
                 (
                     "bonus_tokens",
@@ -1222,26 +1083,27 @@ class EagleMultilayerFutureMap(FutureMap):
             )
         else:
             # relayc/specs/common.yaml:44 [bs] int64
-            bonus_tokens = self.output_tokens_buf.index_select(0, indices)
+            relayed_bonus_tokens = self.output_tokens_buf.index_select(0, indices)
             # relayc/specs/eagle_multilayer.yaml:13 [bs, num_steps, topk] float32
             buf = self.topk_p_buf
-            topk_p = None if buf is None else buf.index_select(0, indices)
+            relayed_topk_p = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/eagle_multilayer.yaml:18 [bs, num_steps, topk] int64
             buf = self.topk_index_buf
-            topk_index = None if buf is None else buf.index_select(0, indices)
-        draft_input.bonus_tokens = bonus_tokens
-        if topk_p is not None:  # allocated by a stash that carried it
-            draft_input.topk_p = topk_p
-        if topk_index is not None:  # allocated by a stash that carried it
-            draft_input.topk_index = topk_index
+            relayed_topk_index = None if buf is None else buf.index_select(0, indices)
+        draft_input.bonus_tokens = relayed_bonus_tokens
+        if relayed_topk_p is not None:  # allocated by a stash that carried it
+            draft_input.topk_p = relayed_topk_p
+        if relayed_topk_index is not None:  # allocated by a stash that carried it
+            draft_input.topk_index = relayed_topk_index
         draft_input.dsa_topk_indices = None
         if _DEBUG_ASSERT:
-            self._consume_once("bonus_tokens", bonus_tokens, indices)
+            self._consume_once("bonus_tokens", relayed_bonus_tokens, indices)
 
 
 class NgramFutureMap(FutureMap):
-    """`ngram`: Suffix-match (n-gram) drafting on the host, tree verification on the device."""
+    """Relay of `ngram` (DESCRIPTION: the spec's description)."""
 
+    DESCRIPTION = "Suffix-match (n-gram) drafting on the host, tree verification on the device."
     ALGORITHM = "ngram"
     SPEC = "relayc/specs/ngram.yaml (spec hash cbca34af4c361846)"
     FIELDS = (
@@ -1336,7 +1198,7 @@ class NgramFutureMap(FutureMap):
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
-            accept_tokens, accept_lens = self._gather(
+            relayed_accept_tokens, relayed_accept_lens = self._gather(
                 indices,
                 (
                     "accept_tokens",
@@ -1346,18 +1208,19 @@ class NgramFutureMap(FutureMap):
         else:
             # relayc/specs/common.yaml:96 [bs, num_draft_tokens] int64
             buf = self.accept_tokens_buf
-            accept_tokens = None if buf is None else buf.index_select(0, indices)
+            relayed_accept_tokens = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/common.yaml:101 [bs] int32
-            accept_lens = self.accept_lens_buf.index_select(0, indices)
-        if accept_tokens is None:
+            relayed_accept_lens = self.accept_lens_buf.index_select(0, indices)
+        if relayed_accept_tokens is None:
             raise RelayError("resolve of `accept_tokens` before any stash carried it")
-        draft_input.accept_tokens = accept_tokens.flatten()  # SGLang holds these rows flat
-        draft_input.accept_lens = accept_lens
+        draft_input.accept_tokens = relayed_accept_tokens.flatten()  # SGLang holds these rows flat
+        draft_input.accept_lens = relayed_accept_lens
 
 
 class NoneFutureMap(FutureMap):
-    """`none`: Plain autoregressive decoding with overlap scheduling."""
+    """Relay of `none` (DESCRIPTION: the spec's description)."""
 
+    DESCRIPTION = "Plain autoregressive decoding with overlap scheduling."
     ALGORITHM = "none"
     SPEC = "relayc/specs/none.yaml (spec hash d8351d19c1a83ee2)"
     FIELDS = (
@@ -1413,8 +1276,9 @@ class NoneFutureMap(FutureMap):
 
 
 class StandaloneFutureMap(FutureMap):
-    """`standalone`: A small standalone draft model drafting a chain, verified by the target."""
+    """Relay of `standalone` (DESCRIPTION: the spec's description)."""
 
+    DESCRIPTION = "A small standalone draft model drafting a chain, verified by the target."
     ALGORITHM = "standalone"
     SPEC = "relayc/specs/standalone.yaml (spec hash af0369bd09dbb914)"
     FIELDS = (
@@ -1557,37 +1421,39 @@ class StandaloneFutureMap(FutureMap):
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
-            bonus_tokens, topk_p, topk_index, draft_probs = self._gather(
-                indices,
-                (
-                    "bonus_tokens",
-                    "topk_p",
-                    "topk_index",
-                    "draft_probs",
-                ),
+            relayed_bonus_tokens, relayed_topk_p, relayed_topk_index, relayed_draft_probs = (
+                self._gather(
+                    indices,
+                    (
+                        "bonus_tokens",
+                        "topk_p",
+                        "topk_index",
+                        "draft_probs",
+                    ),
+                )
             )
         else:
             # relayc/specs/common.yaml:44 [bs] int64
-            bonus_tokens = self.output_tokens_buf.index_select(0, indices)
+            relayed_bonus_tokens = self.output_tokens_buf.index_select(0, indices)
             # relayc/specs/common.yaml:66 [bs, topk] float32
             buf = self.topk_p_buf
-            topk_p = None if buf is None else buf.index_select(0, indices)
+            relayed_topk_p = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/common.yaml:71 [bs, topk] int64
             buf = self.topk_index_buf
-            topk_index = None if buf is None else buf.index_select(0, indices)
+            relayed_topk_index = None if buf is None else buf.index_select(0, indices)
             # relayc/specs/common.yaml:87 [bs, vocab] float32
             buf = self.draft_probs_buf
-            draft_probs = None if buf is None else buf.index_select(0, indices)
-        draft_input.bonus_tokens = bonus_tokens
-        if topk_p is not None:  # allocated by a stash that carried it
-            draft_input.topk_p = topk_p
-        if topk_index is not None:  # allocated by a stash that carried it
-            draft_input.topk_index = topk_index
-        if draft_probs is not None:  # allocated by a stash that carried it
-            draft_input.draft_probs = draft_probs
+            relayed_draft_probs = None if buf is None else buf.index_select(0, indices)
+        draft_input.bonus_tokens = relayed_bonus_tokens
+        if relayed_topk_p is not None:  # allocated by a stash that carried it
+            draft_input.topk_p = relayed_topk_p
+        if relayed_topk_index is not None:  # allocated by a stash that carried it
+            draft_input.topk_index = relayed_topk_index
+        if relayed_draft_probs is not None:  # allocated by a stash that carried it
+            draft_input.draft_probs = relayed_draft_probs
         draft_input.dsa_topk_indices = None
         if _DEBUG_ASSERT:
-            self._consume_once("bonus_tokens", bonus_tokens, indices)
+            self._consume_once("bonus_tokens", relayed_bonus_tokens, indices)
 
 
 FutureMap.ALGORITHMS["eagle"] = EagleFutureMap

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from relayc.specs.document import Parts, Spec
 from relayc.specs.errors import SourceLoc, SpecError, did_you_mean, join_hints, quoted_list
+from relayc.specs.reserved import check_reserved_names
 from relayc.specs.schema import (
     REF_KINDS,
     Dim,
@@ -37,6 +38,7 @@ def check_library(lib: Parts, errors: list[SpecError]) -> None:
             )
         )
     _check_definitions(lib, lib.dims, errors)
+    check_reserved_names(lib, errors)
 
 
 def check_algorithm(
@@ -99,6 +101,7 @@ def check_algorithm(
             )
         )
     _check_definitions(parts, dims, errors)
+    check_reserved_names(parts, errors, inputs)
     _check_steps(parts, inputs, fields, libraries, errors)
     _check_capture(parts, errors)
 

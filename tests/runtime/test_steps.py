@@ -110,8 +110,8 @@ def test_capture_check_catches_reallocated_relay_buffers() -> None:
     kept = []  # keep old buffers alive so a new one cannot reuse their address
 
     def after(op, op_inputs, outputs):  # type: ignore[no-untyped-def]
-        kept.append(relay.bonus_tokens)
-        relay.bonus_tokens = relay.bonus_tokens.clone()
+        kept.append(relay.buffers["bonus_tokens"])
+        relay.buffers["bonus_tokens"] = relay.buffers["bonus_tokens"].clone()
 
     with pytest.raises(CaptureViolation, match=r"reallocated relay buffers \['bonus_tokens'\]"):
         capture_check(decode, {"after": after}, inputs, {})
