@@ -15,8 +15,9 @@ the wrong length) raise.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from os import PathLike
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -51,6 +52,12 @@ class Engine:
     ``topk``, ``num_draft_tokens`` and ``draft_model`` configure; or a
     ``DecodeAlgorithm`` built on ``model`` with relay rows for ``req_pool_size``
     slots (custom algorithms, tests).
+
+    ``relay_module``: a module ``relayc compile`` generated from your own spec, run
+    instead of ``relayc.generated.<algorithm>`` with the drafter of ``algorithm``.
+    ``impls``: op name -> ``fn(ctx, **inputs) -> dict of outputs``, merged over the
+    engine's own implementations (user ops, or replacing a built-in one); an op the
+    module runs without an implementation raises here.
     """
 
     def __init__(
@@ -72,6 +79,8 @@ class Engine:
         max_context: int | None = None,
         max_prefill_tokens: int = 4096,
         debug: bool = False,
+        relay_module: ModuleType | None = None,
+        impls: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
@@ -116,6 +125,8 @@ class Engine:
                 num_draft_tokens=num_draft_tokens,
                 draft_model=draft_model,
                 seed=seed,
+                module=relay_module,
+                impls=impls,
             )
         self.algorithm_name = self.algorithm.name
         if self.device.type == "cpu":

@@ -25,6 +25,7 @@ from relayc.specs.schema import (
     Dim,
     Import,
     Input,
+    Outputs,
     RelayField,
     SpecFile,
     Step,
@@ -55,6 +56,7 @@ class Parts:
     prefill: Step | None = None
     steps: list[tuple[Path, Step]] = field(default_factory=list)
     capture: Capture | None = None
+    outputs: Outputs | None = None
     broken: set[tuple[str, str]] = field(default_factory=set)
     has: set[str] = field(default_factory=set)  # top-level keys present in the file
 
@@ -78,6 +80,7 @@ class Spec:
     prefill: Step
     steps: tuple[Step, ...]
     capture: Capture
+    outputs: Outputs
     origin: dict[str, str]  # relay field -> the file that defines it
     # (step name, "reads" | "writes" | "stash", parameter / output / field) -> where it is
     entry_locs: dict[tuple[str, str, str], SourceLoc] = field(default_factory=dict)
@@ -88,6 +91,10 @@ class Spec:
         if loc is not None:
             return loc
         return next(s.loc for s in (self.prefill, *self.steps) if s.name == step)
+
+    def locate_output(self, phase: str, name: str) -> SourceLoc:
+        """Where `outputs.<phase>.<name>` is (``phase``: `prefill` or `decode`)."""
+        return self.entry_locs.get(("outputs", phase, name), self.outputs.loc)
 
     @property
     def relay_fields(self) -> list[str]:
@@ -241,6 +248,9 @@ def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -
     if valid.capture is not None:
         _locate(valid.capture, index.key(("capture",)))
         parts.capture = valid.capture
+    if valid.outputs is not None:
+        _locate(valid.outputs, index.key(("outputs",)))
+        parts.outputs = valid.outputs
     return parts
 
 
@@ -288,6 +298,10 @@ def _partial_parts(data: dict, index: LocIndex, path: str) -> Parts:
             parts.broken.add(("prefill", "prefill"))
     if "capture" in data:
         parts.capture = _validated(Capture, data["capture"], index.key(("capture",)))
+    if "outputs" in data:
+        parts.outputs = _validated(Outputs, data["outputs"], index.key(("outputs",)))
+        if parts.outputs is None:
+            parts.broken.add(("outputs", "outputs"))
     parts.broken.add(("file", "partial"))
     return parts
 
