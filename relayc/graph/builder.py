@@ -116,7 +116,7 @@ def _build(spec: Spec, steps: tuple[Step, ...], errors: list[SpecError], phase: 
             )
             continue
         _check_signature(spec, step, op, errors)
-        kwargs = {p: values[ref] for p, ref in step.reads.items() if ref in values}
+        kwargs = {p: values[str(ref)] for p, ref in step.reads.items() if str(ref) in values}
         call = graph.call_function(op, kwargs=kwargs)
         call._rename(step.name)
         call.meta.update(kind="step", step=step, op=op, loc=step.loc, phase=phase)

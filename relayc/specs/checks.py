@@ -16,6 +16,7 @@ from relayc.specs.schema import (
     REF_KINDS,
     Dim,
     Input,
+    Ref,
     RelayField,
     Step,
     fill_fits_dtype,
@@ -324,7 +325,7 @@ def _check_steps(
 
         for param, ref in step.reads.items():
             loc = index.value((*path, "reads", param))
-            kind, _, name = ref.partition(".")
+            kind, name = ref.kind, ref.name
             if kind == "relay":
                 if is_prefill:
                     errors.append(
@@ -364,7 +365,7 @@ def _check_steps(
                         )
                     )
             else:
-                _check_step_ref(step, ref, kind, name, loc, seen, broken_steps, errors)
+                _check_step_ref(step, ref, ref.source, name, loc, seen, broken_steps, errors)
 
         for field_name, out in step.stash.items():
             loc = index.key((*path, "stash", field_name))
@@ -410,7 +411,7 @@ def _check_steps(
 
 def _check_step_ref(
     step: Step,
-    ref: str,
+    ref: Ref,
     source: str,
     output: str,
     loc,

@@ -29,7 +29,7 @@ from pydantic import (
     PrivateAttr,
     WithJsonSchema,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticKnownError
 
 from relayc.specs.errors import SourceLoc
 
@@ -91,11 +91,22 @@ class Ref:
         return f"{self.source}.{self.name}"
 
 
+def _parse_value_ref(value: Any) -> Ref:
+    if isinstance(value, Ref):
+        return value
+    if not isinstance(value, str):
+        raise PydanticKnownError("string_type")
+    _ref(value)
+    source, _, name = value.partition(".")
+    return Ref(source, name)
+
+
 def _parse_output_ref(value: Any) -> Ref:
     if isinstance(value, Ref):
         return value
-    text = value if isinstance(value, str) else ""
-    source, dot, name = text.partition(".")
+    if not isinstance(value, str):
+        raise PydanticKnownError("string_type")
+    source, dot, name = value.partition(".")
     if not dot or not IDENTIFIER_RE.match(source) or not IDENTIFIER_RE.match(name):
         raise PydanticCustomError(
             "relayc_output_ref",
@@ -103,6 +114,9 @@ def _parse_output_ref(value: Any) -> Ref:
             {"value": value},
         )
     return Ref(source, name)
+
+
+_REF_SCHEMA = {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$"}
 
 
 def _dim_entry(value: Any) -> Any:
@@ -136,14 +150,12 @@ def _init_policy(value: Any) -> Any:
 
 
 Identifier = Annotated[str, BeforeValidator(_identifier)]
-ValueRef = Annotated[str, BeforeValidator(_ref)]
+# Both parse to a `Ref` once, at load time; YAML and the JSON Schema see the text.
+ValueRef = Annotated[
+    Ref, PlainValidator(_parse_value_ref), PlainSerializer(str), WithJsonSchema(_REF_SCHEMA)
+]
 OutputRef = Annotated[
-    Ref,
-    PlainValidator(_parse_output_ref),
-    PlainSerializer(str),
-    WithJsonSchema(
-        {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$"}
-    ),
+    Ref, PlainValidator(_parse_output_ref), PlainSerializer(str), WithJsonSchema(_REF_SCHEMA)
 ]
 DimEntry = Annotated[str | int, BeforeValidator(_dim_entry)]
 InitPolicy = Annotated[
