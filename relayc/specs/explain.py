@@ -106,4 +106,8 @@ def explain(document: Spec | Library) -> str:
             f"capture: batch sizes {', '.join(map(str, cap.batch_sizes))}; "
             f"max batch size {cap.max_batch_size}",
         ]
+        for phase in ("prefill", "decode"):
+            entries = getattr(document.outputs, phase)
+            listed = ", ".join(f"{name}={ref}" for name, ref in entries.items())
+            out.append(f"the engine reads after {phase}: {listed}")
     return "\n".join(out)
