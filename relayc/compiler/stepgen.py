@@ -80,6 +80,9 @@ def _engine_outputs(graph: fx.Graph) -> dict[str, fx.Node]:
     return next(n for n in graph.nodes if n.op == "output").meta["outputs"]
 
 
+_PHASE_TEXT = {"prefill": "the prefill", "decode": "a decode iteration"}
+
+
 def _outputs_class(w: Writer, name: str, phase: str, graph: fx.Graph) -> None:
     w("@dataclass")
     w(f"class {name}:")
@@ -91,9 +94,6 @@ def _outputs_class(w: Writer, name: str, phase: str, graph: fx.Graph) -> None:
         op: Op = value.args[0].target  # type: ignore[union-attr, assignment]
         w(f"    {field_name}: torch.Tensor  # {_type_comment(op, output)} ({step.name}.{output})")
     w("\n")
-
-
-_PHASE_TEXT = {"prefill": "the prefill", "decode": "a decode iteration"}
 
 
 def _return_outputs(w: Writer, indent: str, name: str, graph: fx.Graph) -> None:
