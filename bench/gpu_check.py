@@ -158,13 +158,13 @@ def check_algorithm(device: str, name: str, num_steps: int, topk: int, n: int) -
     restore(saved)
     eager = {
         k: v.clone()
-        for k, v in spec.algorithm.decode_step.run_device(ctx, **inputs, host=host).items()
+        for k, v in vars(spec.algorithm.decode_step.run_device(ctx, **inputs, host=host)).items()
     }
     relay_eager = snapshot(spec)
     restore(saved)
     replayed = runner.run(ctx, inputs, host, ctx_values)
     for key, value in eager.items():
-        assert torch.equal(replayed[key], value), f"{name}: replay differs at {key}"
+        assert torch.equal(getattr(replayed, key), value), f"{name}: replay differs at {key}"
     relay_replay = snapshot(spec)
     for key in relay_eager:
         if key.startswith("relay."):

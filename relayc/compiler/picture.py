@@ -124,7 +124,7 @@ def build_picture(spec: Spec) -> Picture:
     for step in spec.steps:
         target = step_id(step.name)
         for ref in step.reads.values():
-            head, _, tail = ref.partition(".")
+            head, tail = ref.source, ref.name
             if head == "relay":
                 add(RESOLVE_ID, target, "relay", field_text(tail, spec.fields[tail]))
             elif head == "input":

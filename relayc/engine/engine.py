@@ -15,8 +15,9 @@ the wrong length) raise.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from os import PathLike
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -53,6 +54,12 @@ class Engine:
     slots (custom algorithms, tests). ``block_verification=True``: sampled requests of a
     chain-drafting algorithm (``"standalone"``) are verified by block verification (Sun
     et al. 2024) instead of token by token; lossless either way.
+
+    ``relay_module``: a module ``relayc compile`` generated from your own spec, run
+    instead of ``relayc.generated.<algorithm>`` with the drafter of ``algorithm``.
+    ``impls``: op name -> ``fn(ctx, **inputs) -> dict of outputs``, merged over the
+    engine's own implementations (user ops, or replacing a built-in one); an op the
+    module runs without an implementation raises here.
     """
 
     def __init__(
@@ -75,6 +82,8 @@ class Engine:
         max_prefill_tokens: int = 4096,
         debug: bool = False,
         block_verification: bool = False,
+        relay_module: ModuleType | None = None,
+        impls: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
@@ -120,6 +129,8 @@ class Engine:
                 draft_model=draft_model,
                 seed=seed,
                 block_verification=block_verification,
+                module=relay_module,
+                impls=impls,
             )
         self.algorithm_name = self.algorithm.name
         if self.device.type == "cpu":

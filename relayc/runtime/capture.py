@@ -134,7 +134,7 @@ def _buffers(relay: Any) -> dict[str, int]:
 
 def capture_check(
     step: Any, ctx: Any, inputs: Mapping[str, torch.Tensor], host: Mapping[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
+) -> Any:
     """Run ``step.run_device`` as a graph capture would, on any device; fail on violations.
 
     The step is run once eagerly first (a capture warms up the same way, so lazy relay
@@ -151,7 +151,9 @@ def capture_check(
             f"the step reallocated relay buffers {moved or sorted(set(after) - set(before))}; "
             "a captured graph writes to fixed addresses"
         )
-    for key, value in outputs.items():
+    # The generated steps return a `DecodeOutputs` dataclass; hand-written ones may return dicts.
+    values = outputs if isinstance(outputs, Mapping) else vars(outputs)
+    for key, value in values.items():
         if not isinstance(value, torch.Tensor):
             raise CaptureViolation(
                 f"output `{key}` is a {type(value).__name__}, not a tensor; "

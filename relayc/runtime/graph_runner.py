@@ -22,6 +22,7 @@ The contract (what the engine must uphold):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,7 +129,7 @@ class GraphRunner:
         inputs: Mapping[str, torch.Tensor],
         host: Mapping[str, torch.Tensor] | None = None,
         ctx_values: Mapping[str, torch.Tensor] | None = None,
-    ) -> dict[str, torch.Tensor]:
+    ) -> Any:
         """The device part for one batch: replayed from its bucket, or eagerly with ``ctx``."""
         host, ctx_values = host or {}, ctx_values or {}
         batch = inputs["req_pool_indices"].shape[0]
@@ -140,5 +141,12 @@ class GraphRunner:
             value = inputs.get(name, host.get(name, ctx_values.get(name)))
             static[name][:batch].copy_(value)
             static[name][batch:].fill_(spec.pad)
-        outputs = self._replay[bucket]()
-        return {key: value[:batch] for key, value in outputs.items()}
+        return first_rows(self._replay[bucket](), batch)
+
+
+def first_rows(outputs: Any, n: int) -> Any:
+    """The first ``n`` rows of every tensor of a step's outputs: the generated
+    `DecodeOutputs` dataclass, or a mapping of tensors."""
+    if isinstance(outputs, Mapping):
+        return {key: value[:n] for key, value in outputs.items()}
+    return dataclasses.replace(outputs, **{k: v[:n] for k, v in vars(outputs).items()})
