@@ -200,5 +200,6 @@ def make_algorithm(
         num_draft_tokens=num_draft_tokens,
         draft_model=draft_model,
         seed=seed,
-        block_verification=block_verification,
+        # Passed only when asked for, so factories that predate the option keep working.
+        **({"block_verification": True} if block_verification else {}),
     )
