@@ -17,8 +17,7 @@ from relayc.cli import main
 from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.draft import EagleHead, StandaloneDrafter
 from relayc.engine.ops import implementations
-from relayc.nodes import registry
-from relayc.nodes.registry import Op, TensorType
+from relayc.nodes import Op, TensorType, register
 from relayc.specs.loader import BUNDLED_DIR
 from tests.engine.engine_helpers import (
     assert_idle,
@@ -228,16 +227,17 @@ def test_user_impls_replace_built_in_ones_and_missing_ones_fail_at_construction(
     assert [o.token_ids for o in outs] == naive_outputs(model, prompts, [params] * 2)
     assert calls  # every decode iteration sampled through the user's function
 
-    text = (
-        (BUNDLED_DIR / "none.yaml").read_text().replace("    op: sample\n", "    op: my_sample\n")
+    text = (BUNDLED_DIR / "none.yaml").read_text().replace(
+        "    op: sample\n", "    op: my_sample\n"
+    ) + f"ops: [{__name__}]\n"  # the user op below belongs to this module
+    register(
+        Op(
+            "my_sample",
+            {"logits": TensorType("float32", ("vocab",))},
+            {"next_tokens": TensorType("int64", ())},
+        ),
+        module=__name__,
     )
-    # A user op, registered for this test only (a spec would list its module under `ops:`).
-    my_sample = Op(
-        "my_sample",
-        {"logits": TensorType("float32", ("vocab",))},
-        {"next_tokens": TensorType("int64", ())},
-    )
-    monkeypatch.setitem(registry._OPS, "my_sample", my_sample)
     module = _compiled(tmp_path, text, "none_mine")
     with pytest.raises(
         ValueError,
