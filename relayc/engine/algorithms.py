@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from relayc.engine.forward_batch import ForwardBatch
+from relayc.engine.graphs import EAGER, DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.sampling import SamplingBatch, sample
 from relayc.generated import none as none_relay
@@ -85,6 +86,9 @@ class DecodeAlgorithm(ABC):
     name: ClassVar[str]
     decode_width: int = 1  # KV slots per request per decode step (the window W)
     max_tokens_per_step: int = 1  # most tokens one decode step emits per request (K <= W)
+    # How decode() runs the generated DecodeStep (relayc.engine.graphs); the engine sets it.
+    graphs: DecodeGraphs = EAGER
+    capture_batch_sizes: tuple[int, ...] = ()  # the spec's graph buckets (CAPTURE_BATCH_SIZES)
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model

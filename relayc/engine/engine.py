@@ -23,6 +23,7 @@ import torch
 
 from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
 from relayc.engine.config import ModelConfig
+from relayc.engine.graphs import DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.overlap import make_runner
 from relayc.engine.request import FinishReason, Output, Request, StreamDelta
@@ -53,6 +54,11 @@ class Engine:
     slots (custom algorithms, tests). ``block_verification=True``: sampled requests of a
     chain-drafting algorithm (``"standalone"``) are verified by block verification (Sun
     et al. 2024) instead of token by token; lossless either way.
+
+    ``graphs``: how decode steps run (``relayc.engine.graphs``): ``"auto"`` (CUDA graphs
+    on CUDA, eager elsewhere), ``"graph"``, ``"static"`` (the graph path's static buffers
+    and padding without CUDA graphs) or ``"off"``; ``capture_batch_sizes`` overrides the
+    spec's buckets (capped by ``max_batch_size``; larger batches run eagerly).
     """
 
     def __init__(
@@ -75,6 +81,8 @@ class Engine:
         max_prefill_tokens: int = 4096,
         debug: bool = False,
         block_verification: bool = False,
+        graphs: str = "auto",
+        capture_batch_sizes: Sequence[int] | None = None,
     ) -> None:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
@@ -122,6 +130,14 @@ class Engine:
                 block_verification=block_verification,
             )
         self.algorithm_name = self.algorithm.name
+        self.algorithm.graphs = DecodeGraphs.build(
+            graphs,
+            self.device,
+            self.algorithm.capture_batch_sizes,
+            max_batch_size=max_batch_size,
+            batch_sizes=capture_batch_sizes,
+            debug=debug,
+        )
         if self.device.type == "cpu":
             for module in (self.model, *self.algorithm.draft_modules()):
                 use_cpu_matmul_layout(module)

@@ -122,6 +122,7 @@ class SpeculativeDecoding(DecodeAlgorithm):
         impls = implementations()
         self.prefill_step = module.PrefillStep(self.relay, impls)
         self.decode_step = module.DecodeStep(self.relay, impls)
+        self.capture_batch_sizes = tuple(module.CAPTURE_BATCH_SIZES)
         self.drafter = _make_drafter(
             name,
             model,
@@ -176,8 +177,11 @@ class SpeculativeDecoding(DecodeAlgorithm):
         ctx = self._context(
             step, out_cache_loc=forward.out_cache_loc, max_prefix_len=step.max_prefix_len
         )
-        outputs = self.decode_step(
-            ctx, req_pool_indices=forward.req_pool_indices, seq_lens=forward.prefix_lens
+        outputs = self.graphs.run(
+            self.decode_step,
+            ctx,
+            req_pool_indices=forward.req_pool_indices,
+            seq_lens=forward.prefix_lens,
         )
         counts = outputs["accept.accept_lens"].to(torch.int64)
         return StepOutput(

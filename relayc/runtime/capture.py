@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from relayc.kernels._backend import graph_safe_paths
+from relayc.runtime.backend import graph_safe_paths
 
 aten = torch.ops.aten
 
