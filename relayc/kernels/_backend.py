@@ -23,7 +23,7 @@ import torch
 
 # The backend choice and the graph-safe switch are the runtime's (generated code imports
 # them without the kernels); re-exported here for the kernels and their callers.
-from relayc.runtime.backend import (  # noqa: F401
+from relayc.runtime.backend import (
     BACKENDS,
     Backend,
     graph_safe,
@@ -32,6 +32,18 @@ from relayc.runtime.backend import (  # noqa: F401
     triton_available,
     triton_interpreting,
 )
+
+__all__ = [
+    "BACKENDS",
+    "HOST_LOOP_MAX_BATCH",
+    "Backend",
+    "graph_safe",
+    "graph_safe_paths",
+    "host_loops",
+    "resolve_backend",
+    "triton_available",
+    "triton_interpreting",
+]
 
 # Above this batch the vectorised torch path beats the host loops (measured on 2 CPU cores:
 # even at batch 8, at parity near 32).

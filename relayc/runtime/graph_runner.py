@@ -65,19 +65,24 @@ def resolve_mode(mode: str, device: torch.device | str) -> str:
     return mode
 
 
-def slice_rows(outputs: Outputs, batch: int) -> Outputs:
-    """The first ``batch`` rows of every tensor of a step's outputs (a mapping or dataclass)."""
+def output_items(outputs: Any) -> list[tuple[str, Any]]:
+    """(name, value) of a step's outputs: a mapping or a dataclass (``DecodeOutputs``)."""
     if isinstance(outputs, Mapping):
-        return {key: _rows(value, batch) for key, value in outputs.items()}  # type: ignore[return-value]
+        return list(outputs.items())
     if dataclasses.is_dataclass(outputs) and not isinstance(outputs, type):
-        changes = {
-            f.name: _rows(getattr(outputs, f.name), batch) for f in dataclasses.fields(outputs)
-        }
-        return dataclasses.replace(outputs, **changes)  # type: ignore[type-var]
+        return [(f.name, getattr(outputs, f.name)) for f in dataclasses.fields(outputs)]
     raise TypeError(
         f"a step's device part must return a mapping or a dataclass of tensors, "
         f"not {type(outputs).__name__}"
     )
+
+
+def slice_rows(outputs: Outputs, batch: int) -> Outputs:
+    """The first ``batch`` rows of every tensor of a step's outputs (a mapping or dataclass)."""
+    rows = {key: _rows(value, batch) for key, value in output_items(outputs)}
+    if isinstance(outputs, Mapping):
+        return rows  # type: ignore[return-value]
+    return dataclasses.replace(outputs, **rows)  # type: ignore[type-var]
 
 
 def _rows(value: Any, batch: int) -> Any:
@@ -153,9 +158,12 @@ class GraphRunner:
             bound = self.bind_ctx(ctx, static)
             self._static[bucket] = static
             if self.mode == "static":
-                self._replay[bucket] = lambda ctx=bound, s=static: self._run_static(ctx, s)
+                self._replay[bucket] = self._static_replay(bound, static)
             else:
                 self._replay[bucket] = self._capture_graph(bound, static)
+
+    def _static_replay(self, ctx: Any, static: Mapping[str, torch.Tensor]) -> Callable[[], Any]:
+        return lambda: self._run_static(ctx, static)
 
     def _capture_graph(self, ctx: Any, static: Mapping[str, torch.Tensor]) -> Callable[[], Any]:
         current = torch.cuda.current_stream(self.device)
