@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from relayc.engine.forward_batch import ForwardBatch
 from relayc.engine.sampling import SamplingBatch
 from relayc.runtime.graph_runner import GraphRunner, StaticInput, resolve_mode
 
@@ -51,6 +52,30 @@ SAMPLING_INPUTS = {
     "top_ps": StaticInput(torch.float32, (), 1.0),
     "seeds": StaticInput(torch.int64),
 }
+
+
+# Per-row tensors of the decode ForwardBatch (`ctx.forward`, read by one-token ops) and the
+# padding of each: a padding row decodes its W window tokens (extend_lens, set per runner)
+# at position 0 of slot 0, each seeing the whole window (tree_mask), so no row is empty.
+FORWARD_PADS: dict[str, int | bool] = {
+    "input_ids": 0,
+    "positions": 0,
+    "prefix_lens": 0,
+    "extend_lens": 0,
+    "tree_mask": True,
+}
+TOKEN_FIELDS = ("input_ids", "positions")  # [B * W] flat, request-major
+
+
+def forward_values(forward: ForwardBatch, batch: int) -> dict[str, torch.Tensor]:
+    """The per-row tensors of a decode batch, each viewed ``[batch, ...]``."""
+    values = {}
+    for name in FORWARD_PADS:
+        value = getattr(forward, name)
+        if value is not None:
+            rows = value.view(batch, -1) if name in TOKEN_FIELDS else value
+            values[f"forward.{name}"] = rows
+    return values
 
 
 def capture_buckets(spec_sizes: Sequence[int], max_batch_size: int) -> tuple[int, ...]:
@@ -130,6 +155,9 @@ class DecodeGraphs:
                 top_ps=ctx.sampling.top_ps,
                 seeds=ctx.sampling.seeds,
             )
+        forward = getattr(ctx, "forward", None)  # the scheduler's batch, when ops read it
+        if forward is not None:
+            ctx_values.update(forward_values(forward, batch))
         greedy = ctx.sampling is None
         runner = self._runners.get(greedy)
         if runner is None:
@@ -155,6 +183,11 @@ class DecodeGraphs:
             ctx_inputs["sample_positions"] = StaticInput(torch.int64)
         if not greedy:
             ctx_inputs.update(SAMPLING_INPUTS)
+        for key, value in ctx_values.items():
+            if key.startswith("forward."):
+                name = key.removeprefix("forward.")
+                pad = width if name == "extend_lens" else FORWARD_PADS[name]
+                ctx_inputs[key] = StaticInput(value.dtype, tuple(value.shape[1:]), pad)
 
         def bind_ctx(ctx: StepContext, static: Mapping[str, torch.Tensor]) -> StepContext:
             sampling = None
@@ -162,13 +195,31 @@ class DecodeGraphs:
                 sampling = SamplingBatch(
                     static["temperatures"], static["top_ks"], static["top_ps"], static["seeds"]
                 )
+            # The largest bound the scheduler hands out: kv_len_bound + W <= max_context.
+            max_prefix_len = ctx.req_to_token.shape[1] - width
+            changes: dict[str, Any] = {}
+            forward = getattr(ctx, "forward", None)
+            if forward is not None:
+                changes["forward"] = dataclasses.replace(
+                    forward,
+                    out_cache_loc=static["out_cache_loc"].view(-1),
+                    req_pool_indices=static["req_pool_indices"],
+                    max_prefix_len=max_prefix_len,
+                    **{
+                        name: static[f"forward.{name}"].view(-1)
+                        if name in TOKEN_FIELDS
+                        else static[f"forward.{name}"]
+                        for name in FORWARD_PADS
+                        if f"forward.{name}" in static
+                    },
+                )
             return dataclasses.replace(
                 ctx,
                 out_cache_loc=static["out_cache_loc"].view(-1),
-                # The largest bound the scheduler hands out: kv_len_bound + W <= max_context.
-                max_prefix_len=ctx.req_to_token.shape[1] - width,
+                max_prefix_len=max_prefix_len,
                 sampling=sampling,
                 extras={**(ctx.extras or {}), **{k: static[k] for k in EXTRAS if k in static}},
+                **changes,
             )
 
         return GraphRunner(
