@@ -147,13 +147,27 @@ def test_relayc_has_no_import_cycles() -> None:
     )
 
 
-def test_a_generated_module_imports_only_torch_triton_and_the_runtime() -> None:
-    code = "import sys\nimport relayc.generated.eagle\nprint('\\n'.join(sorted(sys.modules)))\n"
+def modules_loaded_by(imports: list[str]) -> list[str]:
+    """``sys.modules`` after importing ``imports`` in a fresh interpreter."""
+    code = "".join(f"import {name}\n" for name in imports)
+    code = f"import sys\n{code}print('\\n'.join(sorted(sys.modules)))\n"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    loaded = proc.stdout.split()
+    return proc.stdout.split()
+
+
+def test_the_runtime_imports_neither_pydantic_nor_the_kernels() -> None:
+    names = sorted(module_name(p) for p in (PACKAGE / "runtime").glob("*.py"))
+    loaded = modules_loaded_by(names)
+    assert "relayc.runtime.graph_runner" in loaded and "relayc.runtime.capture" in loaded
+    bad = [m for m in loaded if m.split(".")[0] == "pydantic" or m.startswith("relayc.kernels")]
+    assert not bad, f"importing {', '.join(names)} loaded {bad}"
+
+
+def test_a_generated_module_imports_only_torch_triton_and_the_runtime() -> None:
+    loaded = modules_loaded_by(["relayc.generated.eagle"])
     assert "relayc.runtime.relay" in loaded  # the import did happen
     forbidden = ("pydantic", "yaml", "relayc.kernels", "relayc.specs", "relayc.graph")
     forbidden += ("relayc.compiler", "relayc.engine", "relayc.nodes", "relayc.tools", "relayc.cli")
