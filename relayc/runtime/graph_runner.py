@@ -19,6 +19,8 @@ The contract (what the engine must uphold):
   bucket's graph is captured with, its tensors the bucket's static buffers; `run`
   copies the batch's values (`ctx_values`) into them. Everything else in `ctx` is
   captured by reference and must stay at the same addresses.
+- A replayed graph does not record the relay's publish event again; the runner records it
+  after each replay (so host readers of early-published fields wait for the whole step).
 - Outputs are row slices of the graph's static outputs, valid until the next replay.
   The step may return a mapping or a dataclass of tensors.
 - Batches larger than the largest bucket run eagerly, and so does everything with
@@ -180,8 +182,14 @@ class GraphRunner:
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             outputs = self._run_static(ctx, static)
 
+        relay = self.step.relay
+
         def replay() -> Any:
             graph.replay()
+            # An event recorded during capture is not recorded again by a replay: record the
+            # publish event here, after the whole step (later than the step's own publish
+            # point, so a host reader waiting on it is still correct).
+            relay.record_publish()
             return outputs
 
         return replay
