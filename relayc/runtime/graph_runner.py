@@ -93,9 +93,8 @@ def _rows(value: Any, batch: int) -> Any:
 
 def reset_padding_slot(relay: Any) -> None:
     """Zero slot 0 of every allocated relay buffer (what padding rows resolve)."""
-    for info in relay.FIELD_INFOS:
-        buffer = getattr(relay, info.name)
-        if buffer is not None:
+    for buffer in relay.buffers.values():
+        if buffer is not None:  # a lazy field not stashed yet
             buffer[0].zero_()
 
 
