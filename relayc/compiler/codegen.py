@@ -120,7 +120,10 @@ def generate_relay_module(graphs: IterationGraphs, out_dir: str = "relayc/genera
         if dim.supplied_by:
             w(f"    # supplied by: {comment_text(dim.supplied_by)}")
         w(f"    {pylit(name)}: {dim.default!r},")
-    w("}\n\n")
+    w("}")
+    # The spec's `capture:` buckets, for the engine's graph runner.
+    w(f"CAPTURE_BATCH_SIZES: tuple[int, ...] = {pylit(tuple(spec.capture.batch_sizes))}")
+    w(f"MAX_CAPTURE_BATCH_SIZE = {pylit(spec.capture.max_batch_size)}\n\n")
 
     w("@dataclass")
     w("class RelayPayload:")

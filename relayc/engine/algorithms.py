@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from relayc.engine.forward_batch import ForwardBatch
+from relayc.engine.graphs import EAGER, DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.ops import implementations
 from relayc.engine.ops.context import StepContext
@@ -95,6 +96,9 @@ class DecodeAlgorithm(ABC):
     name: ClassVar[str]
     decode_width: int = 1  # KV slots per request per decode step (the window W)
     max_tokens_per_step: int = 1  # most tokens one decode step emits per request (K <= W)
+    # How decode() runs the generated DecodeStep (relayc.engine.graphs); the engine sets it.
+    graphs: DecodeGraphs = EAGER
+    capture_batch_sizes: tuple[int, ...] = ()  # the spec's graph buckets (CAPTURE_BATCH_SIZES)
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
@@ -206,6 +210,7 @@ class GeneratedAlgorithm(DecodeAlgorithm):
         )
         self.prefill_step = module.PrefillStep(self.relay, all_impls)
         self.decode_step = module.DecodeStep(self.relay, all_impls)
+        self.capture_batch_sizes = tuple(module.CAPTURE_BATCH_SIZES)
         self.draft_kv: Any = None  # allocated on the first step, sized like the target's
         self.bonus_slots = self.drafting.bonus_slots
 
@@ -248,8 +253,11 @@ class GeneratedAlgorithm(DecodeAlgorithm):
             out_cache_loc=forward.out_cache_loc,
             max_prefix_len=step.max_prefix_len,
         )
-        outputs = self.decode_step(
-            ctx, req_pool_indices=forward.req_pool_indices, seq_lens=forward.prefix_lens
+        outputs = self.graphs.run(
+            self.decode_step,
+            ctx,
+            req_pool_indices=forward.req_pool_indices,
+            seq_lens=forward.prefix_lens,
         )
         if not self.multi_token:
             return StepOutput(next_tokens=outputs.next_tokens)

@@ -24,6 +24,7 @@ import torch
 
 from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
 from relayc.engine.config import ModelConfig
+from relayc.engine.graphs import DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.overlap import make_runner
 from relayc.engine.request import FinishReason, Output, Request, StreamDelta
@@ -60,6 +61,10 @@ class Engine:
     ``impls``: op name -> ``fn(ctx, **inputs) -> dict of outputs``, merged over the
     engine's own implementations (user ops, or replacing a built-in one); an op the
     module runs without an implementation raises here.
+    ``graphs``: how decode steps run (``relayc.engine.graphs``): ``"auto"`` (CUDA graphs
+    on CUDA, eager elsewhere), ``"graph"``, ``"static"`` (the graph path's static buffers
+    and padding without CUDA graphs) or ``"off"``; ``capture_batch_sizes`` overrides the
+    spec's buckets (capped by ``max_batch_size``; larger batches run eagerly).
     """
 
     def __init__(
@@ -84,6 +89,8 @@ class Engine:
         block_verification: bool = False,
         relay_module: ModuleType | None = None,
         impls: Mapping[str, Callable[..., Any]] | None = None,
+        graphs: str = "auto",
+        capture_batch_sizes: Sequence[int] | None = None,
     ) -> None:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
@@ -133,6 +140,14 @@ class Engine:
                 impls=impls,
             )
         self.algorithm_name = self.algorithm.name
+        self.algorithm.graphs = DecodeGraphs.build(
+            graphs,
+            self.device,
+            self.algorithm.capture_batch_sizes,
+            max_batch_size=max_batch_size,
+            batch_sizes=capture_batch_sizes,
+            debug=debug,
+        )
         if self.device.type == "cpu":
             for module in (self.model, *self.algorithm.draft_modules()):
                 use_cpu_matmul_layout(module)

@@ -50,6 +50,8 @@ DIM_DEFAULTS: dict[str, int | None] = {
     # supplied by: model config (vocab_size)
     "vocab": None,
 }
+CAPTURE_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MAX_CAPTURE_BATCH_SIZE = 256
 
 
 @dataclass

@@ -15,7 +15,8 @@ import torch
 import torch.fx as fx
 
 from relayc.graph.builder import IterationGraphs, build_graphs
-from relayc.nodes.registry import Op, dims_of, dtype_name, eval_dim, torch_dtype
+from relayc.nodes.registry import Op
+from relayc.runtime.dims import dims_of, dtype_name, eval_dim, torch_dtype
 from relayc.specs.errors import SpecError, SpecErrors
 from relayc.specs.loader import Spec
 from relayc.specs.schema import Ref, RelayField

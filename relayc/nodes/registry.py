@@ -16,62 +16,15 @@ import importlib
 import os
 import sys
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
 import torch
 
+from relayc.runtime.dims import eval_dim, torch_dtype
 from relayc.specs.schema import DTYPES
-
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "bool": torch.bool,
-}
-
-
-def torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The torch dtype of a spec dtype name (`model` is the model's dtype)."""
-    return model_dtype if name == "model" else TORCH_DTYPES[name]
-
-
-def dtype_name(dtype: torch.dtype, model_dtype: torch.dtype) -> str:
-    for name, value in TORCH_DTYPES.items():
-        if value == dtype:
-            return "model" if dtype == model_dtype and name != "bool" else name
-    return str(dtype).removeprefix("torch.")
-
-
-def eval_dim(expr: str | int, dims: Mapping[str, int]) -> int:
-    """Evaluate a shape entry: an int, a dim name or arithmetic over dims (`topk*(s-1)+1`)."""
-    if isinstance(expr, int):
-        return expr
-    tree = ast.parse(expr, mode="eval")
-    return int(_eval(tree.body, dims))
-
-
-def _eval(node: ast.AST, dims: Mapping[str, int]) -> int:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return node.value
-    if isinstance(node, ast.Name):
-        return dims[node.id]
-    if isinstance(node, ast.BinOp):
-        left, right = _eval(node.left, dims), _eval(node.right, dims)
-        ops: dict[type, Callable[[int, int], int]] = {
-            ast.Add: lambda a, b: a + b,
-            ast.Sub: lambda a, b: a - b,
-            ast.Mult: lambda a, b: a * b,
-            ast.FloorDiv: lambda a, b: a // b,
-        }
-        if type(node.op) in ops:
-            return ops[type(node.op)](left, right)
-    raise ValueError(f"unsupported shape expression: {ast.unparse(node)}")
-
 
 _SHAPE_OPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)
 
@@ -96,12 +49,6 @@ def _check_shape_entry(entry: object) -> None:
             raise ValueError(
                 f"shape entry {entry!r}: only dim names, whole numbers and + - * // are allowed"
             )
-
-
-def dims_of(expr: str | int) -> set[str]:
-    if isinstance(expr, int):
-        return set()
-    return {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from relayc.kernels._backend import resolve_backend
-from relayc.nodes.registry import dims_of, eval_dim, torch_dtype
+from relayc.runtime.backend import resolve_backend
+from relayc.runtime.dims import dims_of, eval_dim, torch_dtype
 
 
 @dataclass(frozen=True)
