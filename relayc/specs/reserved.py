@@ -73,11 +73,13 @@ def _reserved(kind: str, name: str, loc: SourceLoc, *, local: bool) -> SpecError
             "Python mangles such names inside generated classes (and `__init__` would "
             "replace the package's `__init__.py`): drop the leading underscores",
         )
-    if local and name in GENERATED_NAMES:
+    if local and name in GENERATED_NAMES and not (kind == "step" and name in REF_KINDS):
+        # (`relay` / `input` as step names already have their own error.)
         return SpecError(
             loc,
             f"{kind} name `{name}` is used by the generated module itself",
-            f"rename the {kind}; reserved: {', '.join(f'`{n}`' for n in sorted(GENERATED_NAMES))}",
+            f"rename the {kind}; the generated step methods would confuse the two "
+            "(relayc.specs.reserved.GENERATED_NAMES lists every reserved name)",
         )
     return None
 
