@@ -22,6 +22,7 @@ from relayc.specs.errors import (
     SpecErrors,
     UsageError,
     add_ops_option,
+    one_line,
 )
 from relayc.tools.demo import add_demo_command
 from relayc.tools.generate import add_generate_command
@@ -144,7 +145,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from relayc.compiler.writer import GENERATED_DIR, compile_specs, regenerate_bundled, write
 
     if args.bundled:
-        for path in regenerate_bundled():
+        try:
+            written = regenerate_bundled()
+        except OSError as exc:  # an installed, read-only relayc
+            raise UsageError(f"cannot write the bundled modules: {_why(exc)}") from None
+        for path in written:
             print(f"wrote {path.relative_to(GENERATED_DIR.parent.parent)}")
         return EXIT_OK
     if not args.specs:
@@ -304,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except UsageError as exc:
-        print(f"relayc {args.command}: error: {exc}", file=sys.stderr)
+        print(one_line(f"relayc {args.command}: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK
