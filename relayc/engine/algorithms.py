@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -93,7 +93,7 @@ class StepOutput:
 class DecodeAlgorithm(ABC):
     """The per-algorithm decode step the scheduler calls (on the forward runner)."""
 
-    name: ClassVar[str]
+    name: str
     decode_width: int = 1  # KV slots per request per decode step (the window W)
     max_tokens_per_step: int = 1  # most tokens one decode step emits per request (K <= W)
     # How decode() runs the generated DecodeStep (relayc.engine.graphs); the engine sets it.

@@ -20,12 +20,14 @@ def next_token(ctx: StepContext, logits: torch.Tensor) -> torch.Tensor:
     """`[B]` int64: the argmax when every request is greedy, the keyed sampler otherwise."""
     if ctx.sampling is None:
         return torch.argmax(logits, dim=-1)
+    assert ctx.extras is not None, "the engine's StepContext always carries extras"
     return sample(logits, ctx.sampling, ctx.extras["sample_positions"])
 
 
 def target_prefill(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Target forward over the prompts; (first tokens [B], hidden [T, H], committed lens [B])."""
     forward = ctx.prefill
+    assert forward is not None, "a prefill op runs with the prefill batch in ctx"
     out = ctx.model(forward)
     return next_token(ctx, out.logits), out.hidden_states, forward.prefix_lens + forward.extend_lens
 
@@ -48,6 +50,7 @@ def impl_target_decode(
 ) -> dict[str, torch.Tensor]:
     """One target forward per request on ``input_ids`` (the relayed tokens), in the KV slots
     and at the positions the scheduler chose for this one-token step."""
+    assert ctx.forward is not None, "a decode op runs with the decode batch in ctx"
     forward = dataclasses.replace(ctx.forward, input_ids=input_ids)
     return {"logits": ctx.model(forward).logits}
 
