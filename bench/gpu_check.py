@@ -94,9 +94,9 @@ def check_kernels(device: str) -> None:
 
 def snapshot(spec: SpecDriver) -> dict[str, torch.Tensor]:
     state = {
-        f"relay.{i.name}": getattr(spec.algorithm.relay, i.name)
-        for i in spec.algorithm.relay.FIELD_INFOS
-        if getattr(spec.algorithm.relay, i.name) is not None
+        f"relay.{name}": buffer
+        for name, buffer in spec.algorithm.relay.buffers.items()
+        if buffer is not None
     }
     state["req_to_token"] = spec.driver.req_pool.req_to_token
     caches = [spec.driver.kv_cache] + ([spec.algorithm.draft_kv] if spec.algorithm.draft_kv else [])
