@@ -134,25 +134,31 @@ def _with_ops(spec: dict[str, Any]) -> dict[str, Any]:
     outputs = {
         f"out{i}": TensorType(f["dtype"], tuple(f["shape"])) for i, f in enumerate(fields.values())
     }
+    # What the engine reads back (the spec's `outputs:`): one int64 token per request.
+    op_outputs = {**outputs, "next_tokens": TensorType("int64")}
     n = next(_op_ids)
     prefill = register(
-        Op(f"fuzz_prefill_{n}", {"slots": TensorType("int64")}, outputs), module=__name__
+        Op(f"fuzz_prefill_{n}", {"slots": TensorType("int64")}, op_outputs), module=__name__
     )
     inputs = {f"in{i}": t for i, t in enumerate(outputs.values())}
     step = register(
         Op(
             f"fuzz_step_{n}",
             {**inputs, "slots": TensorType("int64"), "aux": TensorType("int64")},
-            outputs,
+            op_outputs,
         ),
         module=__name__,
     )
     stash = {name: f"out{i}" for i, name in enumerate(fields)}
     spec["ops"] = [__name__]  # the ops above belong to this module
+    spec["outputs"] = {
+        "prefill": {"next_tokens": f"{spec['prefill']['name']}.next_tokens"},
+        "decode": {"next_tokens": f"{spec['steps'][0]['name']}.next_tokens"},
+    }
     spec["prefill"] |= {
         "op": prefill.name,
         "reads": {"slots": "input.req_pool_indices"},
-        "writes": list(outputs),
+        "writes": list(op_outputs),
         "stash": stash,
     }
     spec["steps"][0] |= {
@@ -162,7 +168,7 @@ def _with_ops(spec: dict[str, Any]) -> dict[str, Any]:
             "slots": "input.req_pool_indices",
             "aux": f"input.{extra}",
         },
-        "writes": list(outputs),
+        "writes": list(op_outputs),
         "stash": stash,
     }
     return spec
@@ -205,6 +211,7 @@ fmap = m.FutureMap(9, "cpu", dims=info["dims"])
 written = {}
 def fake(ctx, **kw):
     out = dict(zip(info["outputs"], rows(fmap, kw["slots"].shape[0])))
+    out["next_tokens"] = torch.zeros(kw["slots"].shape[0], dtype=torch.int64)
     written.clear(); written.update(out)
     return out
 impls = {info["prefill_op"]: fake, info["step_op"]: fake}
