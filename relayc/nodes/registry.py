@@ -199,22 +199,39 @@ class OpsImportError(Exception):
     """A module of user ops that failed to import; the message says why."""
 
 
+# Top-level modules imported from a spec's folder: another spec's folder may hold its own
+# module of the same name (each `ops.py`), which then replaces it.
+_SPEC_LOCAL: set[str] = set()
+
+
 def import_op_module(name: str, search_dir: str | os.PathLike[str]) -> dict[str, Op]:
     """Import the user-op module ``name`` with ``search_dir`` importable first; returns its ops.
 
-    A module already imported from another folder (an ``ops.py`` beside another spec)
-    is imported afresh from ``search_dir`` when that folder holds it, and the ops the
-    stale copy registered are dropped with it, so specs in different folders each get
-    their own ``ops``.
+    A module imported earlier from another spec's folder (an ``ops.py`` beside another
+    spec) is dropped, with the ops it registered, and the name imported afresh, so
+    specs in different folders each get their own ``ops``. A module beside the spec
+    that would shadow one already in use from elsewhere (``json.py``) is refused.
     """
     top = name.partition(".")[0]
     folder = FsPath(search_dir).resolve()
     local = folder / f"{top}.py" if (folder / f"{top}.py").is_file() else folder / top
     cached = sys.modules.get(top)
-    if local.exists() and cached is not None and not _defined_under(cached, local):
-        for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
-            del sys.modules[loaded]
-            _USER.pop(loaded, None)
+    if cached is not None and not _defined_under(cached, local):
+        if top in _SPEC_LOCAL:
+            # Imported from another spec's folder: not this spec's module, whether or not
+            # this folder holds one of that name.
+            for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+                del sys.modules[loaded]
+                _USER.pop(loaded, None)
+            _SPEC_LOCAL.discard(top)
+        elif local.exists():
+            # Another module of that name (the standard library's, an installed package's)
+            # is in use: replacing it under everyone's feet is not an option.
+            origin = getattr(cached, "__file__", None) or "built-in"
+            raise OpsImportError(
+                f"`{top}` is already imported from {origin}; rename "
+                f"{display_folder(local)} so it does not shadow it"
+            )
     sys.path.insert(0, str(folder))
     _importing.append(name)
     importlib.invalidate_caches()  # the file may be newer than the finders' listings
@@ -234,6 +251,8 @@ def import_op_module(name: str, search_dir: str | os.PathLike[str]) -> dict[str,
     finally:
         _importing.pop()
         sys.path.remove(str(folder))
+    if local.exists() and _defined_under(sys.modules[top], local):
+        _SPEC_LOCAL.add(top)
     return user_ops(name)
 
 
