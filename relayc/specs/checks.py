@@ -257,11 +257,15 @@ def _check_definitions(parts: Parts, dims: dict[str, Dim], errors: list[SpecErro
             if value is None or value in ("empty", "zeros"):
                 continue
             if not fill_fits_dtype(value, fld.dtype):
+                hint = _FILL_HINTS.get(fld.dtype, "use a value the dtype can hold")
+                if isinstance(value, bool):
+                    hint = "use a number; `true` and `false` are for bool fields"
+                shown = str(value).lower() if isinstance(value, bool) else repr(value)
                 errors.append(
                     SpecError(
                         index.value(("fields", name, key)),
-                        f"`{key}` value {value!r} of field `{name}` does not fit dtype `{fld.dtype}`",
-                        _FILL_HINTS.get(fld.dtype, "use a value the dtype can hold"),
+                        f"`{key}` value {shown} of field `{name}` does not fit dtype `{fld.dtype}`",
+                        hint,
                     )
                 )
 

@@ -151,6 +151,14 @@ def _parse_output_ref(value: Any) -> Ref:
 _REF_SCHEMA = {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$"}
 
 
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # Literal[1] would take `true`, which equals 1
+        raise PydanticCustomError(
+            "relayc_not_bool", "expected a number, got `{value}`", {"value": str(value).lower()}
+        )
+    return value
+
+
 def _dim_entry(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise PydanticCustomError(
@@ -360,7 +368,9 @@ class Import(SpecModel):
 class SpecFile(SpecModel):
     """One spec file: an algorithm (`algorithm:`) or a shared library (`library:`)."""
 
-    version: Literal[1] = Field(default=1, description="Spec format version.")
+    version: Annotated[Literal[1], BeforeValidator(_not_bool)] = Field(
+        default=1, description="Spec format version."
+    )
     algorithm: Identifier | None = Field(
         default=None, description="Algorithm name; the generated module is named after it."
     )
@@ -399,7 +409,9 @@ class SpecFile(SpecModel):
 def fill_fits_dtype(value: bool | int | float, dtype: str) -> bool:
     """Whether a fill/poison value is representable in ``dtype``."""
     if dtype == "bool":
-        return isinstance(value, bool) or value in (0, 1)
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # `true` for a number is a slip, not 1
+        return False
     if dtype in INTEGER_DTYPES:
         if isinstance(value, float) and not value.is_integer():
             return False
