@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import keyword
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -32,12 +33,22 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _module_name(text: str) -> str:
+    if not all(part.isidentifier() and not keyword.iskeyword(part) for part in text.split(".")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Python module name (e.g. `mypkg.relay_ops`, or `ops` for an "
+            "ops.py beside the spec)"
+        )
+    return text
+
+
 def add_ops_option(parser: argparse.ArgumentParser) -> None:
     """``--ops MODULE`` (repeatable) on every command that checks specs."""
     parser.add_argument(
         "--ops",
         action="append",
         default=[],
+        type=_module_name,
         metavar="MODULE",
         help="import MODULE (its user ops) before checking, as if listed under the spec's "
         "`ops:`; repeatable",
