@@ -22,6 +22,7 @@ from relayc.specs.errors import (
     SpecErrors,
     UsageError,
     add_ops_option,
+    one_line,
 )
 from relayc.tools.demo import add_demo_command
 from relayc.tools.generate import add_generate_command
@@ -304,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except UsageError as exc:
-        print(f"relayc {args.command}: error: {exc}", file=sys.stderr)
+        print(one_line(f"relayc {args.command}: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK

@@ -283,6 +283,15 @@ def test_train_argument_errors(tmp_path: Path, capsys) -> None:
         assert message in line
 
 
+def test_control_characters_in_messages_are_escaped(tmp_path: Path, capsys) -> None:
+    assert main(["validate", str(tmp_path / "a\x1eb\nc.yaml")]) == EXIT_USAGE
+    assert "a\\x1eb\\nc.yaml" in _one_line(capsys, "validate")
+    (tmp_path / "spec.yaml").write_text('algorithm: x\n"a\\x1eb": 1\n')
+    assert main(["validate", str(tmp_path / "spec.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "unknown key `a\\x1eb`" in err and len(err.splitlines()) == err.count("\n")
+
+
 def test_ops_option_takes_module_names_only(capsys) -> None:
     assert main(["validate", "--ops", "my-ops.py", "spec.yaml"]) == EXIT_USAGE
     assert "is not a Python module name" in _one_line(capsys, "validate")

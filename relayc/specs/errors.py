@@ -30,7 +30,8 @@ class OneLineParser(argparse.ArgumentParser):
     for); subcommands' parsers inherit it."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        text = one_line(f"{self.prog}: error: {message} (see `{self.prog} --help`)")
+        self.exit(EXIT_USAGE, text + "\n")
 
 
 def _module_name(text: str) -> str:
@@ -77,7 +78,7 @@ class SpecError:
 
     def render(self) -> str:
         text = f"{self.loc}: error: {self.message}"
-        return f"{text} ({self.hint})" if self.hint else text
+        return one_line(f"{text} ({self.hint})" if self.hint else text)
 
     def __str__(self) -> str:
         return self.render()
@@ -96,6 +97,15 @@ class SpecErrors(Exception):
 
 def _error_order(error: SpecError) -> tuple[SourceLoc, str]:
     return (error.loc, error.message)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\x1e``, ``\\n``): a message
+    quoting a file name or a spec value stays one line, and no control character reaches
+    the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
