@@ -102,7 +102,7 @@ def _check_signature(spec: Spec, step: Step, op: Op, errors: list[SpecError]) ->
 def import_spec_ops(spec: Spec) -> list[SpecError]:
     """Import the spec's user-op modules; errors located at their `ops:` entries."""
     errors: list[SpecError] = []
-    owner: dict[str, str] = {}
+    owner: dict[str, tuple[str, Op]] = {}  # op name -> the first module registering it
     for module in spec.ops:
         where = "`--ops` module" if module.from_cli else "ops module"
         try:
@@ -117,17 +117,17 @@ def import_spec_ops(spec: Spec) -> list[SpecError]:
                 )
             )
             continue
-        for name in registered:
-            if name in owner and owner[name] != module.name:
+        for name, op in registered.items():
+            first = owner.setdefault(name, (module.name, op))
+            if first[0] != module.name and first[1] is not op:  # the same Op twice is fine
                 errors.append(
                     SpecError(
                         module.loc,
                         f"{where} `{module.name}` registers op `{name}`, which "
-                        f"`{owner[name]}` registers too",
+                        f"`{first[0]}` registers too",
                         "rename one of the two ops",
                     )
                 )
-            owner.setdefault(name, module.name)
     return errors
 
 

@@ -207,6 +207,16 @@ def test_two_modules_registering_one_name(
     assert "`ops_twin` registers op `scale_logits`, which `ops` registers too" in error
 
 
+def test_two_modules_registering_one_op_object(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A module re-registering another's op (the same object) is not a clash."""
+    _folder(tmp_path, ops_key="ops: [ops, ops_again]")
+    (tmp_path / "ops_again.py").write_text(
+        "import ops\nfrom relayc.nodes import register\nregister(ops.SCALE)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", "spec.yaml"]) == EXIT_OK, capsys.readouterr().err
+
+
 def test_op_needing_an_undeclared_dim(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
