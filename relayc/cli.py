@@ -145,7 +145,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from relayc.compiler.writer import GENERATED_DIR, compile_specs, regenerate_bundled, write
 
     if args.bundled:
-        for path in regenerate_bundled():
+        try:
+            written = regenerate_bundled()
+        except OSError as exc:  # an installed, read-only relayc
+            raise UsageError(f"cannot write the bundled modules: {_why(exc)}") from None
+        for path in written:
             print(f"wrote {path.relative_to(GENERATED_DIR.parent.parent)}")
         return EXIT_OK
     if not args.specs:
