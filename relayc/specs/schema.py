@@ -196,9 +196,7 @@ def _init_policy(value: Any) -> Any:
 
 
 Identifier = Annotated[str, BeforeValidator(_identifier)]
-ValueRef = Annotated[str, BeforeValidator(_ref)]
 ModuleName = Annotated[str, BeforeValidator(_module_name)]
-
 
 # Both parse to a `Ref` once, at load time; YAML and the JSON Schema see the text.
 ValueRef = Annotated[
