@@ -197,6 +197,7 @@ def _init_policy(value: Any) -> Any:
 
 Identifier = Annotated[str, BeforeValidator(_identifier)]
 ModuleName = Annotated[str, BeforeValidator(_module_name)]
+
 # Both parse to a `Ref` once, at load time; YAML and the JSON Schema see the text.
 ValueRef = Annotated[
     Ref, PlainValidator(_parse_value_ref), PlainSerializer(str), WithJsonSchema(_REF_SCHEMA)
