@@ -70,11 +70,16 @@ class FutureMapBase:
         debug: bool = False,
         backend: str = "auto",
     ) -> None:
+        # bool is an int subclass, and `int(2.7)` would silently drop a fraction.
+        if isinstance(req_pool_size, bool) or not isinstance(req_pool_size, int):
+            raise RelayError(
+                f"req_pool_size must be a whole number of slots, got {req_pool_size!r}"
+            )
         if req_pool_size < 2:
-            raise ValueError(
+            raise RelayError(
                 f"req_pool_size must be >= 2 (slot 0 is the padding slot), got {req_pool_size}"
             )
-        self.req_pool_size = int(req_pool_size)
+        self.req_pool_size = req_pool_size
         self.device = torch.device(device)
         self.model_dtype = model_dtype
         self.debug = debug
