@@ -40,6 +40,12 @@ from relayc.engine.weights import load_checkpoint, random_model
 Prompt = str | Sequence[int]
 
 
+def _positive_int(name: str, value: object) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+    return int(value)
+
+
 def check_decode_dims(
     algorithm: str,
     num_steps: object,
@@ -55,11 +61,9 @@ def check_decode_dims(
     """
     if algorithm == "none":
         return  # no drafts: the dims are unused
-    dims = {"num_steps": num_steps, "topk": topk, "num_draft_tokens": num_draft_tokens}
-    for name, value in dims.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
-    steps, k, n = int(num_steps), int(topk), int(num_draft_tokens)  # type: ignore[call-overload]
+    steps = _positive_int("num_steps", num_steps)
+    k = _positive_int("topk", topk)
+    n = _positive_int("num_draft_tokens", num_draft_tokens)
     # The root plus the candidates drafting produces (drafts beyond them have no source);
     # eagle's count is relayc.engine.draft.tree.max_candidates, kept out of this import.
     most = {"eagle": k + (steps - 1) * k * k + 1, "eagle_multilayer": k * steps + 1}
@@ -74,7 +78,7 @@ def check_decode_dims(
         raise ValueError(f"`num_draft_tokens` must be >= 2 for `ngram` (root + drafts); got {n}")
     if algorithm == "standalone" and (k != 1 or n != steps + 1):
         raise ValueError(
-            "`standalone` drafts a chain: it needs `topk` = 1 and `num_draft_tokens` = "
+            "`standalone` drafts a chain: it needs topk=1 and num_draft_tokens = "
             f"num_steps + 1 = {steps + 1}; got topk={k}, num_draft_tokens={n}"
         )
     if vocab_size is not None and algorithm in most and k > vocab_size:
@@ -352,7 +356,8 @@ class Engine:
                 yield
                 self._dirty = False
             except BaseException as exc:
-                self._recover(f"a call failed with {type(exc).__name__}: {exc}")
+                what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                self._recover(f"a call failed with {what}")
                 raise
             finally:
                 self._lock_holder = None

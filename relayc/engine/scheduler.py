@@ -356,11 +356,20 @@ class Scheduler:
         request = self.waiting[0]
         if len(self.running) + len(self.prefilling) >= self.config.max_batch_size:
             return False
+        idle = not (self.running or self.prefilling or self._inflight)
         if request.kv_need > self.kv_unreserved:
+            if idle:  # nothing will ever release slots: waiting would hang
+                raise RuntimeError(
+                    f"broken invariant: an idle scheduler has {self.kv_unreserved} of "
+                    f"{self.config.kv_pool_tokens} KV slots unreserved, a request needs "
+                    f"{request.kv_need}"
+                )
             self.stats.kv_blocked += 1
             return False
         slots = self.req_pool.alloc(1)
         if slots is None:
+            if idle:
+                raise RuntimeError("broken invariant: an idle scheduler has no free request slot")
             return False
         self.waiting.popleft()
         request.req_pool_index = slots[0]

@@ -241,7 +241,10 @@ BAD_DIMS = [
     ({"algorithm": "eagle", "topk": 1.5}, r"`topk` must be a positive integer; got 1.5"),
     ({"algorithm": "eagle", "num_draft_tokens": True}, r"`num_draft_tokens` must be a positive"),
     ({"algorithm": "eagle_multilayer", "num_draft_tokens": 9}, r"`num_draft_tokens`.*1\.\.4"),
-    ({"algorithm": "standalone", "num_draft_tokens": 3}, r"`num_draft_tokens` = num_steps \+ 1"),
+    (
+        {"algorithm": "standalone", "num_draft_tokens": 3},
+        r"needs topk=1 and num_draft_tokens = num_steps \+ 1",
+    ),
     ({"algorithm": "ngram", "num_draft_tokens": 0}, r"`num_draft_tokens` must be a positive"),
 ]
 
@@ -292,11 +295,12 @@ class _RaiseAtLine:
     """A trace function raising ``exc`` at the ``n``-th line run in the scheduler loop.
 
     Raised from the tracer, the exception appears at that line of the traced frame,
-    as ``KeyboardInterrupt`` from a signal handler would.
+    as ``KeyboardInterrupt`` from a signal handler would (and Python then unsets the
+    tracer: one fault per ``run``).
     """
 
-    def __init__(self, n: int, exc: BaseException) -> None:
-        self.left, self.exc, self.fired = n, exc, False
+    def __init__(self, n: int, exc: type[BaseException]) -> None:
+        self.left, self.exc, self.raised = n, exc, None
 
     def __call__(self, frame: FrameType, event: str, arg: object) -> Any:
         if frame.f_code.co_filename not in LOOP_FILES:
@@ -304,46 +308,66 @@ class _RaiseAtLine:
         return self._line
 
     def _line(self, frame: FrameType, event: str, arg: object) -> Any:
-        if event == "line" and not self.fired:
+        if event == "line" and self.raised is None:
             self.left -= 1
             if self.left <= 0:
-                self.fired = True
-                raise self.exc
+                self.raised = self.exc(f"injected in {frame.f_code.co_name}")
+                raise self.raised
         return self._line
 
     def run(self, body: Callable[[], Any]) -> Any:
+        before = sys.gettrace()
         sys.settrace(self)
         try:
             return body()
         finally:
-            sys.settrace(None)
+            sys.settrace(before)
 
 
 @settings(FEW, max_examples=24)
 @given(
-    line=st.integers(1, 3500),
+    line=st.integers(1, 3500),  # a generate call runs about 3000 loop lines
+    in_recovery=st.none() | st.integers(1, 120),  # and the recovery about 110
     overlap=st.booleans(),
     exc=st.sampled_from([KeyboardInterrupt, RuntimeError]),
     work_seed=st.integers(0, 1000),
 )
 def test_an_exception_anywhere_in_the_scheduler_loop_leaks_nothing(
-    model: LlamaForCausalLM, line: int, overlap: bool, exc: type[BaseException], work_seed: int
+    model: LlamaForCausalLM,
+    line: int,
+    in_recovery: int | None,
+    overlap: bool,
+    exc: type[BaseException],
+    work_seed: int,
 ) -> None:
+    """One fault: the pools are back when the call raises. A second one inside the
+    recovery: the next call recovers first. Either way it gives the same tokens."""
     work = random_workload(work_seed, 5, max_prompt=10, max_new=10, last_arrival=3)
 
     def body() -> None:
         with _engine(model, overlap=overlap, kv_pool_tokens=60, max_batch_size=3) as engine:
             expected = _tokens(engine.generate(work.prompts, work.params))
-            fault = _RaiseAtLine(line, exc("injected"))
+            fault = _RaiseAtLine(line, exc)
+            second = _RaiseAtLine(in_recovery or 0, KeyboardInterrupt)
+            recover = engine.scheduler.recover
+
+            def interrupted_recover(*args: Any) -> Any:
+                engine.scheduler.recover = recover  # type: ignore[method-assign]
+                return second.run(lambda: recover(*args))
+
+            if in_recovery is not None:
+                engine.scheduler.recover = interrupted_recover  # type: ignore[method-assign]
             try:
                 outs = fault.run(
                     lambda: engine.generate(work.prompts, work.params, arrivals=work.arrivals)
                 )
-            except exc as raised:
-                assert fault.fired and raised is fault.exc
+            except (exc, KeyboardInterrupt) as raised:
+                assert raised in (fault.raised, second.raised)
             else:
-                assert not fault.fired and _tokens(outs) == expected
-            assert_idle(engine)
+                assert fault.raised is None and _tokens(outs) == expected
+            engine.scheduler.recover = recover  # type: ignore[method-assign]
+            if second.raised is None:
+                assert_idle(engine)
             assert _tokens(engine.generate(work.prompts, work.params)) == expected
             assert_idle(engine)
 
@@ -582,3 +606,45 @@ def test_random_interleavings_of_everything(model: LlamaForCausalLM) -> None:
             assert_idle(engine)
 
     bounded(body, 180)
+
+
+def test_a_stream_collected_inside_a_step_is_aborted_after_it(model: LlamaForCausalLM) -> None:
+    """The garbage collector may close a dropped stream while this thread holds the engine
+    (inside a step): its requests are aborted once the step is over, never a deadlock."""
+    calls = _workloads(2)
+
+    def body() -> None:
+        with _engine(model) as engine:
+            expected = _tokens(engine.generate(*calls[1]))
+            holder = [engine.stream(*calls[0])]
+            next(holder[0])
+            step = engine.scheduler.step
+
+            def step_dropping_the_stream() -> Any:
+                holder.clear()  # the last reference: the stream is closed right here
+                return step()
+
+            engine.scheduler.step = step_dropping_the_stream  # type: ignore[method-assign]
+            assert _tokens(engine.generate(*calls[1])) == expected
+            engine.scheduler.step = step  # type: ignore[method-assign]
+            assert _tokens(engine.generate(*calls[1])) == expected
+            assert_idle(engine)
+
+    bounded(body)
+
+
+def test_a_leak_fails_loudly_instead_of_waiting_forever(model: LlamaForCausalLM) -> None:
+    """Should a slot ever leak, a request that no longer fits an idle engine raises (and the
+    reset gives the slots back) instead of waiting for a release that never comes."""
+
+    def body() -> None:
+        with _engine(model, kv_pool_tokens=40) as engine:
+            params = SP(max_new_tokens=20)
+            expected = _tokens(engine.generate([[1] * 20], params))
+            engine.scheduler.kv_unreserved -= 5  # as a lost reservation would
+            with pytest.raises(RuntimeError, match="broken invariant: an idle scheduler has 35"):
+                engine.generate([[1] * 20], params)
+            assert_idle(engine)
+            assert _tokens(engine.generate([[1] * 20], params)) == expected
+
+    bounded(body)
