@@ -87,6 +87,15 @@ at once: its committed tokens plus two windows in flight), so a decode
 allocation never fails; a request that does not fit waits at the head of the
 queue until a release returns slots -- nothing is preempted or dropped.
 
+Failures. Nothing here is atomic: an exception (``KeyboardInterrupt`` from the
+caller's thread, or one a job raised, re-raised by ``Pending.wait``) may stop
+``step`` between taking a slot and recording it. The caller then runs
+``recover``: it waits for every submitted job with a no-op job behind them,
+finishes every request it knows of with ``ERROR`` and resets both pools, the
+reservations and the queues, trusting none of the bookkeeping. An idle scheduler
+that cannot admit the head of its queue raises instead of waiting: only a leak
+could cause that, and no release would ever come.
+
 Algorithm hooks. ``on_prompt`` runs at admission, ``on_tokens`` with the tokens
 the host kept from each processed step, ``release`` when the request slot is
 freed -- all on the host, possibly while a job runs.

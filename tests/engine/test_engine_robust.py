@@ -7,10 +7,13 @@ fails the test instead of blocking the suite.
 
 from __future__ import annotations
 
+import _thread
+import faulthandler
 import math
 import random
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -648,3 +651,36 @@ def test_a_leak_fails_loudly_instead_of_waiting_forever(model: LlamaForCausalLM)
             assert _tokens(engine.generate([[1] * 20], params)) == expected
 
     bounded(body)
+
+
+@settings(FEW, max_examples=10)
+@given(delay=st.floats(0.0, 0.4), overlap=st.booleans())
+def test_a_real_ctrl_c_leaks_nothing(model: LlamaForCausalLM, delay: float, overlap: bool) -> None:
+    """``KeyboardInterrupt`` delivered to the main thread, as Ctrl-C is, wherever it lands.
+
+    It must run on the main thread, so ``bounded`` cannot guard it: a hang ends the
+    process with a traceback (faulthandler) instead.
+    """
+    work = random_workload(9, 6, max_prompt=10, max_new=16, last_arrival=2)
+    faulthandler.dump_traceback_later(120, exit=True)
+    try:
+        with _engine(model, overlap=overlap) as engine:
+            expected = _tokens(engine.generate(work.prompts, work.params))
+            timer = threading.Timer(delay, _thread.interrupt_main)
+            outs = None
+            try:
+                try:
+                    timer.start()  # with no delay the interrupt may land in here
+                    outs = engine.generate(work.prompts, work.params)
+                finally:
+                    timer.join()
+                    time.sleep(0.01)  # an interrupt after the call is delivered here
+            except KeyboardInterrupt:
+                pass
+            if outs is not None:
+                assert _tokens(outs) == expected
+            assert_idle(engine)
+            assert _tokens(engine.generate(work.prompts, work.params)) == expected
+            assert_idle(engine)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
