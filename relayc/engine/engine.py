@@ -220,6 +220,12 @@ class Engine:
         self._dirty = False  # a scheduler block was cut short: recover before the next
 
     def close(self) -> None:
+        """Abort every open call (their requests finish ``ABORT``), then stop the worker."""
+        with self._exclusive():
+            for call in {id(c): c for c in self._calls.values()}.values():
+                self._abort(call)
+            while self.scheduler.has_work():
+                self._step()
         self.runner.close()
 
     def __enter__(self) -> Engine:
@@ -379,10 +385,9 @@ class Engine:
             del self._calls[request]
 
     def _abort(self, call: _Call) -> None:
-        for request in call.live.values():
-            self._calls.pop(request, None)
+        for request in list(call.live.values()):
             self.scheduler.abort(request)
-        call.live.clear()
+            self._route(request)  # its ABORT delta, for a caller still reading (close())
 
     def _close(self, call: _Call) -> None:
         """Abort what ``call`` left unfinished and step until its slots are back."""

@@ -684,3 +684,20 @@ def test_a_real_ctrl_c_leaks_nothing(model: LlamaForCausalLM, delay: float, over
             assert_idle(engine)
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def test_closing_the_engine_aborts_the_open_calls(model: LlamaForCausalLM) -> None:
+    calls = _workloads(2)
+
+    def body() -> None:
+        engine = _engine(model)
+        stream = engine.stream(*calls[0])
+        first = next(stream)
+        engine.close()
+        assert_idle(engine)
+        rest = [first, *stream]
+        finals = {d.index: d.finish_reason for d in rest if d.finish_reason is not None}
+        assert sorted(finals) == list(range(len(calls[0][0])))
+        assert FinishReason.ABORT in finals.values()
+
+    bounded(body)
