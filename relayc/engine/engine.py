@@ -85,6 +85,10 @@ def check_decode_dims(
         raise ValueError(f"`topk` must not exceed the vocabulary size {vocab_size}; got {k}")
 
 
+class _Busy(Exception):
+    """The engine's lock is held elsewhere and the caller chose not to wait."""
+
+
 @dataclass(eq=False)
 class _Call:
     """One ``generate`` / ``stream`` call: its requests and the deltas not yet yielded."""
@@ -214,9 +218,8 @@ class Engine:
         )
         # Calls share the scheduler; the lock serialises its steps (see the class docstring).
         self._lock = threading.Lock()
-        self._lock_holder: int | None = None  # thread id inside _exclusive
         self._calls: dict[Request, _Call] = {}  # unfinished requests of open calls
-        self._orphans: list[_Call] = []  # closed by the GC during a step: abort next time
+        self._orphans: list[_Call] = []  # closed while the engine was busy: abort next time
         self._dirty = False  # a scheduler block was cut short: recover before the next
 
     def close(self) -> None:
@@ -320,6 +323,7 @@ class Engine:
         # Requests reach the scheduler on the first next(), so a stream that is
         # never iterated leaves nothing behind; arrivals count from then.
         call = _Call(list(requests.values()), dict(requests), deque(rejected))
+        closed_early = False
         try:
             with self._exclusive():
                 for request in call.requests:
@@ -338,35 +342,39 @@ class Engine:
                     delta = call.deltas.popleft() if call.deltas else None
                 if delta is not None:  # never yield holding the lock: the consumer may call us
                     yield delta
+        except GeneratorExit:
+            closed_early = True  # close(), by the caller or by the garbage collector
+            raise
         finally:
-            self._close(call)
+            self._close(call, wait=not closed_early)
 
     # -- calls sharing the scheduler --------------------------------------------------------
     @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
+    def _exclusive(self, *, wait: bool = True) -> Iterator[None]:
         """Hold the engine's lock around scheduler work; recover if it fails half way.
 
         Any exception escaping the block (``KeyboardInterrupt`` included) may leave the
         scheduler's bookkeeping half updated, so the scheduler is reset (every open
         call's requests finish ``ERROR``, every slot comes back) before it propagates;
-        if the reset itself is interrupted, the next block does it first.
+        if the reset itself is interrupted, the next block does it first. ``wait=False``:
+        raise ``_Busy`` rather than wait for another thread's block.
         """
-        with self._lock:
-            self._lock_holder = threading.get_ident()
-            try:
-                if self._dirty:
-                    self._recover("an earlier call was interrupted inside the engine")
-                self._dirty = True
-                while self._orphans:
-                    self._abort(self._orphans.pop())
-                yield
-                self._dirty = False
-            except BaseException as exc:
-                what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                self._recover(f"a call failed with {what}")
-                raise
-            finally:
-                self._lock_holder = None
+        if not self._lock.acquire(blocking=wait):
+            raise _Busy
+        try:
+            if self._dirty:
+                self._recover("an earlier call was interrupted inside the engine")
+            self._dirty = True
+            while self._orphans:
+                self._abort(self._orphans.pop())
+            yield
+            self._dirty = False
+        except BaseException as exc:
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self._recover(f"a call failed with {what}")
+            raise
+        finally:
+            self._lock.release()
 
     def _step(self) -> None:
         """One scheduler iteration; each request's new tokens go to the call that owns it."""
@@ -389,22 +397,26 @@ class Engine:
             self.scheduler.abort(request)
             self._route(request)  # its ABORT delta, for a caller still reading (close())
 
-    def _close(self, call: _Call) -> None:
-        """Abort what ``call`` left unfinished and step until its slots are back."""
-        if self._lock_holder == threading.get_ident():
-            # The garbage collector closed a dropped stream inside this thread's own
-            # scheduler step: abort its requests when the step is over.
+    def _close(self, call: _Call, *, wait: bool) -> None:
+        """Abort what ``call`` left unfinished and step until its slots are back.
+
+        ``wait=False`` (the stream was closed early): if the engine is busy, leave the
+        abort to the next block instead. The garbage collector closes dropped streams
+        on whatever thread allocates -- inside this thread's own step, or on the
+        forward worker that the step is waiting for -- and waiting there would deadlock.
+        """
+        try:
+            with self._exclusive(wait=wait):
+                self._abort(call)
+                # A finished request keeps its slots until the forward still running for
+                # it is processed. With no other call open, also step until the scheduler
+                # is empty, so an idle engine is exactly as it was before the call.
+                while self.scheduler.has_work() and (
+                    not self._calls or any(r.req_pool_index or r.inflight for r in call.requests)
+                ):
+                    self._step()
+        except _Busy:
             self._orphans.append(call)
-            return
-        with self._exclusive():
-            self._abort(call)
-            # A finished request keeps its slots until the forward still running for it
-            # is processed. With no other call open, also step until the scheduler is
-            # empty, so an idle engine is exactly as it was before the call.
-            while self.scheduler.has_work() and (
-                not self._calls or any(r.req_pool_index or r.inflight for r in call.requests)
-            ):
-                self._step()
 
     def _recover(self, reason: str) -> None:
         message = f"stopped because {reason}; the engine reset its pools, retry the request"

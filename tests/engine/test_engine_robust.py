@@ -611,25 +611,32 @@ def test_random_interleavings_of_everything(model: LlamaForCausalLM) -> None:
     bounded(body, 180)
 
 
-def test_a_stream_collected_inside_a_step_is_aborted_after_it(model: LlamaForCausalLM) -> None:
-    """The garbage collector may close a dropped stream while this thread holds the engine
-    (inside a step): its requests are aborted once the step is over, never a deadlock."""
+@pytest.mark.parametrize("where", ["step", "forward"])
+def test_a_stream_collected_while_the_engine_is_busy_is_aborted_later(
+    model: LlamaForCausalLM, where: str
+) -> None:
+    """The garbage collector may close a dropped stream on any thread: inside this
+    thread's own step (which holds the engine), or on the forward worker that step is
+    waiting for. Its requests are aborted at the next chance, never a deadlock."""
     calls = _workloads(2)
 
     def body() -> None:
-        with _engine(model) as engine:
+        with _engine(model, overlap=True) as engine:
             expected = _tokens(engine.generate(*calls[1]))
             holder = [engine.stream(*calls[0])]
             next(holder[0])
-            step = engine.scheduler.step
+            owner, name = (
+                (engine.scheduler, "step") if where == "step" else (engine.algorithm, "decode")
+            )
+            original = getattr(owner, name)
 
-            def step_dropping_the_stream() -> Any:
+            def dropping_the_stream(*args: Any) -> Any:
                 holder.clear()  # the last reference: the stream is closed right here
-                return step()
+                return original(*args)
 
-            engine.scheduler.step = step_dropping_the_stream  # type: ignore[method-assign]
+            setattr(owner, name, dropping_the_stream)
             assert _tokens(engine.generate(*calls[1])) == expected
-            engine.scheduler.step = step  # type: ignore[method-assign]
+            setattr(owner, name, original)
             assert _tokens(engine.generate(*calls[1])) == expected
             assert_idle(engine)
 
