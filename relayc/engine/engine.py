@@ -123,7 +123,8 @@ class Engine:
     advances them all, and each token goes to the call that owns its request, so
     outputs are the same as if the calls ran one after the other (sampling is keyed by
     seed and position, never by the batch). A stream that is not iterated holds its
-    requests' slots until it is closed, exhausted or collected.
+    requests' slots until it is closed, exhausted or collected; one closed while
+    another thread is inside the engine is aborted at the engine's next step.
 
     Failures never leak slots. A bad request gets its own ``"error"`` output before
     anything is queued. If anything escapes a scheduler step -- ``KeyboardInterrupt``,
