@@ -2,7 +2,8 @@
 
     python bench/e2e.py [--model DIR|random] [--prompts 16] [--max-new-tokens 64]
                         [--batch-sizes 1,8] [--repeats 3] [--no-overlap]
-                        [--block-verification [--temperature 1.0] [--seeds 4]]
+                        [--block-verification [--temperature 1.0] [--seeds 4]
+                                              [--chain-steps 3]]
 
 Greedy decoding of the shipped models' held-out prompts (a fixed prompt set for another
 model) on the same target; the last column says whether the
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from relayc.specs.explain import table as render
 from relayc.tools.demo import ALGORITHMS, demo_prompts, measure, table
 
-CHAIN = dict(ALGORITHMS)["standalone"]
+SHIPPED_CHAIN_STEPS = dict(ALGORITHMS)["standalone"]["num_steps"]
 
 
 def compare_block_verification(
@@ -35,6 +36,7 @@ def compare_block_verification(
     batch_size: int,
     seeds: int,
     temperature: float,
+    chain_steps: int = SHIPPED_CHAIN_STEPS,
 ) -> str:
     """Token-wise vs block verification of `standalone`, same prompts, seeds and engine
     settings; runs alternate so a slow spell of the machine hits both. Sampled runs differ
@@ -45,8 +47,9 @@ def compare_block_verification(
 
     torch.set_num_threads(1)
     modes = [False, True]
+    chain = {"num_steps": chain_steps, "topk": 1, "num_draft_tokens": chain_steps + 1}
     engines = [
-        Engine(model, algorithm="standalone", overlap=overlap, block_verification=m, **CHAIN)
+        Engine(model, algorithm="standalone", overlap=overlap, block_verification=m, **chain)
         for m in modes
     ]
     group = batch_size or len(prompts)
@@ -131,6 +134,12 @@ def main() -> None:
     parser.add_argument(
         "--seeds", type=int, default=4, help="for --block-verification: sampling seeds"
     )
+    parser.add_argument(
+        "--chain-steps",
+        type=int,
+        default=SHIPPED_CHAIN_STEPS,
+        help="for --block-verification: drafts per chain",
+    )
     args = parser.parse_args()
     prompts = demo_prompts(args.model)[: args.prompts]
     if args.block_verification:
@@ -145,11 +154,13 @@ def main() -> None:
                 batch_size=batch_size,
                 seeds=args.seeds,
                 temperature=args.temperature,
+                chain_steps=args.chain_steps,
             )
             concurrency = batch_size or len(prompts)
             print(
                 f"\n{len(prompts)} prompts, {concurrency} at a time, {args.max_new_tokens} new "
-                f"tokens, temperature {args.temperature}, {args.seeds} seeds"
+                f"tokens, temperature {args.temperature}, {args.seeds} seeds, "
+                f"{args.chain_steps} drafts per chain"
             )
             print(text)
         return

@@ -17,8 +17,8 @@ host work and handoffs overlap is meant to hide.
     python bench/engine.py [--requests 32] [--max-new-tokens 64] [--threads 1]
                            [--algorithm none]
 
-``--algorithm`` picks the decode algorithm (a speculative one once
-``relayc.engine.speculative`` exists); the table adds its mean accept length.
+``--algorithm`` picks the decode algorithm (`none` or a speculative one); the table
+adds its mean accept length.
 
 ``--threads`` sets torch's intra-op threads (default 1: on a small machine the
 forward worker and the host thread then each get a core).

@@ -1,4 +1,4 @@
-"""One prepared check for a lent GPU (under 5 minutes): kernels, capture, replay, timings.
+"""One prepared check for a lent GPU (under 5 minutes): kernels, the Engine on CUDA graphs.
 
     python bench/gpu_check.py                # CUDA: Triton kernels + CUDA graphs
     python bench/gpu_check.py --device cpu   # the same logic on the CPU (static buffers, no
@@ -6,9 +6,11 @@
 
 1. The Triton verify kernels and the fused relay kernels against their torch paths on
    random inputs (integer outputs must be equal).
-2. For every speculative algorithm: prefill a batch, snapshot the device state, run one
-   decode step eagerly, restore, replay it from the captured graph of its bucket; the
-   outputs and the relay must be identical. Then time eager vs graph steps.
+2. For every algorithm: the Engine with ``graphs="off"`` and ``graphs="graph"`` (the
+   spec's capture buckets up to the batch) generates the same greedy tokens for a batch
+   of requests, decode steps replay from captured graphs, and the mean decode step time
+   of each is printed (CUDA events around ``algorithm.decode``, after a warm-up run that
+   captures the buckets).
 """
 
 from __future__ import annotations
@@ -24,16 +26,18 @@ if "--device" in sys.argv and "cpu" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-from dataclasses import replace
+from typing import Any
 
 import torch
 
-from relayc.engine.sampling import SamplingBatch, SamplingParams
-from relayc.engine.weights import random_model
-from relayc.runtime.graph_runner import GraphRunner, StaticInput
-from tests.nodes.spec_driver import SMALL, SpecDriver
+from relayc.engine import Engine, ModelConfig, SamplingParams, random_model
 
+# The CPU run (tests/test_gpu_check_script.py) uses a smaller model than the GPU's default.
+SMALL_ENGINE = ModelConfig(
+    hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16
+)
 ALGORITHMS = [
+    ("none", 1, 1, 1),
     ("eagle", 3, 1, 4),
     ("eagle", 3, 4, 8),
     ("eagle_multilayer", 3, 2, 6),
@@ -92,110 +96,80 @@ def check_kernels(device: str) -> None:
     print("relay: torch and fused stash/resolve round trips at bs 256, hidden 4096 bf16")
 
 
-def snapshot(spec: SpecDriver) -> dict[str, torch.Tensor]:
-    state = {
-        f"relay.{i.name}": getattr(spec.algorithm.relay, i.name)
-        for i in spec.algorithm.relay.FIELD_INFOS
-        if getattr(spec.algorithm.relay, i.name) is not None
-    }
-    state["req_to_token"] = spec.driver.req_pool.req_to_token
-    caches = [spec.driver.kv_cache] + ([spec.algorithm.draft_kv] if spec.algorithm.draft_kv else [])
-    for c, cache in enumerate(caches):
-        for layer in range(len(cache.k)):
-            state[f"k{c}.{layer}"], state[f"v{c}.{layer}"] = cache.k[layer], cache.v[layer]
-    return {k: v.clone() for k, v in state.items()} | {"_live": state}  # type: ignore[dict-item]
+class DecodeTimer:
+    """Times ``algorithm.decode`` calls: CUDA events on the forward stream (launch gaps
+    included, which is what graphs remove), wall time on the CPU."""
 
+    def __init__(self, engine: Engine) -> None:
+        self.cuda = engine.device.type == "cuda"
+        self._decode = engine.algorithm.decode
+        self._events: list[tuple[Any, Any]] = []
+        self._seconds: list[float] = []
+        engine.algorithm.decode = self.decode  # type: ignore[method-assign]
 
-def restore(saved: dict) -> None:  # type: ignore[type-arg]
-    for key, live in saved["_live"].items():
-        live.copy_(saved[key])
+    def decode(self, step: Any) -> Any:
+        if not self.cuda:
+            start = time.perf_counter()
+            out = self._decode(step)
+            self._seconds.append(time.perf_counter() - start)
+            return out
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        out = self._decode(step)
+        end.record()
+        self._events.append((begin, end))
+        return out
+
+    def reset(self) -> None:
+        self._events.clear()
+        self._seconds.clear()
+
+    def mean_ms(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            times = [begin.elapsed_time(end) for begin, end in self._events]
+        else:
+            times = [s * 1e3 for s in self._seconds]
+        return sum(times) / max(len(times), 1)
 
 
 def check_algorithm(device: str, name: str, num_steps: int, topk: int, n: int) -> str:
-    torch.manual_seed(0)
-    target = random_model(SMALL, seed=11, device=device)
-    batch = 6
-    spec = SpecDriver(target, name, num_steps=num_steps, topk=topk, n=n, batch=8, debug=False)
-    prompts = [[(3 * b + i) % 40 for i in range(5 + b)] for b in range(batch)]
-    spec.prefill(prompts, [SamplingParams()] * batch, range(batch))
-    ctx, inputs, _ = spec._inputs()
-    host = spec.algorithm.decode_step.run_host(ctx, **inputs)
-    # Per-row tensors the ops read from ctx are static inputs of the graphs too.
-    width = spec.algorithm.decode_width
-    sampling = ctx.sampling
-    ctx_values = {
-        "out_cache_loc": ctx.out_cache_loc.view(batch, width),
-        "temperatures": sampling.temperatures,
-        "top_ks": sampling.top_ks,
-        "top_ps": sampling.top_ps,
-        "seeds": sampling.seeds,
-    }
-
-    def bind_ctx(ctx, static):  # type: ignore[no-untyped-def]
-        sampling = SamplingBatch(
-            static["temperatures"], static["top_ks"], static["top_ps"], static["seeds"]
+    """The Engine with graphs off and on (CUDA graphs; static buffers on the CPU): equal
+    greedy outputs, decode steps replayed, and the mean decode step time of each."""
+    cuda = device == "cuda"
+    config = ModelConfig() if cuda else SMALL_ENGINE
+    model = random_model(config, seed=11, device=device)
+    batch, new_tokens = (8, 48) if cuda else (5, 6)
+    prompts = [[(7 * b + 3 * i) % 250 for i in range(5 + 3 * b)] for b in range(batch)]
+    params = SamplingParams(max_new_tokens=new_tokens)
+    sizes = {} if name == "none" else {"num_steps": num_steps, "topk": topk, "num_draft_tokens": n}
+    results = {}
+    for mode in ("off", "graph" if cuda else "static"):
+        engine = Engine(
+            model, algorithm=name, graphs=mode, max_batch_size=batch, max_context=256, **sizes
         )
-        return replace(ctx, out_cache_loc=static["out_cache_loc"].view(-1), sampling=sampling)
-
-    runner = GraphRunner(
-        spec.algorithm.decode_step,
-        device=device,
-        batch_sizes=[1, 2, 4, 8],
-        inputs={"req_pool_indices": StaticInput(torch.int64), "seq_lens": StaticInput(torch.int64)},
-        host_inputs={k: StaticInput(v.dtype, tuple(v.shape[1:])) for k, v in host.items()},
-        ctx_inputs={
-            "out_cache_loc": StaticInput(torch.int64, (width,)),
-            "temperatures": StaticInput(torch.float32),
-            "top_ks": StaticInput(torch.int64),
-            "top_ps": StaticInput(torch.float32, (), 1.0),
-            "seeds": StaticInput(torch.int64),
-        },
-        bind_ctx=bind_ctx,
-        mode="graph" if device == "cuda" else "static",
-    )
-    saved = snapshot(spec)
-    runner.capture(ctx)
-    restore(saved)
-    eager = {
-        k: v.clone()
-        for k, v in spec.algorithm.decode_step.run_device(ctx, **inputs, host=host).items()
-    }
-    relay_eager = snapshot(spec)
-    restore(saved)
-    replayed = runner.run(ctx, inputs, host, ctx_values)
-    for key, value in eager.items():
-        assert torch.equal(replayed[key], value), f"{name}: replay differs at {key}"
-    relay_replay = snapshot(spec)
-    for key in relay_eager:
-        if key.startswith("relay."):
-            rows = inputs["req_pool_indices"]
-            assert torch.equal(relay_eager[key][rows], relay_replay[key][rows]), key
-
-    def timed(fn, repeat: int = 20) -> float:  # type: ignore[no-untyped-def]
-        for _ in range(3):
-            restore(saved)
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(repeat):
-            restore(saved)
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) / repeat * 1e3
-
-    eager_ms = timed(lambda: spec.algorithm.decode_step.run_device(ctx, **inputs, host=host))
-    graph_ms = timed(lambda: runner.run(ctx, inputs, host, ctx_values))
+        timer = DecodeTimer(engine)
+        engine.generate(prompts, params)  # warm-up: captures the buckets it meets
+        timer.reset()
+        outputs = [o.token_ids for o in engine.generate(prompts, params)]
+        runners = engine.algorithm.graphs.runners
+        results[mode] = (outputs, timer.mean_ms(), sum(r.replays for r in runners.values()))
+        engine.close()
+    (eager_out, eager_ms, _), (graph_out, graph_ms, replays) = results.values()
+    assert replays > 0, f"{name}: no decode step ran through the graph runner"
+    assert graph_out == eager_out, f"{name} topk {topk}: graph outputs differ from eager"
     return (
-        f"{name:<17} topk {topk}  replay == eager  eager {eager_ms:7.2f} ms  "
-        f"graph {graph_ms:7.2f} ms  ({eager_ms / graph_ms:.1f}x)"
+        f"{name:<17} topk {topk}  graph == eager  decode step: eager {eager_ms:7.2f} ms  "
+        f"graph {graph_ms:7.2f} ms  ({eager_ms / graph_ms:.2f}x, {replays} replays)"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument(
+        "--only", action="append", metavar="ALGORITHM", help="check only these (repeatable)"
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --device cpu to exercise the script")
@@ -203,7 +177,8 @@ def main() -> None:
     torch.set_num_threads(1)
     check_kernels(args.device)
     for config in ALGORITHMS:
-        print(check_algorithm(args.device, *config))
+        if not args.only or config[0] in args.only:
+            print(check_algorithm(args.device, *config), flush=True)
     print(f"gpu_check passed in {time.perf_counter() - start:.0f} s on {args.device}")
 
 

@@ -7,6 +7,8 @@ VENV=${VENV:-.venv}
 echo "== ruff"
 "$VENV/bin/ruff" check relayc tests bench
 "$VENV/bin/ruff" format --check relayc tests bench
+echo "== mypy (config: pyproject.toml [tool.mypy])"
+"$VENV/bin/mypy"
 echo "== relayc check (generated modules match their specs)"
 "$VENV/bin/relayc" check
 echo "== pytest"

@@ -281,3 +281,86 @@ def test_train_argument_errors(tmp_path: Path, capsys) -> None:
         assert info.value.code == EXIT_USAGE
         (line,) = capsys.readouterr().err.splitlines()
         assert message in line
+
+
+def test_control_characters_in_messages_are_escaped(tmp_path: Path, capsys) -> None:
+    assert main(["validate", str(tmp_path / "a\x1eb\nc.yaml")]) == EXIT_USAGE
+    assert "a\\x1eb\\nc.yaml" in _one_line(capsys, "validate")
+    (tmp_path / "spec.yaml").write_text('algorithm: x\n"a\\x1eb": 1\n')
+    assert main(["validate", str(tmp_path / "spec.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "unknown key `a\\x1eb`" in err and len(err.splitlines()) == err.count("\n")
+
+
+def test_ops_option_takes_module_names_only(capsys) -> None:
+    assert main(["validate", "--ops", "my-ops.py", "spec.yaml"]) == EXIT_USAGE
+    assert "is not a Python module name" in _one_line(capsys, "validate")
+
+
+_ARG_POOL = [
+    "spec.yaml",
+    "common.yaml",
+    "lib.yaml",
+    "broken.yaml",
+    "missing.yaml",
+    "a_file",
+    "folder",
+    "-o",
+    "--output",
+    "out",
+    "folder/out.txt",
+    "missing/out",
+    "--ops=nope_mod",
+    "--ops=ops",
+    "--target",
+    "sglang",
+    "relayc",
+    "--format",
+    "svg",
+    "dot",
+    "-q",
+    "--quiet",
+    "",
+    "-",
+    "--",
+]
+
+
+@given(
+    command=st.sampled_from(["validate", "explain", "compile", "schema", "graph"]),
+    rest=st.lists(
+        st.one_of(st.sampled_from(_ARG_POOL), st.text(max_size=6).map(lambda t: "x/" + t)),
+        max_size=6,
+    ),
+)
+@settings(max_examples=80, deadline=None)
+def test_spec_commands_never_raise(command: str, rest: list[str]) -> None:
+    """Any argument list: an exit code, never an exception out of `main`."""
+    import contextlib
+    import io
+    import os
+    import tempfile
+
+    from relayc.specs.loader import BUNDLED_DIR
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        shutil.copy(BUNDLED_DIR / "none.yaml", folder / "spec.yaml")
+        shutil.copy(BUNDLED_DIR / "common.yaml", folder / "common.yaml")
+        (folder / "lib.yaml").write_text("library: lib\n")
+        (folder / "broken.yaml").write_text("algorithm: [\n")
+        (folder / "a_file").write_text("")
+        (folder / "folder").mkdir()
+        (folder / "ops.py").write_text("")
+        cwd = os.getcwd()
+        os.chdir(folder)
+        try:
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main([command, *rest])
+        finally:
+            os.chdir(cwd)
+    assert code in (0, 1, 2)
+    assert "Traceback" not in err.getvalue()
+    if code == EXIT_USAGE:
+        assert len(err.getvalue().splitlines()) == 1, err.getvalue()

@@ -19,5 +19,5 @@ def test_gpu_check_passes_on_the_cpu() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("replay == eager") == 5  # every algorithm
+    assert proc.stdout.count("graph == eager") == 6  # every algorithm (eagle twice)
     assert "gpu_check passed" in proc.stdout

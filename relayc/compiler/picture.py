@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from relayc.specs.errors import EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE, SpecErrors, add_ops_option
+from relayc.specs.errors import (
+    EXIT_OK,
+    EXIT_SPEC_ERRORS,
+    EXIT_USAGE,
+    SpecErrors,
+    add_ops_option,
+    one_line,
+)
 
 if TYPE_CHECKING:
     # Imported lazily at run time: the CLI imports this module while building its
@@ -124,7 +131,7 @@ def build_picture(spec: Spec) -> Picture:
     for step in spec.steps:
         target = step_id(step.name)
         for ref in step.reads.values():
-            head, _, tail = ref.partition(".")
+            head, tail = ref.source, ref.name
             if head == "relay":
                 add(RESOLVE_ID, target, "relay", field_text(tail, spec.fields[tail]))
             elif head == "input":
@@ -336,7 +343,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from relayc.specs.loader import load_spec
 
     def usage(message: str) -> int:
-        print(f"relayc graph: error: {message}", file=sys.stderr)
+        print(one_line(f"relayc graph: error: {message}"), file=sys.stderr)
         return EXIT_USAGE
 
     if args.format == "svg" and not args.output:

@@ -5,6 +5,10 @@ drafting) run first, outside any CUDA graph; their outputs become static inputs
 of the device part, which resolves the relay, runs the device steps in order,
 publishes early fields right after the step that produces them and stashes the
 rest at the end. The engine passes each op's implementation in ``impls``.
+
+What the steps return is the spec's `outputs:` section, as two dataclasses
+(`PrefillOutputs`, `DecodeOutputs`): the engine reads their attributes, so a
+renamed step or output changes the spec's `outputs:` and nothing in the engine.
 """
 
 from __future__ import annotations
@@ -71,12 +75,39 @@ def _return_dict(w: Writer, indent: str, produced: list[tuple[str, str]]) -> Non
     w(f"{indent}}}")
 
 
+def _engine_outputs(graph: fx.Graph) -> dict[str, fx.Node]:
+    """`outputs.<phase>` of the spec: name -> value node (the builder put them on the output)."""
+    return next(n for n in graph.nodes if n.op == "output").meta["outputs"]
+
+
+_PHASE_TEXT = {"prefill": "the prefill", "decode": "a decode iteration"}
+
+
+def _outputs_class(w: Writer, name: str, phase: str, graph: fx.Graph) -> None:
+    w("@dataclass")
+    w(f"class {name}:")
+    w(
+        f'    """What the engine reads after {_PHASE_TEXT[phase]} (the spec\'s `outputs.{phase}`)."""\n'
+    )
+    for field_name, value in _engine_outputs(graph).items():
+        step, output = value.meta["step"], value.meta["output"]
+        op: Op = value.args[0].target  # type: ignore[union-attr, assignment]
+        w(f"    {field_name}: torch.Tensor  # {_type_comment(op, output)} ({step.name}.{output})")
+    w("\n")
+
+
+def _return_outputs(w: Writer, indent: str, name: str, graph: fx.Graph) -> None:
+    args = [f"{field_name}={_arg(value)}" for field_name, value in _engine_outputs(graph).items()]
+    call_lines(w, indent, f"return {name}", args)
+
+
 def _emit_steps(
     w: Writer, spec: Spec, graph: fx.Graph, placement: str, indent: str, early: set[str]
 ) -> list[tuple[str, str]]:
     """Emit the calls of the steps placed on ``placement``; returns (key, variable) pairs."""
     produced: list[tuple[str, str]] = []
     stashed = next(n for n in graph.nodes if n.op == "output").args[0]
+    returned = set(_engine_outputs(graph).values())
     for node in graph.nodes:
         if node.meta.get("kind") != "step" or node.meta["step"].placement != placement:
             continue
@@ -85,8 +116,15 @@ def _emit_steps(
         loc = step.loc
         w(f"{indent}# {loc.path}:{loc.line} step `{step.name}` ({op.name})")
         args = [f"{param}={_arg(value)}" for param, value in node.kwargs.items()]
-        call_lines(w, indent, f"{step.name} = {_impl_attr(op.name)}", ["ctx", *args])
-        for out in step.writes:
+        # Host outputs all go to run_device; device outputs nothing reads (no step, stash or
+        # `outputs:` entry) get no variable.
+        kept = [
+            item for item in node.users if placement == "host" or item.users or item in returned
+        ]
+        head = f"{step.name} = " if kept else ""
+        call_lines(w, indent, f"{head}{_impl_attr(op.name)}", ["ctx", *args])
+        for item in kept:
+            out = item.args[1]
             var = f"{step.name}_{out}"
             w(f'{indent}{var} = {step.name}["{out}"]  # {_type_comment(op, out)}')
             produced.append((f"{step.name}.{out}", var))
@@ -128,13 +166,17 @@ def _emit_init(w: Writer, ops: list[str]) -> None:
 
 
 def generate_steps(graphs: IterationGraphs) -> str:
-    """Source of `PrefillStep` and `DecodeStep` (appended to the relay module)."""
+    """Source of `PrefillOutputs`, `DecodeOutputs`, `PrefillStep` and `DecodeStep` (appended
+    to the relay module)."""
     spec = graphs.spec
     early = {name for name, f in spec.fields.items() if f.publish == "early"}
     inputs = ", ".join(f"{name}: torch.Tensor" for name in spec.inputs)
     passed = ", ".join(f"{name}={name}" for name in spec.inputs)
     lines: list[str] = []
     w = lines.append
+
+    _outputs_class(w, "PrefillOutputs", "prefill", graphs.prefill)
+    _outputs_class(w, "DecodeOutputs", "decode", graphs.decode)
 
     prefill_ops = _ops_of(graphs.prefill)
     w("class PrefillStep:")
@@ -143,11 +185,11 @@ def generate_steps(graphs: IterationGraphs) -> str:
     )
     w(f"    OPS: tuple[str, ...] = {tuple(prefill_ops)!r}\n")
     _emit_init(w, prefill_ops)
-    w(f"    def __call__(self, ctx: Any, *, {inputs}) -> dict[str, torch.Tensor]:")
+    w(f"    def __call__(self, ctx: Any, *, {inputs}) -> PrefillOutputs:")
     w('        """Run the prefill op and seed the relay rows of `req_pool_indices`."""')
-    produced = _emit_steps(w, spec, graphs.prefill, "device", "        ", early)
+    _emit_steps(w, spec, graphs.prefill, "device", "        ", early)
     _emit_stash(w, graphs.prefill, "        ", early)
-    _return_dict(w, "        ", produced)
+    _return_outputs(w, "        ", "PrefillOutputs", graphs.prefill)
     w("\n")
 
     decode_ops = _ops_of(graphs.decode)
@@ -155,11 +197,12 @@ def generate_steps(graphs: IterationGraphs) -> str:
     host_outputs = [f"{s.name}.{o}" for s in host_steps for o in s.writes]
     w("class DecodeStep:")
     w(f'    """One decode iteration of `{spec.algorithm}`, generated from its fx graph.\n')
-    w("    `run_host` runs the host steps (outside any CUDA graph); `run_device` is the part a")
-    w("    graph runner captures: resolve the relay, the device steps in spec order, publish")
-    w("    early fields right after the step that writes them, stash the rest. Each op is")
-    w("    called as `impls[op](ctx, **inputs) -> dict of outputs`; `ctx` is the engine's")
-    w("    and passes through untouched. Both return every step output as `step.output`.")
+    w("    `run_host` runs the host steps (outside any CUDA graph) and returns their outputs")
+    w("    as `step.output`; `run_device` is the part a graph runner captures: resolve the")
+    w("    relay, the device steps in spec order, publish early fields right after the step")
+    w("    that writes them, stash the rest, and return `DecodeOutputs`. Each op is called")
+    w("    as `impls[op](ctx, **inputs) -> dict of outputs`; `ctx` is the engine's and passes")
+    w("    through untouched.")
     w('    """\n')
     w(f"    OPS: tuple[str, ...] = {tuple(decode_ops)!r}")
     w(f"    HOST_OUTPUTS: tuple[str, ...] = {tuple(host_outputs)!r}\n")
@@ -179,14 +222,14 @@ def generate_steps(graphs: IterationGraphs) -> str:
     for name in spec.inputs:
         w(f"        {name}: torch.Tensor,")
     w("        host: Mapping[str, torch.Tensor],")
-    w("    ) -> dict[str, torch.Tensor]:")
+    w("    ) -> DecodeOutputs:")
     w("        relay = self.relay.resolve(req_pool_indices)")
-    produced = _emit_steps(w, spec, graphs.decode, "device", "        ", early)
+    _emit_steps(w, spec, graphs.decode, "device", "        ", early)
     _emit_stash(w, graphs.decode, "        ", early)
-    _return_dict(w, "        ", produced)
+    _return_outputs(w, "        ", "DecodeOutputs", graphs.decode)
     w("")
-    w(f"    def __call__(self, ctx: Any, *, {inputs}) -> dict[str, torch.Tensor]:")
+    w(f"    def __call__(self, ctx: Any, *, {inputs}) -> DecodeOutputs:")
     w('        """Host steps, then the device part, eagerly (the CPU path)."""')
     w(f"        host = self.run_host(ctx, {passed})")
-    w(f"        return {{**host, **self.run_device(ctx, {passed}, host=host)}}")
+    w(f"        return self.run_device(ctx, {passed}, host=host)")
     return "\n".join(lines) + "\n"

@@ -1,32 +1,76 @@
-"""Compiling specs to files: one module per algorithm, rewritten only on change."""
+"""Compiling specs to files: one module per algorithm, formatted, rewritten only on change."""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from relayc.compiler.codegen import generate_relay_module
+from relayc.compiler.output import Output, RuffMissing, format_source, style_problems
+from relayc.compiler.targets.sglang import compile_sglang
 from relayc.graph.passes import analyse
+from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
 from relayc.specs.loader import bundled_spec_paths, load_spec
+
+__all__ = [
+    "GENERATED_DIR",
+    "SGLANG_GENERATED_DIR",
+    "Output",
+    "RuffMissing",
+    "compile_spec",
+    "compile_specs",
+    "regenerate_bundled",
+    "stale_bundled",
+    "style_of_bundled",
+    "write",
+]
 
 GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
 SGLANG_GENERATED_DIR = GENERATED_DIR.parent / "sglang_generated"
 
 
-@dataclass(frozen=True)
-class Output:
-    path: Path
-    text: str
-
-
 def compile_spec(spec_path: str | Path, out_dir: str | Path, *, ops: Sequence[str] = ()) -> Output:
-    """Generate the module of one spec (``ops``: more user-op modules); raises SpecErrors."""
+    """Generate the (formatted) module of one spec (``ops``: more user-op modules); raises
+    SpecErrors."""
     spec = load_spec(spec_path, ops=ops)
     graphs = analyse(spec)
     shown_dir = Path(out_dir).as_posix()
-    return Output(Path(out_dir) / f"{spec.algorithm}.py", generate_relay_module(graphs, shown_dir))
+    name = f"{spec.algorithm}.py"
+    text = format_source(generate_relay_module(graphs, shown_dir), name)
+    return Output(Path(out_dir) / name, text)
+
+
+def compile_specs(
+    spec_paths: Sequence[str | Path], out_dir: str | Path, *, ops: Sequence[str] = ()
+) -> list[Output]:
+    """The modules of several specs into one folder; raises SpecErrors with every error,
+    including two specs of the same algorithm (they would write the same file)."""
+    outputs: list[Output] = []
+    errors: list[SpecError] = []
+    first: dict[Path, str] = {}
+    for path in spec_paths:
+        try:
+            output = compile_spec(path, out_dir, ops=ops)
+        except SpecErrors as exc:
+            errors.extend(exc.errors)
+            continue
+        if output.path in first:
+            errors.append(
+                SpecError(
+                    SourceLoc(str(path), 1, 1),
+                    f"this spec's algorithm writes {output.path.name}, as {first[output.path]} "
+                    "does",
+                    "give each algorithm its own name, or compile the two specs into "
+                    "different folders",
+                )
+            )
+            continue
+        first[output.path] = str(path)
+        outputs.append(output)
+    if errors:
+        raise SpecErrors(errors)
+    return outputs
 
 
 def write(output: Output) -> bool:
@@ -42,8 +86,6 @@ def write(output: Output) -> bool:
 def _bundled_outputs() -> list[tuple[Output, Path, str]]:
     """(module, checked-in path, source) of every module generated from the bundled specs:
     one per algorithm, and the SGLang target's one for all of them."""
-    from relayc.compiler.targets.sglang import compile_sglang
-
     outputs = []
     for spec_path in bundled_spec_paths():
         output = compile_spec(spec_path, "relayc/generated")
@@ -79,3 +121,9 @@ def regenerate_bundled() -> list[Path]:
         if write(Output(target, output.text)):
             written.append(target)
     return written
+
+
+def style_of_bundled() -> list[str]:
+    """Ruff's complaints about the checked-in generated modules (raises RuffMissing)."""
+    paths = [target for _, target, _ in _bundled_outputs() if target.exists()]
+    return style_problems(paths)

@@ -10,8 +10,9 @@ sampling.py       SamplingParams and the counter-keyed batched sampler
 tokenizer.py      ByteTokenizer
 naive.py          greedy_generate_naive, the cache-free reference
 request.py        Request (the scheduler's record), Output, StreamDelta, FinishReason
-algorithms.py     DecodeAlgorithm: the per-algorithm prefill / decode steps on the relay
-                  (one or several tokens per decode step), make_algorithm
+algorithms.py     DecodeAlgorithm, and GeneratedAlgorithm: any spec's generated prefill /
+                  decode steps on the op implementations (one or several tokens per step)
+speculative.py    each algorithm's drafter and decode KV window
 step_batch.py     one forward as prepared on the host, and its move to the device
 overlap.py        forward runners: inline, worker thread (CPU), forward stream (CUDA)
 scheduler.py      admission, batching and the overlap contract

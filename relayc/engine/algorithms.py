@@ -20,25 +20,36 @@ The host hooks (``on_prompt``, ``on_tokens``, ``release``) run on the
 scheduler's thread, possibly while a forward job runs on the runner: host state
 they update and a decode step reads needs the algorithm's own care (the host's
 view lags one iteration; see ``relayc.engine.scheduler``).
+
+Every bundled algorithm, ``none`` included, is one :class:`GeneratedAlgorithm`: the
+``PrefillStep`` / ``DecodeStep`` relayc generated from ``relayc/specs/NAME.yaml``, run
+on the engine's op implementations (:mod:`relayc.engine.ops`) with the drafter of
+:mod:`relayc.engine.speculative`. The engine reads what the spec's ``outputs:`` section
+names, as attributes of the generated ``PrefillOutputs`` / ``DecodeOutputs``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from relayc.engine.forward_batch import ForwardBatch
+from relayc.engine.graphs import EAGER, DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.sampling import SamplingBatch, sample
-from relayc.generated import none as none_relay
-
-SPECULATIVE_ALGORITHMS = ("eagle", "eagle_multilayer", "ngram", "standalone")
+from relayc.engine.ops import implementations
+from relayc.engine.ops.context import StepContext
+from relayc.engine.ops.draft import proposer_lock
+from relayc.engine.sampling import SamplingBatch
+from relayc.engine.speculative import Drafting, check_sizes, make_drafting
 
 
 @dataclass
@@ -85,6 +96,9 @@ class DecodeAlgorithm(ABC):
     name: ClassVar[str]
     decode_width: int = 1  # KV slots per request per decode step (the window W)
     max_tokens_per_step: int = 1  # most tokens one decode step emits per request (K <= W)
+    # How decode() runs the generated DecodeStep (relayc.engine.graphs); the engine sets it.
+    graphs: DecodeGraphs = EAGER
+    capture_batch_sizes: tuple[int, ...] = ()  # the spec's graph buckets (CAPTURE_BATCH_SIZES)
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
@@ -111,64 +125,197 @@ class DecodeAlgorithm(ABC):
         """The request slot is free: no job holds it any more; drop per-request host state."""
 
 
-class PlainDecoding(DecodeAlgorithm):
-    """``algorithm="none"``: one token per request per iteration, relayed as ``bonus_tokens``."""
+Impls = Mapping[str, Callable[..., dict[str, torch.Tensor]]]
 
-    name = "none"
 
-    def __init__(self, model: LlamaForCausalLM, req_pool_size: int, *, debug: bool = False) -> None:
+class GeneratedAlgorithm(DecodeAlgorithm):
+    """An algorithm's generated relay module run on op implementations.
+
+    ``module``: the generated module (``relayc.generated.<name>`` by default; a user's own
+    spec compiled with ``relayc compile`` otherwise), run with the drafter of ``name``.
+    ``impls``: op implementations merged over the engine's own (:mod:`relayc.engine.ops`),
+    for user ops or to replace a built-in one.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model: LlamaForCausalLM,
+        req_pool_size: int,
+        *,
+        debug: bool = False,
+        num_steps: int = 3,
+        topk: int = 1,
+        num_draft_tokens: int = 4,
+        draft_model: str | Path | None = None,
+        seed: int = 0,
+        module: ModuleType | None = None,
+        impls: Impls | None = None,
+        block_verification: bool = False,
+    ) -> None:
         super().__init__(model)
+        module = module or importlib.import_module(f"relayc.generated.{name}")
+        all_impls = merged_impls(module, impls)
+        self.name = name
+        self.module = module
+        self.drafting: Drafting = make_drafting(
+            name,
+            model,
+            req_pool_size,
+            num_steps=num_steps,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            draft_model=draft_model,
+            seed=seed,
+        )
+        self.drafter = self.drafting.drafter
+        self.decode_width = self.drafting.decode_width
+        self.max_tokens_per_step = self.drafting.max_tokens_per_step
+        decode_outputs = {f.name for f in dataclasses.fields(module.DecodeOutputs)}
+        # `tokens`/`counts` in the spec's outputs: the step emits several tokens per request
+        # and commits their KV itself (the spec checks guarantee both or neither).
+        self.multi_token = "tokens" in decode_outputs
+        if self.multi_token != (self.decode_width > 1):
+            raise ValueError(
+                f"module `{module.__name__}` decodes "
+                f"{'several tokens' if self.multi_token else 'one token'} per step, but the "
+                f"drafter of `{name}` needs {'a window of ' if self.decode_width > 1 else ''}"
+                f"{self.decode_width} KV slot(s) per request: pair the module with the "
+                "algorithm its spec was written for"
+            )
         config = model.config
+        self.dims = {
+            "topk": topk,
+            "num_steps": num_steps,
+            "num_draft_tokens": num_draft_tokens,
+            "hidden": config.hidden_size,
+            "vocab": config.vocab_size,
+        }
+        # A relayed draft distribution means chain rejection sampling: first drafts are drawn
+        # from it rather than taken as the top-1.
+        self.chain_drafts = any(f.name == "draft_probs" for f in module.FIELDS)
+        if block_verification and not self.chain_drafts:
+            raise ValueError(
+                "`block_verification` verifies chain drafts with their draft probabilities; "
+                f"algorithm `{name}` does not draft a chain (use `standalone`)"
+            )
+        self.block_verification = block_verification
         # Row 0 of the relay is the padding slot, as in ReqToTokenPool: slots 1..size.
-        self.future_map = none_relay.FutureMap(
+        self.relay = module.FutureMap(
             req_pool_size + 1,
             model.device,
-            dims={"hidden": config.hidden_size, "vocab": config.vocab_size},
+            dims={k: v for k, v in self.dims.items() if k in module.DIM_DEFAULTS},
             model_dtype=config.dtype,
             debug=debug,
         )
+        self.prefill_step = module.PrefillStep(self.relay, all_impls)
+        self.decode_step = module.DecodeStep(self.relay, all_impls)
+        self.capture_batch_sizes = tuple(module.CAPTURE_BATCH_SIZES)
+        self.draft_kv: Any = None  # allocated on the first step, sized like the target's
+        self.bonus_slots = self.drafting.bonus_slots
 
-    def _sample_and_stash(self, forward: ForwardBatch, step: StepInputs) -> StepOutput:
-        logits = self.model(forward).logits
-        if step.all_greedy:  # what `sample` gives greedy rows, without the sampling work
-            next_tokens = torch.argmax(logits, dim=-1)
-        else:
-            next_tokens = sample(logits, step.sampling, step.sample_positions)
-        self.future_map.stash(
-            forward.req_pool_indices, none_relay.RelayPayload(bonus_tokens=next_tokens)
+    def _context(self, step: StepInputs, **kwargs: Any) -> StepContext:
+        forward = step.forward
+        if self.draft_kv is None and hasattr(self.drafter, "make_kv_cache"):
+            self.draft_kv = self.drafter.make_kv_cache(forward.kv_cache.size + self.bonus_slots)
+        return StepContext(
+            model=self.model,
+            kv_cache=forward.kv_cache,
+            req_to_token=forward.req_to_token,
+            dims=self.dims,
+            sampling=None if step.all_greedy else step.sampling,  # None: greedy rules only
+            drafter=self.drafter,
+            block_verification=self.block_verification,
+            extras={
+                "draft_kv": self.draft_kv,
+                "sample_positions": step.sample_positions,
+                "chain_drafts": self.chain_drafts,
+                "bonus_slot_base": forward.kv_cache.size + 1,
+            },
+            **kwargs,
         )
-        return StepOutput(next_tokens)
 
     def prefill(self, step: StepInputs) -> StepOutput:
-        return self._sample_and_stash(step.forward, step)
+        forward = step.forward
+        ctx = self._context(step, prefill=forward, max_prefix_len=forward.max_prefix_len)
+        outputs = self.prefill_step(
+            ctx,
+            req_pool_indices=forward.req_pool_indices,
+            seq_lens=forward.prefix_lens + forward.extend_lens,
+        )
+        return StepOutput(next_tokens=outputs.next_tokens)
 
     def decode(self, step: StepInputs) -> StepOutput:
-        relayed = self.future_map.resolve(step.forward.req_pool_indices)
-        forward = dataclasses.replace(step.forward, input_ids=relayed.bonus_tokens)
-        return self._sample_and_stash(forward, step)
+        forward = step.forward
+        ctx = self._context(
+            step,
+            forward=forward,
+            out_cache_loc=forward.out_cache_loc,
+            max_prefix_len=step.max_prefix_len,
+        )
+        outputs = self.graphs.run(
+            self.decode_step,
+            ctx,
+            req_pool_indices=forward.req_pool_indices,
+            seq_lens=forward.prefix_lens,
+        )
+        if not self.multi_token:
+            return StepOutput(next_tokens=outputs.next_tokens)
+        return StepOutput(
+            next_tokens=outputs.next_tokens,
+            tokens=outputs.tokens,
+            counts=outputs.counts.to(torch.int64),
+            committed=True,
+        )
+
+    def draft_modules(self) -> tuple[nn.Module, ...]:
+        drafter = self.drafter
+        module = drafter if isinstance(drafter, nn.Module) else getattr(drafter, "model", None)
+        return (module,) if isinstance(module, nn.Module) else ()
+
+    # n-gram keeps each request's token history on the host (one iteration behind).
+    def on_prompt(self, req_pool_index: int, prompt_ids: list[int]) -> None:
+        if self.drafting.tracks_history:
+            with proposer_lock():
+                self.drafter.add_request(req_pool_index, prompt_ids)
+
+    def on_tokens(self, req_pool_index: int, tokens: list[int]) -> None:
+        if self.drafting.tracks_history:
+            with proposer_lock():
+                self.drafter.update(req_pool_index, tokens)
+
+    def release(self, req_pool_index: int) -> None:
+        if self.drafting.tracks_history:
+            with proposer_lock():
+                self.drafter.remove_request(req_pool_index)
 
 
-def _speculative_factory(name: str) -> Callable[..., DecodeAlgorithm]:
-    """``relayc.engine.speculative.make_speculative``, imported on first use."""
-    try:
-        from relayc.engine.speculative import make_speculative
-    except ImportError as exc:
-        raise NotImplementedError(
-            f"algorithm `{name}` needs speculative decoding, but `relayc.engine.speculative` "
-            f"does not import ({exc}); use algorithm='none'"
-        ) from exc
-    return make_speculative
+def merged_impls(module: ModuleType, impls: Impls | None) -> dict[str, Callable[..., Any]]:
+    """The engine's op implementations with ``impls`` over them; every op the module's steps
+    run must have one."""
+    user = dict(impls or {})
+    for op_name, fn in user.items():
+        if not isinstance(op_name, str) or not callable(fn):
+            raise TypeError(
+                f"`impls` maps op names to functions `fn(ctx, **inputs) -> dict`; got "
+                f"{op_name!r}: {type(fn).__name__}"
+            )
+    merged = {**implementations(), **user}
+    needed = dict.fromkeys([*module.PrefillStep.OPS, *module.DecodeStep.OPS])
+    missing = [op_name for op_name in needed if op_name not in merged]
+    if missing:
+        listed = ", ".join(f"`{op_name}`" for op_name in missing)
+        example = ", ".join(f'"{op_name}": fn' for op_name in missing)
+        raise ValueError(
+            f"module `{module.__name__}` runs ops with no implementation: {listed}; pass "
+            f"them as `impls={{{example}}}` (each `fn(ctx, **inputs) -> dict of outputs`)"
+        )
+    return merged
 
 
 def check_algorithm(name: str) -> None:
-    """Raise before any allocation when ``name`` cannot run (yet)."""
-    if name == PlainDecoding.name:
-        return
-    if name in SPECULATIVE_ALGORITHMS:
-        _speculative_factory(name)
-        return
-    known = ", ".join([PlainDecoding.name, *SPECULATIVE_ALGORITHMS])
-    raise ValueError(f"unknown algorithm `{name}` (known: {known})")
+    """Raise before any allocation when ``name`` is not an algorithm."""
+    check_sizes(name, num_steps=1, topk=1, num_draft_tokens=2)
 
 
 def make_algorithm(
@@ -182,15 +329,12 @@ def make_algorithm(
     num_draft_tokens: int = 4,
     draft_model: Any = None,
     seed: int = 0,
+    module: ModuleType | None = None,
+    impls: Impls | None = None,
     block_verification: bool = False,
 ) -> DecodeAlgorithm:
     """The algorithm ``name`` on ``model``, with relay rows for ``req_pool_size`` slots."""
-    check_algorithm(name)
-    if name == PlainDecoding.name:
-        if block_verification:
-            raise ValueError("`block_verification` needs a chain-drafting algorithm, not `none`")
-        return PlainDecoding(model, req_pool_size, debug=debug)
-    return _speculative_factory(name)(
+    return GeneratedAlgorithm(
         name,
         model,
         req_pool_size,
@@ -200,5 +344,7 @@ def make_algorithm(
         num_draft_tokens=num_draft_tokens,
         draft_model=draft_model,
         seed=seed,
+        module=module,
+        impls=impls,
         block_verification=block_verification,
     )

@@ -19,15 +19,17 @@ import contextlib
 import numbers
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
+from types import ModuleType
 from typing import Any
 
 import torch
 
 from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
 from relayc.engine.config import ModelConfig
+from relayc.engine.graphs import DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.overlap import make_runner
 from relayc.engine.request import FinishReason, Output, Request, StreamDelta
@@ -117,6 +119,16 @@ class Engine:
     chain-drafting algorithm (``"standalone"``) are verified by block verification (Sun
     et al. 2024) instead of token by token; lossless either way.
 
+    ``relay_module``: a module ``relayc compile`` generated from your own spec, run
+    instead of ``relayc.generated.<algorithm>`` with the drafter of ``algorithm``.
+    ``impls``: op name -> ``fn(ctx, **inputs) -> dict of outputs``, merged over the
+    engine's own implementations (user ops, or replacing a built-in one); an op the
+    module runs without an implementation raises here.
+    ``graphs``: how decode steps run (``relayc.engine.graphs``): ``"auto"`` (CUDA graphs
+    on CUDA, eager elsewhere), ``"graph"``, ``"static"`` (the graph path's static buffers
+    and padding without CUDA graphs) or ``"off"``; ``capture_batch_sizes`` overrides the
+    spec's buckets (capped by ``max_batch_size``; larger batches run eagerly).
+
     Calls may overlap: ``generate`` from several threads, and streams open together
     (iterated in turn or from several threads). The engine's lock serialises scheduler
     steps, and every call's requests share the running batch -- any caller's step
@@ -154,6 +166,10 @@ class Engine:
         max_prefill_tokens: int = 4096,
         debug: bool = False,
         block_verification: bool = False,
+        relay_module: ModuleType | None = None,
+        impls: Mapping[str, Callable[..., Any]] | None = None,
+        graphs: str = "auto",
+        capture_batch_sizes: Sequence[int] | None = None,
     ) -> None:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
@@ -208,8 +224,18 @@ class Engine:
                 draft_model=draft_model,
                 seed=seed,
                 block_verification=block_verification,
+                module=relay_module,
+                impls=impls,
             )
         self.algorithm_name = self.algorithm.name
+        self.algorithm.graphs = DecodeGraphs.build(
+            graphs,
+            self.device,
+            self.algorithm.capture_batch_sizes,
+            max_batch_size=max_batch_size,
+            batch_sizes=capture_batch_sizes,
+            debug=debug,
+        )
         if self.device.type == "cpu":
             for module in (self.model, *self.algorithm.draft_modules()):
                 use_cpu_matmul_layout(module)

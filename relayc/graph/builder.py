@@ -4,7 +4,9 @@ Placeholders stand for engine inputs (`input_<name>`) and for relay fields
 resolved at the start of the iteration (`relay_<field>`); each step is one
 `call_function` node targeting its op, with one `getitem` node per output it
 writes; the output node maps each relay field to the value stashed into it for
-the next iteration. Every node carries its spec location in ``node.meta["loc"]``.
+the next iteration, and its ``meta["outputs"]`` maps each name of the spec's
+`outputs:` section to the value the engine reads back. Every node carries its
+spec location in ``node.meta["loc"]``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,24 @@ from typing import Any
 
 import torch.fx as fx
 
-from relayc.nodes.registry import Op, OpsImportError, all_ops, get_op, import_op_module
+from relayc.nodes.registry import (
+    Op,
+    OpsImportError,
+    TensorType,
+    all_ops,
+    get_op,
+    import_op_module,
+)
 from relayc.specs.errors import SpecError, SpecErrors, did_you_mean, join_hints, quoted_list
 from relayc.specs.loader import Spec
-from relayc.specs.schema import Step
+from relayc.specs.schema import Ref, Step
+
+# What the engine does with the `outputs:` it reads: (dtypes, rank of a request's row).
+_ENGINE_OUTPUTS: dict[str, tuple[tuple[str, ...], int, str]] = {
+    "next_tokens": (("int64",), 0, "one int64 token per request: `int64 []`"),
+    "tokens": (("int64",), 1, "a row of int64 tokens per request: `int64 [K]`"),
+    "counts": (("int32", "int64"), 0, "one count per request: `int32 []` or `int64 []`"),
+}
 
 
 @dataclass
@@ -86,7 +102,7 @@ def _check_signature(spec: Spec, step: Step, op: Op, errors: list[SpecError]) ->
 def import_spec_ops(spec: Spec) -> list[SpecError]:
     """Import the spec's user-op modules; errors located at their `ops:` entries."""
     errors: list[SpecError] = []
-    owner: dict[str, str] = {}
+    owner: dict[str, tuple[str, Op]] = {}  # op name -> the first module registering it
     for module in spec.ops:
         where = "`--ops` module" if module.from_cli else "ops module"
         try:
@@ -101,17 +117,17 @@ def import_spec_ops(spec: Spec) -> list[SpecError]:
                 )
             )
             continue
-        for name in registered:
-            if name in owner and owner[name] != module.name:
+        for name, op in registered.items():
+            first = owner.setdefault(name, (module.name, op))
+            if first[0] != module.name and first[1] is not op:  # the same Op twice is fine
                 errors.append(
                     SpecError(
                         module.loc,
                         f"{where} `{module.name}` registers op `{name}`, which "
-                        f"`{owner[name]}` registers too",
+                        f"`{first[0]}` registers too",
                         "rename one of the two ops",
                     )
                 )
-            owner.setdefault(name, module.name)
     return errors
 
 
@@ -141,7 +157,7 @@ def _build(spec: Spec, steps: tuple[Step, ...], errors: list[SpecError], phase: 
             )
             continue
         _check_signature(spec, step, op, errors)
-        kwargs = {p: values[ref] for p, ref in step.reads.items() if ref in values}
+        kwargs = {p: values[str(ref)] for p, ref in step.reads.items() if str(ref) in values}
         call = graph.call_function(op, kwargs=kwargs)
         call._rename(step.name)
         call.meta.update(kind="step", step=step, op=op, loc=step.loc, phase=phase)
@@ -157,7 +173,39 @@ def _build(spec: Spec, steps: tuple[Step, ...], errors: list[SpecError], phase: 
                 stashed[field_name] = values[f"{step.name}.{out}"]
     out_node = graph.output(stashed)
     out_node.meta.update(kind="stash", phase=phase)
+    out_node.meta["outputs"] = _engine_outputs(spec, phase, values, errors)
     return graph
+
+
+def _engine_outputs(
+    spec: Spec, phase: str, values: dict[str, fx.Node], errors: list[SpecError]
+) -> dict[str, fx.Node]:
+    """The values `outputs.<phase>` names; what the engine reads must have its type."""
+    chosen: dict[str, fx.Node] = {}
+    entries: dict[str, Ref] = getattr(spec.outputs, phase)
+    for name, ref in entries.items():
+        node = values.get(str(ref))
+        if node is None:
+            continue  # an unknown op or output, reported where the step is
+        chosen[name] = node
+        if name not in _ENGINE_OUTPUTS:
+            continue
+        dtypes, rank, what = _ENGINE_OUTPUTS[name]
+        op: Op = node.args[0].target  # type: ignore[union-attr, assignment]
+        tensor_type: TensorType | None = op.outputs.get(ref.name)
+        if tensor_type is None:
+            continue  # the op has no such output: reported at the step's `writes:`
+        if tensor_type.dtype not in dtypes or len(tensor_type.shape) != rank:
+            errors.append(
+                SpecError(
+                    spec.locate_output(phase, name),
+                    f"`outputs.{phase}.{name}` is `{ref}`, which is "
+                    f"`{tensor_type.dtype} [{', '.join(str(d) for d in tensor_type.shape)}]` "
+                    "per request",
+                    f"the engine reads `{name}` as {what}; name another output",
+                )
+            )
+    return chosen
 
 
 def build_graphs(spec: Spec) -> IterationGraphs:

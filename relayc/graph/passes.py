@@ -15,10 +15,11 @@ import torch
 import torch.fx as fx
 
 from relayc.graph.builder import IterationGraphs, build_graphs
-from relayc.nodes.registry import Op, dims_of, dtype_name, eval_dim, torch_dtype
+from relayc.nodes.registry import Op
+from relayc.runtime.dims import dims_of, dtype_name, eval_dim, torch_dtype
 from relayc.specs.errors import SpecError, SpecErrors
 from relayc.specs.loader import Spec
-from relayc.specs.schema import RelayField
+from relayc.specs.schema import Ref, RelayField
 
 # Distinct sample sizes per dim, so a shape that only matches because two dims
 # happen to be equal is still caught; bfloat16 stands in for the model dtype so
@@ -71,7 +72,9 @@ def relay_inference(
         if reading_steps and stasher is None and not seeded:
             step = reading_steps[0]
             param = next(
-                p for p, r in spec.steps[_index(spec, step)].reads.items() if r == f"relay.{name}"
+                p
+                for p, r in spec.steps[_index(spec, step)].reads.items()
+                if r == Ref("relay", name)
             )
             errors.append(
                 SpecError(

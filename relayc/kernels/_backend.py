@@ -19,53 +19,35 @@ capture) the vectorised path runs, the one a GPU would capture.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Literal
-
 import torch
 
-Backend = Literal["auto", "torch", "triton"]
-BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
+# The backend choice and the graph-safe switch are the runtime's (generated code imports
+# them without the kernels); re-exported here for the kernels and their callers.
+from relayc.runtime.backend import (
+    BACKENDS,
+    Backend,
+    graph_safe,
+    graph_safe_paths,
+    resolve_backend,
+    triton_available,
+    triton_interpreting,
+)
+
+__all__ = [
+    "BACKENDS",
+    "HOST_LOOP_MAX_BATCH",
+    "Backend",
+    "graph_safe",
+    "graph_safe_paths",
+    "host_loops",
+    "resolve_backend",
+    "triton_available",
+    "triton_interpreting",
+]
 
 # Above this batch the vectorised torch path beats the host loops (measured on 2 CPU cores:
 # even at batch 8, at parity near 32).
 HOST_LOOP_MAX_BATCH = 16
-_GRAPH_SAFE: ContextVar[bool] = ContextVar("relayc_graph_safe_paths", default=False)
-
-
-def triton_available() -> bool:
-    """True when Triton imports (it is a Linux x86_64 dependency only)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def triton_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
-
-
-def resolve_backend(backend: str, device: torch.device | str) -> Literal["torch", "triton"]:
-    """Map ``backend`` to the implementation that will run on ``device``."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    device = torch.device(device)
-    if backend == "torch":
-        return "torch"
-    if backend == "triton":
-        if not triton_available():
-            raise RuntimeError("backend='triton' needs the `triton` package (pip install triton)")
-        if device.type == "cpu" and not triton_interpreting():
-            raise RuntimeError(
-                "backend='triton' on CPU tensors needs TRITON_INTERPRET=1 in the environment "
-                "before triton is imported (use backend='torch' for the fast CPU path)"
-            )
-        return "triton"
-    return "triton" if device.type == "cuda" and triton_available() else "torch"
 
 
 def host_loops(backend: str, device: torch.device | str, batch: int) -> bool:
@@ -74,15 +56,5 @@ def host_loops(backend: str, device: torch.device | str, batch: int) -> bool:
         backend == "auto"
         and torch.device(device).type == "cpu"
         and batch <= HOST_LOOP_MAX_BATCH
-        and not _GRAPH_SAFE.get()
+        and not graph_safe()
     )
-
-
-@contextmanager
-def graph_safe_paths() -> Iterator[None]:
-    """Within this block ``"auto"`` never picks a host loop (no host reads of tensor data)."""
-    token = _GRAPH_SAFE.set(True)
-    try:
-        yield
-    finally:
-        _GRAPH_SAFE.reset(token)

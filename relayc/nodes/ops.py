@@ -166,11 +166,12 @@ for op in (
         "ngram_prefill",
         {**_SLOTS, **_LENS},
         {
+            "next_tokens": _PREFILLED["next_tokens"],
             "accept_tokens": _ACCEPTED["accept_tokens"],
             "accept_lens": _ACCEPTED["accept_lens"],
             "seq_lens": T("int64", ()),
         },
-        doc="target prefill; first token as an accept row",
+        doc="target prefill; first token, also as a one-token accept row",
     ),
     Op(
         "ngram_propose",

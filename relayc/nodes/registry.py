@@ -16,62 +16,15 @@ import importlib
 import os
 import sys
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
 import torch
 
+from relayc.runtime.dims import eval_dim, torch_dtype
 from relayc.specs.schema import DTYPES
-
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "bool": torch.bool,
-}
-
-
-def torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The torch dtype of a spec dtype name (`model` is the model's dtype)."""
-    return model_dtype if name == "model" else TORCH_DTYPES[name]
-
-
-def dtype_name(dtype: torch.dtype, model_dtype: torch.dtype) -> str:
-    for name, value in TORCH_DTYPES.items():
-        if value == dtype:
-            return "model" if dtype == model_dtype and name != "bool" else name
-    return str(dtype).removeprefix("torch.")
-
-
-def eval_dim(expr: str | int, dims: Mapping[str, int]) -> int:
-    """Evaluate a shape entry: an int, a dim name or arithmetic over dims (`topk*(s-1)+1`)."""
-    if isinstance(expr, int):
-        return expr
-    tree = ast.parse(expr, mode="eval")
-    return int(_eval(tree.body, dims))
-
-
-def _eval(node: ast.AST, dims: Mapping[str, int]) -> int:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return node.value
-    if isinstance(node, ast.Name):
-        return dims[node.id]
-    if isinstance(node, ast.BinOp):
-        left, right = _eval(node.left, dims), _eval(node.right, dims)
-        ops: dict[type, Callable[[int, int], int]] = {
-            ast.Add: lambda a, b: a + b,
-            ast.Sub: lambda a, b: a - b,
-            ast.Mult: lambda a, b: a * b,
-            ast.FloorDiv: lambda a, b: a // b,
-        }
-        if type(node.op) in ops:
-            return ops[type(node.op)](left, right)
-    raise ValueError(f"unsupported shape expression: {ast.unparse(node)}")
-
 
 _SHAPE_OPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)
 
@@ -96,12 +49,6 @@ def _check_shape_entry(entry: object) -> None:
             raise ValueError(
                 f"shape entry {entry!r}: only dim names, whole numbers and + - * // are allowed"
             )
-
-
-def dims_of(expr: str | int) -> set[str]:
-    if isinstance(expr, int):
-        return set()
-    return {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}
 
 
 @dataclass(frozen=True)
@@ -252,22 +199,39 @@ class OpsImportError(Exception):
     """A module of user ops that failed to import; the message says why."""
 
 
+# Top-level modules imported from a spec's folder: another spec's folder may hold its own
+# module of the same name (each `ops.py`), which then replaces it.
+_SPEC_LOCAL: set[str] = set()
+
+
 def import_op_module(name: str, search_dir: str | os.PathLike[str]) -> dict[str, Op]:
     """Import the user-op module ``name`` with ``search_dir`` importable first; returns its ops.
 
-    A module already imported from another folder (an ``ops.py`` beside another spec)
-    is imported afresh from ``search_dir`` when that folder holds it, and the ops the
-    stale copy registered are dropped with it, so specs in different folders each get
-    their own ``ops``.
+    A module imported earlier from another spec's folder (an ``ops.py`` beside another
+    spec) is dropped, with the ops it registered, and the name imported afresh, so
+    specs in different folders each get their own ``ops``. A module beside the spec
+    that would shadow one already in use from elsewhere (``json.py``) is refused.
     """
     top = name.partition(".")[0]
     folder = FsPath(search_dir).resolve()
     local = folder / f"{top}.py" if (folder / f"{top}.py").is_file() else folder / top
     cached = sys.modules.get(top)
-    if local.exists() and cached is not None and not _defined_under(cached, local):
-        for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
-            del sys.modules[loaded]
-            _USER.pop(loaded, None)
+    if cached is not None and not _defined_under(cached, local):
+        if top in _SPEC_LOCAL:
+            # Imported from another spec's folder: not this spec's module, whether or not
+            # this folder holds one of that name.
+            for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+                del sys.modules[loaded]
+                _USER.pop(loaded, None)
+            _SPEC_LOCAL.discard(top)
+        elif local.exists():
+            # Another module of that name (the standard library's, an installed package's)
+            # is in use: replacing it under everyone's feet is not an option.
+            origin = getattr(cached, "__file__", None) or "built-in"
+            raise OpsImportError(
+                f"`{top}` is already imported from {origin}; rename "
+                f"{display_folder(local)} so it does not shadow it"
+            )
     sys.path.insert(0, str(folder))
     _importing.append(name)
     importlib.invalidate_caches()  # the file may be newer than the finders' listings
@@ -287,6 +251,8 @@ def import_op_module(name: str, search_dir: str | os.PathLike[str]) -> dict[str,
     finally:
         _importing.pop()
         sys.path.remove(str(folder))
+    if local.exists() and _defined_under(sys.modules[top], local):
+        _SPEC_LOCAL.add(top)
     return user_ops(name)
 
 

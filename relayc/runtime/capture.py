@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from relayc.kernels._backend import graph_safe_paths
+from relayc.runtime.backend import graph_safe_paths
+from relayc.runtime.graph_runner import output_items
 
 aten = torch.ops.aten
 
@@ -64,26 +65,27 @@ class CaptureCheck(TorchDispatchMode):
     """Fail on any aten op a CUDA graph cannot capture."""
 
     def __init__(self, step_file: str | None = None) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.step_file = step_file  # to point at the generated line that ran the op
         self.ops_seen = 0
 
     _HOST_READS = ("tolist", "numpy", "cpu", "__array__")
 
-    def __enter__(self):  # type: ignore[no-untyped-def]
+    def __enter__(self) -> CaptureCheck:
         # The CPU's host-loop fast paths stand aside: check the path a GPU would capture.
         self._graph_safe = graph_safe_paths()
         self._graph_safe.__enter__()
         self._saved = {name: getattr(torch.Tensor, name) for name in self._HOST_READS}
         for name in self._HOST_READS:
             setattr(torch.Tensor, name, self._host_read(name))
-        return super().__enter__()
+        super().__enter__()  # type: ignore[no-untyped-call]
+        return self
 
-    def __exit__(self, *exc: object):  # type: ignore[no-untyped-def]
+    def __exit__(self, *exc: Any) -> None:
         for name, method in self._saved.items():
             setattr(torch.Tensor, name, method)
         self._graph_safe.__exit__(None, None, None)
-        return super().__exit__(*exc)
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]
 
     def _host_read(self, name: str) -> Any:
         def refuse(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -98,7 +100,13 @@ class CaptureCheck(TorchDispatchMode):
             f"{func} {why}; a CUDA graph cannot capture it (at {_where(self.step_file)})"
         )
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         self.ops_seen += 1
         why = _FORBIDDEN.get(func.overloadpacket)
@@ -116,7 +124,7 @@ class CaptureCheck(TorchDispatchMode):
             self._check_copy(func, args, kwargs)
         return func(*args, **kwargs)
 
-    def _check_copy(self, func: Any, args: tuple, kwargs: dict) -> None:
+    def _check_copy(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if func.overloadpacket is aten.copy_:
             dst, src = args[0], args[1]
             devices = {dst.device.type, src.device.type}
@@ -129,16 +137,12 @@ class CaptureCheck(TorchDispatchMode):
 
 
 def _buffers(relay: Any) -> dict[str, int]:
-    return {
-        info.name: getattr(relay, info.name).data_ptr()
-        for info in relay.FIELD_INFOS
-        if getattr(relay, info.name) is not None
-    }
+    return {name: buffer.data_ptr() for name, buffer in relay.buffers.items() if buffer is not None}
 
 
 def capture_check(
     step: Any, ctx: Any, inputs: Mapping[str, torch.Tensor], host: Mapping[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
+) -> Any:
     """Run ``step.run_device`` as a graph capture would, on any device; fail on violations.
 
     The step is run once eagerly first (a capture warms up the same way, so lazy relay
@@ -155,7 +159,7 @@ def capture_check(
             f"the step reallocated relay buffers {moved or sorted(set(after) - set(before))}; "
             "a captured graph writes to fixed addresses"
         )
-    for key, value in outputs.items():
+    for key, value in output_items(outputs):
         if not isinstance(value, torch.Tensor):
             raise CaptureViolation(
                 f"output `{key}` is a {type(value).__name__}, not a tensor; "
@@ -166,16 +170,23 @@ def capture_check(
 
 class _CountOps(TorchDispatchMode):
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.count = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         self.count += 1
         return func(*args, **(kwargs or {}))
 
 
 def count_aten_ops(fn: Callable[[], object]) -> int:
     """How many aten ops ``fn()`` dispatches (what the relay benchmarks compare)."""
-    with _CountOps() as mode:
+    mode = _CountOps()
+    with mode:
         fn()
     return mode.count

@@ -1,8 +1,8 @@
-"""Host side of the fused relay kernels that relayc emits into generated modules.
+"""Host side of the fused relay kernel that relayc emits into generated modules.
 
-A generated module holds the Triton kernels specialised to its fields (one buffer
-pointer, rows pointer, row width, chunk size and presence flag per field); the
-argument checks and the launch are the same for every algorithm and live here.
+A generated module holds one Triton kernel specialised to its fields (per field a buffer
+pointer, a rows pointer and a constexpr row width; a constexpr direction picks stash or
+resolve); the argument checks and the launch are the same for every algorithm and live here.
 """
 
 from __future__ import annotations
@@ -12,10 +12,6 @@ from typing import Any
 
 import torch
 
-# Largest row chunk one loop iteration copies: a power of two (tl.arange needs one) that keeps
-# registers bounded while a 4096-wide bf16 hidden row still takes only four iterations.
-MAX_BLOCK = 1024
-
 
 def launch_args(
     fields: Sequence[tuple[str, torch.dtype | None]],
@@ -23,8 +19,15 @@ def launch_args(
     bufs: Sequence[torch.Tensor | None],
     rows: Sequence[torch.Tensor | None],
 ) -> list[object]:
-    """Kernel arguments for ``fields``, after checking what the kernels assume (host metadata only)."""
-    if indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
+    """Kernel arguments for ``fields``, after checking what the kernel assumes (host metadata only).
+
+    Raises ValueError naming the field for anything the kernel cannot copy. Indices may be
+    int32 or int64 and strided (the kernel reads ``indices[i * stride]``); their values are
+    the kernel's to bound (it masks slots outside ``[0, pool)``), so nothing here syncs.
+    """
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
+        raise ValueError("`indices` must be a 1-D int32/int64 tensor")
+    if indices.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"`indices` must be 1-D int32/int64; got {indices.dtype} {tuple(indices.shape)}"
         )
@@ -34,15 +37,20 @@ def launch_args(
             f"({', '.join(name for name, _ in fields)}); got {len(bufs)} and {len(rows)}"
         )
     n = indices.shape[0]
-    args: list[object] = [indices]
+    pool: int | None = None
+    args: list[object] = [indices, indices.stride(0), 0]
     for (name, dtype), buf, field_rows in zip(fields, bufs, rows, strict=True):
         if field_rows is None:
-            # Fixed width/block for absent fields: one specialisation per presence pattern,
-            # not per shape of a buffer the launch never touches.
-            args += (None, None, 1, 1, False)
+            # Absent: two None pointers and width 0, so the copy compiles out and the
+            # launch specialises on which fields are present, not on unused buffers.
+            args += (None, None, 0)
             continue
         if buf is None:
             raise ValueError(f"relay field `{name}` has rows but no buffer; allocate it first")
+        if not isinstance(field_rows, torch.Tensor):
+            raise ValueError(
+                f"relay field `{name}` rows must be a tensor; got {type(field_rows).__name__}"
+            )
         if (dtype is not None and buf.dtype != dtype) or field_rows.dtype != buf.dtype:
             raise ValueError(
                 f"relay field `{name}` is {dtype}; got buffer {buf.dtype}, rows {field_rows.dtype}"
@@ -54,14 +62,24 @@ def launch_args(
             )
         if not (buf.is_contiguous() and field_rows.is_contiguous()):
             raise ValueError(f"relay field `{name}`: the kernels need contiguous tensors")
-        width = buf.numel() // buf.shape[0]
+        if field_rows.device != buf.device or indices.device != buf.device:
+            raise ValueError(
+                f"relay field `{name}`: buffer on {buf.device}, rows on {field_rows.device}, "
+                f"indices on {indices.device}; all must be on one device"
+            )
+        if pool is None:
+            pool = buf.shape[0]
+        elif buf.shape[0] != pool:
+            raise ValueError(
+                f"relay field `{name}` buffer has {buf.shape[0]} slots, another one {pool}; "
+                "all buffers of a relay have req_pool_size slots"
+            )
         if dtype == torch.bool:
             # Same bytes, but a plain byte pointer: Triton's handling of bool pointers
             # (int1 loaded as int8) has varied across versions.
             buf, field_rows = buf.view(torch.uint8), field_rows.view(torch.uint8)
-        # Next power of two by bit_length: triton.next_power_of_2 costs ~5 us a call.
-        block = min(1 << max(width - 1, 0).bit_length(), MAX_BLOCK)
-        args += (buf, field_rows, width, block, True)
+        args += (buf, field_rows, buf.numel() // buf.shape[0])
+    args[2] = pool or 0
     return args
 
 
@@ -71,8 +89,11 @@ def fused_copy(
     indices: torch.Tensor,
     bufs: Sequence[torch.Tensor | None],
     rows: Sequence[torch.Tensor | None],
+    *,
+    to_buffers: bool,
 ) -> None:
-    """Launch ``kernel`` once over ``indices`` (no launch for an empty batch)."""
-    if indices.shape[0] == 0:
+    """Launch ``kernel`` once over ``indices`` (no launch for an empty batch or no field)."""
+    args = launch_args(fields, indices, bufs, rows)
+    if indices.shape[0] == 0 or not args[2]:
         return
-    kernel[(indices.shape[0],)](*launch_args(fields, indices, bufs, rows))
+    kernel[(indices.shape[0],)](*args, TO_BUFFERS=to_buffers)

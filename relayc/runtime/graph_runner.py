@@ -1,32 +1,46 @@
-"""Run the device part of a generated DecodeStep, captured as CUDA graphs on GPUs.
+"""Run the device part of a generated DecodeStep from static buffers, captured as CUDA graphs.
 
 The contract (what the engine must uphold):
 
-- One graph per batch-size bucket (the spec's `capture.batch_sizes`), captured
-  largest first into one shared memory pool, after warm-up runs on a side stream
-  (which also allocates lazy relay buffers before capture).
+- One graph per batch-size bucket (the spec's `capture.batch_sizes`, exported by the
+  generated module as `CAPTURE_BATCH_SIZES`), all in one shared memory pool, each after
+  warm-up runs on a side stream (which also allocate lazy relay buffers). `capture`
+  captures every bucket largest first; `run` captures a bucket it has not seen yet.
 - Each bucket has static input buffers: the engine inputs (`req_pool_indices`,
   `seq_lens`, ...) and the outputs of host steps. A batch of n rows is copied into
   rows [:n]; rows [n:] are padding: `req_pool_indices` = 0, the padding slot every
   relay buffer and KV pool reserves, other inputs their pad value (0 by default).
+- Padding rows resolve the relay's slot 0 and stash into it. So that what they read
+  never drifts (a length that grows each step would index past the KV table), the
+  captured step first zeroes slot 0 of every relay buffer: padding rows always see a
+  zero-length request.
 - Per-row tensors the ops read from `ctx` (the KV windows, sampling parameters) are
   static inputs too (`ctx_inputs`): `bind_ctx(ctx, static)` returns the context a
   bucket's graph is captured with, its tensors the bucket's static buffers; `run`
   copies the batch's values (`ctx_values`) into them. Everything else in `ctx` is
   captured by reference and must stay at the same addresses.
-- Outputs are views of the graph's static outputs, valid until the next replay.
-- On the CPU, or for batches larger than the largest bucket, the step runs eagerly.
-  `mode="static"` runs the same static-buffer path without CUDA graphs, so the
-  padding and slicing are tested on any device.
+- A replayed graph does not record the relay's publish event again; the runner records it
+  after each replay (so host readers of early-published fields wait for the whole step).
+- Outputs are row slices of the graph's static outputs, valid until the next replay.
+  The step may return a mapping or a dataclass of tensors.
+- Batches larger than the largest bucket run eagerly, and so does everything with
+  `mode="off"`. `mode="static"` runs the same static-buffer path without CUDA graphs,
+  so the padding and slicing are tested on any device; `"auto"` is `"graph"` on CUDA
+  and `"off"` elsewhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+MODES: tuple[str, ...] = ("auto", "graph", "static", "off")
+
+Outputs = TypeVar("Outputs")
 
 
 @dataclass(frozen=True)
@@ -38,8 +52,54 @@ class StaticInput:
     pad: int | float = 0
 
 
+def resolve_mode(mode: str, device: torch.device | str) -> str:
+    """``mode`` with ``"auto"`` decided for ``device``; a clear error for a bad one."""
+    if mode not in MODES:
+        raise ValueError(f"graphs mode must be one of {', '.join(MODES)}; got {mode!r}")
+    device = torch.device(device)
+    if mode == "auto":
+        return "graph" if device.type == "cuda" else "off"
+    if mode == "graph" and device.type != "cuda":
+        raise ValueError(
+            f"graphs mode 'graph' needs a CUDA device, not {device.type}; "
+            "use 'static' to run the static-buffer path without CUDA graphs"
+        )
+    return mode
+
+
+def output_items(outputs: Any) -> list[tuple[str, Any]]:
+    """(name, value) of a step's outputs: a mapping or a dataclass (``DecodeOutputs``)."""
+    if isinstance(outputs, Mapping):
+        return list(outputs.items())
+    if dataclasses.is_dataclass(outputs) and not isinstance(outputs, type):
+        return [(f.name, getattr(outputs, f.name)) for f in dataclasses.fields(outputs)]
+    raise TypeError(
+        f"a step's device part must return a mapping or a dataclass of tensors, "
+        f"not {type(outputs).__name__}"
+    )
+
+
+def slice_rows(outputs: Outputs, batch: int) -> Outputs:
+    """The first ``batch`` rows of every tensor of a step's outputs (a mapping or dataclass)."""
+    rows = {key: _rows(value, batch) for key, value in output_items(outputs)}
+    if isinstance(outputs, Mapping):
+        return rows  # type: ignore[return-value]
+    return dataclasses.replace(outputs, **rows)  # type: ignore[type-var]
+
+
+def _rows(value: Any, batch: int) -> Any:
+    return value[:batch] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
+
+
+def reset_padding_slot(relay: Any) -> None:
+    """Zero slot 0 of every allocated relay buffer (what padding rows resolve)."""
+    for buffer in relay.buffers.values():
+        if buffer is not None:  # a lazy field not stashed yet
+            buffer[0].zero_()
+
+
 class GraphRunner:
-    """Capture `step.run_device` per batch-size bucket and replay it."""
+    """Replay ``step.run_device`` per batch-size bucket from static buffers (see the module)."""
 
     def __init__(
         self,
@@ -52,24 +112,27 @@ class GraphRunner:
         ctx_inputs: Mapping[str, StaticInput] | None = None,
         bind_ctx: Callable[[Any, Mapping[str, torch.Tensor]], Any] | None = None,
         mode: str = "auto",
+        pool: Any = None,
     ) -> None:
-        if mode not in ("auto", "graph", "static", "eager"):
-            raise ValueError(f"mode must be auto, graph, static or eager; got {mode!r}")
+        """``pool``: a CUDA graph memory pool to share with other runners (graph mode)."""
         self.step = step
         self.device = torch.device(device)
-        if mode == "auto":
-            mode = "graph" if self.device.type == "cuda" else "eager"
-        if mode == "graph" and self.device.type != "cuda":
-            raise ValueError("mode='graph' needs a CUDA device (use 'static' to test padding)")
-        self.mode = mode
-        self.batch_sizes = sorted(set(batch_sizes))
+        self.mode = resolve_mode(mode, self.device)
+        if any(int(b) <= 0 for b in batch_sizes):
+            raise ValueError(f"batch sizes must be positive; got {list(batch_sizes)}")
+        self.batch_sizes = sorted({int(b) for b in batch_sizes})
         self.inputs = dict(inputs)
         self.host_inputs = dict(host_inputs or {})
         self.ctx_inputs = dict(ctx_inputs or {})
         self.bind_ctx = bind_ctx or (lambda ctx, static: ctx)
         self._static: dict[int, dict[str, torch.Tensor]] = {}
-        self._replay: dict[int, Callable[[], dict[str, torch.Tensor]]] = {}
-        self._pool: Any = None
+        self._replay: dict[int, Callable[[], Any]] = {}
+        self.pool = pool
+        self.replays = 0  # batches run from static buffers (for tests and benchmarks)
+        self.eager_runs = 0  # batches run eagerly (off, or above the largest bucket)
+
+    def _all_inputs(self) -> dict[str, StaticInput]:
+        return {**self.inputs, **self.host_inputs, **self.ctx_inputs}
 
     def _allocate(self, bucket: int) -> dict[str, torch.Tensor]:
         return {
@@ -77,49 +140,63 @@ class GraphRunner:
             for name, spec in self._all_inputs().items()
         }
 
-    def _all_inputs(self) -> dict[str, StaticInput]:
-        return {**self.inputs, **self.host_inputs, **self.ctx_inputs}
-
-    def _run_static(self, ctx: Any, static: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _run_static(self, ctx: Any, static: Mapping[str, torch.Tensor]) -> Any:
+        reset_padding_slot(self.step.relay)
         engine_inputs = {name: static[name] for name in self.inputs}
         host = {name: static[name] for name in self.host_inputs}
         return self.step.run_device(ctx, **engine_inputs, host=host)
 
-    def capture(self, ctx: Any) -> None:
-        """Capture (mode `graph`) or prepare (mode `static`) every bucket, largest first."""
-        if self.mode == "eager":
+    def capture(self, ctx: Any, buckets: Sequence[int] | None = None) -> None:
+        """Capture (mode `graph`) or prepare (mode `static`) buckets, largest first."""
+        if self.mode == "off":
             return
-        for bucket in sorted(self.batch_sizes, reverse=True):
-            static = self._allocate(bucket)
-            self._static[bucket] = static
-            bound = self.bind_ctx(ctx, static)
-            if self.mode == "static":
-                self._replay[bucket] = lambda ctx=bound, s=static: self._run_static(ctx, s)
+        for bucket in sorted(self.batch_sizes if buckets is None else buckets, reverse=True):
+            if bucket not in self.batch_sizes:
+                raise ValueError(f"{bucket} is not a capture bucket ({self.batch_sizes})")
+            if bucket in self._replay:
                 continue
-            self._replay[bucket] = self._capture_graph(bound, static)
+            static = self._allocate(bucket)
+            bound = self.bind_ctx(ctx, static)
+            self._static[bucket] = static
+            if self.mode == "static":
+                self._replay[bucket] = self._static_replay(bound, static)
+            else:
+                self._replay[bucket] = self._capture_graph(bound, static)
 
-    def _capture_graph(
-        self, ctx: Any, static: Mapping[str, torch.Tensor]
-    ) -> Callable[[], dict[str, torch.Tensor]]:
+    def _static_replay(self, ctx: Any, static: Mapping[str, torch.Tensor]) -> Callable[[], Any]:
+        return lambda: self._run_static(ctx, static)
+
+    def _capture_graph(self, ctx: Any, static: Mapping[str, torch.Tensor]) -> Callable[[], Any]:
+        current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
+        side.wait_stream(current)
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: lazy buffers, autotuning, allocator caching
                 self._run_static(ctx, static)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        # thread_local: another host thread may use CUDA meanwhile (it is not captured).
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             outputs = self._run_static(ctx, static)
 
-        def replay() -> dict[str, torch.Tensor]:
+        relay = self.step.relay
+
+        def replay() -> Any:
             graph.replay()
+            # An event recorded during capture is not recorded again by a replay: record the
+            # publish event here, after the whole step (later than the step's own publish
+            # point, so a host reader waiting on it is still correct).
+            relay.record_publish()
             return outputs
 
         return replay
 
     def bucket_for(self, batch: int) -> int | None:
+        """The smallest bucket holding ``batch`` rows; None: the batch runs eagerly."""
+        if self.mode == "off":
+            return None
         return next((b for b in self.batch_sizes if b >= batch), None)
 
     def run(
@@ -128,17 +205,22 @@ class GraphRunner:
         inputs: Mapping[str, torch.Tensor],
         host: Mapping[str, torch.Tensor] | None = None,
         ctx_values: Mapping[str, torch.Tensor] | None = None,
-    ) -> dict[str, torch.Tensor]:
+    ) -> Any:
         """The device part for one batch: replayed from its bucket, or eagerly with ``ctx``."""
         host, ctx_values = host or {}, ctx_values or {}
         batch = inputs["req_pool_indices"].shape[0]
-        bucket = self.bucket_for(batch) if self._replay else None
+        bucket = self.bucket_for(batch)
         if bucket is None:
+            self.eager_runs += 1
             return self.step.run_device(ctx, **inputs, host=host)
+        if bucket not in self._replay:
+            self.capture(ctx, [bucket])
         static = self._static[bucket]
         for name, spec in self._all_inputs().items():
             value = inputs.get(name, host.get(name, ctx_values.get(name)))
+            if value is None:
+                raise KeyError(f"no value for the static input `{name}` of the graph runner")
             static[name][:batch].copy_(value)
             static[name][batch:].fill_(spec.pad)
-        outputs = self._replay[bucket]()
-        return {key: value[:batch] for key, value in outputs.items()}
+        self.replays += 1
+        return slice_rows(self._replay[bucket](), batch)

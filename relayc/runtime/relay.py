@@ -1,21 +1,25 @@
 """What generated relay modules import: the FutureMap base and its checks.
 
-The generated ``FutureMap`` of an algorithm holds its buffers as attributes and
-spells out stash / publish / resolve per field; the base class holds what is
-the same for every algorithm: binding dims, allocating a buffer, the publish
-event, the debug-mode bookkeeping and the error messages for bad calls.
+The generated ``FutureMap`` of an algorithm spells out the torch-path stash / publish /
+resolve per field; the base class holds what is the same for every algorithm: binding
+dims, the buffers (``buffers[field]``, keyed by field name so no field name can collide
+with an attribute of the class), the fused path's argument lists, the publish event, the
+debug-mode bookkeeping and the error messages for bad calls. Every bad call into the
+relay API raises :class:`RelayError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from relayc.kernels._backend import resolve_backend
-from relayc.nodes.registry import dims_of, eval_dim, torch_dtype
+from relayc.runtime.backend import resolve_backend
+from relayc.runtime.dims import dims_of, eval_dim, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class FieldInfo:
     alloc: str = "eager"
     init: str | bool | int | float = "empty"
     poison: bool | int | float | None = None
+    host_mirror: bool = False  # keep a pinned host copy (CUDA), filled after publish
 
 
 def default_poison(dtype: torch.dtype) -> bool | int | float:
@@ -36,6 +41,12 @@ def default_poison(dtype: torch.dtype) -> bool | int | float:
     if dtype.is_floating_point:
         return float("nan")
     return torch.iinfo(dtype).min
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} tensor of shape {list(value.shape)}"
+    return type(value).__name__
 
 
 class RelayError(ValueError):
@@ -79,6 +90,24 @@ class FutureMapBase:
         self._publish_event: Any = None
         # debug mode: which rows of each field were stashed since allocation
         self._written: dict[str, torch.Tensor] = {}
+        # One buffer per field, [req_pool_size, *row]; None until a lazy field's first stash.
+        self.buffers: dict[str, torch.Tensor | None] = dict.fromkeys(self._infos)
+        for info in self.FIELD_INFOS:
+            if info.alloc == "eager":
+                self.allocate(info.name)
+        # Pinned host copies of the mirrored fields (CUDA only: on the CPU the buffer is one).
+        self.host_mirrors: dict[str, torch.Tensor | None] = {
+            info.name: self._host_mirror(info.name) for info in self.FIELD_INFOS if info.host_mirror
+        }
+        self._fused: tuple[Callable[..., None], Callable[..., None], type] | None = None
+
+    def _host_mirror(self, name: str) -> torch.Tensor | None:
+        if self.device.type != "cuda":
+            return None
+        buffer = self.buffers[name]
+        if buffer is None:
+            buffer = self.allocate(name)
+        return torch.empty_like(buffer, device="cpu").pin_memory()
 
     def _bind_dims(self, given: Mapping[str, int]) -> dict[str, int]:
         unknown = sorted(set(given) - set(self.DIM_DEFAULTS))
@@ -104,16 +133,18 @@ class FutureMapBase:
         return bound
 
     def allocate(self, name: str) -> torch.Tensor:
-        """A buffer `[req_pool_size, *row]` for field ``name``, initialised per the spec.
+        """Allocate field ``name``'s buffer `[req_pool_size, *row]`, initialised per the spec.
 
         Row 0, the padding slot, always starts as zeros (a valid token id and length): a
         CUDA graph's padded rows resolve it and feed it to the model, so it must never
-        hold the poison or fill values that catch a real read-before-write.
+        hold the poison or fill values that catch a real read-before-write. In debug
+        mode an `empty` field starts as the poison value and every other row counts as
+        unwritten; a field with an `init` value is defined from the start.
         """
         info = self._infos[name]
         dtype = self.dtypes[name]
         shape = (self.req_pool_size, *self.rows[name])
-        if self.debug:
+        if self.debug and info.init == "empty":
             poison = info.poison if info.poison is not None else default_poison(dtype)
             self._written[name] = torch.zeros(
                 self.req_pool_size, dtype=torch.bool, device=self.device
@@ -127,7 +158,58 @@ class FutureMapBase:
         else:
             buffer = torch.full(shape, info.init, dtype=dtype, device=self.device)
         buffer[0] = 0
+        self.buffers[name] = buffer
         return buffer
+
+    # -- the fused path -----------------------------------------------------------------
+    def use_fused(
+        self,
+        stash: Callable[..., None],
+        resolve: Callable[..., None],
+        payload_type: type,
+    ) -> None:
+        """Route stash / resolve through the module's fused kernel (one launch each)."""
+        self._fused = (stash, resolve, payload_type)
+        self.stash = self.stash_fused  # type: ignore[method-assign]
+        self.resolve = self.resolve_fused  # type: ignore[method-assign]
+
+    def stash_fused(self, indices: torch.Tensor, payload: Any) -> None:
+        """stash() as one fused Triton launch; the kernel masks slots outside the pool."""
+        assert self._fused is not None, "use_fused() binds the kernels first"
+        stash, _, payload_type = self._fused
+        self.check_payload(indices, payload, payload_type)
+        if self.debug:
+            self.check_slots(indices)
+        values = [getattr(payload, name) for name in self.buffers]
+        for name, value in zip(self._infos, values, strict=True):
+            if value is not None and self.buffers[name] is None:
+                self.allocate(name)
+        try:
+            stash(indices, list(self.buffers.values()), values)
+        except ValueError as exc:
+            raise RelayError(str(exc)) from exc
+        if self.debug:
+            self.mark_written(indices, payload)
+
+    def resolve_fused(self, indices: torch.Tensor) -> Any:
+        """resolve() as one fused Triton launch; a slot outside the pool reads as zeros."""
+        assert self._fused is not None, "use_fused() binds the kernels first"
+        _, resolve, payload_type = self._fused
+        self.check_indices(indices)
+        if self.debug:
+            self.check_resolve(indices)
+        n = indices.shape[0]
+        outs = [
+            None
+            if buffer is None
+            else torch.empty((n, *buffer.shape[1:]), dtype=buffer.dtype, device=buffer.device)
+            for buffer in self.buffers.values()
+        ]
+        try:
+            resolve(indices, list(self.buffers.values()), outs)
+        except ValueError as exc:
+            raise RelayError(str(exc)) from exc
+        return payload_type(*outs)
 
     # -- events -----------------------------------------------------------------------
     def record_publish(self) -> None:
@@ -142,14 +224,13 @@ class FutureMapBase:
         if self._publish_event is not None:
             self._publish_event.synchronize()
 
-    def host_copy(
-        self,
-        buffer: torch.Tensor,
-        mirror: torch.Tensor | None,
-        indices_cpu: torch.Tensor,
-    ) -> torch.Tensor:
-        """Rows of ``buffer`` on the host, after the publish event, via the pinned mirror."""
+    def host_copy(self, name: str, indices_cpu: torch.Tensor) -> torch.Tensor:
+        """Rows of field ``name`` on the host, after the publish event, via the pinned mirror."""
         self.wait_publish()
+        buffer = self.buffers[name]
+        if buffer is None:
+            buffer = self.allocate(name)
+        mirror = self.host_mirrors.get(name)
         if mirror is None:  # CPU: the buffer already is on the host
             return buffer.index_select(0, indices_cpu.to(buffer.device))
         mirror.copy_(buffer, non_blocking=True)
@@ -157,37 +238,65 @@ class FutureMapBase:
         return mirror.index_select(0, indices_cpu)
 
     # -- checks and errors --------------------------------------------------------------
-    def check_indices(self, indices: torch.Tensor) -> None:
+    def check_indices(self, indices: Any) -> None:
         if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
-            raise RelayError("indices must be a 1-D tensor of request-pool slots")
+            raise RelayError(
+                f"indices must be a 1-D tensor of request-pool slots, got {_describe(indices)}"
+            )
         if indices.dtype not in (torch.int64, torch.int32):
             raise RelayError(f"indices must be int64 or int32, got {indices.dtype}")
         if indices.device != self.device and self.device.type != "cpu":
             raise RelayError(f"indices are on {indices.device}, the relay on {self.device}")
 
-    def call_error(self, indices: Any, payload: Any = None) -> RelayError:
-        """Why a stash or resolve failed; re-raises the original error when it is not ours.
+    def check_slots(self, indices: torch.Tensor) -> None:
+        """Every slot is in ``[0, req_pool_size)`` (a host sync: debug mode and errors only)."""
+        bad = indices[(indices < 0) | (indices >= self.req_pool_size)]
+        if bad.numel():
+            raise RelayError(
+                f"indices out of range for req_pool_size {self.req_pool_size}: "
+                f"{bad[:4].tolist()} (request-pool slots are 0 <= slot < req_pool_size; "
+                "0 is the padding slot)"
+            )
+
+    def call_error(self, indices: Any, payload: Any = None, payload_type: Any = None) -> Exception:
+        """Why a stash or resolve failed, as a RelayError; the original error when it is not ours.
 
         Called from the except branch of the generated methods, so the happy path pays
         for no checks: index_copy_ / index_select reject bad calls themselves.
         """
-        if payload is not None:
-            self.check_payload(indices, payload)
+        if payload_type is not None:
+            self.check_payload(indices, payload, payload_type)
         self.check_indices(indices)
-        bad = indices[(indices < 0) | (indices >= self.req_pool_size)]
-        if not bad.numel():
-            raise
+        self.check_slots(indices)
         return RelayError(
-            f"indices out of range for req_pool_size {self.req_pool_size}: {bad[:4].tolist()} "
-            "(request-pool slots are 0 <= slot < req_pool_size; 0 is the padding slot)"
+            f"{self.ALGORITHM} relay call failed for indices {_describe(indices)}: "
+            f"{sys.exc_info()[1]}"
         )
 
-    def check_payload(self, indices: torch.Tensor, payload: Any) -> None:
-        """Every non-None payload field has its field's dtype and `[batch, *row]` shape."""
+    def check_payload(self, indices: Any, payload: Any, payload_type: Any) -> None:
+        """The payload is this relay's RelayPayload and every non-None field has its field's
+        dtype and `[batch, *row]` shape."""
+        if not isinstance(payload, payload_type):
+            if not dataclasses.is_dataclass(payload) or isinstance(payload, type):
+                raise RelayError(
+                    f"payload must be a RelayPayload of `{self.ALGORITHM}`, got "
+                    f"{_describe(payload)}"
+                )
+            foreign = [
+                f.name
+                for f in dataclasses.fields(payload)
+                if f.name not in self._infos and getattr(payload, f.name) is not None
+            ]
+            if foreign:
+                raise RelayError(
+                    f"payload field{'s' if len(foreign) > 1 else ''} "
+                    f"{', '.join(f'`{n}`' for n in foreign)} not relayed by "
+                    f"`{self.ALGORITHM}` (its fields: {', '.join(self._infos)})"
+                )
         self.check_indices(indices)
         batch = indices.shape[0]
         for name, dtype in self.dtypes.items():
-            value = getattr(payload, name)
+            value = getattr(payload, name, None)
             if value is None:
                 continue
             if (
@@ -209,15 +318,26 @@ class FutureMapBase:
             f"{list(value.shape)}"
         )
 
+    def payload_error(self, values: Mapping[str, Any], payload_type: Any) -> RelayError:
+        """Why ``RelayPayload(**values)`` failed (publish with a field it does not relay)."""
+        names = {f.name for f in dataclasses.fields(payload_type)}
+        unknown = [name for name in values if name not in names]
+        return RelayError(
+            f"`{self.ALGORITHM}` relays no field {', '.join(f'`{n}`' for n in unknown)} "
+            f"(its fields: {', '.join(self._infos)})"
+        )
+
     def mark_written(self, indices: torch.Tensor, payload: Any) -> None:
         """Debug mode: remember which rows of each field a stash wrote."""
         for name, written in self._written.items():
             if getattr(payload, name) is not None:
-                written[indices] = True
+                written[indices.long()] = True
 
     def check_resolve(self, indices: torch.Tensor) -> None:
-        """Debug mode: every row a resolve reads was stashed since allocation."""
+        """Debug mode: every row a resolve reads is in the pool and was stashed since allocation."""
         self.check_indices(indices)
+        self.check_slots(indices)
+        indices = indices.long()
         for name, written in self._written.items():
             missing = indices[~written[indices]]
             if missing.numel():

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from relayc.specs.document import Parts, Spec
 from relayc.specs.errors import SourceLoc, SpecError, did_you_mean, join_hints, quoted_list
+from relayc.specs.reserved import check_reserved_names
 from relayc.specs.schema import (
     REF_KINDS,
     Dim,
     Input,
+    Ref,
     RelayField,
     Step,
     fill_fits_dtype,
@@ -37,6 +39,7 @@ def check_library(lib: Parts, errors: list[SpecError]) -> None:
             )
         )
     _check_definitions(lib, lib.dims, errors)
+    check_reserved_names(lib, errors)
 
 
 def check_algorithm(
@@ -70,7 +73,7 @@ def check_algorithm(
                 )
             )
         return None
-    for key in ("prefill", "steps", "capture"):
+    for key in ("prefill", "steps", "capture", "outputs"):
         if key not in parts.has:
             errors.append(
                 SpecError(
@@ -99,10 +102,18 @@ def check_algorithm(
             )
         )
     _check_definitions(parts, dims, errors)
+    check_reserved_names(parts, errors, inputs)
     _check_steps(parts, inputs, fields, libraries, errors)
     _check_capture(parts, errors)
+    _check_outputs(parts, errors)
 
-    if errors or parts.broken or parts.prefill is None or parts.capture is None:
+    if (
+        errors
+        or parts.broken
+        or parts.prefill is None
+        or parts.capture is None
+        or parts.outputs is None
+    ):
         return None
     return Spec(
         path=parts.path,
@@ -115,6 +126,7 @@ def check_algorithm(
         prefill=parts.prefill,
         steps=tuple(step for _, step in parts.steps),
         capture=parts.capture,
+        outputs=parts.outputs,
         origin=origin,
         entry_locs=_entry_locs(parts),
         ops=tuple(parts.ops),
@@ -133,6 +145,10 @@ def _entry_locs(parts: Parts) -> dict[tuple[str, str, str], SourceLoc]:
             locs[(step.name, "writes", out)] = parts.index.value((*path, "writes", i))
         for field_name in step.stash:
             locs[(step.name, "stash", field_name)] = parts.index.key((*path, "stash", field_name))
+    if parts.outputs is not None:
+        for phase in ("prefill", "decode"):
+            for name in getattr(parts.outputs, phase):
+                locs[("outputs", phase, name)] = parts.index.value(("outputs", phase, name))
     return locs
 
 
@@ -141,6 +157,8 @@ _MISSING_HINTS = {
     "op: ..., writes: [...], stash: {...}}`",
     "steps": "add `steps:`, the ordered steps of one decode iteration",
     "capture": "add `capture: {batch_sizes: [1, 2, 4, 8], max_batch_size: 8}`",
+    "outputs": "add what the engine reads back: `outputs: {prefill: {next_tokens: "
+    "prefill.next_tokens}, decode: {next_tokens: <step>.<output>}}`",
 }
 
 
@@ -239,11 +257,15 @@ def _check_definitions(parts: Parts, dims: dict[str, Dim], errors: list[SpecErro
             if value is None or value in ("empty", "zeros"):
                 continue
             if not fill_fits_dtype(value, fld.dtype):
+                hint = _FILL_HINTS.get(fld.dtype, "use a value the dtype can hold")
+                if isinstance(value, bool):
+                    hint = "use a number; `true` and `false` are for bool fields"
+                shown = str(value).lower() if isinstance(value, bool) else repr(value)
                 errors.append(
                     SpecError(
                         index.value(("fields", name, key)),
-                        f"`{key}` value {value!r} of field `{name}` does not fit dtype `{fld.dtype}`",
-                        _FILL_HINTS.get(fld.dtype, "use a value the dtype can hold"),
+                        f"`{key}` value {shown} of field `{name}` does not fit dtype `{fld.dtype}`",
+                        hint,
                     )
                 )
 
@@ -311,7 +333,7 @@ def _check_steps(
 
         for param, ref in step.reads.items():
             loc = index.value((*path, "reads", param))
-            kind, _, name = ref.partition(".")
+            kind, name = ref.kind, ref.name
             if kind == "relay":
                 if is_prefill:
                     errors.append(
@@ -351,7 +373,7 @@ def _check_steps(
                         )
                     )
             else:
-                _check_step_ref(step, ref, kind, name, loc, seen, broken_steps, errors)
+                _check_step_ref(step, ref, ref.source, name, loc, seen, broken_steps, errors)
 
         for field_name, out in step.stash.items():
             loc = index.key((*path, "stash", field_name))
@@ -397,7 +419,7 @@ def _check_steps(
 
 def _check_step_ref(
     step: Step,
-    ref: str,
+    ref: Ref,
     source: str,
     output: str,
     loc,
@@ -485,3 +507,109 @@ def _check_capture(parts: Parts, errors: list[SpecError]) -> None:
                 "raise `max_batch_size` or drop the larger buckets",
             )
         )
+
+
+# The engine reads these `outputs:` names; `tokens` and `counts` come together.
+_REQUIRED_OUTPUTS = ("next_tokens",)
+_MULTI_TOKEN_OUTPUTS = ("tokens", "counts")
+
+
+def _check_outputs(parts: Parts, errors: list[SpecError]) -> None:
+    """`outputs:` names step outputs that exist, and holds what the engine reads."""
+    outputs = parts.outputs
+    if outputs is None:
+        return
+    index = parts.index
+    # Steps that did not validate: references to them would only echo their errors.
+    unsure = {n for s, n in parts.broken if s == "steps"}
+    phases: dict[str, list[Step]] = {
+        "prefill": [parts.prefill] if parts.prefill is not None else [],
+        "decode": [step for _, step in parts.steps],
+    }
+    for phase, steps in phases.items():
+        entries = getattr(outputs, phase)
+        by_name = {step.name: step for step in steps}
+        whole = ("steps", "*") not in parts.broken and (
+            phase == "decode" or parts.prefill is not None
+        )
+        for name, ref in entries.items():
+            loc = index.value(("outputs", phase, name))
+            producer = by_name.get(ref.source)
+            if ref.kind != "step":
+                errors.append(
+                    SpecError(
+                        loc,
+                        f"`outputs.{phase}.{name}` is `{ref}`, "
+                        f"{'a relay field' if ref.kind == 'relay' else 'an engine input'}",
+                        "outputs name what a step computed (`<step>.<output>`); for a relay "
+                        "field, name the output of the step that stashes it",
+                    )
+                )
+                continue
+            if producer is None:
+                if not whole or ref.source in unsure:
+                    continue
+                where = "the prefill step" if phase == "prefill" else "the decode `steps:`"
+                hint = join_hints(
+                    did_you_mean(ref.source, by_name),
+                    f"`outputs.{phase}` reads the outputs of {where}: {quoted_list(by_name)}"
+                    if by_name
+                    else None,
+                )
+                errors.append(
+                    SpecError(
+                        loc,
+                        f"`outputs.{phase}.{name}` is `{ref}`, but there is no "
+                        f"{'prefill' if phase == 'prefill' else 'decode'} step "
+                        f"named `{ref.source}`",
+                        hint,
+                    )
+                )
+                continue
+            if ref.name not in producer.writes:
+                errors.append(
+                    SpecError(
+                        loc,
+                        f"`outputs.{phase}.{name}` is `{ref}`, but step `{ref.source}` does not "
+                        f"write `{ref.name}`",
+                        join_hints(
+                            did_you_mean(ref.name, producer.writes),
+                            f"`{ref.source}` writes {quoted_list(producer.writes)}"
+                            if producer.writes
+                            else "add it to the step's `writes:`",
+                        ),
+                    )
+                )
+        for required in _REQUIRED_OUTPUTS:
+            if required not in entries:
+                errors.append(
+                    SpecError(
+                        index.key(("outputs", phase)),
+                        f"`outputs.{phase}` has no `{required}`",
+                        f"the engine reads `{required}`, the "
+                        f"{'first' if phase == 'prefill' else 'last'} new token of each "
+                        f"request, after every {phase} step: add "
+                        f"`{required}: <step>.<output>`",
+                    )
+                )
+    present = [n for n in _MULTI_TOKEN_OUTPUTS if n in outputs.decode]
+    if len(present) == 1:
+        missing = next(n for n in _MULTI_TOKEN_OUTPUTS if n not in present)
+        errors.append(
+            SpecError(
+                index.value(("outputs", "decode", present[0])),
+                f"`outputs.decode` has `{present[0]}` but no `{missing}`",
+                "a step that emits several tokens per request reports them as `tokens` "
+                "[bs, K] with `counts` [bs]; give both, or neither for one token per step",
+            )
+        )
+    for name in _MULTI_TOKEN_OUTPUTS:
+        if name in outputs.prefill:
+            errors.append(
+                SpecError(
+                    index.key(("outputs", "prefill", name)),
+                    f"`outputs.prefill.{name}` is a decode output",
+                    "a prefill emits one token per request (`next_tokens`); move it to "
+                    "`outputs.decode`",
+                )
+            )

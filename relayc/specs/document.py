@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from relayc.specs.errors import SourceLoc
-from relayc.specs.schema import Capture, Dim, Import, Input, RelayField, Step
+from relayc.specs.schema import Capture, Dim, Import, Input, Outputs, RelayField, Step
 from relayc.specs.yamlsrc import LocIndex, Path
 
 
@@ -46,6 +46,7 @@ class Parts:
     prefill: Step | None = None
     steps: list[tuple[Path, Step]] = field(default_factory=list)
     capture: Capture | None = None
+    outputs: Outputs | None = None
     broken: set[tuple[str, str]] = field(default_factory=set)
     has: set[str] = field(default_factory=set)  # top-level keys present in the file
 
@@ -69,6 +70,7 @@ class Spec:
     prefill: Step
     steps: tuple[Step, ...]
     capture: Capture
+    outputs: Outputs
     origin: dict[str, str]  # relay field -> the file that defines it
     # Modules registering the user ops the steps may name (`ops:` then `--ops`), and the
     # folder they are imported from first: the spec's own, so an `ops.py` beside it works.
@@ -83,6 +85,10 @@ class Spec:
         if loc is not None:
             return loc
         return next(s.loc for s in (self.prefill, *self.steps) if s.name == step)
+
+    def locate_output(self, phase: str, name: str) -> SourceLoc:
+        """Where `outputs.<phase>.<name>` is (``phase``: `prefill` or `decode`)."""
+        return self.entry_locs.get(("outputs", phase, name), self.outputs.loc)
 
     @property
     def relay_fields(self) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import keyword
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -29,7 +30,17 @@ class OneLineParser(argparse.ArgumentParser):
     for); subcommands' parsers inherit it."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        text = one_line(f"{self.prog}: error: {message} (see `{self.prog} --help`)")
+        self.exit(EXIT_USAGE, text + "\n")
+
+
+def _module_name(text: str) -> str:
+    if not all(part.isidentifier() and not keyword.iskeyword(part) for part in text.split(".")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Python module name (e.g. `mypkg.relay_ops`, or `ops` for an "
+            "ops.py beside the spec)"
+        )
+    return text
 
 
 def add_ops_option(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +49,7 @@ def add_ops_option(parser: argparse.ArgumentParser) -> None:
         "--ops",
         action="append",
         default=[],
+        type=_module_name,
         metavar="MODULE",
         help="import MODULE (its user ops) before checking, as if listed under the spec's "
         "`ops:`; repeatable",
@@ -66,7 +78,7 @@ class SpecError:
 
     def render(self) -> str:
         text = f"{self.loc}: error: {self.message}"
-        return f"{text} ({self.hint})" if self.hint else text
+        return one_line(f"{text} ({self.hint})" if self.hint else text)
 
     def __str__(self) -> str:
         return self.render()
@@ -85,6 +97,15 @@ class SpecErrors(Exception):
 
 def _error_order(error: SpecError) -> tuple[SourceLoc, str]:
     return (error.loc, error.message)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\x1e``, ``\\n``): a message
+    quoting a file name or a spec value stays one line, and no control character reaches
+    the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:

@@ -47,7 +47,7 @@ def _field_flags(fld: RelayField) -> str:
 
 
 def _step_block(number: str, step: Step) -> list[str]:
-    reads = ", ".join(f"{p}={r}" if p != r.partition(".")[2] else r for p, r in step.reads.items())
+    reads = ", ".join(f"{p}={r}" if p != r.name else str(r) for p, r in step.reads.items())
     stash = ", ".join(f"{f}<-{o}" if f != o else f for f, o in step.stash.items())
     lines = [f"  {number}{step.name}  ({step.op}, on the {step.placement})"]
     if step.doc:
@@ -109,4 +109,8 @@ def explain(document: Spec | Library) -> str:
             f"capture: batch sizes {', '.join(map(str, cap.batch_sizes))}; "
             f"max batch size {cap.max_batch_size}",
         ]
+        for phase in ("prefill", "decode"):
+            entries = getattr(document.outputs, phase)
+            listed = ", ".join(f"{name}={ref}" for name, ref in entries.items())
+            out.append(f"the engine reads after {phase}: {listed}")
     return "\n".join(out)

@@ -28,6 +28,7 @@ from relayc.specs.schema import (
     Dim,
     Import,
     Input,
+    Outputs,
     RelayField,
     SpecFile,
     Step,
@@ -192,6 +193,9 @@ def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -
     if valid.capture is not None:
         _locate(valid.capture, index.key(("capture",)))
         parts.capture = valid.capture
+    if valid.outputs is not None:
+        _locate(valid.outputs, index.key(("outputs",)))
+        parts.outputs = valid.outputs
     return parts
 
 
@@ -239,6 +243,10 @@ def _partial_parts(data: dict, index: LocIndex, path: str) -> Parts:
             parts.broken.add(("prefill", "prefill"))
     if "capture" in data:
         parts.capture = _validated(Capture, data["capture"], index.key(("capture",)))
+    if "outputs" in data:
+        parts.outputs = _validated(Outputs, data["outputs"], index.key(("outputs",)))
+        if parts.outputs is None:
+            parts.broken.add(("outputs", "outputs"))
     parts.broken.add(("file", "partial"))
     return parts
 

@@ -12,6 +12,7 @@ from relayc.specs.schema import (
     Dim,
     Import,
     Input,
+    Outputs,
     RelayField,
     SpecFile,
     Step,
@@ -44,6 +45,8 @@ def model_at(path: Path) -> type[BaseModel] | None:
         return Step
     if path == ("capture",):
         return Capture
+    if path == ("outputs",):
+        return Outputs
     return None
 
 

@@ -16,10 +16,20 @@ from __future__ import annotations
 import keyword
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
-from pydantic_core import PydanticCustomError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    PrivateAttr,
+    WithJsonSchema,
+)
+from pydantic_core import PydanticCustomError, PydanticKnownError
 
 from relayc.specs.errors import SourceLoc
 
@@ -93,6 +103,62 @@ def _module_name(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class Ref:
+    """A parsed value reference: `relay.<field>`, `input.<name>` or `<step>.<output>`.
+
+    Parsed once when the spec is loaded; later stages read ``source`` and ``name``
+    instead of splitting the text again.
+    """
+
+    source: str  # `relay`, `input` or a step name
+    name: str  # the field, input or step output
+
+    @property
+    def kind(self) -> str:
+        """`relay`, `input` or `step`."""
+        return self.source if self.source in REF_KINDS else "step"
+
+    def __str__(self) -> str:
+        return f"{self.source}.{self.name}"
+
+
+def _parse_value_ref(value: Any) -> Ref:
+    if isinstance(value, Ref):
+        return value
+    if not isinstance(value, str):
+        raise PydanticKnownError("string_type")
+    _ref(value)
+    source, _, name = value.partition(".")
+    return Ref(source, name)
+
+
+def _parse_output_ref(value: Any) -> Ref:
+    if isinstance(value, Ref):
+        return value
+    if not isinstance(value, str):
+        raise PydanticKnownError("string_type")
+    source, dot, name = value.partition(".")
+    if not dot or not IDENTIFIER_RE.match(source) or not IDENTIFIER_RE.match(name):
+        raise PydanticCustomError(
+            "relayc_output_ref",
+            "`{value}` is not a step output (write `<step>.<output>`, e.g. `accept.bonus_tokens`)",
+            {"value": value},
+        )
+    return Ref(source, name)
+
+
+_REF_SCHEMA = {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$"}
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # Literal[1] would take `true`, which equals 1
+        raise PydanticCustomError(
+            "relayc_not_bool", "expected a number, got `{value}`", {"value": str(value).lower()}
+        )
+    return value
+
+
 def _dim_entry(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise PydanticCustomError(
@@ -132,6 +198,15 @@ def _init_policy(value: Any) -> Any:
 Identifier = Annotated[str, BeforeValidator(_identifier)]
 ValueRef = Annotated[str, BeforeValidator(_ref)]
 ModuleName = Annotated[str, BeforeValidator(_module_name)]
+
+
+# Both parse to a `Ref` once, at load time; YAML and the JSON Schema see the text.
+ValueRef = Annotated[
+    Ref, PlainValidator(_parse_value_ref), PlainSerializer(str), WithJsonSchema(_REF_SCHEMA)
+]
+OutputRef = Annotated[
+    Ref, PlainValidator(_parse_output_ref), PlainSerializer(str), WithJsonSchema(_REF_SCHEMA)
+]
 DimEntry = Annotated[str | int, BeforeValidator(_dim_entry)]
 InitPolicy = Annotated[
     Literal["empty", "zeros"] | bool | int | float, BeforeValidator(_init_policy)
@@ -263,6 +338,22 @@ class Capture(SpecModel):
     max_batch_size: int = Field(gt=0, le=MAX_SIZE, description="Largest batch the engine runs.")
 
 
+class Outputs(SpecModel):
+    """What the engine reads back after each step: generated as the dataclasses
+    `PrefillOutputs` and `DecodeOutputs` that the generated steps return."""
+
+    prefill: dict[Identifier, OutputRef] = Field(
+        description="Name -> `prefill.<output>`: the `PrefillOutputs` fields. The engine "
+        "needs `next_tokens` (the first sampled token of each request)."
+    )
+    decode: dict[Identifier, OutputRef] = Field(
+        description="Name -> `<step>.<output>`: the `DecodeOutputs` fields. The engine needs "
+        "`next_tokens` (the last new token of each request) and, for algorithms that emit "
+        "several tokens per step, both `tokens` (`[bs, K]`, left-aligned) and `counts` "
+        "(`[bs]`, valid entries of `tokens`). Other names are exported for the user."
+    )
+
+
 class Import(SpecModel):
     """Shared definitions taken from a library file."""
 
@@ -277,7 +368,9 @@ class Import(SpecModel):
 class SpecFile(SpecModel):
     """One spec file: an algorithm (`algorithm:`) or a shared library (`library:`)."""
 
-    version: Literal[1] = Field(default=1, description="Spec format version.")
+    version: Annotated[Literal[1], BeforeValidator(_not_bool)] = Field(
+        default=1, description="Spec format version."
+    )
     algorithm: Identifier | None = Field(
         default=None, description="Algorithm name; the generated module is named after it."
     )
@@ -307,12 +400,18 @@ class SpecFile(SpecModel):
         default_factory=list, description="The ordered steps of one decode iteration."
     )
     capture: Capture | None = Field(default=None, description="Graph capture settings.")
+    outputs: Outputs | None = Field(
+        default=None,
+        description="What the engine reads after the prefill and after each decode iteration.",
+    )
 
 
 def fill_fits_dtype(value: bool | int | float, dtype: str) -> bool:
     """Whether a fill/poison value is representable in ``dtype``."""
     if dtype == "bool":
-        return isinstance(value, bool) or value in (0, 1)
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # `true` for a number is a slip, not 1
+        return False
     if dtype in INTEGER_DTYPES:
         if isinstance(value, float) and not value.is_integer():
             return False

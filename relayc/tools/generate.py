@@ -11,7 +11,7 @@ import sys
 import time
 from contextlib import closing
 
-from relayc.specs.errors import EXIT_OK, EXIT_USAGE
+from relayc.specs.errors import EXIT_OK, EXIT_USAGE, one_line
 from relayc.tools.args import MAX_SEED, float_in, int_in, model_dir, torch_device, utf8_text
 
 # Control characters a random model happily samples (ESC among them) would
@@ -104,7 +104,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from relayc.engine.weights import CheckpointError
 
     def usage(message: str) -> int:
-        print(f"relayc generate: error: {message}", file=sys.stderr)
+        print(one_line(f"relayc generate: error: {message}"), file=sys.stderr)
         return EXIT_USAGE
 
     try:

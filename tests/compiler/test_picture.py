@@ -144,9 +144,8 @@ def _expected_relay_edges(spec: Spec) -> list[tuple[str, str, str]]:
     expected = []
     for step in spec.steps:
         for ref in step.reads.values():
-            kind, _, name = ref.partition(".")
-            if kind == "relay":
-                expected.append((RESOLVE_ID, step_id(step.name), name))
+            if ref.kind == "relay":
+                expected.append((RESOLVE_ID, step_id(step.name), ref.name))
         expected += [(step_id(step.name), STASH_ID, name) for name in step.stash]
     return expected
 

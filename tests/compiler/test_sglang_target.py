@@ -341,7 +341,12 @@ def test_compile_target_sglang_command(tmp_path: Path, capsys: pytest.CaptureFix
     assert (tmp_path / "overlap_utils.py").read_text() == compile_sglang(specs, tmp_path).text
     assert main(["compile", "--target", "sglang", *specs, "-o", str(tmp_path)]) == 0
     assert "unchanged" in capsys.readouterr().out
-    assert main(["compile", "--target", "sglang", str(BUNDLED_DIR / "common.yaml"), "-o", "x"]) == 1
+    # A library among the files is validated and skipped (issue 13): alone, nothing is written.
+    out = tmp_path / "library_only"
+    common = str(BUNDLED_DIR / "common.yaml")
+    assert main(["compile", "--target", "sglang", common, "-o", str(out)]) == 0
+    assert "library `common` is valid; skipped" in capsys.readouterr().out
+    assert not out.exists()
 
 
 @needs_sglang

@@ -8,7 +8,6 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import importlib.util
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,12 +20,13 @@ import torch
 
 pytest.importorskip("triton", reason="the fused relay kernels need the `triton` package")
 
+from relayc.compiler.output import format_source, ruff_binary, style_problems
 from relayc.compiler.triton_relay import (
+    MAX_BLOCK,
     RelayBuffer,
     count_triton_launches,
     emit_triton_relay,
 )
-from relayc.runtime.fused import MAX_BLOCK
 
 # What a generated module has above the pasted block (the contract in emit_triton_relay).
 HEADER = """\
@@ -89,9 +89,7 @@ def _import_emitted(path: Path, source: str) -> ModuleType:
 def relay_modules(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModuleType]:
     root = tmp_path_factory.mktemp("relay")
     return {
-        name: _import_emitted(
-            root / f"relay_{name}.py", HEADER + emit_triton_relay(name, _buffers(name))
-        )
+        name: _import_emitted(root / f"relay_{name}.py", HEADER + emit_triton_relay(_buffers(name)))
         for name in FIELD_SETS
     }
 
@@ -210,9 +208,7 @@ def test_one_launch_per_stash_and_resolve(
         with count_triton_launches() as launches:
             module.triton_stash(indices, bufs, rows)
             module.triton_resolve(indices, bufs, rows)
-        expected = (
-            [] if n == 0 else [("_relay_stash_kernel", (n,)), ("_relay_resolve_kernel", (n,))]
-        )
+        expected = [] if n == 0 else [("stash", (n,)), ("resolve", (n,))]
         assert launches.launches == expected
         assert (launches.stash, launches.resolve) == (len(expected) // 2, len(expected) // 2)
     assert (JITFunction.run, InterpretedFunction.run) == runs, (
@@ -253,7 +249,8 @@ def test_bad_arguments_name_the_field(relay_modules: dict[str, ModuleType]) -> N
 @pytest.mark.parametrize(
     ("buffers", "message"),
     [
-        ([], "relays no fields"),
+        ([], "no relay fields"),
+        ([RelayBuffer("__x", "int64")], "must not start with `__`"),
         ([RelayBuffer("a", "int64"), RelayBuffer("a", "int32")], "`a` is listed twice"),
         ([RelayBuffer("class", "int64")], "must be a Python identifier"),
         ([RelayBuffer("topk-p", "int64")], "must be a Python identifier"),
@@ -262,7 +259,7 @@ def test_bad_arguments_name_the_field(relay_modules: dict[str, ModuleType]) -> N
 )
 def test_emit_rejects_bad_buffers(buffers: list[RelayBuffer], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        emit_triton_relay("eagle", buffers)
+        emit_triton_relay(buffers)
 
 
 def test_emit_is_deterministic_across_processes() -> None:
@@ -272,7 +269,7 @@ def test_emit_is_deterministic_across_processes() -> None:
         import sys
         from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
         buffers = [RelayBuffer(n, d) for n, d in (("b", "bool"), ("a", "int64"), ("c", "bfloat16"))]
-        sys.stdout.write(emit_triton_relay("eagle", buffers))
+        sys.stdout.write(emit_triton_relay(buffers))
         """
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
@@ -280,28 +277,68 @@ def test_emit_is_deterministic_across_processes() -> None:
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     ).stdout
     buffers = [RelayBuffer("b", "bool"), RelayBuffer("a", "int64"), RelayBuffer("c", "bfloat16")]
-    assert emit_triton_relay("eagle", buffers) == emit_triton_relay("eagle", buffers) == other
+    assert emit_triton_relay(buffers) == emit_triton_relay(buffers) == other
 
 
 def test_emitted_block_imports_without_triton() -> None:
-    source = emit_triton_relay("eagle", _buffers("eagle"))
+    source = emit_triton_relay(_buffers("eagle"))
     namespace: dict[str, object] = {"_HAVE_TRITON": False}
     exec(compile(source, "<relay-no-triton>", "exec"), namespace)
     assert "triton_stash" not in namespace and "triton_resolve" not in namespace
 
 
-@pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed")
+@pytest.mark.skipif(ruff_binary() is None, reason="ruff is not installed")
 def test_emitted_module_is_ruff_clean(tmp_path: Path) -> None:
-    config = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    # What the writer writes: the emitted block through its formatting pass.
     path = tmp_path / "relay_generated.py"
-    path.write_text(HEADER + emit_triton_relay("eagle", _buffers("mixed") + _buffers("eagle")))
-    for command in (["check"], ["format", "--diff"]):
-        result = subprocess.run(
-            ["ruff", *command, "--config", str(config), "--no-cache", str(path)],
-            capture_output=True,
-            text=True,
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
+    source = HEADER + emit_triton_relay(_buffers("mixed") + _buffers("eagle"))
+    path.write_text(format_source(source))
+    assert style_problems([path]) == []
+
+
+@pytest.mark.parametrize("to_buffers", [True, False])
+def test_out_of_pool_slots_touch_nothing(
+    relay_modules: dict[str, ModuleType], to_buffers: bool
+) -> None:
+    """A bad slot never writes outside (or inside) the buffers; a resolve reads it as zeros."""
+    gen = torch.Generator().manual_seed(3)
+    fields = FIELD_SETS["eagle"]
+    # Guard rows after the pool: a write past the end would land in them.
+    backing = [_random_rows(d, (POOL + 4, *s), gen) for d, s in fields.values()]
+    bufs = [b[:POOL] for b in backing]
+    before = [b.clone() for b in backing]
+    indices = torch.tensor([POOL, -1, 5, POOL + 2, -(2**40)])
+    rows = [_random_rows(d, (5, *s), gen) for d, s in fields.values()]
+    if to_buffers:
+        relay_modules["eagle"].triton_stash(indices, bufs, rows)
+        for name, got, old, src in zip(fields, backing, before, rows, strict=True):
+            old[5] = src[2]  # the one valid slot is written, nothing else
+            assert torch.equal(got, old), name
+    else:
+        relay_modules["eagle"].triton_resolve(indices, bufs, rows)
+        for name, got, buf in zip(fields, rows, bufs, strict=True):
+            want = torch.zeros_like(got)
+            want[2] = buf[5]
+            assert torch.equal(got, want), name
+
+
+def test_strided_and_int32_indices(relay_modules: dict[str, ModuleType]) -> None:
+    gen = torch.Generator().manual_seed(4)
+    fields = FIELD_SETS["mixed"]
+    bufs = _fresh_buffers("mixed", gen, lazy=set())
+    expected = [b.clone() for b in bufs]
+    spread = torch.tensor([7, 0, 3, 0, 11, 0], dtype=torch.int32)
+    indices = spread[::2]  # [7, 3, 11], stride 2
+    rows = [_random_rows(d, (3, *s), gen) for d, s in fields.values()]
+    for want, src in zip(expected, rows, strict=True):
+        want[indices.long()] = src
+    relay_modules["mixed"].triton_stash(indices, bufs, rows)
+    for name, got, want in zip(fields, bufs, expected, strict=True):
+        assert torch.equal(got, want), name
+    outs = [_poison_like(r) for r in rows]
+    relay_modules["mixed"].triton_resolve(indices, bufs, outs)
+    for name, got, want in zip(fields, outs, rows, strict=True):
+        assert torch.equal(got, want), name
 
 
 def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Path) -> None:
@@ -312,7 +349,7 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Path) -> None:
     Only the device-side launch is missing; Triton's bundled ptxas needs no GPU.
     """
     module_path = tmp_path / "relay_compiled.py"
-    module_path.write_text(HEADER + emit_triton_relay("mixed", _buffers("mixed")))
+    module_path.write_text(HEADER + emit_triton_relay(_buffers("mixed")))
     script = textwrap.dedent(
         f"""
         import importlib.util
@@ -332,17 +369,18 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Path) -> None:
         bufs = [torch.zeros(8, *shape, dtype=getattr(torch, dtype)) for dtype, shape in shapes]
         rows = [torch.zeros(3, *shape, dtype=getattr(torch, dtype)) for dtype, shape in shapes]
         indices = torch.tensor([5, 1, 2])
-        for kernel in (module._relay_stash_kernel, module._relay_resolve_kernel):
+        kernel = module._relay_copy_kernel
+        for to_buffers in (True, False):
             for present in (rows, [rows[0], None, None, rows[3]]):
                 args = launch_args(module._RELAY_FIELDS, indices, bufs, present)
                 binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-                bound, specialization, options = binder(*args)
+                bound, specialization, options = binder(*args, TO_BUFFERS=to_buffers)
                 options, signature, constexprs, attrs = kernel._pack_args(
                     backend, {{}}, bound, specialization, options
                 )
                 source = ASTSource(kernel, signature, constexprs, attrs)
                 compiled = triton.compile(source, target=target, options=options.__dict__)
-                assert compiled.asm["cubin"], kernel
+                assert compiled.asm["cubin"], to_buffers
         print("ok")
         """
     )

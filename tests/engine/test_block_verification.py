@@ -42,7 +42,7 @@ def test_the_option_reaches_the_chain_sampler(
 @pytest.mark.parametrize(
     ("algorithm", "sizes", "message"),
     [
-        ("none", {}, "needs a chain-drafting algorithm"),
+        ("none", {}, "`none` does not draft a chain"),
         ("eagle", {"num_steps": 3, "topk": 2, "num_draft_tokens": 5}, "use `standalone`"),
     ],
 )

@@ -86,7 +86,7 @@ def test_decode_inputs_come_from_the_relay(
     work.params = [SamplingParams(max_new_tokens=6)] * 6
     expected = naive_outputs(model, work.prompts, work.params)
     engine = Engine(model, overlap=True)
-    fmap = engine.algorithm.future_map
+    fmap = engine.algorithm.relay
     resolve = fmap.resolve
 
     def shifted(indices: torch.Tensor) -> none_relay.RelayPayload:

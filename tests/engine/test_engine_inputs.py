@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 
@@ -95,14 +94,7 @@ def test_a_full_request_pool_makes_requests_wait(model: LlamaForCausalLM) -> Non
     assert [o.token_ids for o in outs] == naive_outputs(model, work.prompts, work.params)
 
 
-def test_call_mistakes_and_algorithms_raise(
-    model: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Whether or not relayc.engine.speculative exists yet: a failed import is NotImplemented.
-    monkeypatch.setitem(sys.modules, "relayc.engine.speculative", None)
-    with pytest.raises(NotImplementedError, match=r"`eagle` needs speculative decoding"):
-        Engine(model, algorithm="eagle")
-    monkeypatch.undo()
+def test_call_mistakes_and_algorithms_raise(model: LlamaForCausalLM) -> None:
     with pytest.raises(ValueError, match=r"unknown algorithm `beam` \(known: none, eagle"):
         Engine(model, algorithm="beam")
     with Engine(model) as engine:

@@ -1,12 +1,24 @@
-"""The speculative algorithms through the Engine: the generated decode steps on the real
-drafters stay lossless with overlap on and off (issue: speculative decoding end to end)."""
+"""The algorithms through the Engine: the generated steps on the real drafters stay lossless
+with overlap on and off (issue: speculative decoding end to end); the engine reads only what
+the spec's `outputs:` names, so renaming a step is a spec edit; user modules and ops plug in
+through `Engine(relay_module=..., impls=...)`."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
+import shutil
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 
+from relayc.cli import main
 from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.draft import EagleHead, StandaloneDrafter
+from relayc.engine.ops import implementations
+from relayc.nodes import Op, TensorType, register
+from relayc.specs.loader import BUNDLED_DIR
 from tests.engine.engine_helpers import (
     assert_idle,
     naive_outputs,
@@ -127,3 +139,111 @@ def test_a_sampled_request_is_the_same_alone_and_beside_greedy_ones(
         mixed = engine.generate(prompts, [sampled, greedy, greedy])
     assert mixed[0].token_ids == alone
     assert [o.token_ids for o in mixed[1:]] == naive_outputs(model, prompts[1:], [greedy] * 2)
+
+
+def _compiled(directory: Path, text: str, algorithm: str) -> ModuleType:
+    """Write ``text`` as a spec next to the library it imports, compile it with the CLI and
+    import the generated module."""
+    shutil.copy(BUNDLED_DIR / "common.yaml", directory / "common.yaml")
+    path = directory / f"{algorithm}.yaml"
+    path.write_text(re.sub(r"(?m)^algorithm: \w+$", f"algorithm: {algorithm}", text))
+    assert main(["compile", str(path), "-o", str(directory / "out")]) == 0
+    spec = importlib.util.spec_from_file_location(algorithm, directory / "out" / f"{algorithm}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _renamed_accept(text: str, *, in_outputs: bool) -> str:
+    """The n-gram spec with its `accept` step called `judge` everywhere but, unless
+    ``in_outputs``, in the `outputs:` section."""
+    head, sep, outputs = text.partition("\noutputs:")
+    assert sep and "accept." in outputs
+    head = head.replace("  - name: accept\n", "  - name: judge\n").replace(" accept.", " judge.")
+    if in_outputs:
+        outputs = outputs.replace(" accept.", " judge.")
+    return head + sep + outputs
+
+
+def test_renaming_the_accept_step_renames_what_the_engine_reads(
+    model: LlamaForCausalLM, tmp_path: Path
+) -> None:
+    """The engine reads `DecodeOutputs` attributes, never step names: a spec whose accept
+    step has another name runs exactly like the bundled one."""
+    text = (BUNDLED_DIR / "ngram.yaml").read_text()
+    module = _compiled(tmp_path, _renamed_accept(text, in_outputs=True), "ngram_judged")
+    assert "judge_accept_tokens" in Path(module.__file__).read_text()
+    work = random_workload(9, 6, max_prompt=14, max_new=9, last_arrival=2)
+    sizes = {"num_draft_tokens": 5}
+    with Engine(model, algorithm="ngram", overlap=False, debug=True, **sizes) as engine:
+        want = engine.generate(work.prompts, work.params, arrivals=work.arrivals)
+    with Engine(
+        model, algorithm="ngram", overlap=False, debug=True, relay_module=module, **sizes
+    ) as engine:
+        assert engine.algorithm.module is module
+        got = engine.generate(work.prompts, work.params, arrivals=work.arrivals)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert [o.accept_lengths for o in got] == [o.accept_lengths for o in want]
+
+
+def test_a_rename_the_outputs_miss_fails_at_validate_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = _renamed_accept((BUNDLED_DIR / "ngram.yaml").read_text(), in_outputs=False)
+    shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
+    (tmp_path / "ngram.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", "-q", "ngram.yaml"]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    line = text.splitlines().index("    next_tokens: accept.bonus_tokens") + 1
+    assert lines == [
+        f"ngram.yaml:{line + i}:{col}: error: `outputs.decode.{name}` is `accept.{output}`, but "
+        f"there is no decode step named `accept` (`outputs.decode` reads the outputs of the "
+        "decode `steps:`: `propose`, `splice`, `verify`, `judge`, `compact_kv`)"
+        for i, (name, col, output) in enumerate(
+            [
+                ("next_tokens", 18, "bonus_tokens"),
+                ("tokens", 13, "accept_tokens"),
+                ("counts", 13, "accept_lens"),
+            ]
+        )
+    ]
+
+
+def test_user_impls_replace_built_in_ones_and_missing_ones_fail_at_construction(
+    model: LlamaForCausalLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    builtin = implementations()["sample"]
+
+    def counting_sample(ctx, **inputs):  # type: ignore[no-untyped-def]
+        calls.append(inputs["logits"].shape[0])
+        return builtin(ctx, **inputs)
+
+    prompts = [[4, 5, 6], [7, 8]]
+    params = SamplingParams(max_new_tokens=5)
+    with Engine(model, impls={"sample": counting_sample}) as engine:
+        outs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == naive_outputs(model, prompts, [params] * 2)
+    assert calls  # every decode iteration sampled through the user's function
+
+    text = (BUNDLED_DIR / "none.yaml").read_text().replace(
+        "    op: sample\n", "    op: my_sample\n"
+    ) + f"ops: [{__name__}]\n"  # the user op below belongs to this module
+    register(
+        Op(
+            "my_sample",
+            {"logits": TensorType("float32", ("vocab",))},
+            {"next_tokens": TensorType("int64", ())},
+        ),
+        module=__name__,
+    )
+    module = _compiled(tmp_path, text, "none_mine")
+    with pytest.raises(
+        ValueError,
+        match=r"no implementation: `my_sample`; pass them as `impls=\{\"my_sample\": fn\}`",
+    ):
+        Engine(model, relay_module=module)
+    with Engine(model, relay_module=module, impls={"my_sample": builtin}) as engine:
+        mine = engine.generate(prompts, params)
+    assert [o.token_ids for o in mine] == [o.token_ids for o in outs]

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import sys
-import types
 from collections.abc import Sequence
 
 import pytest
@@ -236,40 +234,6 @@ def test_none_reports_one_token_per_decode_step(model: LlamaForCausalLM) -> None
         assert engine.scheduler.stats.mean_accept_length == 1.0
     for out in outs:
         assert out.accept_lengths == [1] * (len(out.token_ids) - 1)
-
-
-def test_speculative_names_come_from_relayc_engine_speculative(
-    model: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls = []
-
-    def make_speculative(name: str, model_: LlamaForCausalLM, req_pool_size: int, **kw: object):
-        calls.append((name, req_pool_size, kw))
-        return OracleDrafting(model_, req_pool_size, {})
-
-    fake = types.ModuleType("relayc.engine.speculative")
-    fake.make_speculative = make_speculative  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "relayc.engine.speculative", fake)
-    prompts = [[256, 1, 2, 3], [256, 4]]
-    params = SamplingParams(max_new_tokens=9)
-    with Engine(model, algorithm="ngram", num_draft_tokens=4, topk=2, seed=3) as engine:
-        outs = engine.generate(prompts, params)
-    assert calls == [
-        (
-            "ngram",
-            128,
-            {
-                "debug": False,
-                "num_steps": 3,
-                "topk": 2,
-                "num_draft_tokens": 4,
-                "draft_model": None,
-                "seed": 3,
-            },
-        )
-    ]
-    assert [o.token_ids for o in outs] == naive_outputs(model, prompts, [params] * 2)
-    assert all(o.accept_lengths for o in outs)
 
 
 class _Uncommitted(OracleDrafting):

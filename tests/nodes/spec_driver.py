@@ -7,12 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
-from relayc.engine.algorithms import StepInputs
+from relayc.engine.algorithms import GeneratedAlgorithm, StepInputs
 from relayc.engine.config import ModelConfig
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.sampling import SamplingBatch, SamplingParams
-from relayc.engine.speculative import SpeculativeDecoding
 from relayc.runtime.capture import capture_check
 from tests.engine.helpers import PagedDriver
 
@@ -36,7 +35,7 @@ class SpecDriver:
         module: object = None,
     ) -> None:
         self.target = target
-        self.algorithm = SpeculativeDecoding(
+        self.algorithm = GeneratedAlgorithm(
             name,
             target,
             req_pool_size=batch,
@@ -114,8 +113,8 @@ class SpecDriver:
     def decode(self) -> None:
         ctx, inputs, window = self._inputs()
         result = self.algorithm.decode_step(ctx, **inputs)
-        counts = result["accept.accept_lens"].tolist()
-        tokens = result["accept.accept_tokens"].tolist()
+        counts = result.counts.tolist()
+        tokens = result.tokens.tolist()
         width = self.algorithm.decode_width
         for b, req in enumerate(self.reqs):
             self.outputs[b] += tokens[b][: counts[b]]

@@ -15,7 +15,6 @@ import torch
 from relayc.cli import main
 from relayc.engine import Engine, SamplingParams, random_model
 from relayc.engine.naive import greedy_generate_naive
-from relayc.engine.speculative import SpeculativeDecoding
 from tests.nodes.spec_driver import SpecDriver
 from tests.nodes.test_spec_sampling import (
     PROMPT,
@@ -51,19 +50,17 @@ def chain_module(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
 def test_greedy_chain_with_draft_probs_is_lossless(chain_module: ModuleType) -> None:
     model = random_model(seed=3)
     prompts = [[10, 20, 30, 40, 50], [7, 7, 7], list(range(60, 80))]
-    algorithm = SpeculativeDecoding(
-        "eagle",
+    engine = Engine(
         model,
-        16,
-        debug=True,
+        algorithm="eagle",
         num_steps=3,
         topk=1,
         num_draft_tokens=4,
-        draft_model=None,
-        seed=0,
-        module=chain_module,
+        req_pool_size=16,
+        debug=True,
+        relay_module=chain_module,
     )
-    engine = Engine(model, algorithm=algorithm, req_pool_size=16)
+    assert engine.algorithm.chain_drafts  # the compiled module, not relayc.generated.eagle
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=12))
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.token_ids == greedy_generate_naive(model, prompt, 12)

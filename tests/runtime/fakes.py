@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from relayc.nodes.registry import Op, get_op, torch_dtype
+from relayc.nodes.registry import Op, get_op
+from relayc.runtime.dims import torch_dtype
 
 
 def _seed(inputs: Mapping[str, torch.Tensor], batch: int) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from relayc.runtime.capture import CaptureViolation, capture_check
 from relayc.runtime.graph_runner import GraphRunner, StaticInput
-from relayc.specs.loader import bundled_spec_paths
+from relayc.specs.loader import bundled_spec_paths, load_spec
 from tests.runtime.fakes import fake_impls
 
 ALGORITHMS = [p.stem for p in bundled_spec_paths()]
@@ -35,28 +36,41 @@ def batch(slots: list[int]) -> dict[str, torch.Tensor]:
     return {"req_pool_indices": torch.tensor(slots), "seq_lens": torch.tensor(slots) + 7}
 
 
+def recording() -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """A ctx whose fake ops record every output as `op.output` (op names are unique per
+    step in the bundled specs)."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def after(op, op_inputs, outputs):  # type: ignore[no-untyped-def]
+        seen.update({f"{op.name}.{name}": value for name, value in outputs.items()})
+
+    return seen, {"after": after}
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_prefill_then_decode_relays_through_the_future_map(algorithm: str) -> None:
+    """Each step relays what its spec stashes and returns what its `outputs:` names."""
     _module, relay, prefill, decode = setup(algorithm)
+    spec = load_spec(f"relayc/specs/{algorithm}.yaml")
+    ops = {step.name: step.op for step in (spec.prefill, *spec.steps)}
     inputs = batch([3, 9, 4])
-    seeded = prefill(None, **inputs)
+    seen, ctx = recording()
+    seeded = prefill(ctx, **inputs)
     resolved = relay.resolve(inputs["req_pool_indices"])
-    spec_prefill = (
-        importlib.import_module("relayc.specs.loader")
-        .load_spec(f"relayc/specs/{algorithm}.yaml")
-        .prefill
-    )
-    for field_name, output in spec_prefill.stash.items():
-        assert torch.equal(getattr(resolved, field_name), seeded[f"prefill.{output}"])
-    outputs = decode(None, **inputs)
-    spec = importlib.import_module("relayc.specs.loader").load_spec(
-        f"relayc/specs/{algorithm}.yaml"
-    )
-    assert set(outputs) == {f"{s.name}.{o}" for s in spec.steps for o in s.writes}
+    for field_name, output in spec.prefill.stash.items():
+        assert torch.equal(getattr(resolved, field_name), seen[f"{spec.prefill.op}.{output}"])
+    assert [f.name for f in dataclasses.fields(seeded)] == list(spec.outputs.prefill)
+    for name, ref in spec.outputs.prefill.items():
+        assert getattr(seeded, name) is seen[f"{ops[ref.source]}.{ref.name}"]
+    seen.clear()
+    outputs = decode(ctx, **inputs)
+    assert [f.name for f in dataclasses.fields(outputs)] == list(spec.outputs.decode)
+    for name, ref in spec.outputs.decode.items():
+        assert getattr(outputs, name) is seen[f"{ops[ref.source]}.{ref.name}"]
     after = relay.resolve(inputs["req_pool_indices"])
     for step in spec.steps:
         for field_name, output in step.stash.items():
-            assert torch.equal(getattr(after, field_name), outputs[f"{step.name}.{output}"])
+            assert torch.equal(getattr(after, field_name), seen[f"{step.op}.{output}"])
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -66,7 +80,7 @@ def test_every_decode_step_passes_capture_check(algorithm: str) -> None:
     prefill(None, **inputs)
     host = decode.run_host(None, **inputs)
     outputs = capture_check(decode, None, inputs, host)
-    assert all(v.shape[0] == 2 for v in outputs.values())
+    assert all(v.shape[0] == 2 for v in vars(outputs).values())
 
 
 def test_missing_implementations_are_named() -> None:
@@ -110,8 +124,8 @@ def test_capture_check_catches_reallocated_relay_buffers() -> None:
     kept = []  # keep old buffers alive so a new one cannot reuse their address
 
     def after(op, op_inputs, outputs):  # type: ignore[no-untyped-def]
-        kept.append(relay.bonus_tokens)
-        relay.bonus_tokens = relay.bonus_tokens.clone()
+        kept.append(relay.buffers["bonus_tokens"])
+        relay.buffers["bonus_tokens"] = relay.buffers["bonus_tokens"].clone()
 
     with pytest.raises(CaptureViolation, match=r"reallocated relay buffers \['bonus_tokens'\]"):
         capture_check(decode, {"after": after}, inputs, {})
@@ -143,9 +157,10 @@ def test_static_runner_pads_with_slot_0_and_matches_eager(algorithm: str) -> Non
         host = decode.run_host(None, **inputs)
         got = runner.run(None, inputs, host)
         want = eager_decode(None, **inputs)
-        for key, value in got.items():
+        assert type(got) is module.DecodeOutputs
+        for key, value in vars(got).items():
             assert value.shape[0] == 3
-            assert torch.equal(value, want[key]), key
+            assert torch.equal(value, getattr(want, key)), key
     for info in module.FIELDS:
         assert torch.equal(
             getattr(relay.resolve(inputs["req_pool_indices"]), info.name),

@@ -32,7 +32,7 @@ CASES = [
         "unknown_top_key",
         [("algorithm: tiny", "algorithm: tiny\nbogus: 1")],
         [
-            "spec.yaml:2:1: error: unknown key `bogus` in the spec (allowed keys: `version`, `algorithm`, `library`, `description`, `imports`, `ops`, `dims`, `inputs`, `fields`, `prefill`, `steps`, `capture`)"
+            "spec.yaml:2:1: error: unknown key `bogus` in the spec (allowed keys: `version`, `algorithm`, `library`, `description`, `imports`, `ops`, `dims`, `inputs`, `fields`, `prefill`, `steps`, `capture`, `outputs`)"
         ],
     ),
     (
@@ -67,7 +67,8 @@ CASES = [
         "duplicate_step",
         [("name: sample", "name: decode")],
         [
-            "spec.yaml:20:11: error: duplicate step name `decode` (first used at spec.yaml:16:5; step names are unique)"
+            "spec.yaml:20:11: error: duplicate step name `decode` (first used at spec.yaml:16:5; step names are unique)",
+            "spec.yaml:29:25: error: `outputs.decode.next_tokens` is `sample.next_tokens`, but there is no decode step named `sample` (`outputs.decode` reads the outputs of the decode `steps:`: `decode`)",
         ],
     ),
     (
@@ -187,6 +188,7 @@ CASES = [
             "spec.yaml:15:1: error: a library cannot have `steps` (a library holds only `dims`, `inputs`, `fields`; move `steps` to an algorithm spec)",
             "spec.yaml:25:1: error: a library cannot have `capture` (a library holds only `dims`, `inputs`, `fields`; move `capture` to an algorithm spec)",
             "spec.yaml:26:1: error: a library cannot have `ops` (a library holds only `dims`, `inputs`, `fields`; move `ops` to an algorithm spec)",
+            "spec.yaml:27:1: error: a library cannot have `outputs` (a library holds only `dims`, `inputs`, `fields`; move `outputs` to an algorithm spec)",
         ],
     ),
     (
@@ -279,12 +281,12 @@ CASES = [
         "two_documents",
         [
             (
-                "capture: {batch_sizes: [1, 2], max_batch_size: 4}",
-                "capture: {batch_sizes: [1, 2], max_batch_size: 4}\n---\nalgorithm: again",
+                "decode: {next_tokens: sample.next_tokens}\n",
+                "decode: {next_tokens: sample.next_tokens}\n---\nalgorithm: again\n",
             )
         ],
         [
-            "spec.yaml:27:1: error: a spec file holds one YAML document (remove the `---` and what follows, or split the file)"
+            "spec.yaml:31:1: error: a spec file holds one YAML document (remove the `---` and what follows, or split the file)"
         ],
     ),
     (

@@ -89,6 +89,8 @@ def test_cli_explain(capsys: pytest.CaptureFixture[str]) -> None:
         "draft_extend",
         "decode iteration (in order)",
         "capture: batch sizes",
+        "the engine reads after decode: next_tokens=accept.bonus_tokens, "
+        "tokens=accept.accept_tokens, counts=accept.accept_lens",
     ):
         assert text in out
 

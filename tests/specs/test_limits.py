@@ -155,6 +155,17 @@ def _tiny_errors(tmp_path: Path, old: str, new: str, capsys) -> list[str]:
             "must be `true` or `false`",
         ),
         ("algorithm: tiny", "algorithm: " + "a" * 300, "a name of 300 characters is too long"),
+        ("algorithm: tiny", "version: true\nalgorithm: tiny", "`version`: expected a number"),
+        (
+            "{dtype: int64, doc: next token}",
+            "{dtype: int64, doc: next token, poison: true}",
+            "`poison` value true of field `bonus_tokens` does not fit dtype `int64`",
+        ),
+        (
+            "{dtype: float32, shape: [topk], doc: top-k probabilities}",
+            "{dtype: float32, shape: [topk], doc: top-k probabilities, init: false}",
+            "`init` value false of field `topk_p` does not fit dtype `float32`",
+        ),
         (
             "{dtype: float32, shape: [topk], doc: top-k probabilities}",
             "{dtype: float16, shape: [topk], doc: top-k probabilities, init: 1000000}",

@@ -118,6 +118,12 @@ def test_each_folder_gets_its_own_ops_module(
     assert main(["validate", "-q", str(broken)]) == EXIT_SPEC_ERRORS
     assert "op `scale_logits` has no parameter `logits`" in "\n".join(_errors(capsys))
     assert main(["validate", str(good)]) == EXIT_OK
+    # A third folder with no ops.py is not handed the module of the first.
+    (tmp_path / "c").mkdir()
+    lonely = _folder(tmp_path / "c")
+    (tmp_path / "c" / "ops.py").unlink()
+    assert main(["validate", str(lonely)]) == EXIT_SPEC_ERRORS
+    assert "no module named `ops`" in "\n".join(_errors(capsys))
 
 
 def test_import_failure_is_located_at_the_ops_entry(
@@ -153,6 +159,21 @@ def test_missing_module_and_raising_module(
     assert ":12: error: cannot import ops module `nope`: no module named `nope`" in second
 
 
+def test_module_beside_the_spec_cannot_shadow_a_loaded_one(tmp_path: Path, monkeypatch, capsys):
+    _folder(tmp_path, ops_key="ops: [json]")
+    (tmp_path / "json.py").write_text(OPS_MODULE)
+    monkeypatch.chdir(tmp_path)
+    import json
+
+    assert main(["validate", "spec.yaml"]) == EXIT_SPEC_ERRORS
+    (error,) = _errors(capsys)
+    assert "cannot import ops module `json`: `json` is already imported from " in error
+    assert "rename json.py" in error
+    import sys
+
+    assert sys.modules["json"] is json
+
+
 def test_module_calling_exit_is_reported(tmp_path: Path, monkeypatch, capsys) -> None:
     _folder(tmp_path, ops="import sys\nsys.exit(3)\n")
     monkeypatch.chdir(tmp_path)
@@ -184,6 +205,16 @@ def test_two_modules_registering_one_name(
     assert main(["validate", "spec.yaml"]) == EXIT_SPEC_ERRORS
     (error,) = _errors(capsys)
     assert "`ops_twin` registers op `scale_logits`, which `ops` registers too" in error
+
+
+def test_two_modules_registering_one_op_object(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A module re-registering another's op (the same object) is not a clash."""
+    _folder(tmp_path, ops_key="ops: [ops, ops_again]")
+    (tmp_path / "ops_again.py").write_text(
+        "import ops\nfrom relayc.nodes import register\nregister(ops.SCALE)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", "spec.yaml"]) == EXIT_OK, capsys.readouterr().err
 
 
 def test_op_needing_an_undeclared_dim(

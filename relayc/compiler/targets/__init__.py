@@ -1,12 +1,5 @@
 """Code-generation targets besides relayc's own module per algorithm.
 
-`sglang`: one module with SGLang 0.5.23's relay surface (`relayc compile --target sglang`).
+`sglang`: one module with SGLang 0.5.23's relay surface (`relayc compile --target sglang`),
+from `sglang.compile_sglang`; `sglang_base` is the fixed part of that module.
 """
-
-from __future__ import annotations
-
-from relayc.compiler.targets.sglang import compile_sglang
-
-TARGETS = ("relayc", "sglang")
-
-__all__ = ["TARGETS", "compile_sglang"]

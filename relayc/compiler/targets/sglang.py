@@ -20,15 +20,14 @@ the generated module imports nothing from relayc.
 from __future__ import annotations
 
 import ast
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from relayc.compiler.codegen import GENERATED_MARK
+from relayc.compiler.codegen import GENERATED_MARK, comment_text, pylit, string_literal
+from relayc.compiler.output import Output, format_source
 from relayc.compiler.targets import sglang_base
 from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
-from relayc.compiler.writer import Output
 from relayc.graph.passes import FieldLayout, RelayLayout, analyse
 from relayc.runtime import fused
 from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
@@ -104,7 +103,8 @@ def compile_sglang(
     if errors:
         raise SpecErrors(errors)
     shown_dir = Path(out_dir).as_posix()
-    return Output(Path(out_dir) / MODULE_NAME, generate_sglang_module(algorithms, shown_dir))
+    text = format_source(generate_sglang_module(algorithms, shown_dir), MODULE_NAME)
+    return Output(Path(out_dir) / MODULE_NAME, text)
 
 
 def _where(algorithm: SGLangAlgorithm, field: str | None = None) -> SourceLoc:
@@ -207,17 +207,8 @@ def _union(algorithms: Sequence[SGLangAlgorithm]) -> list[FieldLayout]:
     return list(fields.values())
 
 
-def _pylit(value: object) -> str:
-    if isinstance(value, float) and value != value:
-        return 'float("nan")'
-    if isinstance(value, str):
-        return _q(value)
-    return repr(value)
-
-
-def _q(text: str) -> str:
-    """A double-quoted Python string literal (the quotes ruff's formatter keeps)."""
-    return json.dumps(text)
+_pylit = pylit
+_q = string_literal
 
 
 def _poison(f: FieldLayout) -> str:
@@ -235,12 +226,15 @@ def _consume_once(f: FieldLayout) -> bool:
 
 
 def header(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
-    paths = " ".join(a.spec.path for a in algorithms)
+    paths = comment_text(" ".join(a.spec.path for a in algorithms))
     lines = [
         f"# {GENERATED_MARK} by relayc (target sglang, SGLang {SGLANG_VERSION}) from:",
-        *(f"#     {a.spec.path} (spec hash {a.spec.content_hash})" for a in algorithms),
+        *(
+            f"#     {comment_text(a.spec.path)} (spec hash {a.spec.content_hash})"
+            for a in algorithms
+        ),
         "# Do not edit: change the specs, then run",
-        f"#     relayc compile --target sglang {paths} -o {out_dir}",
+        f"#     relayc compile --target sglang {paths} -o {comment_text(out_dir)}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -271,7 +265,7 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     w("    _HAVE_TRITON = True\n")
     buffers = [RelayBuffer(f.name, f.dtype) for f in union]
     w(_pasted_fused_copy())
-    w(emit_triton_relay(f"sglang: {', '.join(a.name for a in algorithms)}", buffers))
+    w(emit_triton_relay(buffers))
     w(_pasted_base())
     w("")
     w(
@@ -314,7 +308,8 @@ def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout])
     stashed = [f for f in union if f.publish != "early"]
     extra = [f.name for f in stashed if f.name not in SGLANG_PAYLOAD]
     docs = {
-        f.name: f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}: {f.doc}" for f in stashed
+        f.name: f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}: {comment_text(f.doc)}"
+        for f in stashed
     }
     by_ngram = {f.name for a in algorithms if a.name == "ngram" for f in a.stashed}
     by_draft = {f.name for a in algorithms if a.name not in ("none", "ngram") for f in a.stashed}
@@ -370,7 +365,8 @@ def _algorithm_class(w, algo: SGLangAlgorithm) -> None:
     spec = algo.spec
     cls = _class_name(algo.name)
     w(f"class {cls}(FutureMap):")
-    w(f'    """`{algo.name}`: {spec.description or algo.name}"""\n')
+    w(f'    """Relay of `{algo.name}` (DESCRIPTION: the spec\'s description)."""\n')
+    w(f"    DESCRIPTION = {_q(spec.description)}")
     w(f"    ALGORITHM = {_q(algo.name)}")
     provenance = f"{spec.path} (spec hash {spec.content_hash})"
     w(f"    SPEC = {_q(provenance)}")
@@ -451,6 +447,10 @@ def _stash(w, algo: SGLangAlgorithm) -> None:
         w(f"                raise self._stash_error({_q(f.name)}, value, indices) from exc")
 
 
+def _local(f: FieldLayout) -> str:
+    return f"relayed_{f.name}"
+
+
 def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
     w("    def _resolve_spec_extras(self, batch: Any) -> None:")
     if algo.name == "none":
@@ -476,7 +476,8 @@ def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
         w("            raise NotImplementedError(_DSA_SEEDS)")
     w('        if indices.device.type != "cpu":')
     w("            indices.record_stream(torch.get_device_module(self.device).current_stream())")
-    targets = ", ".join(f.name for f in fields) + ("," if len(fields) == 1 else "")
+    # Locals are `relayed_<field>`: no field name can collide with `indices`, `buf`, ...
+    targets = ", ".join(_local(f) for f in fields) + ("," if len(fields) == 1 else "")
     w("        if self._fused:")
     w(f"            {targets} = self._gather(")
     w("                indices,")
@@ -490,23 +491,25 @@ def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
         w(f"            # {f.origin} {_row(f)}")
         if f.alloc == "lazy" or f.shape:
             w(f"            buf = self.{_buffer(f.name)}")
-            w(f"            {f.name} = None if buf is None else buf.index_select(0, indices)")
+            w(f"            {_local(f)} = None if buf is None else buf.index_select(0, indices)")
         else:
-            w(f"            {f.name} = self.{_buffer(f.name)}.index_select(0, indices)")
+            w(f"            {_local(f)} = self.{_buffer(f.name)}.index_select(0, indices)")
     for f in fields:
         if flat is not None and f.shape:
-            w(f"        if {f.name} is None:")
+            w(f"        if {_local(f)} is None:")
             w(f'            raise RelayError("resolve of `{f.name}` before any stash carried it")')
-            w(f"        draft_input.{f.name} = {f.name}.flatten()  # SGLang holds these rows flat")
+            w(
+                f"        draft_input.{f.name} = {_local(f)}.flatten()  # SGLang holds these rows flat"
+            )
         elif f.name == "bonus_tokens" or not (f.alloc == "lazy" or f.shape):
-            w(f"        draft_input.{f.name} = {f.name}")
+            w(f"        draft_input.{f.name} = {_local(f)}")
         else:
-            w(f"        if {f.name} is not None:  # allocated by a stash that carried it")
-            w(f"            draft_input.{f.name} = {f.name}")
+            w(f"        if {_local(f)} is not None:  # allocated by a stash that carried it")
+            w(f"            draft_input.{f.name} = {_local(f)}")
     if flat is None:
         w("        draft_input.dsa_topk_indices = None")
     consumed = [f for f in fields if _consume_once(f)]
     if consumed:
         w("        if _DEBUG_ASSERT:")
         for f in consumed:
-            w(f"            self._consume_once({_q(f.name)}, {f.name}, indices)")
+            w(f"            self._consume_once({_q(f.name)}, {_local(f)}, indices)")

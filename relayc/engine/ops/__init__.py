@@ -6,6 +6,7 @@ here, registered in one place: importing this package imports every module that
 registers an implementation.
 
 context.py   StepContext: what every implementation receives as ``ctx``
+target.py    the target-only ops: prefill, one-token decode, sample (``none``)
 verify.py    build the tree, verify it with one target forward, accept, commit KV
 draft.py     the drafters' ops (EAGLE, MTP, n-gram, standalone) and the prefills
 registry.py  ``@implements(op_name)``
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relayc.engine.ops import draft, verify  # noqa: F401  (they register their ops)
+from relayc.engine.ops import draft, target, verify  # noqa: F401  (they register their ops)
 from relayc.engine.ops.registry import IMPLS
 
 

@@ -30,6 +30,9 @@ class StepContext:
     max_prefix_len: int = 0  # host bound on committed lengths: fixes attention shapes
     sampling: SamplingBatch | None = None  # None: greedy for every request
     prefill: ForwardBatch | None = None  # prefill ops: the prompt batch
+    # decode: the scheduler's batch. Its positions are exact only for one-token steps
+    # (`target_decode`); speculative ops compute theirs from the relay.
+    forward: ForwardBatch | None = None
     drafter: Any = None  # the algorithm's draft model / proposer
     extras: dict[str, Any] | None = None  # per-algorithm state (e.g. n-gram host tables)
     block_verification: bool = False  # accept_chain: Sun et al. 2024's block rule

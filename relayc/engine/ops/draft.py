@@ -19,7 +19,7 @@ from relayc.engine.draft.ngram import splice_proposals
 from relayc.engine.draft.tree import mtp_select, tree_from_parents
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.registry import implements
-from relayc.engine.sampling import sample
+from relayc.engine.ops.target import target_prefill
 from relayc.kernels import keyed_uniforms
 
 
@@ -39,17 +39,6 @@ def _prompt_slots(ctx: StepContext, index: torch.Tensor, valid: torch.Tensor) ->
     `req_to_token` only after the prefill step, so draft extends over prompts must not read
     them from there."""
     return torch.where(valid, ctx.prefill.out_cache_loc[index], 0)
-
-
-def _target_prefill(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Target forward over the prompts; (first tokens [B], hidden [T, H], committed lens [B])."""
-    forward = ctx.prefill
-    out = ctx.model(forward)
-    if ctx.sampling is None:  # every request greedy
-        next_tokens = torch.argmax(out.logits, dim=-1)
-    else:
-        next_tokens = sample(out.logits, ctx.sampling, ctx.extras["sample_positions"])
-    return next_tokens, out.hidden_states, forward.prefix_lens + forward.extend_lens
 
 
 def _coins_kwarg(ctx: StepContext, positions: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -104,7 +93,7 @@ def _draft_extend_prompts(ctx: StepContext, next_tokens: torch.Tensor, hidden: t
 def impl_eagle_prefill(
     ctx: StepContext, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    next_tokens, hidden, committed = _target_prefill(ctx)
+    next_tokens, hidden, committed = target_prefill(ctx)
     draft = _draft_extend_prompts(ctx, next_tokens, hidden)
     outputs = {
         "next_tokens": next_tokens,
@@ -241,7 +230,7 @@ def impl_standalone_prefill(
 ) -> dict[str, torch.Tensor]:
     """Target prefill, then the draft model over the prompt and the first token: prompt
     positions into the prompt's slots, the first token's into the request's bonus slot."""
-    next_tokens, _, committed = _target_prefill(ctx)
+    next_tokens, _, committed = target_prefill(ctx)
     forward = ctx.prefill
     index, valid = _prompt_rows(ctx)
     batch, width = index.shape
@@ -359,13 +348,14 @@ def impl_standalone_draft_extend(
 def impl_ngram_prefill(
     ctx: StepContext, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    next_tokens, _, committed = _target_prefill(ctx)
+    next_tokens, _, committed = target_prefill(ctx)
     n = ctx.dims["num_draft_tokens"]
     accept_tokens = torch.zeros(
         next_tokens.shape[0], n, dtype=torch.int64, device=next_tokens.device
     )
     accept_tokens[:, 0] = next_tokens
     return {
+        "next_tokens": next_tokens,
         "accept_tokens": accept_tokens,
         "accept_lens": torch.ones_like(next_tokens, dtype=torch.int32),
         "seq_lens": committed,
