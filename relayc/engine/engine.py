@@ -15,7 +15,12 @@ the wrong length) raise.
 
 from __future__ import annotations
 
+import contextlib
+import numbers
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from os import PathLike
 from types import ModuleType
 from typing import Any
@@ -35,6 +40,64 @@ from relayc.engine.tokenizer import VOCAB_SIZE, ByteTokenizer
 from relayc.engine.weights import load_checkpoint, random_model
 
 Prompt = str | Sequence[int]
+
+
+def _positive_int(name: str, value: object) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+    return int(value)
+
+
+def check_decode_dims(
+    algorithm: str,
+    num_steps: object,
+    topk: object,
+    num_draft_tokens: object,
+    *,
+    vocab_size: int | None = None,
+) -> None:
+    """Raise ``ValueError`` when the dims cannot run ``algorithm``, before anything is built.
+
+    Otherwise the first decode step fails, with requests already holding KV slots.
+    ``vocab_size`` (known once the model is loaded) bounds ``topk`` too.
+    """
+    if algorithm == "none":
+        return  # no drafts: the dims are unused
+    steps = _positive_int("num_steps", num_steps)
+    k = _positive_int("topk", topk)
+    n = _positive_int("num_draft_tokens", num_draft_tokens)
+    # The root plus the candidates drafting produces (drafts beyond them have no source);
+    # eagle's count is relayc.engine.draft.tree.max_candidates, kept out of this import.
+    most = {"eagle": k + (steps - 1) * k * k + 1, "eagle_multilayer": k * steps + 1}
+    if algorithm in most and n > most[algorithm]:
+        shape = "topk + (num_steps - 1) * topk**2" if algorithm == "eagle" else "topk * num_steps"
+        raise ValueError(
+            f"`num_draft_tokens` must lie in 1..{most[algorithm]} for `{algorithm}` with "
+            f"topk={k}, num_steps={steps} (the root plus {shape} drafted candidates); "
+            f"got {n}: lower it or raise `topk` / `num_steps`"
+        )
+    if algorithm == "ngram" and n < 2:
+        raise ValueError(f"`num_draft_tokens` must be >= 2 for `ngram` (root + drafts); got {n}")
+    if algorithm == "standalone" and (k != 1 or n != steps + 1):
+        raise ValueError(
+            "`standalone` drafts a chain: it needs topk=1 and num_draft_tokens = "
+            f"num_steps + 1 = {steps + 1}; got topk={k}, num_draft_tokens={n}"
+        )
+    if vocab_size is not None and algorithm in most and k > vocab_size:
+        raise ValueError(f"`topk` must not exceed the vocabulary size {vocab_size}; got {k}")
+
+
+class _Busy(Exception):
+    """The engine's lock is held elsewhere and the caller chose not to wait."""
+
+
+@dataclass(eq=False)
+class _Call:
+    """One ``generate`` / ``stream`` call: its requests and the deltas not yet yielded."""
+
+    requests: list[Request]
+    live: dict[int, Request]  # unfinished, by index in the call
+    deltas: deque[StreamDelta]
 
 
 class Engine:
@@ -65,6 +128,22 @@ class Engine:
     on CUDA, eager elsewhere), ``"graph"``, ``"static"`` (the graph path's static buffers
     and padding without CUDA graphs) or ``"off"``; ``capture_batch_sizes`` overrides the
     spec's buckets (capped by ``max_batch_size``; larger batches run eagerly).
+
+    Calls may overlap: ``generate`` from several threads, and streams open together
+    (iterated in turn or from several threads). The engine's lock serialises scheduler
+    steps, and every call's requests share the running batch -- any caller's step
+    advances them all, and each token goes to the call that owns its request, so
+    outputs are the same as if the calls ran one after the other (sampling is keyed by
+    seed and position, never by the batch). A stream that is not iterated holds its
+    requests' slots until it is closed, exhausted or collected; one closed while
+    another thread is inside the engine is aborted at the engine's next step.
+
+    Failures never leak slots. A bad request gets its own ``"error"`` output before
+    anything is queued. If anything escapes a scheduler step -- ``KeyboardInterrupt``,
+    an exception in a decode step -- the engine waits for the forward in flight, stops
+    every request of every open call (``"error"``, the reason in ``error``), returns
+    every slot and re-raises; the next call starts on the pools as they were. An
+    exception in a stream's consumer aborts nothing until the stream is closed.
     """
 
     def __init__(
@@ -94,6 +173,7 @@ class Engine:
     ) -> None:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
+            check_decode_dims(algorithm, num_steps, topk, num_draft_tokens)
         self.device = torch.device(device)
         if isinstance(model, LlamaForCausalLM):
             self.model = model
@@ -108,6 +188,14 @@ class Engine:
         else:
             self.model = load_checkpoint(model, device=self.device, dtype=dtype)
         self.model.eval()
+        if isinstance(algorithm, str):
+            check_decode_dims(
+                algorithm,
+                num_steps,
+                topk,
+                num_draft_tokens,
+                vocab_size=self.model.config.vocab_size,
+            )
         self.overlap, self.seed = overlap, seed
         config = self.model.config
         self.tokenizer = ByteTokenizer() if config.vocab_size == VOCAB_SIZE else None
@@ -155,8 +243,19 @@ class Engine:
         self.scheduler = Scheduler(
             self.model, self.algorithm, self.runner, self.config, check_pools=debug
         )
+        # Calls share the scheduler; the lock serialises its steps (see the class docstring).
+        self._lock = threading.Lock()
+        self._calls: dict[Request, _Call] = {}  # unfinished requests of open calls
+        self._orphans: list[_Call] = []  # closed while the engine was busy: abort next time
+        self._dirty = False  # a scheduler block was cut short: recover before the next
 
     def close(self) -> None:
+        """Abort every open call (their requests finish ``ABORT``), then stop the worker."""
+        with self._exclusive():
+            for call in {id(c): c for c in self._calls.values()}.values():
+                self._abort(call)
+            while self.scheduler.has_work():
+                self._step()
         self.runner.close()
 
     def __enter__(self) -> Engine:
@@ -181,22 +280,35 @@ class Engine:
         requests, rejected = self._submit(prompts, params, arrivals)
         tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
         outputs: dict[int, Output] = {}
-        for delta in self._run(requests, rejected):
-            tokens[delta.index].extend(delta.token_ids)
-            if delta.finish_reason is None:
-                continue
-            ids = tokens[delta.index]
-            request = requests.get(delta.index)
-            outputs[delta.index] = Output(
-                index=delta.index,
-                prompt_token_ids=request.prompt_ids if request else [],
-                token_ids=ids,
-                text=self.tokenizer.decode(ids) if self.tokenizer else None,
-                finish_reason=delta.finish_reason,
-                error=delta.error,
-                accept_lengths=list(request.accept_lengths) if request else [],
-            )
+        # closing(): an exception here (Ctrl-C included) aborts this call's requests now,
+        # not whenever the traceback that references the generator is collected.
+        with contextlib.closing(self._run(requests, rejected)) as deltas:
+            for delta in deltas:
+                self._collect(delta, requests, tokens, outputs)
         return [outputs[i] for i in range(len(prompts))]
+
+    def _collect(
+        self,
+        delta: StreamDelta,
+        requests: dict[int, Request],
+        tokens: dict[int, list[int]],
+        outputs: dict[int, Output],
+    ) -> None:
+        """Add one delta to its request's tokens; a finished request becomes an ``Output``."""
+        tokens[delta.index].extend(delta.token_ids)
+        if delta.finish_reason is None:
+            return
+        ids = tokens[delta.index]
+        request = requests.get(delta.index)
+        outputs[delta.index] = Output(
+            index=delta.index,
+            prompt_token_ids=request.prompt_ids if request else [],
+            token_ids=ids,
+            text=self.tokenizer.decode(ids) if self.tokenizer else None,
+            finish_reason=delta.finish_reason,
+            error=delta.error,
+            accept_lengths=list(request.accept_lengths) if request else [],
+        )
 
     def stream(
         self,
@@ -207,8 +319,9 @@ class Engine:
     ) -> Iterator[StreamDelta]:
         """Yield ``StreamDelta``s as tokens reach the host; each request's last has a finish reason.
 
-        Rejected requests come first. Closing the iterator early aborts the rest.
-        One call at a time: a stream must be exhausted or closed before the next call.
+        Rejected requests come first. Closing the iterator early (or letting it be
+        collected) aborts the rest. Other calls may run while a stream is open: see the
+        class docstring.
         """
         return self._run(*self._submit(prompts, params, arrivals))
 
@@ -236,24 +349,107 @@ class Engine:
     ) -> Iterator[StreamDelta]:
         # Requests reach the scheduler on the first next(), so a stream that is
         # never iterated leaves nothing behind; arrivals count from then.
-        live = dict(requests)
-        byte_text = self.tokenizer is not None
+        call = _Call(list(requests.values()), dict(requests), deque(rejected))
+        closed_early = False
         try:
-            for request in live.values():
-                request.arrival += self.scheduler.iteration
-                self.scheduler.add_request(request)
-            yield from rejected
-            while live:
-                for request in self.scheduler.step():
-                    delta = request.take_delta(byte_text)
-                    if delta.token_ids or delta.finish_reason is not None:
-                        yield delta
-                    if request.finish_reason is not None:
-                        live.pop(request.rid, None)
+            with self._exclusive():
+                for request in call.requests:
+                    request.arrival += self.scheduler.iteration
+                    self._calls[request] = call
+                    self.scheduler.add_request(request)
+            while call.deltas or call.live:
+                with self._exclusive():
+                    if not call.deltas and call.live:
+                        if not self.scheduler.has_work():
+                            raise RuntimeError(
+                                "internal error: requests are unfinished but the scheduler "
+                                "holds none of them; please report this"
+                            )
+                        self._step()
+                    delta = call.deltas.popleft() if call.deltas else None
+                if delta is not None:  # never yield holding the lock: the consumer may call us
+                    yield delta
+        except GeneratorExit:
+            closed_early = True  # close(), by the caller or by the garbage collector
+            raise
         finally:
-            for request in live.values():
-                self.scheduler.abort(request)
-            self.scheduler.drain()
+            self._close(call, wait=not closed_early)
+
+    # -- calls sharing the scheduler --------------------------------------------------------
+    @contextlib.contextmanager
+    def _exclusive(self, *, wait: bool = True) -> Iterator[None]:
+        """Hold the engine's lock around scheduler work; recover if it fails half way.
+
+        Any exception escaping the block (``KeyboardInterrupt`` included) may leave the
+        scheduler's bookkeeping half updated, so the scheduler is reset (every open
+        call's requests finish ``ERROR``, every slot comes back) before it propagates;
+        if the reset itself is interrupted, the next block does it first. ``wait=False``:
+        raise ``_Busy`` rather than wait for another thread's block.
+        """
+        if not self._lock.acquire(blocking=wait):
+            raise _Busy
+        try:
+            if self._dirty:
+                self._recover("an earlier call was interrupted inside the engine")
+            self._dirty = True
+            while self._orphans:
+                self._abort(self._orphans.pop())
+            yield
+            self._dirty = False
+        except BaseException as exc:
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self._recover(f"a call failed with {what}")
+            raise
+        finally:
+            self._lock.release()
+
+    def _step(self) -> None:
+        """One scheduler iteration; each request's new tokens go to the call that owns it."""
+        for request in self.scheduler.step():
+            self._route(request)
+
+    def _route(self, request: Request) -> None:
+        call = self._calls.get(request)
+        if call is None:  # its call was closed and the request aborted: nobody reads it
+            return
+        delta = request.take_delta(self.tokenizer is not None)
+        if delta.token_ids or delta.finish_reason is not None:
+            call.deltas.append(delta)
+        if request.finish_reason is not None:
+            call.live.pop(request.rid, None)
+            del self._calls[request]
+
+    def _abort(self, call: _Call) -> None:
+        for request in list(call.live.values()):
+            self.scheduler.abort(request)
+            self._route(request)  # its ABORT delta, for a caller still reading (close())
+
+    def _close(self, call: _Call, *, wait: bool) -> None:
+        """Abort what ``call`` left unfinished and step until its slots are back.
+
+        ``wait=False`` (the stream was closed early): if the engine is busy, leave the
+        abort to the next block instead. The garbage collector closes dropped streams
+        on whatever thread allocates -- inside this thread's own step, or on the
+        forward worker that the step is waiting for -- and waiting there would deadlock.
+        """
+        try:
+            with self._exclusive(wait=wait):
+                self._abort(call)
+                # A finished request keeps its slots until the forward still running for
+                # it is processed. With no other call open, also step until the scheduler
+                # is empty, so an idle engine is exactly as it was before the call.
+                while self.scheduler.has_work() and (
+                    not self._calls or any(r.req_pool_index or r.inflight for r in call.requests)
+                ):
+                    self._step()
+        except _Busy:
+            self._orphans.append(call)
+
+    def _recover(self, reason: str) -> None:
+        message = f"stopped because {reason}; the engine reset its pools, retry the request"
+        for request in self.scheduler.recover(message, list(self._calls)):
+            self._route(request)
+        self._dirty = False
 
     # -- request checks -------------------------------------------------------------------
     @staticmethod
@@ -277,8 +473,10 @@ class Engine:
     def _arrival_list(prompts: Sequence[Prompt], arrivals: Sequence[int] | None) -> list[int]:
         if arrivals is None:
             return [0] * len(prompts)
-        if len(arrivals) != len(prompts) or any(a < 0 for a in arrivals):
-            raise ValueError("`arrivals` needs one non-negative iteration per prompt")
+        if len(arrivals) != len(prompts) or not all(
+            isinstance(a, numbers.Integral) and not isinstance(a, bool) and a >= 0 for a in arrivals
+        ):
+            raise ValueError("`arrivals` needs one non-negative iteration per prompt (an integer)")
         return [int(a) for a in arrivals]
 
     def _encode(self, prompt: Prompt) -> list[int] | str:
@@ -311,13 +509,11 @@ class Engine:
             return ids
         if not isinstance(params, SamplingParams):
             return f"sampling params must be a SamplingParams; got {type(params).__name__}"
-        for name in ("max_new_tokens", "top_k"):
-            value = getattr(params, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                return f"invalid sampling params: `{name}` must be an integer; got {value!r}"
         try:
-            params.validate(self.model.config.vocab_size)
-        except (TypeError, ValueError) as exc:
+            # Checked here, before anything is queued: a value the sampler cannot take
+            # (a float seed, a top_k beyond int64) must not fail a step shared with others.
+            params = params.validate(self.model.config.vocab_size)
+        except ValueError as exc:
             return f"invalid sampling params: {exc}"
         context = self.config.max_context
         if len(ids) > context:

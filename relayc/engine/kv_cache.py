@@ -55,6 +55,17 @@ class ReqToTokenPool:
             raise ValueError(f"request slots freed twice: {sorted(doubled) or indices}")
         self._free.extend(indices)
 
+    def in_use(self) -> list[int]:
+        """Request slots handed out and not freed, ascending."""
+        free = set(self._free)
+        return [i for i in range(1, self.size + 1) if i not in free]
+
+    def reset(self) -> None:
+        """Every slot free and every row zero, as new; the table keeps its storage (a
+        captured CUDA graph may hold it)."""
+        self._free = list(range(1, self.size + 1))
+        self.req_to_token.zero_()
+
 
 class TokenToKVPool:
     """Allocator of KV slots ``1..size``; the free list lives on the device.
@@ -97,6 +108,10 @@ class TokenToKVPool:
             if doubled or len(set(host)) != len(host):
                 raise ValueError(f"KV slots freed twice: {sorted(doubled) or host}")
         self._free = torch.cat([self._free, slots])
+
+    def reset(self) -> None:
+        """Every slot free, as new."""
+        self._free = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
 
 
 class KVCache:

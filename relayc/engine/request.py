@@ -22,7 +22,7 @@ from relayc.engine.sampling import SamplingParams
 class FinishReason(StrEnum):
     STOP = "stop"  # sampled a stop token (included in the output)
     LENGTH = "length"  # max_new_tokens, or the context is full
-    ERROR = "error"  # rejected before it ran; see ``error``
+    ERROR = "error"  # rejected before it ran, or stopped by an engine failure; see ``error``
     ABORT = "abort"  # the caller stopped consuming its stream
 
 
@@ -77,6 +77,7 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     accept_lengths: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    error: str | None = None  # why it finished ``ERROR``
     _streamed: int = 0
     _utf8: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -124,4 +125,4 @@ class Request:
             text = self._utf8.decode(
                 bytes(t for t in new if t < 256), final=self.finish_reason is not None
             )
-        return StreamDelta(self.rid, new, text, self.finish_reason)
+        return StreamDelta(self.rid, new, text, self.finish_reason, self.error)

@@ -11,17 +11,58 @@ The hash uses only int64 arithmetic that cannot overflow, so CPU and CUDA agree.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 _MASK32 = 0xFFFFFFFF
 _SEED_MASK = (1 << 63) - 1
+_INT64_MAX = (1 << 63) - 1
+
+# Temperatures below this sample greedily, exactly as 0 does: dividing float32 logits by
+# a smaller one overflows to inf, and the softmax of infinities is NaN (every draw the
+# same token). At this temperature sampling already picks the argmax unless two logits
+# lie within about 1e-4, so the switch is no visible change. vLLM and SGLang use a
+# similar epsilon.
+MIN_TEMPERATURE = 1e-5
+
+
+def _is_int(value: object) -> bool:
+    # numpy / torch integer scalars register as Integral; bool is an int but never a count.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _as_float(value: numbers.Real) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float range
+        return math.inf if value > 0 else -math.inf
+
+
+_FIELD_TYPES = (
+    ("max_new_tokens", _is_int, "an integer"),
+    ("temperature", _is_real, "a number"),
+    ("top_k", _is_int, "an integer"),
+    ("top_p", _is_real, "a number"),
+    ("seed", lambda v: v is None or _is_int(v), "an integer or None"),
+)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How one request samples; the engine checks it with :meth:`validate` before queueing.
+
+    ``temperature`` 0 (or anything below ``MIN_TEMPERATURE``) is greedy; ``top_k`` at or
+    above the vocabulary size keeps every token, as 0 does.
+    """
+
     max_new_tokens: int = 32
     temperature: float = 0.0  # 0 = greedy (argmax, lowest token id on ties)
     top_k: int = 0  # 0 = no top-k filter
@@ -30,22 +71,48 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        # Callers pass lists; a tuple keeps the params hashable and immutable.
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        # Callers pass lists; a tuple keeps the params hashable and immutable. A string or
+        # a bare number is a mistake here, not a sequence of token ids.
+        stop = self.stop_token_ids
+        if isinstance(stop, str | bytes) or not isinstance(stop, Iterable):
+            raise TypeError(
+                f"`stop_token_ids` must be a sequence of token ids, e.g. (2,); got {stop!r}"
+            )
+        object.__setattr__(self, "stop_token_ids", tuple(stop))
 
-    def validate(self, vocab_size: int) -> None:
-        """Raise ``ValueError`` naming the first bad field and its allowed range."""
+    def validate(self, vocab_size: int) -> SamplingParams:
+        """Raise ``ValueError`` naming the first bad field and what it accepts; else return
+        the same params with plain Python ``int`` / ``float`` values (numpy scalars and
+        ints given for floats converted), which is what the engine queues."""
+        for name, is_type, kind in _FIELD_TYPES:
+            value = getattr(self, name)
+            if not is_type(value):
+                raise ValueError(f"`{name}` must be {kind}; got {value!r}")
+        temperature, top_p = _as_float(self.temperature), _as_float(self.top_p)
         if self.max_new_tokens <= 0:
             raise ValueError(f"`max_new_tokens` must be positive; got {self.max_new_tokens}")
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise ValueError(f"`temperature` must be >= 0 (0 = greedy); got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
+        if not 0.0 <= temperature < math.inf:  # also rejects NaN
+            raise ValueError(
+                f"`temperature` must be >= 0 and finite (0 = greedy); got {self.temperature}"
+            )
+        if not 0.0 < top_p <= 1.0:
             raise ValueError(f"`top_p` must be in (0, 1]; got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"`top_k` must be >= 0 (0 = off); got {self.top_k}")
+        not_ints = [t for t in self.stop_token_ids if not _is_int(t)]
+        if not_ints:
+            raise ValueError(f"`stop_token_ids` must be integers; got {not_ints!r}")
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"`stop_token_ids` {bad} are outside the vocabulary [0, {vocab_size})")
+        return SamplingParams(
+            max_new_tokens=int(self.max_new_tokens),
+            temperature=temperature,
+            top_k=int(self.top_k),
+            top_p=top_p,
+            seed=None if self.seed is None else int(self.seed),
+            stop_token_ids=tuple(int(t) for t in self.stop_token_ids),
+        )
 
     def resolve_seed(self, engine_seed: int, request_id: int) -> int:
         return self.seed if self.seed is not None else engine_seed + request_id
@@ -53,7 +120,12 @@ class SamplingParams:
 
 @dataclass
 class SamplingBatch:
-    """Per-request sampling settings as device tensors ``[B]``."""
+    """Per-request sampling settings as device tensors ``[B]``.
+
+    ``build`` applies the rules every consumer (the sampler, the speculative accept
+    and draft ops) then relies on: a temperature below ``MIN_TEMPERATURE`` becomes 0
+    (greedy), a ``top_k`` beyond int64 keeps every token like any ``top_k >= vocab``.
+    """
 
     temperatures: torch.Tensor  # float32
     top_ks: torch.Tensor  # int64, 0 = off
@@ -68,8 +140,11 @@ class SamplingBatch:
             return torch.tensor(values, dtype=dtype, device=device)
 
         return cls(
-            temperatures=tensor([p.temperature for p in params], torch.float32),
-            top_ks=tensor([p.top_k for p in params], torch.int64),
+            temperatures=tensor(
+                [p.temperature if p.temperature >= MIN_TEMPERATURE else 0.0 for p in params],
+                torch.float32,
+            ),
+            top_ks=tensor([min(p.top_k, _INT64_MAX) for p in params], torch.int64),
             top_ps=tensor([p.top_p for p in params], torch.float32),
             seeds=tensor([s & _SEED_MASK for s in seeds], torch.int64),
         )

@@ -87,6 +87,15 @@ at once: its committed tokens plus two windows in flight), so a decode
 allocation never fails; a request that does not fit waits at the head of the
 queue until a release returns slots -- nothing is preempted or dropped.
 
+Failures. Nothing here is atomic: an exception (``KeyboardInterrupt`` from the
+caller's thread, or one a job raised, re-raised by ``Pending.wait``) may stop
+``step`` between taking a slot and recording it. The caller then runs
+``recover``: it waits for every submitted job with a no-op job behind them,
+finishes every request it knows of with ``ERROR`` and resets both pools, the
+reservations and the queues, trusting none of the bookkeeping. An idle scheduler
+that cannot admit the head of its queue raises instead of waiting: only a leak
+could cause that, and no release would ever come.
+
 Algorithm hooks. ``on_prompt`` runs at admission, ``on_tokens`` with the tokens
 the host kept from each processed step, ``release`` when the request slot is
 freed -- all on the host, possibly while a job runs.
@@ -97,10 +106,11 @@ batch composition and admission timing do not change any request's tokens.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -164,6 +174,10 @@ class _InFlight:
     pending: Pending[tuple[list[_HostResult], float]]  # host copies, job seconds
 
 
+def _barrier() -> None:
+    """A job that does nothing: waiting for it waits for every job submitted before it."""
+
+
 class Scheduler:
     def __init__(
         self,
@@ -214,6 +228,52 @@ class Scheduler:
             self.waiting.remove(request)
         elif request.req_pool_index and request.inflight == 0:
             self._release(request)
+
+    def recover(self, error: str, requests: Iterable[Request] = ()) -> list[Request]:
+        """Bring the scheduler back to idle after an exception escaped one of its methods.
+
+        An interrupt or a failure may stop any method half way (a slot taken but not
+        yet recorded, a job launched but not yet tracked), so no bookkeeping is
+        trusted: wait for every job on the runner (a no-op job: jobs run in order),
+        finish every request the scheduler knows of with ``ERROR`` and ``error``, and
+        give every request slot, KV slot and reservation back. ``requests``: more the
+        caller knows of (one may be in no queue, caught between two). Returns the
+        requests it finished. Interrupted itself, it is safe to run again.
+        """
+        self.runner.submit(_barrier).wait()
+        known = {id(r): r for r in (*self._known_requests(), *requests)}.values()
+        stopped = [r for r in known if r.finish_reason is None]
+        for request in stopped:
+            request.finish_reason, request.error = FinishReason.ERROR, error
+        for request in known:
+            request.req_pool_index, request.kv_reserved = 0, 0
+            request.inflight, request.inflight_decodes = 0, 0
+        for slot in self.req_pool.in_use():
+            # The hook may never have seen a slot whose admission was cut short (n-gram
+            # then has no history to drop); the slot is free either way.
+            with contextlib.suppress(Exception):
+                self.algorithm.release(slot)
+        self.req_pool.reset()
+        self.kv_pool.reset()
+        self.kv_unreserved = self.config.kv_pool_tokens
+        self._arrivals.clear()
+        self.waiting.clear()
+        self.prefilling.clear()
+        self.running.clear()
+        self._inflight.clear()
+        self._finished_on_schedule.clear()
+        return stopped
+
+    def _known_requests(self) -> list[Request]:
+        in_flight = [r for job in self._inflight for step in job.steps for r in step.requests]
+        return [
+            *(entry[2] for entry in self._arrivals),
+            *self.waiting,
+            *self.prefilling,
+            *self.running,
+            *in_flight,
+            *self._finished_on_schedule,
+        ]
 
     def has_work(self) -> bool:
         return bool(
@@ -305,11 +365,20 @@ class Scheduler:
         request = self.waiting[0]
         if len(self.running) + len(self.prefilling) >= self.config.max_batch_size:
             return False
+        idle = not (self.running or self.prefilling or self._inflight)
         if request.kv_need > self.kv_unreserved:
+            if idle:  # nothing will ever release slots: waiting would hang
+                raise RuntimeError(
+                    f"broken invariant: an idle scheduler has {self.kv_unreserved} of "
+                    f"{self.config.kv_pool_tokens} KV slots unreserved, a request needs "
+                    f"{request.kv_need}"
+                )
             self.stats.kv_blocked += 1
             return False
         slots = self.req_pool.alloc(1)
         if slots is None:
+            if idle:
+                raise RuntimeError("broken invariant: an idle scheduler has no free request slot")
             return False
         self.waiting.popleft()
         request.req_pool_index = slots[0]
