@@ -78,8 +78,11 @@ def test_the_thread_runner_returns_before_the_job_runs_and_keeps_order() -> None
 def _generate_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser(prog="relayc")
     add_generate_command(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["generate", *argv])
-    code = args.func(args)
+    try:  # bad arguments are usage errors while parsing, before any model loads
+        args = parser.parse_args(["generate", *argv])
+        code = args.func(args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 2
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -104,9 +107,9 @@ def test_relayc_generate_streams_text_and_a_summary(capsys: pytest.CaptureFixtur
     )
     code, stdout, stderr = _generate_cli(["--prompt", "x", "--top-p", "0"], capsys)
     assert code == 2 and stdout == ""
-    assert "relayc generate: error: invalid sampling params: `top_p` must be in (0, 1]" in stderr
+    assert "relayc generate: error: argument --top-p: must be a finite number in (0, 1]" in stderr
     code, _, stderr = _generate_cli(["--prompt", "x", "--model", "/no/such/dir"], capsys)
-    assert code == 2 and "checkpoint directory /no/such/dir does not exist" in stderr
+    assert code == 2 and "no checkpoint folder '/no/such/dir'" in stderr
     assert _printable("a\x1b[31m\n") == "a\\x1b[31m\n"
 
 
