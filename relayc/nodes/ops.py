@@ -217,6 +217,17 @@ for op in (
         doc="greedy or rejection sampling with real draft probabilities",
     ),
     Op(
+        "accept_chain_block",
+        {
+            "logits": T("float32", (N, "vocab")),
+            "candidates": _TREE["candidates"],
+            "positions": _TREE["positions"],
+            "draft_probs": T("float32", ("num_steps", "vocab")),
+        },
+        _ACCEPTED,
+        doc="accept_chain with block verification (Sun et al. 2024) for sampled rows",
+    ),
+    Op(
         "standalone_draft_extend",
         {
             k: _EXTEND_INPUTS[k]

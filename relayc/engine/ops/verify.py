@@ -215,7 +215,31 @@ def impl_accept_chain(
 ) -> dict[str, torch.Tensor]:
     """A chain (topk 1): greedy rows accept while drafts equal the target's argmax; sampled
     rows use rejection sampling with the drafts' real probabilities (Leviathan et al.; with
-    ``ctx.block_verification``, Sun et al. 2024's block verification)."""
+    ``Engine(block_verification=True)``, Sun et al. 2024's block verification)."""
+    return _accept_chain(ctx, logits, candidates, positions, draft_probs, ctx.block_verification)
+
+
+@implements("accept_chain_block")
+def impl_accept_chain_block(
+    ctx: StepContext,
+    *,
+    logits: torch.Tensor,
+    candidates: torch.Tensor,
+    positions: torch.Tensor,
+    draft_probs: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """``accept_chain`` with block verification chosen in the spec (`op: accept_chain_block`)."""
+    return _accept_chain(ctx, logits, candidates, positions, draft_probs, True)
+
+
+def _accept_chain(
+    ctx: StepContext,
+    logits: torch.Tensor,
+    candidates: torch.Tensor,
+    positions: torch.Tensor,
+    draft_probs: torch.Tensor,
+    block_verification: bool,
+) -> dict[str, torch.Tensor]:
     batch, n = candidates.shape
     device = candidates.device
     nodes = torch.arange(n, device=device)
@@ -233,7 +257,7 @@ def impl_accept_chain(
             final,
             target_probs(logits, ctx),
             draft_probs.contiguous(),
-            block_verification=ctx.block_verification,
+            block_verification=block_verification,
         )
 
     return _accept(ctx, logits, candidates, positions, chain, sampled_accept, n - 1)
