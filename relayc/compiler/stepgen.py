@@ -13,15 +13,18 @@ renamed step or output changes the spec's `outputs:` and nothing in the engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch.fx as fx
 
 from relayc.graph.builder import IterationGraphs
 from relayc.nodes.registry import Op
-from relayc.specs.loader import Spec
+from relayc.specs.reserved import GENERATED_NAMES
 
 Writer = Callable[[str], None]
+_LINE_LENGTH = 100  # the project's (and the generated code's) ruff line length
+# (step name, output name) -> the local variable holding that output in a step method
+VarNames = dict[tuple[str, str], str]
 
 
 def _type_comment(op: Op, output: str) -> str:
@@ -41,7 +44,37 @@ def _ops_of(graph: fx.Graph) -> list[str]:
     return names
 
 
-def _arg(value: fx.Node) -> str:
+def _var_names(graph: fx.Graph, placement: str, inputs: Collection[str]) -> VarNames:
+    """Local variable of each output of the steps on ``placement`` (one generated method).
+
+    An output is held in ``<step>_<output>``, except where the output's name already starts
+    with ``<step>_`` (`accept.accept_index`, `draft.draft_tokens`): then the output's name
+    alone, as long as it clashes with no other name the method defines or reads (the other
+    outputs' variables under either spelling, the step results, the inputs and the
+    generated module's own names), so doubled names like `accept_accept_index` do not appear.
+    """
+    steps = [
+        n
+        for n in graph.nodes
+        if n.meta.get("kind") == "step" and n.meta["step"].placement == placement
+    ]
+    full: VarNames = {}
+    short: VarNames = {}
+    for node in steps:
+        name = node.meta["step"].name
+        for item in node.users:
+            out = item.args[1]
+            full[name, out] = f"{name}_{out}"
+            short[name, out] = out if out.startswith(f"{name}_") else f"{name}_{out}"
+    taken = {*GENERATED_NAMES, *inputs, *(n.meta["step"].name for n in steps)}
+    names: VarNames = {}
+    for key, var in short.items():
+        others = {v for k, v in [*full.items(), *short.items()] if k != key}
+        names[key] = var if var not in taken and var not in others else full[key]
+    return names
+
+
+def _arg(value: fx.Node, names: VarNames) -> str:
     kind = value.meta["kind"]
     if kind == "relay":
         return f"relay.{value.meta['ident']}"
@@ -50,7 +83,7 @@ def _arg(value: fx.Node) -> str:
     step, output = value.meta["step"], value.meta["output"]
     if step.placement == "host":
         return f'host["{step.name}.{output}"]'
-    return f"{step.name}_{output}"
+    return names[step.name, output]
 
 
 def call_lines(w: Writer, indent: str, head: str, args: list[str]) -> None:
@@ -96,13 +129,15 @@ def _outputs_class(w: Writer, name: str, phase: str, graph: fx.Graph) -> None:
     w("\n")
 
 
-def _return_outputs(w: Writer, indent: str, name: str, graph: fx.Graph) -> None:
-    args = [f"{field_name}={_arg(value)}" for field_name, value in _engine_outputs(graph).items()]
+def _return_outputs(w: Writer, indent: str, name: str, graph: fx.Graph, names: VarNames) -> None:
+    args = [
+        f"{field_name}={_arg(value, names)}" for field_name, value in _engine_outputs(graph).items()
+    ]
     call_lines(w, indent, f"return {name}", args)
 
 
 def _emit_steps(
-    w: Writer, spec: Spec, graph: fx.Graph, placement: str, indent: str, early: set[str]
+    w: Writer, graph: fx.Graph, placement: str, indent: str, early: set[str], names: VarNames
 ) -> list[tuple[str, str]]:
     """Emit the calls of the steps placed on ``placement``; returns (key, variable) pairs."""
     produced: list[tuple[str, str]] = []
@@ -115,7 +150,7 @@ def _emit_steps(
         op: Op = node.target  # type: ignore[assignment]
         loc = step.loc
         w(f"{indent}# {loc.path}:{loc.line} step `{step.name}` ({op.name})")
-        args = [f"{param}={_arg(value)}" for param, value in node.kwargs.items()]
+        args = [f"{param}={_arg(value, names)}" for param, value in node.kwargs.items()]
         # Host outputs all go to run_device; device outputs nothing reads (no step, stash or
         # `outputs:` entry) get no variable.
         kept = [
@@ -125,19 +160,29 @@ def _emit_steps(
         call_lines(w, indent, f"{head}{_impl_attr(op.name)}", ["ctx", *args])
         for item in kept:
             out = item.args[1]
-            var = f"{step.name}_{out}"
-            w(f'{indent}{var} = {step.name}["{out}"]  # {_type_comment(op, out)}')
+            var = names[step.name, out]
+            line = f'{indent}{var} = {step.name}["{out}"]'
+            comment = f"# {_type_comment(op, out)}"
+            if len(line) + 2 + len(comment) <= _LINE_LENGTH:
+                w(f"{line}  {comment}")
+            else:
+                # On its own line above: a trailing comment past the line length makes
+                # `ruff format` break the subscript over three lines.
+                w(f"{indent}{comment}")
+                w(line)
             produced.append((f"{step.name}.{out}", var))
         published = [
             f for f, v in stashed.items() if f in early and v.meta["step"].name == step.name
         ]
         if published:
-            args = ", ".join(f"{f}={step.name}_{stashed[f].meta['output']}" for f in published)
+            args = ", ".join(
+                f"{f}={names[step.name, stashed[f].meta['output']]}" for f in published
+            )
             w(f"{indent}self.relay.publish(req_pool_indices, {args})")
     return produced
 
 
-def _emit_stash(w: Writer, graph: fx.Graph, indent: str, early: set[str]) -> None:
+def _emit_stash(w: Writer, graph: fx.Graph, indent: str, early: set[str], names: VarNames) -> None:
     stashed = next(n for n in graph.nodes if n.op == "output").args[0]
     late = {f: v for f, v in stashed.items() if f not in early}
     if not late:
@@ -146,7 +191,7 @@ def _emit_stash(w: Writer, graph: fx.Graph, indent: str, early: set[str]) -> Non
     w(f"{indent}    req_pool_indices,")
     w(f"{indent}    RelayPayload(")
     for field_name, value in late.items():
-        w(f"{indent}        {field_name}={value.meta['step'].name}_{value.meta['output']},")
+        w(f"{indent}        {field_name}={_arg(value, names)},")
     w(f"{indent}    ),")
     w(f"{indent})")
 
@@ -187,9 +232,10 @@ def generate_steps(graphs: IterationGraphs) -> str:
     _emit_init(w, prefill_ops)
     w(f"    def __call__(self, ctx: Any, *, {inputs}) -> PrefillOutputs:")
     w('        """Run the prefill op and seed the relay rows of `req_pool_indices`."""')
-    _emit_steps(w, spec, graphs.prefill, "device", "        ", early)
-    _emit_stash(w, graphs.prefill, "        ", early)
-    _return_outputs(w, "        ", "PrefillOutputs", graphs.prefill)
+    names = _var_names(graphs.prefill, "device", spec.inputs)
+    _emit_steps(w, graphs.prefill, "device", "        ", early, names)
+    _emit_stash(w, graphs.prefill, "        ", early, names)
+    _return_outputs(w, "        ", "PrefillOutputs", graphs.prefill, names)
     w("\n")
 
     decode_ops = _ops_of(graphs.decode)
@@ -210,7 +256,8 @@ def generate_steps(graphs: IterationGraphs) -> str:
 
     w(f"    def run_host(self, ctx: Any, *, {inputs}) -> dict[str, torch.Tensor]:")
     if host_steps:
-        produced = _emit_steps(w, spec, graphs.decode, "host", "        ", early)
+        names = _var_names(graphs.decode, "host", spec.inputs)
+        produced = _emit_steps(w, graphs.decode, "host", "        ", early, names)
         _return_dict(w, "        ", produced)
     else:
         w("        return {}  # no host steps")
@@ -224,9 +271,10 @@ def generate_steps(graphs: IterationGraphs) -> str:
     w("        host: Mapping[str, torch.Tensor],")
     w("    ) -> DecodeOutputs:")
     w("        relay = self.relay.resolve(req_pool_indices)")
-    _emit_steps(w, spec, graphs.decode, "device", "        ", early)
-    _emit_stash(w, graphs.decode, "        ", early)
-    _return_outputs(w, "        ", "DecodeOutputs", graphs.decode)
+    names = _var_names(graphs.decode, "device", spec.inputs)
+    _emit_steps(w, graphs.decode, "device", "        ", early, names)
+    _emit_stash(w, graphs.decode, "        ", early, names)
+    _return_outputs(w, "        ", "DecodeOutputs", graphs.decode, names)
     w("")
     w(f"    def __call__(self, ctx: Any, *, {inputs}) -> DecodeOutputs:")
     w('        """Host steps, then the device part, eagerly (the CPU path)."""')

@@ -392,28 +392,25 @@ class DecodeStep:
         )
         draft_parent_list = draft["parent_list"]  # [bs, topk*(num_steps-1)+1] int64
         draft_top_scores_index = draft["top_scores_index"]  # [bs, num_draft_tokens-1] int64
-        draft_draft_tokens = draft["draft_tokens"]  # [bs, num_draft_tokens-1] int64
+        draft_tokens = draft["draft_tokens"]  # [bs, num_draft_tokens-1] int64
         # relayc/specs/eagle.yaml:39 step `build_tree` (build_tree)
         build_tree = self._build_tree(
             ctx,
             bonus_tokens=relay.bonus_tokens,
             parent_list=draft_parent_list,
             top_scores_index=draft_top_scores_index,
-            draft_tokens=draft_draft_tokens,
+            draft_tokens=draft_tokens,
             seq_lens=relay.new_seq_lens,
         )
         build_tree_candidates = build_tree["candidates"]  # [bs, num_draft_tokens] int64
-        build_tree_tree_mask = build_tree[
-            "tree_mask"
-        ]  # [bs, num_draft_tokens, num_draft_tokens] bool
+        # [bs, num_draft_tokens, num_draft_tokens] bool
+        build_tree_tree_mask = build_tree["tree_mask"]
         build_tree_positions = build_tree["positions"]  # [bs, num_draft_tokens] int64
         build_tree_retrive_index = build_tree["retrive_index"]  # [bs, num_draft_tokens] int64
-        build_tree_retrive_next_token = build_tree[
-            "retrive_next_token"
-        ]  # [bs, num_draft_tokens] int64
-        build_tree_retrive_next_sibling = build_tree[
-            "retrive_next_sibling"
-        ]  # [bs, num_draft_tokens] int64
+        # [bs, num_draft_tokens] int64
+        build_tree_retrive_next_token = build_tree["retrive_next_token"]
+        # [bs, num_draft_tokens] int64
+        build_tree_retrive_next_sibling = build_tree["retrive_next_sibling"]
         # relayc/specs/eagle.yaml:51 step `verify` (target_verify)
         verify = self._target_verify(
             ctx,
@@ -435,15 +432,15 @@ class DecodeStep:
             retrive_next_token=build_tree_retrive_next_token,
             retrive_next_sibling=build_tree_retrive_next_sibling,
         )
-        accept_accept_index = accept["accept_index"]  # [bs, num_draft_tokens] int64
-        accept_accept_lens = accept["accept_lens"]  # [bs] int32
-        accept_accept_tokens = accept["accept_tokens"]  # [bs, num_draft_tokens] int64
+        accept_index = accept["accept_index"]  # [bs, num_draft_tokens] int64
+        accept_lens = accept["accept_lens"]  # [bs] int32
+        accept_tokens = accept["accept_tokens"]  # [bs, num_draft_tokens] int64
         accept_bonus_tokens = accept["bonus_tokens"]  # [bs] int64
         # relayc/specs/eagle.yaml:75 step `compact_kv` (compact_accepted_kv)
         compact_kv = self._compact_accepted_kv(
             ctx,
-            accept_index=accept_accept_index,
-            accept_lens=accept_accept_lens,
+            accept_index=accept_index,
+            accept_lens=accept_lens,
             seq_lens=relay.new_seq_lens,
             req_pool_indices=req_pool_indices,
         )
@@ -453,9 +450,9 @@ class DecodeStep:
         draft_extend = self._eagle_draft_extend(
             ctx,
             hidden_states=verify_hidden_states,
-            accept_index=accept_accept_index,
-            accept_lens=accept_accept_lens,
-            accept_tokens=accept_accept_tokens,
+            accept_index=accept_index,
+            accept_lens=accept_lens,
+            accept_tokens=accept_tokens,
             seq_lens=compact_kv_new_seq_lens,
             req_pool_indices=req_pool_indices,
         )
@@ -473,8 +470,8 @@ class DecodeStep:
         )
         return DecodeOutputs(
             next_tokens=accept_bonus_tokens,
-            tokens=accept_accept_tokens,
-            counts=accept_accept_lens,
+            tokens=accept_tokens,
+            counts=accept_lens,
         )
 
     def __call__(

@@ -373,17 +373,14 @@ class DecodeStep:
             seq_lens=relay.new_seq_lens,
         )
         build_tree_candidates = build_tree["candidates"]  # [bs, num_draft_tokens] int64
-        build_tree_tree_mask = build_tree[
-            "tree_mask"
-        ]  # [bs, num_draft_tokens, num_draft_tokens] bool
+        # [bs, num_draft_tokens, num_draft_tokens] bool
+        build_tree_tree_mask = build_tree["tree_mask"]
         build_tree_positions = build_tree["positions"]  # [bs, num_draft_tokens] int64
         build_tree_retrive_index = build_tree["retrive_index"]  # [bs, num_draft_tokens] int64
-        build_tree_retrive_next_token = build_tree[
-            "retrive_next_token"
-        ]  # [bs, num_draft_tokens] int64
-        build_tree_retrive_next_sibling = build_tree[
-            "retrive_next_sibling"
-        ]  # [bs, num_draft_tokens] int64
+        # [bs, num_draft_tokens] int64
+        build_tree_retrive_next_token = build_tree["retrive_next_token"]
+        # [bs, num_draft_tokens] int64
+        build_tree_retrive_next_sibling = build_tree["retrive_next_sibling"]
         # relayc/specs/eagle_multilayer.yaml:56 step `verify` (target_verify)
         verify = self._target_verify(
             ctx,
@@ -405,15 +402,15 @@ class DecodeStep:
             retrive_next_token=build_tree_retrive_next_token,
             retrive_next_sibling=build_tree_retrive_next_sibling,
         )
-        accept_accept_index = accept["accept_index"]  # [bs, num_draft_tokens] int64
-        accept_accept_lens = accept["accept_lens"]  # [bs] int32
-        accept_accept_tokens = accept["accept_tokens"]  # [bs, num_draft_tokens] int64
+        accept_index = accept["accept_index"]  # [bs, num_draft_tokens] int64
+        accept_lens = accept["accept_lens"]  # [bs] int32
+        accept_tokens = accept["accept_tokens"]  # [bs, num_draft_tokens] int64
         accept_bonus_tokens = accept["bonus_tokens"]  # [bs] int64
         # relayc/specs/eagle_multilayer.yaml:78 step `compact_kv` (compact_accepted_kv)
         compact_kv = self._compact_accepted_kv(
             ctx,
-            accept_index=accept_accept_index,
-            accept_lens=accept_accept_lens,
+            accept_index=accept_index,
+            accept_lens=accept_lens,
             seq_lens=relay.new_seq_lens,
             req_pool_indices=req_pool_indices,
         )
@@ -423,9 +420,9 @@ class DecodeStep:
         draft_extend = self._mtp_draft_extend(
             ctx,
             hidden_states=verify_hidden_states,
-            accept_index=accept_accept_index,
-            accept_lens=accept_accept_lens,
-            accept_tokens=accept_accept_tokens,
+            accept_index=accept_index,
+            accept_lens=accept_lens,
+            accept_tokens=accept_tokens,
             seq_lens=compact_kv_new_seq_lens,
             req_pool_indices=req_pool_indices,
         )
@@ -441,8 +438,8 @@ class DecodeStep:
         )
         return DecodeOutputs(
             next_tokens=accept_bonus_tokens,
-            tokens=accept_accept_tokens,
-            counts=accept_accept_lens,
+            tokens=accept_tokens,
+            counts=accept_lens,
         )
 
     def __call__(

@@ -373,15 +373,15 @@ class DecodeStep:
             retrive_next_token=splice_retrive_next_token,
             retrive_next_sibling=splice_retrive_next_sibling,
         )
-        accept_accept_index = accept["accept_index"]  # [bs, num_draft_tokens] int64
-        accept_accept_lens = accept["accept_lens"]  # [bs] int32
-        accept_accept_tokens = accept["accept_tokens"]  # [bs, num_draft_tokens] int64
+        accept_index = accept["accept_index"]  # [bs, num_draft_tokens] int64
+        accept_lens = accept["accept_lens"]  # [bs] int32
+        accept_tokens = accept["accept_tokens"]  # [bs, num_draft_tokens] int64
         accept_bonus_tokens = accept["bonus_tokens"]  # [bs] int64
         # relayc/specs/ngram.yaml:69 step `compact_kv` (compact_accepted_kv)
         compact_kv = self._compact_accepted_kv(
             ctx,
-            accept_index=accept_accept_index,
-            accept_lens=accept_accept_lens,
+            accept_index=accept_index,
+            accept_lens=accept_lens,
             seq_lens=relay.new_seq_lens,
             req_pool_indices=req_pool_indices,
         )
@@ -390,14 +390,14 @@ class DecodeStep:
         self.relay.stash(
             req_pool_indices,
             RelayPayload(
-                accept_tokens=accept_accept_tokens,
-                accept_lens=accept_accept_lens,
+                accept_tokens=accept_tokens,
+                accept_lens=accept_lens,
             ),
         )
         return DecodeOutputs(
             next_tokens=accept_bonus_tokens,
-            tokens=accept_accept_tokens,
-            counts=accept_accept_lens,
+            tokens=accept_tokens,
+            counts=accept_lens,
         )
 
     def __call__(

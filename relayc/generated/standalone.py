@@ -396,7 +396,7 @@ class DecodeStep:
         )
         draft_parent_list = draft["parent_list"]  # [bs, topk*(num_steps-1)+1] int64
         draft_top_scores_index = draft["top_scores_index"]  # [bs, num_draft_tokens-1] int64
-        draft_draft_tokens = draft["draft_tokens"]  # [bs, num_draft_tokens-1] int64
+        draft_tokens = draft["draft_tokens"]  # [bs, num_draft_tokens-1] int64
         draft_chain_draft_probs = draft["chain_draft_probs"]  # [bs, num_steps, vocab] float32
         # relayc/specs/standalone.yaml:37 step `build_tree` (build_tree)
         build_tree = self._build_tree(
@@ -404,13 +404,12 @@ class DecodeStep:
             bonus_tokens=relay.bonus_tokens,
             parent_list=draft_parent_list,
             top_scores_index=draft_top_scores_index,
-            draft_tokens=draft_draft_tokens,
+            draft_tokens=draft_tokens,
             seq_lens=relay.new_seq_lens,
         )
         build_tree_candidates = build_tree["candidates"]  # [bs, num_draft_tokens] int64
-        build_tree_tree_mask = build_tree[
-            "tree_mask"
-        ]  # [bs, num_draft_tokens, num_draft_tokens] bool
+        # [bs, num_draft_tokens, num_draft_tokens] bool
+        build_tree_tree_mask = build_tree["tree_mask"]
         build_tree_positions = build_tree["positions"]  # [bs, num_draft_tokens] int64
         # relayc/specs/standalone.yaml:48 step `verify` (target_verify)
         verify = self._target_verify(
@@ -430,15 +429,15 @@ class DecodeStep:
             positions=build_tree_positions,
             draft_probs=draft_chain_draft_probs,
         )
-        accept_accept_index = accept["accept_index"]  # [bs, num_draft_tokens] int64
-        accept_accept_lens = accept["accept_lens"]  # [bs] int32
-        accept_accept_tokens = accept["accept_tokens"]  # [bs, num_draft_tokens] int64
+        accept_index = accept["accept_index"]  # [bs, num_draft_tokens] int64
+        accept_lens = accept["accept_lens"]  # [bs] int32
+        accept_tokens = accept["accept_tokens"]  # [bs, num_draft_tokens] int64
         accept_bonus_tokens = accept["bonus_tokens"]  # [bs] int64
         # relayc/specs/standalone.yaml:69 step `compact_kv` (compact_accepted_kv)
         compact_kv = self._compact_accepted_kv(
             ctx,
-            accept_index=accept_accept_index,
-            accept_lens=accept_accept_lens,
+            accept_index=accept_index,
+            accept_lens=accept_lens,
             seq_lens=relay.new_seq_lens,
             req_pool_indices=req_pool_indices,
         )
@@ -447,8 +446,8 @@ class DecodeStep:
         # relayc/specs/standalone.yaml:79 step `draft_extend` (standalone_draft_extend)
         draft_extend = self._standalone_draft_extend(
             ctx,
-            accept_tokens=accept_accept_tokens,
-            accept_lens=accept_accept_lens,
+            accept_tokens=accept_tokens,
+            accept_lens=accept_lens,
             seq_lens=compact_kv_new_seq_lens,
             req_pool_indices=req_pool_indices,
         )
@@ -466,8 +465,8 @@ class DecodeStep:
         )
         return DecodeOutputs(
             next_tokens=accept_bonus_tokens,
-            tokens=accept_accept_tokens,
-            counts=accept_accept_lens,
+            tokens=accept_tokens,
+            counts=accept_lens,
         )
 
     def __call__(
