@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import math
 
+from relayc.compiler.output import comment_text
 from relayc.compiler.stepgen import generate_steps
 from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
 from relayc.graph.builder import IterationGraphs
 from relayc.graph.passes import FieldLayout, RelayLayout
 
 GENERATED_MARK = "@" + "generated"  # split so this file is not itself marked generated
-
-
-def comment_text(text: str) -> str:
-    """``text`` made safe for one ``#`` comment line: anything unprintable (newlines, line
-    and paragraph separators, control characters) is written as its escape sequence, so
-    spec text can never end the comment and become code."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def pylit(value: object) -> str:

@@ -36,6 +36,13 @@ RUFF_LINT = (
 )
 
 
+def comment_text(text: str) -> str:
+    """``text`` made safe for one ``#`` comment line: anything unprintable (newlines, line
+    and paragraph separators, control characters) is written as its escape sequence, so
+    spec text can never end the comment and become code."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 @dataclass(frozen=True)
 class Output:
     """A generated file: where it goes and its text."""

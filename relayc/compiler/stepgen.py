@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection
 
 import torch.fx as fx
 
+from relayc.compiler.output import comment_text
 from relayc.graph.builder import IterationGraphs
 from relayc.nodes.registry import Op
 from relayc.specs.reserved import GENERATED_NAMES
@@ -149,7 +150,7 @@ def _emit_steps(
         step = node.meta["step"]
         op: Op = node.target  # type: ignore[assignment]
         loc = step.loc
-        w(f"{indent}# {loc.path}:{loc.line} step `{step.name}` ({op.name})")
+        w(f"{indent}# {comment_text(loc.path)}:{loc.line} step `{step.name}` ({op.name})")
         args = [f"{param}={_arg(value, names)}" for param, value in node.kwargs.items()]
         # Host outputs all go to run_device; device outputs nothing reads (no step, stash or
         # `outputs:` entry) get no variable.

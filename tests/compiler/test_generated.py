@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 from relayc.cli import main
 from relayc.compiler.writer import GENERATED_DIR, compile_spec, stale_bundled
 from relayc.runtime.relay import RelayError
-from relayc.specs.loader import bundled_spec_paths
+from relayc.specs.loader import BUNDLED_DIR, bundled_spec_paths
 from tests.spec_edits import DRAFT_PROBS_EDITS, edited_eagle_spec
 
 ALGORITHMS = [p.stem for p in bundled_spec_paths()]
@@ -324,3 +325,24 @@ def test_check_runs_ruff_and_needs_it(
     assert output.format_source("x=1\n") == "x=1\n"
     assert main(["check"]) == 1
     assert "ruff is not installed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["\nprint('ran at import')\n", "\u2028x = 1", "\rimport os"])
+def test_a_spec_path_with_line_breaks_stays_in_comments(tmp_path: Path, bad: str) -> None:
+    """Spec paths reach the header and every step comment: a file name is spec text too,
+    so a line break in it must not end the comment and become code."""
+    folder = tmp_path / f"specs{bad}"
+    folder.mkdir()
+    for name in ("none.yaml", "common.yaml"):
+        (folder / name).write_text((BUNDLED_DIR / name).read_text())
+    output = compile_spec(folder / "none.yaml", tmp_path / "out")
+    for line in re.split(r"\r\n|\r|\n", output.text):  # Python's own line breaks
+        if "none.yaml" in line:
+            assert line.lstrip().startswith("#"), line
+    module = tmp_path / "generated_none.py"
+    module.write_text(output.text, encoding="utf-8")
+    code = "import importlib.util as u, sys; s = u.spec_from_file_location('m', sys.argv[1]); "
+    code += "s.loader.exec_module(u.module_from_spec(s))"
+    run = subprocess.run([sys.executable, "-c", code, str(module)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "", "spec path text ran at import"

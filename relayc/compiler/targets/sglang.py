@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from relayc.compiler.codegen import GENERATED_MARK, comment_text, pylit, string_literal
-from relayc.compiler.output import Output, format_source
+from relayc.compiler.codegen import GENERATED_MARK, pylit, string_literal
+from relayc.compiler.output import Output, comment_text, format_source
 from relayc.compiler.targets import sglang_base
 from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
 from relayc.graph.passes import FieldLayout, RelayLayout, analyse
