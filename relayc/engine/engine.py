@@ -19,7 +19,7 @@ import contextlib
 import numbers
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from types import ModuleType
@@ -346,7 +346,7 @@ class Engine:
 
     def _run(
         self, requests: dict[int, Request], rejected: list[StreamDelta]
-    ) -> Iterator[StreamDelta]:
+    ) -> Generator[StreamDelta, None, None]:
         # Requests reach the scheduler on the first next(), so a stream that is
         # never iterated leaves nothing behind; arrivals count from then.
         call = _Call(list(requests.values()), dict(requests), deque(rejected))

@@ -39,10 +39,12 @@ def _is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _as_float(value: numbers.Real) -> float:
+def _as_float(value: float) -> float:
+    """``float(value)`` of a validated real (numpy scalars included); an int beyond float
+    range becomes an infinity of its sign."""
     try:
         return float(value)
-    except OverflowError:  # an int beyond float range
+    except OverflowError:
         return math.inf if value > 0 else -math.inf
 
 
