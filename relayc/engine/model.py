@@ -123,7 +123,12 @@ class FusedWeight:
         self._ptrs = [linear.weight.data_ptr() for linear in linears]
 
     def current(self) -> bool:
-        return [linear.weight.data_ptr() for linear in self.linears] == self._ptrs
+        # Read the parameter dicts directly: nn.Module attribute lookup would cost more
+        # than the fused GEMM saves, once per layer and forward.
+        return all(
+            linear._parameters["weight"].data_ptr() == ptr  # type: ignore[union-attr]
+            for linear, ptr in zip(self.linears, self._ptrs, strict=True)
+        )
 
     def get(self) -> torch.Tensor | None:
         if torch.is_grad_enabled() or not self.current():
@@ -232,7 +237,7 @@ class LlamaAttention(nn.Module):
             q = rope.apply(self.q_proj(x).view(tokens, heads, dim))
             k = rope.apply(self.k_proj(x).view(tokens, kv_heads, dim))
             v = self.v_proj(x).view(tokens, kv_heads, dim)
-        return self.o_proj(attend(layer, q, k, v).reshape(tokens, -1))
+        return F.linear(attend(layer, q, k, v).reshape(tokens, -1), self.o_proj.weight)
 
 
 class LlamaMLP(nn.Module):
@@ -252,7 +257,7 @@ class LlamaMLP(nn.Module):
         fused = None if self.gate_up is None else self.gate_up.get()
         if fused is not None:
             gate, up = F.linear(x, fused).split(self.gate_up.splits, dim=-1)  # type: ignore[union-attr]
-            return self.down_proj(F.silu(gate) * up)
+            return F.linear(F.silu(gate) * up, self.down_proj.weight)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
