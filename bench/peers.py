@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from relayc.engine.overlap import set_cpu_threads
 from relayc.engine.shipped import DEMO_DIR, heldout_prompts
 from relayc.engine.tokenizer import ByteTokenizer
 
@@ -472,7 +473,7 @@ def main() -> None:
     if args.quick:
         args.prompts, args.max_new_tokens, args.repeats = 4, 32, 2
         args.batch_sizes = "1"
-    torch.set_num_threads(args.threads)
+    set_cpu_threads(args.threads)
     tokenizer = ByteTokenizer()
     prompts = [tokenizer.encode(p, add_bos=True) for p in heldout_prompts()[: args.prompts]]
     if not prompts:
