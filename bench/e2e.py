@@ -41,11 +41,11 @@ def compare_block_verification(
     """Token-wise vs block verification of `standalone`, same prompts, seeds and engine
     settings; runs alternate so a slow spell of the machine hits both. Sampled runs differ
     from the first diverging token on, so the accept lengths are compared as means."""
-    import torch
 
     from relayc.engine import Engine, SamplingParams
+    from relayc.engine.overlap import set_cpu_threads
 
-    torch.set_num_threads(1)
+    set_cpu_threads()
     modes = [False, True]
     chain = {"num_steps": chain_steps, "topk": 1, "num_draft_tokens": chain_steps + 1}
     engines = [

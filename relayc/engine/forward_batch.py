@@ -47,10 +47,19 @@ class ForwardBatch:
     kv_cache: KVCache
     tree_mask: torch.Tensor | None = None  # [B, N, N] bool, VERIFY only
     return_all_logits: bool = False  # EXTEND: logits for every token, not only the last
+    # EXTEND: the host knows every request has exactly max_extend_len new tokens (a padded
+    # extend, or equal chunks), so attention needs no gather between flat tokens and padded
+    # rows. Decode and verify always have this shape.
+    equal_extend_lens: bool = False
 
     @property
     def batch_size(self) -> int:
         return self.req_pool_indices.numel()
+
+    @property
+    def uniform_extend(self) -> bool:
+        """Every request has exactly ``max_extend_len`` new tokens."""
+        return self.equal_extend_lens or self.mode is not ForwardMode.EXTEND
 
     @classmethod
     def build(
@@ -110,4 +119,5 @@ class ForwardBatch:
             kv_cache=kv_cache,
             tree_mask=None if tree_mask is None else tree_mask.to(device=device, dtype=torch.bool),
             return_all_logits=return_all_logits,
+            equal_extend_lens=len(set(extend_lens)) == 1,
         )

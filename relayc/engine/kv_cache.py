@@ -147,5 +147,8 @@ class KVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``/``v`` ``[T, num_kv_heads, head_dim]`` at KV ``slots`` ``[T]``."""
-        self.k[layer][slots] = k.to(self.k[layer].dtype)
-        self.v[layer][slots] = v.to(self.v[layer].dtype)
+        k_cache, v_cache = self.k[layer], self.v[layer]
+        if k.dtype != k_cache.dtype:  # a no-op .to() still costs a dispatch per layer
+            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        k_cache[slots] = k
+        v_cache[slots] = v

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -69,25 +70,70 @@ class Linear(nn.Module):
         return F.linear(x, self.weight)
 
 
-def use_cpu_matmul_layout(module: nn.Module) -> int:
-    """Store every ``Linear`` weight of ``module`` transposed in memory; returns how many.
+def _column_major(weight: torch.Tensor) -> torch.Tensor:
+    """``weight [out, in]`` with the same values, stored as the transpose of ``[in, out]``."""
+    return weight if weight.stride(0) == 1 else weight.t().contiguous().t()
 
-    Same values, shape and parameters (a tied embedding stays tied): each weight becomes
-    the transposed view of a contiguous ``[in, out]`` tensor, so the CPU GEMM reads it
-    without transposing. Measured on two CPU cores (all linears of the 6-layer demo
-    target, best of 12): 4-9% faster for one token, 15-20% for two, 3-11% for 4-8 --
-    small, but never slower. CUDA needs no such layout; call this for CPU inference
-    only. Idempotent.
+
+def use_cpu_matmul_layout(module: nn.Module) -> int:
+    """Lay out every ``Linear`` weight of ``module`` for CPU inference; returns how many.
+
+    Same values, shapes and parameters (a tied embedding stays tied, the state_dict and
+    checkpoints do not change). Each weight is stored column-major (the transposed view of
+    a contiguous ``[in, out]`` tensor), so the CPU GEMM reads it without transposing:
+    measured on two CPU cores (all linears of the 6-layer demo target, best of 12), 4-9%
+    faster for one token, 15-20% for two, 3-11% for 4-8. And the projections that read the
+    same input -- q/k/v, gate/up -- become column blocks of one fused weight
+    (``fuse_projections``): one GEMM instead of three or two, which for one decode token
+    halves their time (the GEMMs are all per-call overhead at this size). CUDA needs
+    neither; call this for CPU inference only. Idempotent.
     """
     count = 0
     with torch.no_grad():
         for sub in module.modules():
+            if isinstance(sub, LlamaAttention | LlamaMLP):
+                sub.fuse_projections()
+        for sub in module.modules():
             if isinstance(sub, Linear):
-                weight = sub.weight
-                if not weight.t().is_contiguous():
-                    weight.data = weight.data.t().contiguous().t()
+                if sub.weight.stride(0) != 1:
+                    sub.weight.data = _column_major(sub.weight.data)
                 count += 1
     return count
+
+
+class FusedWeight:
+    """One column-major ``[sum out, in]`` weight whose row blocks are ``linears``' weights,
+    each linear's weight re-pointed to its block (a view), so the parameters, the
+    state_dict and in-place updates stay as they were.
+
+    ``get()`` returns the fused weight while it is current -- no linear's weight has been
+    replaced since (``.to(device)``, ``load_state_dict(assign=True)``, a new ``.data``) --
+    and autograd is off (the gradient would reach the fused tensor, not the parameters);
+    else None, and the caller runs the linears one by one."""
+
+    def __init__(self, linears: list[Linear]) -> None:
+        self.linears = linears
+        weights = [linear.weight.data for linear in linears]
+        self.weight = _column_major(torch.cat(weights, dim=0))
+        self.splits = [w.shape[0] for w in weights]
+        offset = 0
+        for linear, rows in zip(linears, self.splits, strict=True):
+            linear.weight.data = self.weight[offset : offset + rows]
+            offset += rows
+        self._ptrs = [linear.weight.data_ptr() for linear in linears]
+
+    def current(self) -> bool:
+        # Read the parameter dicts directly: nn.Module attribute lookup would cost more
+        # than the fused GEMM saves, once per layer and forward.
+        return all(
+            linear._parameters["weight"].data_ptr() == ptr  # type: ignore[union-attr]
+            for linear, ptr in zip(self.linears, self._ptrs, strict=True)
+        )
+
+    def get(self) -> torch.Tensor | None:
+        if torch.is_grad_enabled() or not self.current():
+            return None
+        return self.weight
 
 
 class Embedding(nn.Module):
@@ -106,11 +152,28 @@ class RMSNorm(nn.Module):
         self.weight = _empty(size, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            # The formula below without its two no-op casts (same ops, same bits): six ops.
+            # (F.rms_norm is no fused kernel on the CPU: about fifteen.)
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
         # Normalise in float32 and scale after casting back, as transformers does,
         # so half-precision checkpoints give the logits they were trained with.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+
+class RopeTables(NamedTuple):
+    """One forward's rotary factors, gathered once for every layer: ``[T, 1, head_dim]``."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor  # first half negated: rotate_half(x) * sin == roll(x, half) * this
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x [T, heads, head_dim]`` (the rotate-half convention of HF Llama)."""
+        # rotate_half(x) = cat(-x2, x1) = roll(x, half) with the first half negated; the
+        # sign rides on the sine table instead (negation is exact: same bits).
+        return x * self.cos + x.roll(x.shape[-1] // 2, dims=-1) * self.sin
 
 
 class RotaryEmbedding(nn.Module):
@@ -125,14 +188,20 @@ class RotaryEmbedding(nn.Module):
         angles = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+        half = head_dim // 2
+        signed = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1)
+        self.register_buffer("signed_sin", signed, persistent=False)
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
+        cos = self.cos.index_select(0, positions)[:, None, :]
+        sin = self.signed_sin.index_select(0, positions)[:, None, :]
+        if dtype != torch.float32:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return RopeTables(cos, sin)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x [T, heads, head_dim]`` (the rotate-half convention of HF Llama)."""
-        cos = self.cos[positions][:, None, :].to(x.dtype)
-        sin = self.sin[positions][:, None, :].to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        """Rotate ``x [T, heads, head_dim]`` at ``positions [T]``."""
+        return self.tables(positions, x.dtype).apply(x)
 
 
 class LlamaAttention(nn.Module):
@@ -144,20 +213,31 @@ class LlamaAttention(nn.Module):
         self.k_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, dt)
         self.v_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, dt)
         self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, dt)
+        self.qkv: FusedWeight | None = None
+
+    def fuse_projections(self) -> None:
+        if self.qkv is None or not self.qkv.current():
+            self.qkv = FusedWeight([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: RotaryEmbedding,
+        rope: RopeTables,
         layer: int,
         attend: AttendFn,
     ) -> torch.Tensor:
-        tokens = x.shape[0]
-        q = rotary(self.q_proj(x).view(tokens, self.num_heads, self.head_dim), positions)
-        k = rotary(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim), positions)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        return self.o_proj(attend(layer, q, k, v).reshape(tokens, -1))
+        tokens, heads, kv_heads, dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        fused = None if self.qkv is None else self.qkv.get()
+        if fused is not None:
+            qkv = F.linear(x, fused).view(tokens, heads + 2 * kv_heads, dim)
+            # q and k rotate together: one set of elementwise ops for both.
+            qk = rope.apply(qkv[:, : heads + kv_heads])
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+        else:
+            q = rope.apply(self.q_proj(x).view(tokens, heads, dim))
+            k = rope.apply(self.k_proj(x).view(tokens, kv_heads, dim))
+            v = self.v_proj(x).view(tokens, kv_heads, dim)
+        return F.linear(attend(layer, q, k, v).reshape(tokens, -1), self.o_proj.weight)
 
 
 class LlamaMLP(nn.Module):
@@ -167,8 +247,17 @@ class LlamaMLP(nn.Module):
         self.gate_proj = Linear(h, i, dt)
         self.up_proj = Linear(h, i, dt)
         self.down_proj = Linear(i, h, dt)
+        self.gate_up: FusedWeight | None = None
+
+    def fuse_projections(self) -> None:
+        if self.gate_up is None or not self.gate_up.current():
+            self.gate_up = FusedWeight([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = None if self.gate_up is None else self.gate_up.get()
+        if fused is not None:
+            gate, up = F.linear(x, fused).split(self.gate_up.splits, dim=-1)  # type: ignore[union-attr]
+            return F.linear(F.silu(gate) * up, self.down_proj.weight)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -185,12 +274,15 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
+        positions: torch.Tensor | RopeTables,
         rotary: RotaryEmbedding,
         layer: int,
         attend: AttendFn,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, layer, attend)
+        """``positions``: the tokens' positions ``[T]``, or their rotary tables when the
+        caller gathered them once for several layers."""
+        rope = positions if isinstance(positions, RopeTables) else rotary.tables(positions, x.dtype)
+        x = x + self.self_attn(self.input_layernorm(x), rope, layer, attend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -221,8 +313,9 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, positions, self.rotary, index, attend)
+            x = layer(x, rope, self.rotary, index, attend)
         return x
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

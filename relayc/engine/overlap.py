@@ -98,6 +98,23 @@ class StreamRunner(ForwardRunner):
         return Pending(result=result, event=event)
 
 
+def set_cpu_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op threads for CPU inference the one way every entry point uses
+    (``relayc generate``, ``relayc demo``, the benchmarks); returns the count set.
+
+    Default 1: a forward of the demo-sized models is hundreds of ops of a few microseconds,
+    where more intra-op threads only add hand-offs (measured: torch's default threads made
+    ``relayc generate --no-overlap`` 5-40x slower and erratic on a shared two-core machine),
+    and with overlap the scheduler thread needs a core beside the forward's. Pass a larger
+    count for a model whose GEMMs are big enough to split.
+    """
+    count = 1 if threads is None else threads
+    if count < 1:
+        raise ValueError(f"threads must be at least 1; got {count}")
+    torch.set_num_threads(count)
+    return count
+
+
 def make_runner(device: torch.device, overlap: bool) -> ForwardRunner:
     if device.type == "cpu":
         return ThreadRunner() if overlap else InlineRunner()

@@ -166,6 +166,7 @@ class HostStep:
             req_to_token=req_to_token,
             kv_cache=kv_cache,
             tree_mask=tree_mask,
+            equal_extend_lens=self.input_ids.numel() == len(self.requests) * self.max_extend_len,
         )
         sampling = SamplingBatch(
             dev(self.temperatures), dev(self.top_ks), dev(self.top_ps), dev(self.seeds)

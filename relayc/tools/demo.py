@@ -87,11 +87,10 @@ def measure(
     speculative decoding is for). Tokens/s is the best of ``repeats`` runs (the outputs are
     the same every run: greedy). The runs go round robin, one of every algorithm per round,
     so a slow spell of a shared CPU does not fall on one algorithm's runs only."""
-    import torch
-
     from relayc.engine import Engine, SamplingParams
+    from relayc.engine.overlap import set_cpu_threads
 
-    torch.set_num_threads(1)  # tiny forwards: one thread is fastest and least noisy here
+    set_cpu_threads()  # as `relayc generate` and the benchmarks do
     params = SamplingParams(max_new_tokens=max_new_tokens)
     labels = [_label(name, sizes) for name, sizes in ALGORITHMS]
     engines = []

@@ -100,6 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """``relayc generate``: 0 ok, 2 usage errors."""
     # Imported here: torch is slow to import, and `relayc validate` should not pay for it.
     from relayc.engine.engine import Engine
+    from relayc.engine.overlap import set_cpu_threads
     from relayc.engine.sampling import SamplingParams
     from relayc.engine.weights import CheckpointError
 
@@ -107,6 +108,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(one_line(f"relayc generate: error: {message}"), file=sys.stderr)
         return EXIT_USAGE
 
+    set_cpu_threads()  # as `relayc demo` and the benchmarks do
     try:
         engine = Engine(
             model=args.model,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
 from tests.engine.engine_helpers import (
@@ -58,3 +59,17 @@ def test_without_overlap_the_stop_costs_no_extra_forward(model: LlamaForCausalLM
     with Engine(model, overlap=False, debug=True) as engine:
         (out,) = engine.generate([prompt], params)
         assert out.token_ids == free_run[:2] and engine.scheduler.stats.decode_rows == 1
+
+
+def test_set_cpu_threads_defaults_to_one_and_rejects_zero() -> None:
+    from relayc.engine.overlap import set_cpu_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert set_cpu_threads() == 1 and torch.get_num_threads() == 1
+        assert set_cpu_threads(2) == 2 and torch.get_num_threads() == 2
+        with pytest.raises(ValueError, match="at least 1"):
+            set_cpu_threads(0)
+    finally:
+        torch.set_num_threads(before)

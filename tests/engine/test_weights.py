@@ -130,17 +130,63 @@ def test_cpu_matmul_layout_keeps_values_ties_and_outputs(tmp_path: Path) -> None
     snapshot = {k: v.clone() for k, v in model.state_dict().items()}
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert use_cpu_matmul_layout(model) == len(linears)
-    assert all(m.weight.t().is_contiguous() for m in linears)
+    # Column-major; q/k/v and gate/up are column blocks of one fused weight each.
+    assert all(m.weight.stride(0) == 1 for m in linears)
+    layer = model.model.layers[0]
+    qkv = layer.self_attn.qkv
+    assert qkv is not None and qkv.get() is None  # autograd is on: the fused path is off
+    with torch.no_grad():
+        assert qkv.get() is not None
+    assert layer.self_attn.k_proj.weight.data_ptr() == qkv.weight[qkv.splits[0] :].data_ptr()
     assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
     assert all(torch.equal(v, snapshot[k]) for k, v in model.state_dict().items())
     assert torch.allclose(model.forward_dense(ids).logits, before, atol=1e-5)
     use_cpu_matmul_layout(model)  # idempotent
-    assert all(m.weight.t().is_contiguous() for m in linears)
+    assert all(m.weight.stride(0) == 1 for m in linears)
+    assert layer.self_attn.qkv is qkv
     save_checkpoint(model, tmp_path / "m")  # saving makes the tensors contiguous again
     assert _same_weights(load_checkpoint(tmp_path / "m"), model)
     # The engine lays out the target and the draft model this way on the CPU.
     engine = Engine("random", algorithm="eagle", overlap=False)
     for module in (engine.model, *engine.algorithm.draft_modules()):
-        assert all(m.weight.t().is_contiguous() for m in module.modules() if isinstance(m, Linear))
+        assert all(m.weight.stride(0) == 1 for m in module.modules() if isinstance(m, Linear))
     assert engine.algorithm.draft_modules()
     engine.close()
+
+
+def test_fused_projections_follow_replaced_weights() -> None:
+    """A weight replaced after fusing (new ``.data``) must not be shadowed by the stale
+    fused copy: the layer falls back to its separate projections."""
+    from relayc.engine.model import use_cpu_matmul_layout
+
+    model = random_model(TINY_CONFIG, seed=5)
+    reference = random_model(TINY_CONFIG, seed=5)
+    use_cpu_matmul_layout(model)
+    ids = torch.tensor([256, 7, 1, 99, 3, 42])
+    assert torch.allclose(
+        model.forward_dense(ids).logits, reference.forward_dense(ids).logits, atol=1e-4
+    )
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[0].mlp
+    with torch.no_grad():
+        new_k = torch.randn(attn.k_proj.weight.shape, generator=torch.Generator().manual_seed(1))
+        attn.k_proj.weight.data = new_k.clone()
+        reference.model.layers[1].self_attn.k_proj.weight.copy_(new_k)
+        mlp.up_proj.weight.mul_(0.5)  # in place: the fused weight sees it and stays in use
+        reference.model.layers[0].mlp.up_proj.weight.mul_(0.5)
+    assert attn.qkv is not None and not attn.qkv.current()
+    assert mlp.gate_up is not None and mlp.gate_up.current()
+    assert torch.allclose(
+        model.forward_dense(ids).logits, reference.forward_dense(ids).logits, atol=1e-4
+    )
+
+
+def test_rope_tables_rotate_exactly_like_rotate_half() -> None:
+    from relayc.engine.model import RotaryEmbedding
+
+    rotary = RotaryEmbedding(head_dim=24, theta=500000.0, max_position=300)
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(7, 3, 24, generator=generator)
+    positions = torch.randint(0, 300, (7,), generator=generator)
+    cos, sin = rotary.cos[positions][:, None], rotary.sin[positions][:, None]
+    rotate_half = torch.cat([-x[..., 12:], x[..., :12]], dim=-1)
+    assert torch.equal(rotary(x, positions), x * cos + rotate_half * sin)

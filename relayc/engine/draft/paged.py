@@ -78,6 +78,7 @@ def padded_extend_batch(
         req_to_token=req_to_token,
         kv_cache=kv_cache,
         return_all_logits=True,
+        equal_extend_lens=True,
     )
 
 
@@ -132,12 +133,8 @@ def scratch_attention(
     prefix_loc = req_to_token[req_pool_indices, :max_prefix_len].long()  # [B, P]
     see_prefix = torch.arange(max_prefix_len, device=device)[None, :] < prefix_lens[:, None]
     mask = torch.cat([see_prefix[:, None, :].expand(batch, queries, -1), visible], dim=2)
-    meta = PagedAttentionMetadata(
-        kv_loc=torch.cat([prefix_loc, scratch_cache_loc.long()], dim=1),
-        mask=mask[:, None],
-        padded_index=torch.arange(batch * queries, device=device).view(batch, queries),
-        token_req=torch.arange(batch, device=device).repeat_interleave(queries),
-        token_row=torch.arange(queries, device=device).repeat(batch),
+    meta = PagedAttentionMetadata.uniform(
+        torch.cat([prefix_loc, scratch_cache_loc.long()], dim=1), mask, kv_cache.k[0].dtype
     )
     # paged_attention reads only the cache and the write slots off the batch.
     batch_view = ForwardBatch(

@@ -1,0 +1,533 @@
+"""relayc against its peers on the same weights: Hugging Face transformers (and llama.cpp).
+
+    python bench/peers.py [--quick] [--prompts 16] [--max-new-tokens 64] [--repeats 3]
+                          [--batch-sizes 1,8] [--threads 1] [--no-overlap] [--no-llama-cpp]
+
+The shipped demo target (a 6-layer byte-level Llama) and its standalone draft model are
+plain ``LlamaForCausalLM`` checkpoints, so transformers loads them unchanged. Every peer
+decodes the same held-out prompts greedily (BOS + bytes, ids fed directly, no stop
+token), first once untimed to check that its outputs equal relayc's greedy `none` token
+for token, then timed in round robin (one run of every peer per round, best of
+``--repeats``), so a slow spell of a shared CPU does not fall on one peer's runs only.
+
+Peers, one request at a time: relayc none / ngram / standalone / eagle / eagle_multilayer;
+transformers' greedy ``generate``, prompt lookup, assisted generation with the same
+standalone draft (a constant 3 draft tokens, and its defaults: up to 20 tokens with a
+confidence-threshold early stop), and a bare model + cache + argmax loop; llama.cpp plain
+greedy when ``llama_cpp`` (llama-cpp-python) and ``gguf`` are importable. Eight at a
+time: relayc's algorithms against transformers' greedy ``generate`` and the bare loop,
+left-padded (transformers' assisted modes take one request only).
+
+Each run's process CPU time over its wall time is printed: with one torch thread a run
+the machine did not starve is near 1.0 (the overlap worker adds a little). A run under
+``--min-cpu-share`` is flagged and never chosen as a peer's best; a peer with no
+unstarved run prints ``starved`` instead of a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relayc.engine.overlap import set_cpu_threads
+from relayc.engine.shipped import DEMO_DIR, heldout_prompts
+from relayc.engine.tokenizer import ByteTokenizer
+
+PAD_ID = ByteTokenizer.pad_id
+
+# (label, algorithm, sizes): the relayc rows; `counterpart` below names the HF row each
+# must beat.
+RELAYC: list[tuple[str, str, dict[str, int]]] = [
+    ("relayc none", "none", {}),
+    ("relayc ngram", "ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 6}),
+    ("relayc standalone", "standalone", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
+    ("relayc eagle topk 1", "eagle", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
+    ("relayc eagle topk 4", "eagle", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
+    (
+        "relayc eagle_multilayer",
+        "eagle_multilayer",
+        {"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+    ),
+]
+HF_GREEDY = "hf greedy"
+COUNTERPART = {
+    "relayc none": HF_GREEDY,
+    "relayc ngram": "hf prompt lookup",
+    "relayc standalone": "hf assisted (3 const)",
+}
+HF_SPECULATIVE = ("hf prompt lookup", "hf assisted (3 const)", "hf assisted (defaults)")
+
+
+@dataclass
+class Peer:
+    label: str
+    # (prompts as token ids, concurrency) -> (new token ids per prompt, accept lengths)
+    run: Callable[[list[list[int]], int], tuple[list[list[int]], list[float]]]
+    max_batch: int = 1 << 30  # peers that decode one request at a time only
+    close: Callable[[], None] = lambda: None
+
+
+@dataclass
+class Timing:
+    wall: float
+    cpu: float
+
+    @property
+    def share(self) -> float:
+        return self.cpu / self.wall
+
+
+@dataclass
+class Result:
+    label: str
+    outputs: list[list[int]] = field(default_factory=list)
+    accepts: list[float] = field(default_factory=list)
+    runs: list[Timing] = field(default_factory=list)
+
+    def best(self, min_share: float) -> Timing | None:
+        fine = [t for t in self.runs if t.share >= min_share]
+        return min(fine, key=lambda t: t.wall) if fine else None
+
+    def least_cpu(self) -> float:
+        return min(t.cpu for t in self.runs)
+
+
+# -- relayc -------------------------------------------------------------------------------
+
+
+def relayc_peers(max_new_tokens: int, overlap: bool) -> list[Peer]:
+    """The relayc rows, plus `none` with the overlap switched the other way (what the
+    overlap worker costs or saves on this machine)."""
+    from relayc.engine import Engine, SamplingParams
+
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    peers = []
+    other = "relayc none, overlap " + ("off" if overlap else "on")
+    for label, algorithm, sizes, row_overlap in [
+        *((label, algorithm, sizes, overlap) for label, algorithm, sizes in RELAYC),
+        (other, "none", {}, not overlap),
+    ]:
+        engine = Engine(None, algorithm=algorithm, overlap=row_overlap, **sizes)
+
+        def run(
+            prompts: list[list[int]], group: int, engine: Any = engine
+        ) -> tuple[list[list[int]], list[float]]:
+            outs = [
+                out
+                for g in range(0, len(prompts), group)
+                for out in engine.generate(prompts[g : g + group], params)
+            ]
+            accepts = [float(a) for o in outs for a in o.accept_lengths]
+            return [o.token_ids for o in outs], accepts
+
+        peers.append(Peer(label, run, close=engine.close))
+    return peers
+
+
+# -- transformers ---------------------------------------------------------------------------
+
+
+class ForwardCounter:
+    """Counts a model's forwards (accept length = new tokens per target forward)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls = 0
+        model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_: Any) -> None:
+        self.calls += 1
+
+
+def _left_padded(prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.int64)
+    mask = torch.zeros((len(prompts), width), dtype=torch.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def hf_peers(max_new_tokens: int, prompt_lookup_tokens: int) -> list[Peer]:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    # The bare loop passes `past_key_values`, which transformers >= 4.45 all accept (newer
+    # ones warn that it is to be renamed).
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.nn.modules")
+
+    def load(directory: Path) -> Any:
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            directory, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+        config = model.generation_config
+        config.pad_token_id, config.eos_token_id, config.bos_token_id = PAD_ID, None, None
+        config.do_sample = False
+        return model
+
+    target = load(DEMO_DIR / "target")
+    counter = ForwardCounter(target)
+    # Two copies of the draft model: assisted generation keeps its adapted draft length and
+    # confidence threshold on the assistant's generation config, across calls.
+    constant = load(DEMO_DIR / "standalone")
+    constant.generation_config.num_assistant_tokens = 3
+    constant.generation_config.num_assistant_tokens_schedule = "constant"
+    constant.generation_config.assistant_confidence_threshold = 0.0
+    defaults = load(DEMO_DIR / "standalone")
+
+    def generate(**extra: Any) -> Callable[[list[list[int]], int], Any]:
+        # Plain greedy spends a first forward on the prompt alone; assisted generation's
+        # first forward verifies the first candidates along with the prompt.
+        prefill = 0 if extra else 1
+
+        @torch.no_grad()
+        def run(prompts: list[list[int]], group: int) -> tuple[list[list[int]], list[float]]:
+            outputs: list[list[int]] = []
+            accepts: list[float] = []
+            for g in range(0, len(prompts), group):
+                ids, mask = _left_padded(prompts[g : g + group])
+                before = counter.calls
+                out = target.generate(
+                    ids, attention_mask=mask, max_new_tokens=max_new_tokens, **extra
+                )
+                new = out[:, ids.shape[1] :]
+                outputs.extend(new.tolist())
+                steps = counter.calls - before - prefill
+                if steps > 0 and len(new) == 1:
+                    accepts.append((new.shape[1] - prefill) / steps)
+            return outputs, accepts
+
+        return run
+
+    @torch.no_grad()
+    def bare(prompts: list[list[int]], group: int) -> tuple[list[list[int]], list[float]]:
+        outputs: list[list[int]] = []
+        for g in range(0, len(prompts), group):
+            ids, mask = _left_padded(prompts[g : g + group])
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            cache = transformers.DynamicCache()
+            logits = target(
+                ids, attention_mask=mask, position_ids=positions, past_key_values=cache
+            ).logits[:, -1]
+            tokens = [logits.argmax(-1)]
+            for _ in range(max_new_tokens - 1):
+                mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
+                positions = positions[:, -1:] + 1
+                logits = target(
+                    tokens[-1][:, None],
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=cache,
+                ).logits[:, -1]
+                tokens.append(logits.argmax(-1))
+            outputs.extend(torch.stack(tokens, dim=1).tolist())
+        return outputs, []
+
+    return [
+        Peer(HF_GREEDY, generate()),
+        Peer("hf bare loop", bare),
+        Peer("hf prompt lookup", generate(prompt_lookup_num_tokens=prompt_lookup_tokens), 1),
+        Peer("hf assisted (3 const)", generate(assistant_model=constant), 1),
+        Peer("hf assisted (defaults)", generate(assistant_model=defaults), 1),
+    ]
+
+
+# -- llama.cpp (optional) -------------------------------------------------------------------
+
+
+def _unpermute_rope(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """transformers' q/k rows pair dimension ``i`` with ``i + head_dim / 2`` (rotate half);
+    llama.cpp's RoPE pairs ``2i`` with ``2i + 1``: interleave the two halves of each head."""
+    rows, cols = weight.shape
+    return weight.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def write_gguf(checkpoint: Path, path: Path) -> Path:
+    """The checkpoint as a float32 GGUF llama.cpp loads: the byte vocabulary as SentencePiece
+    byte tokens (``<0x41>``) plus BOS / EOS / PAD, ids unchanged (prompts are fed as ids)."""
+    import gguf
+    from safetensors.torch import load_file
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    tokenizer = ByteTokenizer()
+    specials = {tokenizer.bos_id: "<s>", tokenizer.eos_id: "</s>", tokenizer.pad_id: "<pad>"}
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([f"<0x{i:02X}>" for i in range(256)] + list(specials.values()))
+    writer.add_token_scores([0.0] * tokenizer.vocab_size)
+    writer.add_token_types([gguf.TokenType.BYTE] * 256 + [gguf.TokenType.CONTROL] * len(specials))
+    writer.add_bos_token_id(tokenizer.bos_id)
+    writer.add_eos_token_id(tokenizer.eos_id)
+    writer.add_pad_token_id(tokenizer.pad_id)
+    writer.add_add_bos_token(False)
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    per_layer = {
+        "input_layernorm": "attn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    for layer in range(config["num_hidden_layers"]):
+        for ours, theirs in per_layer.items():
+            names[f"model.layers.{layer}.{ours}.weight"] = f"blk.{layer}.{theirs}.weight"
+    for name, tensor in weights.items():
+        tensor = tensor.float()
+        if name.endswith("q_proj.weight"):
+            tensor = _unpermute_rope(tensor, heads)
+        elif name.endswith("k_proj.weight"):
+            tensor = _unpermute_rope(tensor, kv_heads)
+        writer.add_tensor(names[name], tensor.contiguous().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def llama_cpp_peer(max_new_tokens: int, threads: int, workdir: Path) -> Peer | None:
+    """llama.cpp plain greedy on a GGUF written from the shipped target, or None when
+    ``llama_cpp`` (llama-cpp-python) or ``gguf`` is not installed."""
+    try:
+        import gguf  # noqa: F401
+        import llama_cpp
+    except ImportError:
+        return None
+    path = write_gguf(DEMO_DIR / "target", workdir / "target.gguf")
+    llm = llama_cpp.Llama(
+        str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False
+    )
+
+    def run(prompts: list[list[int]], group: int) -> tuple[list[list[int]], list[float]]:
+        outputs = []
+        for prompt in prompts:
+            tokens: list[int] = []
+            for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+                tokens.append(int(token))
+                if len(tokens) == max_new_tokens:
+                    break
+            outputs.append(tokens)
+        return outputs, []
+
+    return Peer("llama.cpp greedy", run, 1)
+
+
+# -- measurement ----------------------------------------------------------------------------
+
+
+def measure(
+    peers: Sequence[Peer],
+    prompts: list[list[int]],
+    group: int,
+    repeats: int,
+    reference: list[list[int]] | None,
+) -> list[Result]:
+    results = [Result(p.label) for p in peers]
+    for peer, result in zip(peers, results, strict=True):  # the untimed check and warm-up
+        result.outputs, result.accepts = peer.run(prompts, group)
+        if reference is not None and result.outputs != reference:
+            bad = sum(a != b for a, b in zip(result.outputs, reference, strict=True))
+            print(f"  !! {peer.label}: {bad}/{len(prompts)} outputs differ from relayc none")
+    for _ in range(repeats):
+        for peer, result in zip(peers, results, strict=True):
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
+            peer.run(prompts, group)
+            result.runs.append(
+                Timing(time.perf_counter() - start_wall, time.process_time() - start_cpu)
+            )
+    return results
+
+
+def report(
+    results: Sequence[Result],
+    reference: list[list[int]],
+    tokens: int,
+    min_share: float,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Print one table; returns tokens/s by label (unstarved peers only) and tokens per
+    CPU second by label (every peer).
+
+    ``tokens/cpu-s`` (new tokens per second of process CPU time, best run) is the figure
+    that survives a crowded machine: a starved run waits longer but hardly computes more.
+    """
+    from relayc.specs.explain import table
+
+    tps = {}
+    for r in results:
+        best = r.best(min_share)
+        if best is not None:
+            tps[r.label] = tokens / best.wall
+    per_cpu = {r.label: tokens / r.least_cpu() for r in results}
+    greedy, greedy_cpu = tps.get(HF_GREEDY), per_cpu.get(HF_GREEDY)
+    rows = []
+    for r in results:
+        best = r.best(min_share)
+        shares = " ".join(f"{t.share:.2f}" + ("*" if t.share < min_share else "") for t in r.runs)
+        rate = tps.get(r.label)
+        counterpart = COUNTERPART.get(r.label)
+        rows.append(
+            [
+                r.label,
+                "starved" if rate is None else f"{rate:.1f}",
+                "-" if rate is None or greedy is None else f"{rate / greedy:.2f}x",
+                "-"
+                if rate is None or counterpart not in tps
+                else f"{rate / tps[counterpart]:.2f}x {counterpart}",
+                f"{per_cpu[r.label]:.1f}",
+                "-" if greedy_cpu is None else f"{per_cpu[r.label] / greedy_cpu:.2f}x",
+                f"{sum(r.accepts) / len(r.accepts):.2f}" if r.accepts else "-",
+                shares,
+                "yes" if r.outputs == reference else "NO",
+            ]
+        )
+    print(
+        table(
+            [
+                "peer",
+                "tokens/s",
+                "vs hf greedy",
+                "vs counterpart",
+                "tokens/cpu-s",
+                "cpu vs hf greedy",
+                "accept len",
+                "cpu/wall per run",
+                "identical",
+            ],
+            rows,
+        )
+    )
+    return tps, per_cpu
+
+
+def summary(by_batch: dict[int, dict[str, float]], metric: str) -> None:
+    """The issue's targets, as measured ratios of ``metric`` (tokens/s, or tokens per CPU
+    second when a peer had no unstarved run)."""
+    print(f"\ntargets (measured ratio of {metric}):")
+    for batch, tps in by_batch.items():
+        if "relayc none" in tps and HF_GREEDY in tps:
+            print(
+                f"  {batch} at a time: relayc none / hf greedy = "
+                f"{tps['relayc none'] / tps[HF_GREEDY]:.2f}x"
+            )
+    tps = by_batch.get(1, {})
+    for ours, theirs in COUNTERPART.items():
+        for other in (theirs, "hf assisted (defaults)") if "standalone" in ours else (theirs,):
+            if ours in tps and other in tps:
+                print(f"  {ours} / {other} = {tps[ours] / tps[other]:.2f}x")
+    ours = {k: v for k, v in tps.items() if k.startswith("relayc")}
+    theirs = {k: v for k, v in tps.items() if k in HF_SPECULATIVE}
+    if ours and theirs:
+        best_ours, best_theirs = max(ours, key=ours.get), max(theirs, key=theirs.get)  # type: ignore[arg-type]
+        print(
+            f"  relayc best ({best_ours}) / hf best speculative ({best_theirs}) = "
+            f"{ours[best_ours] / theirs[best_theirs]:.2f}x"
+        )
+        if "llama.cpp greedy" in tps:
+            print(
+                f"  relayc best / llama.cpp greedy = "
+                f"{ours[best_ours] / tps['llama.cpp greedy']:.2f}x"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (best of N)")
+    parser.add_argument("--batch-sizes", default="1,8", help="concurrent requests, one table each")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (all peers)")
+    parser.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    parser.add_argument("--no-overlap", action="store_true", help="relayc without overlap")
+    parser.add_argument("--no-llama-cpp", action="store_true")
+    parser.add_argument(
+        "--min-cpu-share",
+        type=float,
+        default=0.85,
+        help="a run with less process CPU time per wall second was starved (flagged *)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="4 prompts, 32 tokens, 2 rounds, one at a time"
+    )
+    parser.add_argument("--json", help="also write the tokens/s figures here")
+    args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.max_new_tokens, args.repeats = 4, 32, 2
+        args.batch_sizes = "1"
+    set_cpu_threads(args.threads)
+    tokenizer = ByteTokenizer()
+    prompts = [tokenizer.encode(p, add_bos=True) for p in heldout_prompts()[: args.prompts]]
+    if not prompts:
+        raise SystemExit("the shipped demo models are missing: bench/peers.py compares on them")
+    peers = relayc_peers(args.max_new_tokens, not args.no_overlap)
+    peers += hf_peers(args.max_new_tokens, args.prompt_lookup_tokens)
+    if not args.no_llama_cpp:
+        import tempfile
+
+        workdir = Path(tempfile.mkdtemp(prefix="relayc-peers-"))
+        llama = llama_cpp_peer(args.max_new_tokens, args.threads, workdir)
+        if llama is not None:
+            peers.append(llama)
+        else:
+            print("llama.cpp skipped: `pip install llama-cpp-python gguf` to compare with it")
+    by_batch: dict[int, dict[str, float]] = {}
+    by_batch_cpu: dict[int, dict[str, float]] = {}
+    try:
+        for group in (int(b) for b in args.batch_sizes.split(",")):
+            # relayc none one request at a time is the reference every peer must equal.
+            reference = peers[0].run(prompts, 1)[0]
+            batch_peers = [p for p in peers if p.max_batch >= group]
+            print(
+                f"\n{len(prompts)} prompts, {group} at a time, {args.max_new_tokens} new tokens, "
+                f"{args.threads} torch thread(s), best of {args.repeats} round-robin runs"
+            )
+            results = measure(batch_peers, prompts, group, args.repeats, reference)
+            total = len(prompts) * args.max_new_tokens
+            by_batch[group], by_batch_cpu[group] = report(
+                results, reference, total, args.min_cpu_share
+            )
+    finally:
+        for peer in peers:
+            peer.close()
+    starved = any(len(tps) < len(by_batch_cpu[b]) for b, tps in by_batch.items())
+    if starved:
+        print("\nsome peers had no unstarved run: the targets below compare CPU time")
+    summary(by_batch_cpu if starved else by_batch, "tokens/cpu-s" if starved else "tokens/s")
+    if args.json:
+        figures = {"tokens_per_s": by_batch, "tokens_per_cpu_s": by_batch_cpu}
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
