@@ -179,6 +179,10 @@ class RopeTables(NamedTuple):
 class RotaryEmbedding(nn.Module):
     """cos/sin tables ``[max_position, head_dim]`` in float32, indexed by position."""
 
+    cos: torch.Tensor  # buffers (register_buffer), typed for the checker
+    sin: torch.Tensor
+    signed_sin: torch.Tensor
+
     def __init__(self, head_dim: int, theta: float, max_position: int) -> None:
         super().__init__()
         inv_freq = 1.0 / theta ** (
