@@ -51,6 +51,15 @@ _EXTEND_INPUTS = {
     **_SLOTS,
 }
 
+# The chain accept ops (token-wise and block verification) read the same values.
+_CHAIN_ACCEPT_INPUTS = {
+    "logits": T("float32", (N, "vocab")),
+    "candidates": _TREE["candidates"],
+    "positions": _TREE["positions"],
+    "draft_probs": T("float32", ("num_steps", "vocab")),
+}
+
+
 for op in (
     # Non-speculative decoding.
     Op(
@@ -207,23 +216,13 @@ for op in (
     ),
     Op(
         "accept_chain",
-        {
-            "logits": T("float32", (N, "vocab")),
-            "candidates": _TREE["candidates"],
-            "positions": _TREE["positions"],
-            "draft_probs": T("float32", ("num_steps", "vocab")),
-        },
+        _CHAIN_ACCEPT_INPUTS,
         _ACCEPTED,
         doc="greedy or rejection sampling with real draft probabilities",
     ),
     Op(
         "accept_chain_block",
-        {
-            "logits": T("float32", (N, "vocab")),
-            "candidates": _TREE["candidates"],
-            "positions": _TREE["positions"],
-            "draft_probs": T("float32", ("num_steps", "vocab")),
-        },
+        _CHAIN_ACCEPT_INPUTS,
         _ACCEPTED,
         doc="accept_chain with block verification (Sun et al. 2024) for sampled rows",
     ),

@@ -23,18 +23,24 @@ def model() -> LlamaForCausalLM:
     return random_model(seed=3)
 
 
-@pytest.mark.parametrize("block_verification", [False, True])
-def test_the_option_reaches_the_chain_sampler(
-    model: LlamaForCausalLM, block_verification: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    seen: list[bool] = []
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The `block_verification` flag of every chain sampler call the engine makes."""
+    calls: list[bool] = []
     real = verify_ops.chain_speculative_sampling
 
     def spy(*args, block_verification: bool = False, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        seen.append(block_verification)
+        calls.append(block_verification)
         real(*args, block_verification=block_verification, **kwargs)
 
     monkeypatch.setattr(verify_ops, "chain_speculative_sampling", spy)
+    return calls
+
+
+@pytest.mark.parametrize("block_verification", [False, True])
+def test_the_option_reaches_the_chain_sampler(
+    model: LlamaForCausalLM, block_verification: bool, seen: list[bool]
+) -> None:
     engine = Engine(model, algorithm="standalone", block_verification=block_verification, **CHAIN)
     params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5)
     outs = engine.generate([[1, 2, 3], [4, 5, 6, 7]], params)
@@ -60,18 +66,10 @@ def test_algorithms_without_chain_drafts_refuse_the_option(
 
 
 def test_a_spec_chooses_block_verification_with_its_accept_op(
-    model: LlamaForCausalLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    model: LlamaForCausalLM, tmp_path: Path, seen: list[bool]
 ) -> None:
     """`op: accept_chain_block` in a copy of standalone.yaml is the spec's way to ask for block
     verification: the engine (with no option) then verifies sampled rows block-wise."""
-    seen: list[bool] = []
-    real = verify_ops.chain_speculative_sampling
-
-    def spy(*args, block_verification: bool = False, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        seen.append(block_verification)
-        real(*args, block_verification=block_verification, **kwargs)
-
-    monkeypatch.setattr(verify_ops, "chain_speculative_sampling", spy)
     text = (BUNDLED_DIR / "standalone.yaml").read_text()
     assert "    op: accept_chain\n" in text
     shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
