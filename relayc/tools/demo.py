@@ -72,7 +72,7 @@ def _label(name: str, sizes: dict[str, int]) -> str:
 def _progress(done: int, total: int, label: str) -> None:
     width = 24
     filled = width * done // total
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<24}")
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<32}")
     sys.stderr.flush()
     if done == total:
         sys.stderr.write("\n")
@@ -101,6 +101,7 @@ def measure(
     time runs so whatever ``batch_size`` is. Their rows follow the algorithms'."""
     from relayc.engine import Engine, SamplingParams
     from relayc.engine.overlap import set_cpu_threads
+    from relayc.engine.tokenizer import ByteTokenizer
     from relayc.tools.peers import round_robin
 
     set_cpu_threads()  # as `relayc generate` and the benchmarks do
@@ -140,7 +141,9 @@ def measure(
     timings: list[list[Timing]] = [[] for _ in range(len(engines) + len(peers))]
     try:
         if peers:
-            ids = [engines[0].tokenizer.encode(p, add_bos=True) for p in prompts]
+            # transformers' peers run the shipped byte-level models only: BOS + bytes, as
+            # the engine encodes a text prompt for them
+            ids = [ByteTokenizer().encode(p, add_bos=True) for p in prompts]
             for peer in peers:
                 if progress:
                     progress(len(ALGORITHMS), len(ALGORITHMS) + 1, f"warm up {peer.label}")
