@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,8 +38,15 @@ import torch
 from relayc.engine.overlap import set_cpu_threads
 from relayc.engine.shipped import DEMO_DIR, heldout_prompts
 from relayc.engine.tokenizer import ByteTokenizer
-
-PAD_ID = ByteTokenizer.pad_id
+from relayc.tools.peers import (
+    HF_ASSISTED_DEFAULTS,
+    HF_GREEDY,
+    HF_PROMPT_LOOKUP,
+    HFTarget,
+    Peer,
+    Timing,
+    round_robin,
+)
 
 # (label, algorithm, sizes): the relayc rows; `counterpart` below names the HF row each
 # must beat.
@@ -57,32 +62,13 @@ RELAYC: list[tuple[str, str, dict[str, int]]] = [
         {"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
     ),
 ]
-HF_GREEDY = "hf greedy"
+HF_ASSISTED_CONSTANT = "hf assisted (3 const)"
 COUNTERPART = {
     "relayc none": HF_GREEDY,
-    "relayc ngram": "hf prompt lookup",
-    "relayc standalone": "hf assisted (3 const)",
+    "relayc ngram": HF_PROMPT_LOOKUP,
+    "relayc standalone": HF_ASSISTED_CONSTANT,
 }
-HF_SPECULATIVE = ("hf prompt lookup", "hf assisted (3 const)", "hf assisted (defaults)")
-
-
-@dataclass
-class Peer:
-    label: str
-    # (prompts as token ids, concurrency) -> (new token ids per prompt, accept lengths)
-    run: Callable[[list[list[int]], int], tuple[list[list[int]], list[float]]]
-    max_batch: int = 1 << 30  # peers that decode one request at a time only
-    close: Callable[[], None] = lambda: None
-
-
-@dataclass
-class Timing:
-    wall: float
-    cpu: float
-
-    @property
-    def share(self) -> float:
-        return self.cpu / self.wall
+HF_SPECULATIVE = (HF_PROMPT_LOOKUP, HF_ASSISTED_CONSTANT, HF_ASSISTED_DEFAULTS)
 
 
 @dataclass
@@ -135,109 +121,14 @@ def relayc_peers(max_new_tokens: int, overlap: bool) -> list[Peer]:
 # -- transformers ---------------------------------------------------------------------------
 
 
-class ForwardCounter:
-    """Counts a model's forwards (accept length = new tokens per target forward)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.calls = 0
-        model.register_forward_pre_hook(self._hook)
-
-    def _hook(self, *_: Any) -> None:
-        self.calls += 1
-
-
-def _left_padded(prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.int64)
-    mask = torch.zeros((len(prompts), width), dtype=torch.int64)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    return ids, mask
-
-
 def hf_peers(max_new_tokens: int, prompt_lookup_tokens: int) -> list[Peer]:
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    # The bare loop passes `past_key_values`, which transformers >= 4.45 all accept (newer
-    # ones warn that it is to be renamed).
-    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.nn.modules")
-
-    def load(directory: Path) -> Any:
-        model = transformers.LlamaForCausalLM.from_pretrained(
-            directory, dtype=torch.float32, attn_implementation="sdpa"
-        ).eval()
-        config = model.generation_config
-        config.pad_token_id, config.eos_token_id, config.bos_token_id = PAD_ID, None, None
-        config.do_sample = False
-        return model
-
-    target = load(DEMO_DIR / "target")
-    counter = ForwardCounter(target)
-    # Two copies of the draft model: assisted generation keeps its adapted draft length and
-    # confidence threshold on the assistant's generation config, across calls.
-    constant = load(DEMO_DIR / "standalone")
-    constant.generation_config.num_assistant_tokens = 3
-    constant.generation_config.num_assistant_tokens_schedule = "constant"
-    constant.generation_config.assistant_confidence_threshold = 0.0
-    defaults = load(DEMO_DIR / "standalone")
-
-    def generate(**extra: Any) -> Callable[[list[list[int]], int], Any]:
-        # Plain greedy spends a first forward on the prompt alone; assisted generation's
-        # first forward verifies the first candidates along with the prompt.
-        prefill = 0 if extra else 1
-
-        @torch.no_grad()
-        def run(prompts: list[list[int]], group: int) -> tuple[list[list[int]], list[float]]:
-            outputs: list[list[int]] = []
-            accepts: list[float] = []
-            for g in range(0, len(prompts), group):
-                ids, mask = _left_padded(prompts[g : g + group])
-                before = counter.calls
-                out = target.generate(
-                    ids, attention_mask=mask, max_new_tokens=max_new_tokens, **extra
-                )
-                new = out[:, ids.shape[1] :]
-                outputs.extend(new.tolist())
-                steps = counter.calls - before - prefill
-                if steps > 0 and len(new) == 1:
-                    accepts.append((new.shape[1] - prefill) / steps)
-            return outputs, accepts
-
-        return run
-
-    @torch.no_grad()
-    def bare(prompts: list[list[int]], group: int) -> tuple[list[list[int]], list[float]]:
-        outputs: list[list[int]] = []
-        for g in range(0, len(prompts), group):
-            ids, mask = _left_padded(prompts[g : g + group])
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            cache = transformers.DynamicCache()
-            logits = target(
-                ids, attention_mask=mask, position_ids=positions, past_key_values=cache
-            ).logits[:, -1]
-            tokens = [logits.argmax(-1)]
-            for _ in range(max_new_tokens - 1):
-                mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
-                positions = positions[:, -1:] + 1
-                logits = target(
-                    tokens[-1][:, None],
-                    attention_mask=mask,
-                    position_ids=positions,
-                    past_key_values=cache,
-                ).logits[:, -1]
-                tokens.append(logits.argmax(-1))
-            outputs.extend(torch.stack(tokens, dim=1).tolist())
-        return outputs, []
-
+    hf = HFTarget(max_new_tokens)
     return [
-        Peer(HF_GREEDY, generate()),
-        Peer("hf bare loop", bare),
-        Peer("hf prompt lookup", generate(prompt_lookup_num_tokens=prompt_lookup_tokens), 1),
-        Peer("hf assisted (3 const)", generate(assistant_model=constant), 1),
-        Peer("hf assisted (defaults)", generate(assistant_model=defaults), 1),
+        hf.greedy(),
+        hf.bare_loop(),
+        hf.prompt_lookup(prompt_lookup_tokens),
+        hf.assisted(constant=3),
+        hf.assisted(),
     ]
 
 
@@ -360,13 +251,9 @@ def measure(
         if reference is not None and result.outputs != reference:
             bad = sum(a != b for a, b in zip(result.outputs, reference, strict=True))
             print(f"  !! {peer.label}: {bad}/{len(prompts)} outputs differ from relayc none")
-    for _ in range(repeats):
-        for peer, result in zip(peers, results, strict=True):
-            start_wall, start_cpu = time.perf_counter(), time.process_time()
-            peer.run(prompts, group)
-            result.runs.append(
-                Timing(time.perf_counter() - start_wall, time.process_time() - start_cpu)
-            )
+    runs = [lambda peer=peer: peer.run(prompts, group) for peer in peers]
+    for result, timings in zip(results, round_robin(runs, repeats), strict=True):
+        result.runs = timings
     return results
 
 
@@ -443,7 +330,7 @@ def summary(by_batch: dict[int, dict[str, float]], metric: str) -> None:
             )
     tps = by_batch.get(1, {})
     for ours, theirs in COUNTERPART.items():
-        for other in (theirs, "hf assisted (defaults)") if "standalone" in ours else (theirs,):
+        for other in (theirs, HF_ASSISTED_DEFAULTS) if "standalone" in ours else (theirs,):
             if ours in tps and other in tps:
                 print(f"  {ours} / {other} = {tps[ours] / tps[other]:.2f}x")
     ours = {k: v for k, v in tps.items() if k.startswith("relayc")}

@@ -3,21 +3,27 @@
 The same measurement serves `bench/e2e.py`. Every algorithm runs the same prompts
 (by default the shipped models' held-out prompts) greedily on the same target; the table gives the mean accept length
 (tokens emitted per verify, bonus included), tokens/s, the speedup over `none`
-measured in the same run, and whether the outputs equal greedy `none` exactly.
+measured in the same run, and whether the outputs equal greedy `none` exactly. On the
+shipped models, with transformers installed, two peer rows join the same round robin:
+transformers' greedy ``generate`` and its best speculative mode (the faster of prompt
+lookup and assisted generation with the shipped standalone draft, transformers'
+defaults), built by :mod:`relayc.tools.peers`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayc.specs.errors import UsageError
 from relayc.tools.args import int_in, model_dir, writable_file
+
+if TYPE_CHECKING:  # the peers import torch: `relayc validate` and friends should not
+    from relayc.tools.peers import Peer, Timing
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
@@ -52,10 +58,11 @@ ALGORITHMS: list[tuple[str, dict[str, int]]] = [
 @dataclass
 class Row:
     label: str
-    mean_accept: float
+    mean_accept: float | None  # None: the peer reports none (transformers, batched)
     tokens_per_s: float
     speedup: float
     identical: bool
+    peer: bool = False  # a transformers row, not one of relayc's algorithms
 
 
 def _label(name: str, sizes: dict[str, int]) -> str:
@@ -65,7 +72,7 @@ def _label(name: str, sizes: dict[str, int]) -> str:
 def _progress(done: int, total: int, label: str) -> None:
     width = 24
     filled = width * done // total
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<24}")
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<32}")
     sys.stderr.flush()
     if done == total:
         sys.stderr.write("\n")
@@ -81,14 +88,21 @@ def measure(
     batch_size: int = 0,
     repeats: int = 1,
     progress: Callable[[int, int, str], None] | None = None,
+    peers: Sequence[Peer] = (),
 ) -> list[Row]:
     """Every algorithm over ``prompts``: all at once (``batch_size`` 0), or in consecutive
     groups of ``batch_size`` concurrent requests (1: one request at a time, the latency view
     speculative decoding is for). Tokens/s is the best of ``repeats`` runs (the outputs are
     the same every run: greedy). The runs go round robin, one of every algorithm per round,
-    so a slow spell of a shared CPU does not fall on one algorithm's runs only."""
+    so a slow spell of a shared CPU does not fall on one algorithm's runs only.
+
+    ``peers`` (transformers, :mod:`relayc.tools.peers`) join the same rounds on the same
+    prompts, encoded as the engine encodes them; a peer that decodes one request at a
+    time runs so whatever ``batch_size`` is. Their rows follow the algorithms'."""
     from relayc.engine import Engine, SamplingParams
     from relayc.engine.overlap import set_cpu_threads
+    from relayc.engine.tokenizer import ByteTokenizer
+    from relayc.tools.peers import round_robin
 
     set_cpu_threads()  # as `relayc generate` and the benchmarks do
     params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -101,40 +115,68 @@ def measure(
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
         engines.append(engine)
     group = batch_size or len(prompts)
-    elapsed = [float("inf")] * len(engines)
-    outputs: list[list[Any]] = [[] for _ in engines]
+    outputs: list[list[list[int]]] = [[] for _ in range(len(engines) + len(peers))]
+    accepts: list[list[float]] = [[] for _ in outputs]
+
+    def engine_run(i: int, engine: Any) -> Callable[[], None]:
+        def run() -> None:
+            outs = [
+                out
+                for g in range(0, len(prompts), group)
+                for out in engine.generate(prompts[g : g + group], params)
+            ]
+            outputs[i] = [o.token_ids for o in outs]
+            accepts[i] = [float(a) for o in outs for a in o.accept_lengths]
+
+        return run
+
+    def peer_run(i: int, peer: Peer, ids: list[list[int]]) -> Callable[[], None]:
+        def run() -> None:
+            outputs[i], accepts[i] = peer.run(ids, min(group, peer.max_batch))
+
+        return run
+
+    runs = [engine_run(i, engine) for i, engine in enumerate(engines)]
     rounds = max(repeats, 1)
+    timings: list[list[Timing]] = [[] for _ in range(len(engines) + len(peers))]
     try:
+        if peers:
+            # transformers' peers run the shipped byte-level models only: BOS + bytes, as
+            # the engine encodes a text prompt for them
+            ids = [ByteTokenizer().encode(p, add_bos=True) for p in prompts]
+            for peer in peers:
+                if progress:
+                    progress(len(ALGORITHMS), len(ALGORITHMS) + 1, f"warm up {peer.label}")
+                peer.run(ids[:1], 1)
+                runs.append(peer_run(len(runs), peer, ids))
         for r in range(rounds):
             if progress:
                 progress(len(ALGORITHMS), len(ALGORITHMS) + 1, f"run {r + 1}/{rounds}")
-            for i, engine in enumerate(engines):
-                start = time.perf_counter()
-                outputs[i] = [
-                    out
-                    for g in range(0, len(prompts), group)
-                    for out in engine.generate(prompts[g : g + group], params)
-                ]
-                elapsed[i] = min(elapsed[i], time.perf_counter() - start)
+            for times, new in zip(timings, round_robin(runs, 1), strict=True):
+                times.extend(new)
     finally:
         for engine in engines:
             engine.close()
+        for peer in peers:
+            peer.close()
     if progress:
         progress(len(ALGORITHMS) + 1, len(ALGORITHMS) + 1, "done")
+    elapsed = [min(t.wall for t in times) for times in timings]
     base = [name for name, _ in ALGORITHMS].index("none")
-    reference = [o.token_ids for o in outputs[base]]
+    reference = outputs[base]
     base_tps = sum(len(t) for t in reference) / elapsed[base]
     rows: list[Row] = []
-    for label, outs, seconds in zip(labels, outputs, elapsed, strict=True):
-        accepts = [a for o in outs for a in o.accept_lengths]
-        tps = sum(len(o.token_ids) for o in outs) / seconds
+    all_labels = labels + [peer.label for peer in peers]
+    for i, (label, outs, seconds) in enumerate(zip(all_labels, outputs, elapsed, strict=True)):
+        tps = sum(len(o) for o in outs) / seconds
         rows.append(
             Row(
                 label,
-                sum(accepts) / max(len(accepts), 1),
+                sum(accepts[i]) / len(accepts[i]) if accepts[i] else None,
                 tps,
                 tps / base_tps,
-                [o.token_ids for o in outs] == reference,
+                outs == reference,
+                peer=i >= len(engines),
             )
         )
     return rows
@@ -148,7 +190,7 @@ def table(rows: Sequence[Row]) -> str:
         [
             [
                 r.label,
-                f"{r.mean_accept:.2f}",
+                "-" if r.mean_accept is None else f"{r.mean_accept:.2f}",
                 f"{r.tokens_per_s:.1f}",
                 f"{r.speedup:.2f}x",
                 "yes" if r.identical else "no",
@@ -168,14 +210,23 @@ def chart(rows: Sequence[Row], path: Path) -> bool:
     except ImportError:
         return False
     labels = [r.label for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.bar(labels, [r.speedup for r in rows], color="#1565c0")
+    # transformers' rows in grey, so relayc's algorithms stand out against them
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12 if len(rows) > 6 else 10, 4))
+    left.bar(
+        labels, [r.speedup for r in rows], color=["#9e9e9e" if r.peer else "#1565c0" for r in rows]
+    )
     left.axhline(1.0, color="#9e9e9e", linewidth=1)
-    left.set_title("tokens/s speedup vs none")
-    right.bar(labels, [r.mean_accept for r in rows], color="#5e35b1")
+    left.set_title("tokens/s speedup vs relayc none")
+    right.bar(
+        labels,
+        [r.mean_accept or 0.0 for r in rows],
+        color=["#9e9e9e" if r.peer else "#5e35b1" for r in rows],
+    )
     right.set_title("mean accept length (tokens per verify)")
     for axis in (left, right):
         axis.tick_params(axis="x", rotation=30)
+        for tick in axis.get_xticklabels():
+            tick.set_horizontalalignment("right")
     fig.suptitle(
         "relayc demo: greedy decoding, outputs identical to none: "
         + ("yes" if all(r.identical for r in rows) else "NO")
@@ -186,9 +237,38 @@ def chart(rows: Sequence[Row], path: Path) -> bool:
     return True
 
 
+HF_GREEDY_ROW = "HF greedy"
+HF_BEST_ROW = "HF best speculative"
+
+
+def hf_peers(max_new_tokens: int) -> list[Peer]:
+    """transformers' greedy ``generate`` and the two speculative modes it offers on the
+    shipped models without training anything: prompt lookup and assisted generation with
+    the shipped standalone draft, both with transformers' defaults."""
+    from relayc.tools.peers import HFTarget
+
+    hf = HFTarget(max_new_tokens)
+    return [hf.greedy(), hf.prompt_lookup(), hf.assisted()]
+
+
+def hf_rows(rows: Sequence[Row], one_at_a_time: bool) -> list[Row]:
+    """The rows of :func:`hf_peers` as the demo shows them: greedy, and the faster of the
+    two speculative modes, named."""
+    from relayc.tools.peers import HF_PROMPT_LOOKUP
+
+    greedy, *speculative = rows
+    best = max(speculative, key=lambda r: r.tokens_per_s)
+    mode = "prompt lookup" if best.label == HF_PROMPT_LOOKUP else "assisted, defaults"
+    if one_at_a_time:  # transformers' speculative modes take one request at a time
+        mode += ", one at a time"
+    greedy.label, best.label = HF_GREEDY_ROW, f"{HF_BEST_ROW} ({mode})"
+    return [greedy, best]
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from relayc.compiler.writer import GENERATED_DIR, regenerate_bundled
     from relayc.engine.weights import CheckpointError
+    from relayc.tools.peers import transformers_missing
 
     try:
         written = regenerate_bundled()
@@ -199,6 +279,15 @@ def run_demo(args: argparse.Namespace) -> int:
         f"({len(written)} rewritten, the rest unchanged)"
     )
     prompts = demo_prompts(args.model)
+    peers: list[Peer] = []
+    if args.no_peers:
+        pass
+    elif args.model is not None:
+        print("HF rows skipped: they run on the shipped demo models only (no --model)")
+    elif (missing := transformers_missing()) is not None:
+        print(f"HF rows skipped: {missing}; `pip install transformers` to add them")
+    else:
+        peers = hf_peers(args.max_new_tokens)
     try:
         rows = measure(
             prompts[: args.prompts],
@@ -207,9 +296,13 @@ def run_demo(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             repeats=args.repeats,
             progress=_progress,
+            peers=peers,
         )
     except (CheckpointError, ValueError) as exc:  # a checkpoint the engine cannot run
         raise UsageError(str(exc)) from None
+    ours = [r for r in rows if not r.peer]
+    if peers:
+        rows = ours + hf_rows([r for r in rows if r.peer], args.batch_size != 1)
     print(table(rows))
     out = Path(args.chart)
     try:
@@ -220,7 +313,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"chart: {out}")
     else:
         print("chart skipped: `pip install matplotlib` to write it")
-    return 0 if all(r.identical for r in rows) else 1
+    return 0 if all(r.identical for r in ours) else 1
 
 
 def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
@@ -229,8 +322,10 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
         help="compile the bundled specs and compare every algorithm with none",
         description="Compile the bundled specs, run every algorithm on a fixed prompt set, "
         "print mean accept length, tokens/s, speedup vs none and whether the outputs equal "
-        "greedy none, and write the same as a PNG chart.",
-        epilog="Exit codes: 0 ok, 1 an algorithm's output differs from greedy none, 2 usage "
+        "greedy none, and write the same as a PNG chart. With transformers installed, "
+        "rows for its greedy generate and its best speculative mode join the comparison.",
+        epilog="Exit codes: 0 ok, 1 one of relayc's algorithms' output differs from greedy "
+        "none (a transformers row that differs is reported, not an exit code), 2 usage "
         "errors (bad arguments, checkpoint).",
     )
     p.add_argument(
@@ -256,5 +351,10 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
         type=writable_file,
         default="relayc-demo.png",
         help="where to write the PNG chart",
+    )
+    p.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="leave out the transformers rows (HF greedy, HF best speculative)",
     )
     p.set_defaults(func=run_demo)

@@ -1,0 +1,74 @@
+"""`relayc demo`'s transformers rows (issue 14): present when transformers imports, one
+skip line when it does not, none with --no-peers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from relayc.cli import main
+from relayc.tools.demo import HF_BEST_ROW, HF_GREEDY_ROW, Row, hf_rows
+from relayc.tools.peers import HF_ASSISTED_DEFAULTS, HF_GREEDY, HF_PROMPT_LOOKUP
+
+SMALL = ["demo", "--prompts", "1", "--max-new-tokens", "6", "--repeats", "1"]
+
+
+def _row(out: str, label: str) -> str:
+    lines = [line for line in out.splitlines() if line.startswith(label)]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def test_demo_adds_the_hf_rows_with_identical_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("transformers", reason="the HF rows need transformers (a test extra)")
+    assert main([*SMALL, "--chart", str(tmp_path / "demo.png")]) == 0
+    out = capsys.readouterr().out
+    assert "HF rows skipped" not in out
+    for label in (HF_GREEDY_ROW, HF_BEST_ROW + " ("):
+        # transformers decodes the shipped target greedily: token for token relayc's none
+        assert _row(out, label).split()[-1] == "yes"
+
+
+def test_demo_without_transformers_says_why_and_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails
+    assert main([*SMALL, "--chart", str(tmp_path / "demo.png")]) == 0
+    out = capsys.readouterr().out
+    assert "HF rows skipped: transformers is not importable" in out
+    assert HF_GREEDY_ROW not in out
+    assert _row(out, "none ").split()[-1] == "yes"
+
+
+def test_no_peers_leaves_the_rows_out_without_a_skip_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*SMALL, "--no-peers", "--chart", str(tmp_path / "demo.png")]) == 0
+    out = capsys.readouterr().out
+    assert "HF" not in out
+
+
+@pytest.mark.parametrize(
+    "lookup_tps, assisted_tps, batched, expected",
+    [
+        (30.0, 20.0, False, f"{HF_BEST_ROW} (prompt lookup)"),
+        (20.0, 30.0, False, f"{HF_BEST_ROW} (assisted, defaults)"),
+        (20.0, 30.0, True, f"{HF_BEST_ROW} (assisted, defaults, one at a time)"),
+    ],
+)
+def test_hf_rows_keep_greedy_and_the_faster_speculative_mode(
+    lookup_tps: float, assisted_tps: float, batched: bool, expected: str
+) -> None:
+    rows = [
+        Row(HF_GREEDY, 1.0, 10.0, 0.5, True, peer=True),
+        Row(HF_PROMPT_LOOKUP, 2.0, lookup_tps, 1.0, True, peer=True),
+        Row(HF_ASSISTED_DEFAULTS, 3.0, assisted_tps, 1.5, False, peer=True),
+    ]
+    greedy, best = hf_rows(rows, batched)
+    assert greedy.label == HF_GREEDY_ROW and greedy.tokens_per_s == 10.0
+    assert best.label == expected
+    assert best.tokens_per_s == max(lookup_tps, assisted_tps)
