@@ -215,7 +215,8 @@ def impl_accept_chain(
 ) -> dict[str, torch.Tensor]:
     """A chain (topk 1): greedy rows accept while drafts equal the target's argmax; sampled
     rows use rejection sampling with the drafts' real probabilities (Leviathan et al.; with
-    ``Engine(block_verification=True)``, Sun et al. 2024's block verification)."""
+    ``Engine(block_verification=True)``, Sun et al. 2024's block verification). With
+    ``Engine(draft_confidence=...)`` a chain ends at its first all-zero draft distribution."""
     return _accept_chain(ctx, logits, candidates, positions, draft_probs, ctx.block_verification)
 
 
@@ -243,9 +244,19 @@ def _accept_chain(
     batch, n = candidates.shape
     device = candidates.device
     nodes = torch.arange(n, device=device)
+    next_node = torch.where(nodes + 1 < n, nodes + 1, -1).expand(batch, n)
+    if ctx.extras is not None and ctx.extras.get("draft_confidence") is not None:
+        # Dynamic draft length: a draft with an all-zero distribution was not drafted (the
+        # request stopped before it); greedy rows stop there, and the sampled kernel rejects
+        # it (q = 0) and draws from the target row, which is the same as a shorter chain.
+        drafted = torch.cat(
+            [draft_probs.sum(dim=-1) > 0, torch.zeros(batch, 1, dtype=torch.bool, device=device)],
+            dim=1,
+        )
+        next_node = torch.where(drafted, next_node, -1)
     chain = (
         (torch.arange(batch, device=device)[:, None] * n + nodes).contiguous(),
-        torch.where(nodes + 1 < n, nodes + 1, -1).expand(batch, n).contiguous(),
+        next_node.contiguous(),
         torch.full((batch, n), -1, dtype=torch.int64, device=device),
     )
 
