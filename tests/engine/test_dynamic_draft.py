@@ -257,3 +257,16 @@ def test_bad_uses_of_the_option_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match="`draft_confidence`"):
         Engine(model, algorithm=algorithm, draft_confidence=value, **sizes)
+
+
+def test_the_decode_step_with_the_option_passes_capture_check() -> None:
+    """Thresholds, masking and the adaptation run inside the captured device step: no host
+    reads, no data-dependent shapes, no reallocated buffers."""
+    target = make_model(spec_sampling.TINY_VOCAB, seed=11)
+    prompts = [[1, 2, 3], [2, 1], [3, 3, 1, 2]]
+    spec = SpecDriver(target, "standalone", num_steps=3, topk=1, n=4, batch=3, debug=False)
+    spec.algorithm.draft_confidence = DraftConfidence(4, 3, 0.4, target.device)
+    params = [SamplingParams(temperature=0.7), SamplingParams(), SamplingParams(temperature=1.0)]
+    spec.prefill(prompts, params, [1, 2, 3])
+    spec.decode()
+    spec.capture_check()
