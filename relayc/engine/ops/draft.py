@@ -22,6 +22,7 @@ from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.registry import implements
 from relayc.engine.ops.target import target_prefill
 from relayc.kernels import keyed_uniforms
+from relayc.kernels._backend import graph_safe
 
 
 def _prompt_rows(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,6 +308,10 @@ def impl_standalone_draft(
     tree = chain.tree
     if confidence is not None:
         confidence.record(req_pool_indices, chain.draft_probs, tree.draft_tokens)
+        # Where the host may read the device, verify only up to the longest kept chain.
+        host = topk_index.device.type == "cpu" and not graph_safe()
+        longest = confidence.draft_lens[req_pool_indices.long()].max() if host else None
+        ctx.extras["verify_len"] = None if longest is None else int(longest) + 1
     return {
         "parent_list": tree.parent_list,
         "top_scores_index": tree.top_scores_index,

@@ -85,25 +85,30 @@ def impl_target_verify(
     req_pool_indices: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     batch, n = candidates.shape
+    # Dynamic draft length on a host-driven path: every chain of the batch stopped before
+    # node `k`, so only the first `k` nodes can be accepted or sampled after; the rest of
+    # the outputs are zeros nobody reads (``impl_standalone_draft`` sets it every step).
+    k = min(n, (ctx.extras or {}).get("verify_len") or n)
     forward = ForwardBatch(
         mode=ForwardMode.VERIFY,
-        input_ids=candidates.reshape(-1),
-        positions=positions.reshape(-1),
-        out_cache_loc=verify_slots(ctx, batch, n).reshape(-1),
+        input_ids=candidates[:, :k].reshape(-1),
+        positions=positions[:, :k].reshape(-1),
+        out_cache_loc=verify_slots(ctx, batch, k).reshape(-1),
         req_pool_indices=req_pool_indices,
         prefix_lens=seq_lens,
-        extend_lens=torch.full_like(seq_lens, n),
+        extend_lens=torch.full_like(seq_lens, k),
         max_prefix_len=ctx.max_prefix_len,
-        max_extend_len=n,
+        max_extend_len=k,
         req_to_token=ctx.req_to_token,
         kv_cache=ctx.kv_cache,
-        tree_mask=tree_mask,
+        tree_mask=tree_mask if k == n else tree_mask[:, :k, :k].contiguous(),
     )
     out = ctx.model(forward)
-    return {
-        "logits": out.logits.view(batch, n, -1),
-        "hidden_states": out.hidden_states.view(batch, n, -1),
-    }
+    logits, hidden = out.logits.view(batch, k, -1), out.hidden_states.view(batch, k, -1)
+    if k < n:
+        logits = torch.cat([logits, logits.new_zeros(batch, n - k, logits.shape[2])], dim=1)
+        hidden = torch.cat([hidden, hidden.new_zeros(batch, n - k, hidden.shape[2])], dim=1)
+    return {"logits": logits, "hidden_states": hidden}
 
 
 def target_probs(logits: torch.Tensor, ctx: StepContext) -> torch.Tensor:
