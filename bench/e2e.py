@@ -4,6 +4,7 @@
                         [--batch-sizes 1,8] [--repeats 3] [--no-overlap]
                         [--block-verification [--temperature 1.0] [--seeds 4]
                                               [--chain-steps 3]]
+                        [--draft-confidence 0.4 [--chain-steps 3,6]]
 
 Greedy decoding of the shipped models' held-out prompts (a fixed prompt set for another
 model) on the same target; the last column says whether the
@@ -13,6 +14,12 @@ outputs equal greedy `none` exactly (they must: speculation is lossless).
 it), the chain-drafting algorithm (`standalone`) verified token by token and by block
 verification (Sun et al. 2024): mean accept length (with its standard error) and
 tokens/s of each, over ``--seeds`` sampling seeds of every prompt.
+
+``--draft-confidence T`` instead compares, on greedy decoding, `standalone` drafting a
+fixed chain and with dynamic draft length (``Engine(draft_confidence=T)``) for each
+``--chain-steps`` length: mean accept length, draft-model forwards per emitted token,
+tokens/s and tokens per CPU second (best of ``--repeats`` round-robin runs), and whether
+the outputs equal the fixed chain's (they must: both are lossless).
 """
 
 from __future__ import annotations
@@ -109,6 +116,96 @@ def compare_block_verification(
     return render(header, rows)
 
 
+def compare_draft_length(
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    *,
+    model: str | None,
+    overlap: bool,
+    batch_size: int,
+    repeats: int,
+    confidence: float,
+    chain_steps: Sequence[int],
+) -> str:
+    """Fixed vs dynamic chain length of `standalone`, greedy, runs round-robin."""
+    from relayc.engine import Engine, SamplingParams
+    from relayc.engine.overlap import set_cpu_threads
+
+    set_cpu_threads()
+    variants = [(steps, c) for steps in chain_steps for c in (None, confidence)]
+    engines = [
+        Engine(
+            model,
+            algorithm="standalone",
+            overlap=overlap,
+            draft_confidence=c,
+            num_steps=steps,
+            topk=1,
+            num_draft_tokens=steps + 1,
+        )
+        for steps, c in variants
+    ]
+    draft_forwards = [0] * len(engines)
+    for i, engine in enumerate(engines):
+
+        def count(*_: object, i: int = i) -> None:
+            draft_forwards[i] += 1
+
+        for module in engine.algorithm.draft_modules():
+            module.register_forward_pre_hook(count)
+    group = batch_size or len(prompts)
+    encoded = list(prompts)
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    wall = [float("inf")] * len(engines)
+    cpu = [float("inf")] * len(engines)
+    outputs: list[list[list[int]]] = [[] for _ in engines]
+    accepts: list[list[int]] = [[] for _ in engines]
+    try:
+        for _ in range(repeats):
+            for i, engine in enumerate(engines):
+                draft_forwards[i] = 0
+                start, start_cpu = time.perf_counter(), time.process_time()
+                outs = [
+                    out
+                    for g in range(0, len(encoded), group)
+                    for out in engine.generate(encoded[g : g + group], params)
+                ]
+                wall[i] = min(wall[i], time.perf_counter() - start)
+                cpu[i] = min(cpu[i], time.process_time() - start_cpu)
+                outputs[i] = [o.token_ids for o in outs]
+                accepts[i] = [a for o in outs for a in o.accept_lengths]
+    finally:
+        for engine in engines:
+            engine.close()
+    tokens = [sum(len(o) for o in out) for out in outputs]
+    rows = []
+    for i, (steps, c) in enumerate(variants):
+        fixed = i - (c is not None)  # the same chain length, fixed
+        rows.append(
+            [
+                f"standalone, {steps} drafts, " + ("fixed" if c is None else f"dynamic {c}"),
+                f"{sum(accepts[i]) / len(accepts[i]):.3f}",
+                f"{draft_forwards[i] / tokens[i]:.2f}",
+                f"{tokens[i] / wall[i]:.1f}",
+                f"{wall[fixed] / tokens[fixed] * tokens[i] / wall[i]:.2f}x",
+                f"{tokens[i] / cpu[i]:.1f}",
+                f"{cpu[fixed] / tokens[fixed] * tokens[i] / cpu[i]:.2f}x",
+                "yes" if outputs[i] == outputs[fixed] else "NO",
+            ]
+        )
+    header = [
+        "drafting",
+        "mean accept length",
+        "draft fwd/token",
+        "tokens/s",
+        "vs fixed",
+        "tokens/cpu-s",
+        "vs fixed",
+        "= fixed",
+    ]
+    return render(header, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -136,12 +233,36 @@ def main() -> None:
     )
     parser.add_argument(
         "--chain-steps",
-        type=int,
-        default=SHIPPED_CHAIN_STEPS,
-        help="for --block-verification: drafts per chain",
+        default=str(SHIPPED_CHAIN_STEPS),
+        help="drafts per chain (--block-verification: one; --draft-confidence: a list, 3,6)",
+    )
+    parser.add_argument(
+        "--draft-confidence",
+        type=float,
+        help="compare fixed and dynamic chain length of `standalone` (greedy) at this threshold",
     )
     args = parser.parse_args()
     prompts = demo_prompts(args.model)[: args.prompts]
+    if args.draft_confidence is not None:
+        steps = [int(s) for s in str(args.chain_steps).split(",")]
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            text = compare_draft_length(
+                prompts,
+                args.max_new_tokens,
+                model=args.model,
+                overlap=not args.no_overlap,
+                batch_size=batch_size,
+                repeats=args.repeats,
+                confidence=args.draft_confidence,
+                chain_steps=steps,
+            )
+            concurrency = batch_size or len(prompts)
+            print(
+                f"\n{len(prompts)} prompts, {concurrency} at a time, {args.max_new_tokens} new "
+                f"tokens, greedy, best of {args.repeats} round-robin runs"
+            )
+            print(text)
+        return
     if args.block_verification:
         if not args.temperature > 0:
             parser.error("--block-verification needs --temperature > 0 (greedy never uses it)")
@@ -154,7 +275,7 @@ def main() -> None:
                 batch_size=batch_size,
                 seeds=args.seeds,
                 temperature=args.temperature,
-                chain_steps=args.chain_steps,
+                chain_steps=int(args.chain_steps),
             )
             concurrency = batch_size or len(prompts)
             print(

@@ -54,6 +54,11 @@ RELAYC: list[tuple[str, str, dict[str, int]]] = [
     ("relayc none", "none", {}),
     ("relayc ngram", "ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 6}),
     ("relayc standalone", "standalone", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
+    (
+        "relayc standalone dynamic",
+        "standalone",
+        {"num_steps": 6, "topk": 1, "num_draft_tokens": 7, "draft_confidence": 0.4},
+    ),
     ("relayc eagle topk 1", "eagle", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
     ("relayc eagle topk 4", "eagle", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
     (

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from relayc.engine.draft.standalone import DraftConfidence, StandaloneDrafter
 from relayc.engine.forward_batch import ForwardBatch
 from relayc.engine.graphs import EAGER, DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM
@@ -152,6 +153,7 @@ class GeneratedAlgorithm(DecodeAlgorithm):
         module: ModuleType | None = None,
         impls: Impls | None = None,
         block_verification: bool = False,
+        draft_confidence: float | None = None,
     ) -> None:
         super().__init__(model)
         module = module or importlib.import_module(f"relayc.generated.{name}")
@@ -200,6 +202,17 @@ class GeneratedAlgorithm(DecodeAlgorithm):
                 f"algorithm `{name}` does not draft a chain (use `standalone`)"
             )
         self.block_verification = block_verification
+        self.draft_confidence = None
+        if draft_confidence is not None:
+            if not isinstance(self.drafter, StandaloneDrafter) or not 0 < draft_confidence <= 1:
+                raise ValueError(
+                    "`draft_confidence` (dynamic draft length) is a probability in (0, 1] "
+                    "for an algorithm that drafts a chain with a draft model (`standalone`); "
+                    f"got {draft_confidence!r} for `{name}`"
+                )
+            self.draft_confidence = DraftConfidence(
+                req_pool_size + 1, num_steps, draft_confidence, model.device
+            )
         # Row 0 of the relay is the padding slot, as in ReqToTokenPool: slots 1..size.
         self.relay = module.FutureMap(
             req_pool_size + 1,
@@ -231,6 +244,7 @@ class GeneratedAlgorithm(DecodeAlgorithm):
                 "sample_positions": step.sample_positions,
                 "chain_drafts": self.chain_drafts,
                 "bonus_slot_base": forward.kv_cache.size + 1,
+                "draft_confidence": self.draft_confidence,
             },
             **kwargs,
         )
@@ -332,6 +346,7 @@ def make_algorithm(
     module: ModuleType | None = None,
     impls: Impls | None = None,
     block_verification: bool = False,
+    draft_confidence: float | None = None,
 ) -> DecodeAlgorithm:
     """The algorithm ``name`` on ``model``, with relay rows for ``req_pool_size`` slots."""
     return GeneratedAlgorithm(
@@ -347,4 +362,5 @@ def make_algorithm(
         module=module,
         impls=impls,
         block_verification=block_verification,
+        draft_confidence=draft_confidence,
     )

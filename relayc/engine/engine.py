@@ -118,6 +118,10 @@ class Engine:
     slots (custom algorithms, tests). ``block_verification=True``: sampled requests of a
     chain-drafting algorithm (``"standalone"``) are verified by block verification (Sun
     et al. 2024) instead of token by token; lossless either way.
+    ``draft_confidence=0.4`` (``"standalone"``): dynamic draft length, as transformers'
+    ``assistant_confidence_threshold``: a request stops drafting after a draft below its
+    threshold, adapted per request from its acceptances (``relayc.engine.draft.standalone``);
+    ``num_steps`` is the longest chain. Lossless; None (default) drafts ``num_steps`` always.
 
     ``relay_module``: a module ``relayc compile`` generated from your own spec, run
     instead of ``relayc.generated.<algorithm>`` with the drafter of ``algorithm``.
@@ -166,6 +170,7 @@ class Engine:
         max_prefill_tokens: int = 4096,
         debug: bool = False,
         block_verification: bool = False,
+        draft_confidence: float | None = None,
         relay_module: ModuleType | None = None,
         impls: Mapping[str, Callable[..., Any]] | None = None,
         graphs: str = "auto",
@@ -224,6 +229,7 @@ class Engine:
                 draft_model=draft_model,
                 seed=seed,
                 block_verification=block_verification,
+                draft_confidence=draft_confidence,
                 module=relay_module,
                 impls=impls,
             )

@@ -18,6 +18,19 @@ Drafting is a chain (topk 1): the relayed top-1 (from the last extend) is draft
 a scratch slot that later steps attend. Drafts are the argmax, or with
 ``coins`` an inverse-CDF sample of the draft distribution, which chain
 rejection sampling needs to be lossless with the real ``draft_probs``.
+
+Dynamic draft length (``Engine(algorithm="standalone", draft_confidence=0.4)``,
+transformers' ``assistant_confidence_threshold`` semantics): a request stops drafting
+after the first draft whose draft probability is below its threshold (that draft is
+kept). Shapes never change: the chain still has ``num_steps`` drafts, and the drafts
+past the stop get an all-zero draft distribution. ``accept_chain`` reads that as "not
+drafted": greedy rows stop accepting there, and chain rejection sampling rejects a
+draft with ``q = 0`` and draws from ``normalize(relu(p - 0)) = p``, exactly what a
+chain cut at that length would do, so outputs stay lossless. The draft forwards past
+the stop are skipped only when every request of the batch has stopped and the host
+may read the device (CPU, outside ``graph_safe_paths``); under CUDA graphs they run
+and are masked. :class:`DraftConfidence` adapts each request's threshold from its
+acceptance history the way transformers' ``update_candidate_strategy`` does.
 """
 
 from __future__ import annotations
@@ -40,6 +53,7 @@ from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.kv_cache import KVCache
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.weights import load_checkpoint, random_model, save_checkpoint
+from relayc.kernels._backend import graph_safe
 
 
 def default_standalone_config(target: ModelConfig) -> ModelConfig:
@@ -138,6 +152,7 @@ class StandaloneDrafter:
         max_prefix_len: int,
         coins: torch.Tensor | None = None,
         bonus_cache_loc: torch.Tensor | None = None,
+        thresholds: torch.Tensor | None = None,
     ) -> ChainDraft:
         """``num_steps`` drafts per request from the relayed top-1 and its distribution.
 
@@ -148,6 +163,9 @@ class StandaloneDrafter:
         num_steps - 1]`` table: the request's slots, then its scratch slots.
         ``bonus_cache_loc [B]``: the slot of the bonus position ``draft_lens - 1``
         when ``req_to_token`` does not hold it (the engine's private bonus slots).
+        ``thresholds [B]``: dynamic draft length (module docstring); drafts after the
+        first one drawn with a probability below the request's threshold get an all-zero
+        ``draft_probs`` row (and, when the loop stops early, token 0).
         """
         batch_size = topk_index.shape[0]
         device = topk_index.device
@@ -170,7 +188,13 @@ class StandaloneDrafter:
         rows = torch.arange(batch_size, device=device)
         tokens = [topk_index[:, 0]]
         probs = [draft_probs]
+        # Breaking out reads the device: only where the host may (no graph being captured).
+        stop_at = thresholds if device.type == "cpu" and not graph_safe() else None
         for step in range(num_steps - 1):
+            if stop_at is not None and bool(
+                (_confidences(tokens, probs) < stop_at[:, None]).any(dim=1).all()
+            ):
+                break
             batch = ForwardBatch(
                 mode=ForwardMode.DECODE,
                 input_ids=tokens[-1],
@@ -190,4 +214,115 @@ class StandaloneDrafter:
             else:
                 tokens.append(sample_from(step_probs, coins[:, step]))
             probs.append(step_probs)
-        return ChainDraft(chain_tree(torch.stack(tokens, dim=1)), torch.stack(probs, dim=1))
+        skipped = num_steps - len(tokens)
+        if skipped:
+            tokens += [torch.zeros_like(tokens[0])] * skipped
+            probs += [torch.zeros_like(probs[0])] * skipped
+        stacked = torch.stack(probs, dim=1)
+        if thresholds is not None:
+            drafted = drafted_mask(_confidences(tokens, probs), thresholds)
+            stacked = stacked * drafted[:, :, None].to(stacked.dtype)
+        return ChainDraft(chain_tree(torch.stack(tokens, dim=1)), stacked)
+
+
+def _confidences(tokens: list[torch.Tensor], probs: list[torch.Tensor]) -> torch.Tensor:
+    """``[B, len(tokens)]``: each draft's probability under the distribution it came from."""
+    return torch.stack(
+        [p.gather(1, t[:, None])[:, 0] for t, p in zip(tokens, probs, strict=True)], dim=1
+    )
+
+
+def drafted_mask(confidences: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
+    """``[B, S]`` bool: the drafts a request keeps, those up to and including its first draft
+    below ``thresholds [B]`` (transformers' ``ConfidenceCriteria`` stops after that token)."""
+    low = (confidences < thresholds[:, None]).to(torch.int64)
+    return (low.cumsum(dim=1) - low) == 0
+
+
+class DraftConfidence:
+    """Per-request-slot confidence thresholds and their adaptation (device tensors only).
+
+    transformers' assisted generation (``AssistedCandidateGenerator.update_candidate_
+    strategy``) keeps, per generation, every verified draft's probability with a label:
+    1 for each accepted draft, 0 for the first rejected one (later drafts are dropped);
+    once it holds more than 5 entries of both labels it sets the threshold to the ROC
+    point minimising ``fpr + 3 * fnr`` (a false negative, stopping before a draft that
+    would have been accepted, costs three times a false positive). Here each request slot
+    keeps the last ``history`` entries in a ring (transformers keeps all), candidates are
+    the history's probabilities plus +inf (sklearn's first ROC threshold), and ties go to
+    the higher threshold (``np.argmin`` over descending thresholds). Everything is
+    fixed-shape and indexed by device tensors, so it runs inside a captured step.
+    """
+
+    def __init__(
+        self,
+        slots: int,
+        num_steps: int,
+        threshold: float,
+        device: torch.device | str,
+        history: int = 64,
+    ) -> None:
+        if history < num_steps:
+            raise ValueError(f"`history` ({history}) must hold a chain ({num_steps} drafts)")
+        self.initial = float(threshold)
+        self.history = history
+        self.thresholds = torch.full((slots,), self.initial, dtype=torch.float32, device=device)
+        self.probs = torch.zeros(slots, history, dtype=torch.float32, device=device)
+        self.labels = torch.zeros(slots, history, dtype=torch.float32, device=device)
+        self.count = torch.zeros(slots, dtype=torch.int64, device=device)  # entries ever recorded
+        self.drafted = torch.zeros(slots, num_steps, dtype=torch.float32, device=device)
+        self.draft_lens = torch.zeros(slots, dtype=torch.int64, device=device)
+
+    def reset(self, rows: torch.Tensor) -> None:
+        """A new request in slots ``rows``: the initial threshold, an empty history."""
+        rows = rows.long()
+        self.thresholds[rows] = self.initial
+        self.count[rows] = 0
+
+    def record(self, rows: torch.Tensor, draft_probs: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The chain just drafted for ``rows``: each draft's confidence and the kept length
+        (``draft_probs [B, S, V]`` zero past the stop, ``tokens [B, S]``)."""
+        rows = rows.long()
+        confidences = draft_probs.gather(2, tokens.long()[:, :, None])[:, :, 0]
+        self.drafted[rows] = confidences
+        self.draft_lens[rows] = (draft_probs.sum(dim=-1) > 0).sum(dim=1)
+
+    def update(self, rows: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Record ``accepted [B]`` (accepted drafts) for the chains :meth:`record` saw and
+        re-fit the thresholds of ``rows``."""
+        rows = rows.long()
+        accepted = accepted.long()
+        draft_lens = self.draft_lens[rows]
+        confidences = self.drafted[rows]
+        steps = confidences.shape[1]
+        cols = torch.arange(steps, device=rows.device)[None, :]
+        # Accepted drafts are positives; the first rejected one (if any was drafted) a negative.
+        new = cols < (accepted + (accepted < draft_lens).long())[:, None]
+        count = self.count[rows]
+        ring = (count[:, None] + cols) % self.history
+        old_p, old_l = self.probs[rows].gather(1, ring), self.labels[rows].gather(1, ring)
+        probs = self.probs[rows].scatter(1, ring, torch.where(new, confidences, old_p))
+        label = (cols < accepted[:, None]).to(torch.float32)
+        labels = self.labels[rows].scatter(1, ring, torch.where(new, label, old_l))
+        count = count + new.sum(dim=1)
+        self.probs[rows], self.labels[rows], self.count[rows] = probs, labels, count
+        self.thresholds[rows] = self._fit(probs, labels, count, self.thresholds[rows])
+
+    def _fit(
+        self, probs: torch.Tensor, labels: torch.Tensor, count: torch.Tensor, current: torch.Tensor
+    ) -> torch.Tensor:
+        valid = torch.arange(self.history, device=probs.device)[None, :] < count[:, None]
+        pos = labels * valid
+        neg = (1 - labels) * valid
+        num_pos, num_neg = pos.sum(dim=1), neg.sum(dim=1)
+        # predicted[b, i, j]: entry j is predicted positive at threshold probs[b, i].
+        predicted = (probs[:, None, :] >= probs[:, :, None]).to(torch.float32)
+        tpr = (predicted * pos[:, None, :]).sum(dim=2) / num_pos.clamp(min=1)[:, None]
+        fpr = (predicted * neg[:, None, :]).sum(dim=2) / num_neg.clamp(min=1)[:, None]
+        costs = torch.where(valid, fpr + 3 * (1 - tpr), torch.inf)
+        best = costs.min(dim=1).values
+        at_best = torch.where(costs == best[:, None], probs, -torch.inf).max(dim=1).values
+        # The +inf threshold (stop after one draft) costs fpr 0 + 3 * fnr 1 = 3; it wins ties.
+        fitted = torch.where(best < 3, at_best, torch.inf)
+        ready = (count > 5) & (num_pos > 0) & (num_neg > 0)
+        return torch.where(ready, fitted, current)

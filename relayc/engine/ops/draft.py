@@ -16,11 +16,13 @@ import threading
 import torch
 
 from relayc.engine.draft.ngram import splice_proposals
+from relayc.engine.draft.standalone import DraftConfidence
 from relayc.engine.draft.tree import mtp_select, tree_from_parents
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.registry import implements
 from relayc.engine.ops.target import target_prefill
 from relayc.kernels import keyed_uniforms
+from relayc.kernels._backend import graph_safe
 
 
 def _prompt_rows(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,6 +221,11 @@ def impl_mtp_select(
     }
 
 
+def _draft_confidence(ctx: StepContext) -> DraftConfidence | None:
+    """The dynamic draft length state (``Engine(draft_confidence=...)``), or None when off."""
+    return None if ctx.extras is None else ctx.extras.get("draft_confidence")
+
+
 def _bonus_slots(ctx: StepContext, req_pool_indices: torch.Tensor) -> torch.Tensor:
     """Each request slot's private draft KV slot for its bonus position (standalone)."""
     return ctx.extras["bonus_slot_base"] + req_pool_indices.long()
@@ -232,6 +239,8 @@ def impl_standalone_prefill(
     positions into the prompt's slots, the first token's into the request's bonus slot."""
     next_tokens, _, committed = target_prefill(ctx)
     forward = ctx.prefill
+    if (confidence := _draft_confidence(ctx)) is not None:
+        confidence.reset(forward.req_pool_indices)
     index, valid = _prompt_rows(ctx)
     batch, width = index.shape
     cols = torch.arange(width + 1, device=index.device)[None, :]
@@ -274,11 +283,14 @@ def impl_standalone_draft(
 ) -> dict[str, torch.Tensor]:
     """A chain from the relayed first draft: the draft cache covers the bonus (in its bonus
     slot); drafts 1..num_steps-1 go to the window's slots 1.. of the draft cache (the
-    target's K/V for those positions live in the other cache)."""
+    target's K/V for those positions live in the other cache). With a draft confidence
+    (dynamic draft length) the drafts past each request's stop get all-zero probabilities,
+    which `accept_chain` never accepts."""
     batch = topk_index.shape[0]
     num_steps = ctx.dims["num_steps"]
     window = ctx.out_cache_loc.view(batch, -1)
     coins = _draft_coins(ctx, seq_lens, num_steps - 1, DRAFT_STREAM)
+    confidence = _draft_confidence(ctx)
     chain = ctx.drafter.draft_chain(
         topk_index,
         draft_probs,
@@ -291,8 +303,15 @@ def impl_standalone_draft(
         max_prefix_len=ctx.max_prefix_len + 1,
         coins=coins,
         bonus_cache_loc=_bonus_slots(ctx, req_pool_indices),
+        thresholds=None if confidence is None else confidence.thresholds[req_pool_indices.long()],
     )
     tree = chain.tree
+    if confidence is not None:
+        confidence.record(req_pool_indices, chain.draft_probs, tree.draft_tokens)
+        # Where the host may read the device, verify only up to the longest kept chain.
+        host = topk_index.device.type == "cpu" and not graph_safe()
+        longest = confidence.draft_lens[req_pool_indices.long()].max() if host else None
+        ctx.extras["verify_len"] = None if longest is None else int(longest) + 1
     return {
         "parent_list": tree.parent_list,
         "top_scores_index": tree.top_scores_index,
@@ -314,6 +333,8 @@ def impl_standalone_draft_extend(
     the draft model over the emitted tokens: the accepted drafts into their committed
     slots, the new bonus into the bonus slot. Its last position gives the next top-k."""
     lens = accept_lens.to(torch.int64)
+    if (confidence := _draft_confidence(ctx)) is not None:
+        confidence.update(req_pool_indices, lens - 1)
     width = accept_tokens.shape[1]
     root = seq_lens - lens  # the old bonus's position, committed by this step's verify
     bonus = _bonus_slots(ctx, req_pool_indices)

@@ -85,25 +85,30 @@ def impl_target_verify(
     req_pool_indices: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     batch, n = candidates.shape
+    # Dynamic draft length on a host-driven path: every chain of the batch stopped before
+    # node `k`, so only the first `k` nodes can be accepted or sampled after; the rest of
+    # the outputs are zeros nobody reads (``impl_standalone_draft`` sets it every step).
+    k = min(n, (ctx.extras or {}).get("verify_len") or n)
     forward = ForwardBatch(
         mode=ForwardMode.VERIFY,
-        input_ids=candidates.reshape(-1),
-        positions=positions.reshape(-1),
-        out_cache_loc=verify_slots(ctx, batch, n).reshape(-1),
+        input_ids=candidates[:, :k].reshape(-1),
+        positions=positions[:, :k].reshape(-1),
+        out_cache_loc=verify_slots(ctx, batch, k).reshape(-1),
         req_pool_indices=req_pool_indices,
         prefix_lens=seq_lens,
-        extend_lens=torch.full_like(seq_lens, n),
+        extend_lens=torch.full_like(seq_lens, k),
         max_prefix_len=ctx.max_prefix_len,
-        max_extend_len=n,
+        max_extend_len=k,
         req_to_token=ctx.req_to_token,
         kv_cache=ctx.kv_cache,
-        tree_mask=tree_mask,
+        tree_mask=tree_mask if k == n else tree_mask[:, :k, :k].contiguous(),
     )
     out = ctx.model(forward)
-    return {
-        "logits": out.logits.view(batch, n, -1),
-        "hidden_states": out.hidden_states.view(batch, n, -1),
-    }
+    logits, hidden = out.logits.view(batch, k, -1), out.hidden_states.view(batch, k, -1)
+    if k < n:
+        logits = torch.cat([logits, logits.new_zeros(batch, n - k, logits.shape[2])], dim=1)
+        hidden = torch.cat([hidden, hidden.new_zeros(batch, n - k, hidden.shape[2])], dim=1)
+    return {"logits": logits, "hidden_states": hidden}
 
 
 def target_probs(logits: torch.Tensor, ctx: StepContext) -> torch.Tensor:
@@ -215,7 +220,8 @@ def impl_accept_chain(
 ) -> dict[str, torch.Tensor]:
     """A chain (topk 1): greedy rows accept while drafts equal the target's argmax; sampled
     rows use rejection sampling with the drafts' real probabilities (Leviathan et al.; with
-    ``Engine(block_verification=True)``, Sun et al. 2024's block verification)."""
+    ``Engine(block_verification=True)``, Sun et al. 2024's block verification). With
+    ``Engine(draft_confidence=...)`` a chain ends at its first all-zero draft distribution."""
     return _accept_chain(ctx, logits, candidates, positions, draft_probs, ctx.block_verification)
 
 
@@ -243,9 +249,19 @@ def _accept_chain(
     batch, n = candidates.shape
     device = candidates.device
     nodes = torch.arange(n, device=device)
+    next_node = torch.where(nodes + 1 < n, nodes + 1, -1).expand(batch, n)
+    if ctx.extras is not None and ctx.extras.get("draft_confidence") is not None:
+        # Dynamic draft length: a draft with an all-zero distribution was not drafted (the
+        # request stopped before it); greedy rows stop there, and the sampled kernel rejects
+        # it (q = 0) and draws from the target row, which is the same as a shorter chain.
+        drafted = torch.cat(
+            [draft_probs.sum(dim=-1) > 0, torch.zeros(batch, 1, dtype=torch.bool, device=device)],
+            dim=1,
+        )
+        next_node = torch.where(drafted, next_node, -1)
     chain = (
         (torch.arange(batch, device=device)[:, None] * n + nodes).contiguous(),
-        torch.where(nodes + 1 < n, nodes + 1, -1).expand(batch, n).contiguous(),
+        next_node.contiguous(),
         torch.full((batch, n), -1, dtype=torch.int64, device=device),
     )
 
