@@ -16,7 +16,8 @@ One iteration ``i`` of ``Scheduler.step()`` on the host:
    KV slots for every prompt token, and a window of ``W = decode_width`` slots
    per decoding request, are sliced off the KV pool's free list.
 3. **Launch** job ``i`` on the forward runner (CUDA: the forward stream; CPU: a
-   worker thread; ``overlap=False``: inline). In order, on the device: copy the
+   worker thread, or inline for a one-request job, see ``ThreadRunner``;
+   ``overlap=False``: inline). An inline job is processed in the same iteration. In order, on the device: copy the
    host tensors; prefill hook (forward, sample, stash into the ``FutureMap``);
    decode hook (resolve the input tokens from the ``FutureMap`` by request-pool
    slot, forward, sample -- or draft, verify and accept -- stash); record the
@@ -286,12 +287,19 @@ class Scheduler:
         start = time.perf_counter()
         steps = self._schedule()
         self.stats.host_s += time.perf_counter() - start
+        overlap = False
         if steps:  # the inline runner (no overlap) runs the forward right here
-            self._inflight.append(_InFlight(steps, self.runner.submit(self._job(steps))))
+            # A job the runner does not overlap (CPU, one request: see ThreadRunner) runs
+            # here after the earlier ones and is processed in this iteration, as without
+            # overlap; every token is the same either way.
+            overlap = self.runner.overlaps(sum(len(step.requests) for step in steps))
+            job = self._job(steps)
+            pending = self.runner.submit(job) if overlap else self.runner.run_inline(job)
+            self._inflight.append(_InFlight(steps, pending))
             self.stats.forwards += len(steps)
         touched = {id(r): r for r in self._finished_on_schedule}
         self._finished_on_schedule.clear()
-        lag = 1 if self.runner.overlap and steps else 0
+        lag = 1 if overlap else 0
         while len(self._inflight) > lag:
             for request in self._process(self._inflight.popleft()):
                 touched[id(request)] = request

@@ -16,6 +16,7 @@ from relayc.engine import (
     random_model,
     save_checkpoint,
 )
+from relayc.engine.overlap import ThreadRunner
 from relayc.generated import none as none_relay
 from tests.engine.engine_helpers import (
     assert_idle,
@@ -61,9 +62,14 @@ def test_random_join_and_leave_over_many_iterations(model: LlamaForCausalLM) -> 
     early = sum(len(run) < p.max_new_tokens for run, p in zip(expected, params, strict=True))
     assert early >= 10
 
-    decode_rows = {}
-    for overlap in (True, False):
-        engine = Engine(model, overlap=overlap, max_batch_size=6, req_pool_size=8, debug=True)
+    decode_rows: dict[bool | str, int] = {}
+    # "mixed": the default runner, whose one-request jobs run inline (no lag) while larger
+    # batches overlap; True: every job on the worker, the contract in full.
+    for overlap in (True, "mixed", False):
+        engine = Engine(model, overlap=bool(overlap), max_batch_size=6, req_pool_size=8, debug=True)
+        if overlap is True:
+            engine.runner.close()
+            engine.runner = engine.scheduler.runner = ThreadRunner(inline_rows=0)
         outs = engine.generate(work.prompts, params, arrivals=work.arrivals)
         assert [o.token_ids for o in outs] == expected, f"overlap={overlap}"
         for out, p in zip(outs, params, strict=True):
@@ -77,6 +83,7 @@ def test_random_join_and_leave_over_many_iterations(model: LlamaForCausalLM) -> 
     # The overlap contract: a request that stops early is seen finished one iteration
     # late, so exactly one extra decode row ran (and its token was dropped) per such request.
     assert decode_rows[True] - decode_rows[False] == early
+    assert decode_rows[False] <= decode_rows["mixed"] <= decode_rows[True]
 
 
 def test_decode_inputs_come_from_the_relay(

@@ -75,6 +75,47 @@ def test_the_thread_runner_returns_before_the_job_runs_and_keeps_order() -> None
     assert done.is_set() and inline.wait() == 7
 
 
+def test_the_thread_runner_runs_one_request_jobs_inline_after_the_queued_ones() -> None:
+    release = threading.Event()
+    order: list[str] = []
+    runner = ThreadRunner()
+    assert not runner.overlaps(1) and runner.overlaps(2)
+    assert ThreadRunner(inline_rows=0).overlaps(1) and InlineRunner().overlaps(5) is False
+
+    def queued() -> str:
+        assert release.wait(timeout=10), "the host never got control back"
+        order.append("queued")
+        return "queued"
+
+    first = runner.submit(queued)
+    threading.Timer(0.05, release.set).start()
+    caller = threading.current_thread()
+    inline = runner.run_inline(lambda: order.append("inline") or threading.current_thread())
+    assert order == ["queued", "inline"] and inline.wait() is caller and first.wait() == "queued"
+    runner.close()
+
+
+def test_overlap_outputs_are_the_same_with_one_request_jobs_inline_or_on_the_worker() -> None:
+    sampled = SamplingParams(max_new_tokens=12, temperature=0.8, seed=3)
+    with Engine(seed=0, overlap=False) as engine:
+        free = engine.generate(["Hello"], SamplingParams(max_new_tokens=12))[0].token_ids
+    stopped = SamplingParams(max_new_tokens=12, stop_token_ids=(free[2],))
+    runs = []
+    for inline_rows in (1, 0):
+        with Engine(seed=0, overlap=True) as engine:
+            engine.runner.close()
+            engine.runner = engine.scheduler.runner = ThreadRunner(inline_rows=inline_rows)
+            one = [engine.generate([p], sampled)[0].token_ids for p in ("Hello", "ab")]
+            both = [o.token_ids for o in engine.generate(["Hello", "ab"], sampled)]
+            rows = engine.scheduler.stats.decode_rows
+            stop = engine.generate(["Hello"], stopped)[0].token_ids
+            runs.append((one, both, stop, engine.scheduler.stats.decode_rows - rows))
+    (one, both, stop, inline_rows_run), (one_w, both_w, stop_w, worker_rows_run) = runs
+    assert one == both == one_w == both_w and stop == stop_w == free[: free.index(free[2]) + 1]
+    # Inline, a one-request job is processed in its own iteration: the stop costs no extra row.
+    assert inline_rows_run == worker_rows_run - 1
+
+
 def _generate_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser(prog="relayc")
     add_generate_command(parser.add_subparsers(dest="command"))
