@@ -121,7 +121,7 @@ from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.overlap import ForwardRunner, Pending
 from relayc.engine.request import FinishReason, Request
-from relayc.engine.step_batch import HostStep, StepKind
+from relayc.engine.step_batch import DecodeRows, HostStep, StepKind
 
 
 @dataclass(frozen=True)
@@ -211,6 +211,7 @@ class Scheduler:
                 f"in 1..decode_width ({self.width}): every emitted token but the last needs KV"
             )
         self._finished_on_schedule: list[Request] = []  # context full, seen by _schedule
+        self._decode_rows: DecodeRows | None = None  # the last decode batch's composition
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -263,6 +264,7 @@ class Scheduler:
         self.running.clear()
         self._inflight.clear()
         self._finished_on_schedule.clear()
+        self._decode_rows = None
         return stopped
 
     def _known_requests(self) -> list[Request]:
@@ -421,7 +423,10 @@ class Scheduler:
 
     def _decode_step(self, requests: list[Request]) -> HostStep:
         slots = self._alloc_kv(len(requests) * self.width)
-        step = HostStep.decode(requests, self.width, slots, self._pin)
+        rows = self._decode_rows
+        if rows is None or not rows.holds(requests, self.width):
+            rows = self._decode_rows = DecodeRows.build(requests, self.width, self._pin)
+        step = HostStep.decode(requests, self.width, slots, self._pin, rows)
         for request in requests:
             request.scheduled_samples += 1  # at least one token; the rest once processed
             request.inflight += 1

@@ -37,6 +37,57 @@ def _host(values: Sequence[int] | Sequence[float], dtype: torch.dtype, pin: bool
     return tensor.pin_memory() if pin else tensor
 
 
+@dataclass(frozen=True)
+class DecodeRows:
+    """The tensors of a decode batch that depend only on which requests it holds, in order.
+
+    A running batch keeps its composition for many steps (one request at a time: its
+    whole decode), and only the lengths move, so the scheduler keeps the last one and
+    ``HostStep.decode`` rebuilds just the length-derived tensors. Valid while each
+    request keeps its request slot and sampling settings, which hold from admission
+    to release; nothing writes these tensors (jobs of several steps may read them).
+    """
+
+    requests: tuple[Request, ...]
+    width: int
+    input_ids: torch.Tensor  # [B * W] int64, -1 placeholders
+    req_pool_indices: torch.Tensor  # [B] int64
+    extend_lens: torch.Tensor  # [B] int64, all W
+    commit_rows: torch.Tensor  # [B * W] int64
+    sampling: SamplingBatch  # host tensors
+    all_greedy: bool
+    offsets: torch.Tensor  # [W] int64, 0..W-1: a window's positions past its prefix
+
+    @classmethod
+    def build(cls, requests: Sequence[Request], width: int, pin: bool) -> DecodeRows:
+        slots = [r.req_pool_index for r in requests]
+        sampling = SamplingBatch.build(
+            [r.params for r in requests], [r.seed for r in requests], "cpu"
+        )
+        if pin:
+            sampling = SamplingBatch(
+                sampling.temperatures.pin_memory(),
+                sampling.top_ks.pin_memory(),
+                sampling.top_ps.pin_memory(),
+                sampling.seeds.pin_memory(),
+            )
+        return cls(
+            requests=tuple(requests),
+            width=width,
+            input_ids=_host([-1] * (len(slots) * width), torch.int64, pin),
+            req_pool_indices=_host(slots, torch.int64, pin),
+            extend_lens=_host([width] * len(slots), torch.int64, pin),
+            commit_rows=_host([s for s in slots for _ in range(width)], torch.int64, pin),
+            sampling=sampling,
+            all_greedy=not bool((sampling.temperatures > 0).any()),
+            offsets=torch.arange(width, dtype=torch.int64),
+        )
+
+    def holds(self, requests: Sequence[Request], width: int) -> bool:
+        """Whether these are the rows of ``requests`` (the same objects, in order)."""
+        return width == self.width and tuple(requests) == self.requests  # identity: eq=False
+
+
 @dataclass
 class HostStep:
     kind: StepKind
@@ -57,6 +108,7 @@ class HostStep:
     max_extend_len: int
     width: int = 1  # decode: tokens (KV window slots) per request
     samples: list[bool] = field(default_factory=list)  # per request: its token is real
+    all_greedy: bool = False  # no request samples (host knowledge)
 
     @classmethod
     def prefill(
@@ -72,20 +124,48 @@ class HostStep:
 
     @classmethod
     def decode(
-        cls, requests: Sequence[Request], width: int, out_cache_loc: torch.Tensor, pin: bool
+        cls,
+        requests: Sequence[Request],
+        width: int,
+        out_cache_loc: torch.Tensor,
+        pin: bool,
+        rows: DecodeRows | None = None,
     ) -> HostStep:
-        """One decode step of ``width`` tokens per request; KV windows ``[B * width]``."""
-        step = cls._build(
-            StepKind.DECODE,
-            list(requests),
-            [[-1] * width] * len(requests),
-            [r.kv_len_hint for r in requests],
-            max(r.kv_len_bound for r in requests),
-            out_cache_loc,
-            pin,
+        """One decode step of ``width`` tokens per request; KV windows ``[B * width]``.
+
+        ``rows``: the batch's composition tensors when the caller kept them
+        (``DecodeRows.holds``); built here otherwise.
+        """
+        if rows is None:
+            rows = DecodeRows.build(requests, width, pin)
+        prefix = torch.tensor([r.kv_len_hint for r in requests], dtype=torch.int64)
+        positions = prefix if width == 1 else (prefix[:, None] + rows.offsets).view(-1)
+        sample_positions = prefix + width
+        if pin:
+            prefix, sample_positions = prefix.pin_memory(), sample_positions.pin_memory()
+            positions = prefix if width == 1 else positions.pin_memory()
+        sampling = rows.sampling
+        return cls(
+            kind=StepKind.DECODE,
+            requests=list(requests),
+            input_ids=rows.input_ids,
+            positions=positions,
+            req_pool_indices=rows.req_pool_indices,
+            prefix_lens=prefix,
+            extend_lens=rows.extend_lens,
+            sample_positions=sample_positions,
+            commit_rows=rows.commit_rows,
+            temperatures=sampling.temperatures,
+            top_ks=sampling.top_ks,
+            top_ps=sampling.top_ps,
+            seeds=sampling.seeds,
+            out_cache_loc=out_cache_loc,
+            max_prefix_len=max(r.kv_len_bound for r in requests),
+            max_extend_len=width,
+            width=width,
+            samples=[True] * len(requests),
+            all_greedy=rows.all_greedy,
         )
-        step.width = width
-        return step
 
     @classmethod
     def _build(
@@ -134,6 +214,7 @@ class HostStep:
             max_prefix_len=max_prefix_len,
             max_extend_len=max(lens),
             samples=[True] * len(requests),
+            all_greedy=not bool((sampling.temperatures > 0).any()),
         )
 
     def to_device(
@@ -141,8 +222,10 @@ class HostStep:
     ) -> tuple[StepInputs, torch.Tensor]:
         """The algorithm's inputs, and ``commit_rows`` on the device."""
 
+        on_host = device.type == "cpu"  # the host tensors are already there: no .to per tensor
+
         def dev(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=True)
+            return t if on_host else t.to(device, non_blocking=True)
 
         tree_mask = None
         if self.kind is StepKind.PREFILL:
@@ -176,6 +259,6 @@ class HostStep:
             sampling,
             dev(self.sample_positions),
             self.max_prefix_len,
-            all_greedy=not bool((self.temperatures > 0).any()),  # a host tensor: no sync
+            all_greedy=self.all_greedy,
         )
         return inputs, dev(self.commit_rows)

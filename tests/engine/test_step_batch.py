@@ -1,0 +1,54 @@
+"""Decode steps built from a kept batch composition equal steps built from scratch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from relayc.engine import SamplingParams
+from relayc.engine.request import Request
+from relayc.engine.step_batch import DecodeRows, HostStep
+
+
+def _request(rid: int, slot: int, kv_len: int, inflight: int, temperature: float) -> Request:
+    request = Request(
+        rid=rid,
+        prompt_ids=[256, 1, 2],
+        params=SamplingParams(max_new_tokens=8, temperature=temperature, top_k=5),
+        seed=100 + rid,
+        max_new_tokens=8,
+        decode_width=3,
+    )
+    request.req_pool_index, request.kv_len, request.inflight_decodes = slot, kv_len, inflight
+    return request
+
+
+def _fields(step: HostStep) -> dict[str, object]:
+    return {
+        f.name: getattr(step, f.name).tolist()
+        if isinstance(getattr(step, f.name), torch.Tensor)
+        else getattr(step, f.name)
+        for f in dataclasses.fields(step)
+    }
+
+
+def test_decode_rows_give_the_same_step_and_hold_only_their_own_batch() -> None:
+    a, b = _request(0, 3, 10, 1, 0.0), _request(1, 5, 7, 0, 0.7)
+    slots = torch.arange(12, dtype=torch.int64)
+    for width in (1, 3):
+        rows = DecodeRows.build([a, b], width, pin=False)
+        assert rows.holds([a, b], width) and not rows.all_greedy
+        assert not rows.holds([b, a], width) and not rows.holds([a], width)
+        assert not rows.holds([a, b], width + 1)
+        kept = HostStep.decode([a, b], width, slots[: 2 * width], False, rows)
+        a.kv_len += 1  # lengths move between steps; the composition tensors do not
+        fresh = HostStep.decode([a, b], width, slots[: 2 * width], False)
+        again = HostStep.decode([a, b], width, slots[: 2 * width], False, rows)
+        assert _fields(again) == _fields(fresh) != _fields(kept)
+        assert fresh.positions.tolist() == [
+            p for r in (a, b) for p in range(r.kv_len_hint, r.kv_len_hint + width)
+        ]
+        assert fresh.sample_positions.tolist() == [r.kv_len_hint + width for r in (a, b)]
+        assert fresh.commit_rows.tolist() == [3] * width + [5] * width
+    assert DecodeRows.build([a], 1, pin=False).all_greedy
