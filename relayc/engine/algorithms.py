@@ -332,35 +332,6 @@ def check_algorithm(name: str) -> None:
     check_sizes(name, num_steps=1, topk=1, num_draft_tokens=2)
 
 
-def make_algorithm(
-    name: str,
-    model: LlamaForCausalLM,
-    req_pool_size: int,
-    *,
-    debug: bool = False,
-    num_steps: int = 3,
-    topk: int = 1,
-    num_draft_tokens: int = 4,
-    draft_model: Any = None,
-    seed: int = 0,
-    module: ModuleType | None = None,
-    impls: Impls | None = None,
-    block_verification: bool = False,
-    draft_confidence: float | None = None,
-) -> DecodeAlgorithm:
-    """The algorithm ``name`` on ``model``, with relay rows for ``req_pool_size`` slots."""
-    return GeneratedAlgorithm(
-        name,
-        model,
-        req_pool_size,
-        debug=debug,
-        num_steps=num_steps,
-        topk=topk,
-        num_draft_tokens=num_draft_tokens,
-        draft_model=draft_model,
-        seed=seed,
-        module=module,
-        impls=impls,
-        block_verification=block_verification,
-        draft_confidence=draft_confidence,
-    )
+# What the engine builds for an algorithm name: the constructor takes exactly its arguments,
+# so a second signature to keep in step would only repeat them.
+make_algorithm = GeneratedAlgorithm
