@@ -1,13 +1,15 @@
 """Where a decode forward's time goes: relayc's paged forward against transformers', op by op.
 
     python bench/forward_profile.py [--prefix 200] [--batch 1] [--width 1] [--iters 200]
-                                    [--profile] [--threads 1]
+                                    [--profile] [--threads 1] [--eager]
 
 Times one forward of the shipped demo target over a cached prefix of ``--prefix`` tokens
 -- ``--width 1``: a decode step, wider: a chain verify of that many tokens -- for relayc
 (``LlamaForCausalLM.forward`` on the paged cache) and for transformers (the same weights,
 a ``DynamicCache`` cropped back after each call), interleaved, best of ``--iters``.
 ``--profile`` adds torch.profiler's table of relayc's forward, op by op (self CPU time).
+relayc runs its decoder layers as one TorchScript call (relayc.engine.scripted) unless
+``--eager``; ``--both`` times the scripted and the eager forward side by side as well.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ import torch
 
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
-from relayc.engine.model import use_cpu_matmul_layout
+from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.shipped import DEMO_DIR
 from relayc.engine.weights import load_checkpoint
 
 
-def relayc_step(batch_size: int, prefix: int, width: int) -> tuple[object, ForwardBatch]:
+def relayc_step(
+    batch_size: int, prefix: int, width: int, scripted: bool = True
+) -> tuple[LlamaForCausalLM, ForwardBatch]:
     model = load_checkpoint(DEMO_DIR / "target")
-    use_cpu_matmul_layout(model)
+    use_cpu_matmul_layout(model, scripted=scripted)
     config = model.config
     kv_cache = KVCache.for_model(config, 4096, model.device)
     req_pool = ReqToTokenPool(batch_size, 1024, model.device)
@@ -101,20 +105,31 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--eager", action="store_true", help="relayc without the scripted layers")
+    parser.add_argument("--both", action="store_true", help="also time relayc eager")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, step = relayc_step(args.batch, args.prefix, args.width)
+    model, step = relayc_step(args.batch, args.prefix, args.width, scripted=not args.eager)
     hf = hf_step(args.batch, args.prefix, args.width)
+    scripted = model.scripted
 
     def ours() -> None:
-        model(step)  # type: ignore[operator]
+        model.scripted = scripted
+        model(step)
+
+    def ours_eager() -> None:
+        model.scripted = None
+        model(step)
 
     # Thread CPU time as well as wall time: on a crowded machine a forward that was
     # descheduled halfway shows in the wall time only.
-    wall = {"relayc": float("inf"), "transformers": float("inf")}
+    runs: list[tuple[str, Callable[[], None]]] = [("relayc", ours), ("transformers", hf)]
+    if args.both and not args.eager:
+        runs.append(("relayc eager", ours_eager))
+    wall = {name: float("inf") for name, _ in runs}
     cpu = dict(wall)
     for _ in range(args.iters):
-        for name, fn in (("relayc", ours), ("transformers", hf)):
+        for name, fn in runs:
             start, start_cpu = time.perf_counter(), time.thread_time()
             fn()
             cpu[name] = min(cpu[name], time.thread_time() - start_cpu)

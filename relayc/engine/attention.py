@@ -110,6 +110,25 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return zeros.masked_fill_(~mask, float("-inf"))[:, None]
 
 
+@dataclass(frozen=True)
+class PagedAttend:
+    """The attention callback of one paged forward (``AttendFn``): ``paged_attention`` over
+    ``batch`` and ``meta``. A value rather than a closure, so a decoder that runs its
+    layers in one call (relayc.engine.scripted) can read what it attends over."""
+
+    batch: ForwardBatch  # read: kv_cache and out_cache_loc
+    meta: PagedAttentionMetadata
+
+    @classmethod
+    def build(cls, batch: ForwardBatch) -> PagedAttend:
+        return cls(batch, PagedAttentionMetadata.build(batch))
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        return paged_attention(q, k, v, layer, self.batch, self.meta)
+
+
 def paged_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, Hkv, D]

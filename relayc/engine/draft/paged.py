@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from relayc.engine.attention import PagedAttentionMetadata, paged_attention
+from relayc.engine.attention import PagedAttend, PagedAttentionMetadata
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.kv_cache import KVCache
 from relayc.engine.model import AttendFn
@@ -84,12 +84,7 @@ def padded_extend_batch(
 
 def paged_attend(batch: ForwardBatch) -> AttendFn:
     """The model's attention callback over ``batch`` (what ``LlamaForCausalLM.forward`` builds)."""
-    meta = PagedAttentionMetadata.build(batch)
-
-    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return paged_attention(q, k, v, layer, batch, meta)
-
-    return attend
+    return PagedAttend.build(batch)
 
 
 def padding_rows_zeroed(
@@ -150,11 +145,7 @@ def scratch_attention(
         req_to_token=req_to_token,
         kv_cache=kv_cache,
     )
-
-    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return paged_attention(q, k, v, layer, batch_view, meta)
-
-    return attend
+    return PagedAttend(batch_view, meta)
 
 
 def top_k_probs(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
