@@ -1,0 +1,277 @@
+"""The CPU decoder paths against the eager layers.
+
+Three paths run a paged forward's decoder layers on the CPU: the native decoder
+(decoder.c, small uniform batches), the TorchScript layers (relayc.engine.scripted: the
+eager ops, same bits) and the eager layers themselves.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import relayc.engine.model as model_module
+import relayc.engine.native as native_module
+import relayc.engine.scripted as scripted_module
+from relayc.engine import Engine, SamplingParams
+from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.weights import random_model
+from tests.engine.helpers import PagedDriver
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _session(model: LlamaForCausalLM) -> list[torch.Tensor]:
+    """Mixed-length prefill (the gathered path), chunked prefill, decode, tree verify."""
+    driver = PagedDriver(model, shuffle_seed=7)
+    reqs = [driver.new_request() for _ in range(3)]
+    out = [driver.extend(reqs, [_tokens(n, seed=n) for n in (5, 11, 2)])]
+    out.append(driver.extend(reqs[:2], [_tokens(4, seed=1), _tokens(4, seed=2)]))
+    for step in range(3):
+        out.append(driver.decode(reqs, [7 + step, 100, 255]))
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    out.append(
+        driver.verify(
+            reqs[:2],
+            [[3, 4, 5, 6], [9, 8, 7, 6]],
+            [[0, 1, 1, 2]] * 2,
+            mask[None].expand(2, -1, -1).contiguous(),
+        )
+    )
+    return out
+
+
+@pytest.fixture
+def no_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_module, "native_decoder", lambda: None)
+
+
+@pytest.fixture
+def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The token count of every forward the native decoder ran."""
+    assert native_module.native_decoder() is not None, "the native decoder should build here"
+    calls: list[int] = []
+    real = model_module._NativeWeights.run
+
+    def run(self: Any, lib: Any, args: Any, x: torch.Tensor, *rest: Any) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return real(self, lib, args, x, *rest)
+
+    monkeypatch.setattr(model_module._NativeWeights, "run", run)
+    return calls
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many forwards ran through the scripted function."""
+    calls: list[int] = []
+    real = scripted_module.scripted_layers()
+    assert real is not None, "TorchScript should take the decoder on this torch"
+
+    def counting() -> Callable[..., torch.Tensor]:
+        def run(*args: Any, **kwargs: Any) -> torch.Tensor:
+            calls.append(1)
+            return real(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(model_module, "scripted_layers", counting)
+    return calls
+
+
+def test_scripted_forward_is_bit_identical_to_eager(counted: list[int], no_native: None) -> None:
+    scripted = random_model(seed=21)
+    eager = random_model(seed=21)
+    use_cpu_matmul_layout(scripted)
+    use_cpu_matmul_layout(eager, scripted=False)
+    assert scripted.scripted is not None and eager.scripted is None
+    got, expected = _session(scripted), _session(eager)
+    assert len(counted) == len(got)  # every forward took the scripted path
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_autograd_and_dense_forwards_stay_eager(counted: list[int]) -> None:
+    model = random_model(seed=4)
+    use_cpu_matmul_layout(model)
+    ids = torch.tensor([256, 1, 2, 3])
+    model.forward_dense(ids)  # no paged attention to script
+    model.forward_train(ids[None])  # autograd on
+    assert counted == []
+
+
+def test_replaced_weights_are_never_stale(counted: list[int], no_native: None) -> None:
+    """A parameter replaced after the layout (new ``.data``, or an assigned Parameter) is
+    what the next forward uses: the scripted weights are rebuilt, or the forward runs
+    eagerly while a fused weight is stale."""
+    model = random_model(seed=8)
+    reference = random_model(seed=8)
+    use_cpu_matmul_layout(model)
+    use_cpu_matmul_layout(reference, scripted=False)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        o_proj = model.model.layers[1].self_attn.o_proj
+        new_o = torch.randn(o_proj.weight.shape, generator=gen)
+        o_proj.weight.data = new_o.clone()  # not fused: the scripted weights are rebuilt
+        reference.model.layers[1].self_attn.o_proj.weight.copy_(new_o)
+        norm = model.model.layers[0].post_attention_layernorm
+        new_norm = torch.randn(norm.weight.shape, generator=gen)
+        norm.weight = torch.nn.Parameter(new_norm.clone())
+        reference.model.layers[0].post_attention_layernorm.weight.copy_(new_norm)
+    # (close, not equal: the new o_proj weight is row-major, the reference's column-major)
+    for a, b in zip(_session(model), _session(reference), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    assert counted  # still scripted
+    counted.clear()
+    with torch.no_grad():
+        k_proj = model.model.layers[0].self_attn.k_proj
+        new_k = torch.randn(k_proj.weight.shape, generator=gen)
+        k_proj.weight.data = new_k.clone()  # the fused q/k/v copy is stale now
+        reference.model.layers[0].self_attn.k_proj.weight.copy_(new_k)
+    for a, b in zip(_session(model), _session(reference), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)  # eager, unfused for k
+    assert counted == []
+    use_cpu_matmul_layout(model)  # fuse again: scripted again
+    _session(model)
+    assert counted
+
+
+def test_a_torch_that_cannot_script_runs_eagerly_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, no_native: None
+) -> None:
+    def refuse(fn: object) -> object:
+        raise RuntimeError("no TorchScript here")
+
+    monkeypatch.setattr(scripted_module, "_compiled", None)
+    monkeypatch.setattr(scripted_module, "_failed", False)
+    monkeypatch.setattr(torch.jit, "script", refuse)
+    model = random_model(seed=21)
+    reference = random_model(seed=21)
+    use_cpu_matmul_layout(model)
+    use_cpu_matmul_layout(reference, scripted=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _session(model)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "no TorchScript here" in messages[0], messages
+    for a, b in zip(got, _session(reference), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_native_decoder_matches_the_eager_layers(native_calls: list[int]) -> None:
+    native = random_model(seed=21)
+    eager = random_model(seed=21)
+    use_cpu_matmul_layout(native)
+    use_cpu_matmul_layout(eager, scripted=False)
+    got, expected = _session(native), _session(eager)
+    # prefill of mixed lengths is not uniform: TorchScript; the rest runs natively
+    assert native_calls == [8, 3, 3, 3, 8], native_calls  # chunk of 2 x 4, decodes, verify
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_native_rows_do_not_depend_on_the_batch(native_calls: list[int]) -> None:
+    """A token's logits are the same bits whether it is decoded alone, beside other
+    requests, or verified inside a chain: the native GEMMs sum every output in one order
+    and attend every row on its own. (MKL's GEMMs differ by row count.)"""
+    model = random_model(seed=5)
+    use_cpu_matmul_layout(model)
+    prompt, chain = _tokens(9, seed=3), [17, 250, 3, 99]
+    alone = PagedDriver(model)
+    req = alone.new_request()
+    alone.extend([req], [prompt])
+    decoded = torch.cat([alone.decode([req], [t]) for t in chain])
+    crowd = PagedDriver(model)
+    reqs = [crowd.new_request() for _ in range(3)]
+    crowd.extend(reqs[:1], [prompt])  # the same prefill call as above: the same bits
+    crowd.extend(reqs[1:], [_tokens(5, seed=8), _tokens(12, seed=9)])
+    beside = torch.cat([crowd.decode(reqs, [t, 1, 2])[:1] for t in chain])
+    verify = PagedDriver(model)
+    vreq = verify.new_request()
+    verify.extend([vreq], [prompt])
+    causal = torch.ones(1, len(chain), len(chain), dtype=torch.bool).tril()
+    verified = verify.verify([vreq], [chain], [list(range(len(chain)))], causal)
+    assert native_calls == [9, 1, 1, 1, 1, 9, 3, 3, 3, 3, 9, 4]  # the mixed prefill: TorchScript
+    assert torch.equal(decoded, beside)
+    assert torch.equal(decoded, verified)
+
+
+def test_native_weights_follow_in_place_updates(native_calls: list[int]) -> None:
+    """The native decoder reads a packed copy of the weights: an in-place update of a
+    parameter (its version counter moves) repacks before the next forward."""
+    model = random_model(seed=8)
+    reference = random_model(seed=8)
+    use_cpu_matmul_layout(model)
+    use_cpu_matmul_layout(reference, scripted=False)
+    _session(model)
+    with torch.no_grad():
+        model.model.layers[2].mlp.down_proj.weight.mul_(0.5)
+        reference.model.layers[2].mlp.down_proj.weight.mul_(0.5)
+        model.model.layers[0].self_attn.v_proj.weight.add_(0.1)  # a view of the fused q/k/v
+        reference.model.layers[0].self_attn.v_proj.weight.add_(0.1)
+        model.model.norm.weight.mul_(2.0)  # the native LM head's norm
+        reference.model.norm.weight.mul_(2.0)
+    for a, b in zip(_session(model), _session(reference), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_without_a_compiler_the_scripted_layers_run_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, counted: list[int]
+) -> None:
+    monkeypatch.setattr(native_module, "_lib", None)
+    monkeypatch.setattr(native_module, "_tried", False)
+    monkeypatch.setenv("RELAYC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setattr(native_module.shutil, "which", lambda name: None)
+    model = random_model(seed=21)
+    use_cpu_matmul_layout(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _session(model)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "no C compiler" in messages[0], messages
+    assert len(counted) == len(got)
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_native_library_is_cached_by_source_and_flags(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("RELAYC_CACHE_DIR", str(tmp_path))
+    compiler = native_module._compiler()
+    assert compiler is not None
+    first = native_module._build(compiler)
+    assert first.parent == tmp_path and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert native_module._build(compiler) == first and first.stat().st_mtime_ns == stamp
+    monkeypatch.setattr(native_module, "FLAGS", [*native_module.FLAGS, "-DRELAYC_TEST"])
+    assert native_module._build(compiler) != first  # other flags: another file
+    monkeypatch.setenv("RELAYC_NATIVE", "0")
+    monkeypatch.setattr(native_module, "_lib", None)
+    monkeypatch.setattr(native_module, "_tried", False)
+    assert native_module.native_decoder() is None
+
+
+@pytest.mark.parametrize("algorithm", ["eagle", "standalone"])
+def test_drafting_engines_run_their_drafts_natively_and_stay_lossless(
+    algorithm: str, native_calls: list[int]
+) -> None:
+    """The draft model's stack and the EAGLE head's single layer take the native path as
+    well, and the speculative outputs still equal plain greedy decoding's."""
+    prompts = [_tokens(n, seed=30 + n) for n in (6, 13, 9)]
+    params = SamplingParams(max_new_tokens=12)
+    outs = {}
+    for name in (algorithm, "none"):
+        engine = Engine("random", algorithm=name, overlap=False)
+        outs[name] = [o.token_ids for o in engine.generate(prompts, params)]
+        engine.close()
+        if name == algorithm:
+            assert len(native_calls) > 3 * 12 // 2  # target verifies and draft steps
+    assert outs[algorithm] == outs["none"]
