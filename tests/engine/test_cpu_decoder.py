@@ -216,8 +216,8 @@ def test_native_weights_follow_in_place_updates(native_calls: list[int]) -> None
         reference.model.layers[2].mlp.down_proj.weight.mul_(0.5)
         model.model.layers[0].self_attn.v_proj.weight.add_(0.1)  # a view of the fused q/k/v
         reference.model.layers[0].self_attn.v_proj.weight.add_(0.1)
-        model.model.norm.weight.mul_(2.0)  # the native LM head's norm
-        reference.model.norm.weight.mul_(2.0)
+        model.lm_head.weight.mul_(2.0)  # the native LM head reads a packed copy
+        reference.lm_head.weight.mul_(2.0)
     for a, b in zip(_session(model), _session(reference), strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
