@@ -1,15 +1,17 @@
 """Where a decode forward's time goes: relayc's paged forward against transformers', op by op.
 
     python bench/forward_profile.py [--prefix 200] [--batch 1] [--width 1] [--iters 200]
-                                    [--profile] [--threads 1] [--eager]
+                                    [--profile] [--threads 1] [--paths native,scripted,eager]
 
 Times one forward of the shipped demo target over a cached prefix of ``--prefix`` tokens
 -- ``--width 1``: a decode step, wider: a chain verify of that many tokens -- for relayc
 (``LlamaForCausalLM.forward`` on the paged cache) and for transformers (the same weights,
 a ``DynamicCache`` cropped back after each call), interleaved, best of ``--iters``.
 ``--profile`` adds torch.profiler's table of relayc's forward, op by op (self CPU time).
-relayc runs its decoder layers as one TorchScript call (relayc.engine.scripted) unless
-``--eager``; ``--both`` times the scripted and the eager forward side by side as well.
+``--paths`` picks relayc's CPU decoder paths to time side by side (the first one is the
+"relayc" column and the one ``--profile`` profiles): ``native`` (decoder.c, what the
+engine runs for small batches), ``scripted`` (the TorchScript layers, same ops as eager),
+``eager`` (plain torch modules).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+import relayc.engine.model as model_module
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
@@ -28,11 +31,13 @@ from relayc.engine.shipped import DEMO_DIR
 from relayc.engine.weights import load_checkpoint
 
 
-def relayc_step(
-    batch_size: int, prefix: int, width: int, scripted: bool = True
-) -> tuple[LlamaForCausalLM, ForwardBatch]:
+def _no_native() -> None:
+    return None
+
+
+def relayc_step(batch_size: int, prefix: int, width: int) -> tuple[LlamaForCausalLM, ForwardBatch]:
     model = load_checkpoint(DEMO_DIR / "target")
-    use_cpu_matmul_layout(model, scripted=scripted)
+    use_cpu_matmul_layout(model)
     config = model.config
     kv_cache = KVCache.for_model(config, 4096, model.device)
     req_pool = ReqToTokenPool(batch_size, 1024, model.device)
@@ -105,27 +110,34 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--eager", action="store_true", help="relayc without the scripted layers")
-    parser.add_argument("--both", action="store_true", help="also time relayc eager")
+    parser.add_argument(
+        "--paths", default="native,scripted,eager", help="relayc decoder paths to time"
+    )
     args = parser.parse_args()
+    paths = args.paths.split(",")
+    if not paths or set(paths) - {"native", "scripted", "eager"}:
+        parser.error("--paths takes native, scripted and eager, comma-separated")
     torch.set_num_threads(args.threads)
-    model, step = relayc_step(args.batch, args.prefix, args.width, scripted=not args.eager)
+    model, step = relayc_step(args.batch, args.prefix, args.width)
     hf = hf_step(args.batch, args.prefix, args.width)
     scripted = model.scripted
+    real_native = model_module.native_decoder
 
-    def ours() -> None:
-        model.scripted = scripted
-        model(step)
+    def path(name: str) -> Callable[[], None]:
+        def run() -> None:
+            model.scripted = None if name == "eager" else scripted
+            model_module.native_decoder = real_native if name == "native" else _no_native
+            model(step)
 
-    def ours_eager() -> None:
-        model.scripted = None
-        model(step)
+        return run
 
+    runs: list[tuple[str, Callable[[], None]]] = [(f"relayc {paths[0]}", path(paths[0]))]
+    runs.append(("transformers", hf))
+    runs += [(f"relayc {name}", path(name)) for name in paths[1:]]
+    ours = runs[0][1]
+    first = runs[0][0]
     # Thread CPU time as well as wall time: on a crowded machine a forward that was
     # descheduled halfway shows in the wall time only.
-    runs: list[tuple[str, Callable[[], None]]] = [("relayc", ours), ("transformers", hf)]
-    if args.both and not args.eager:
-        runs.append(("relayc eager", ours_eager))
     wall = {name: float("inf") for name, _ in runs}
     cpu = dict(wall)
     for _ in range(args.iters):
@@ -138,7 +150,7 @@ def main() -> None:
         print(
             f"batch {args.batch}, width {args.width}, prefix {args.prefix}, {label}: "
             + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in best.items())
-            + f" (relayc / transformers = {best['relayc'] / best['transformers']:.2f})"
+            + f" ({first} / transformers = {best[first] / best['transformers']:.2f})"
         )
     if args.profile:
         from torch.profiler import ProfilerActivity, profile

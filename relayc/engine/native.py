@@ -2,9 +2,9 @@
 
 ``native_decoder()`` compiles ``decoder.c`` with the C compiler (``$CC``, else ``cc``,
 ``-O3 -march=native``) into a cache folder (``$RELAYC_CACHE_DIR``, else
-``~/.cache/relayc``), named by a hash of the source, the flags and the compiler's
-version, so a changed source or compiler builds anew and nothing stale is loaded; about
-a second, once. ``RELAYC_NATIVE=0`` turns it off. Where it cannot be built (no
+``~/.cache/relayc``), named by a hash of the source, the flags, the compiler's version
+and the CPU (model and feature flags: ``-march=native``), so a changed source, compiler
+or machine builds anew and nothing stale is loaded; about a second, once. ``RELAYC_NATIVE=0`` turns it off. Where it cannot be built (no
 compiler, a compile error) relayc warns once and runs the TorchScript layers instead:
 the cache is never needed for correctness.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -38,13 +39,23 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
+def _cpu() -> str:
+    """What ``-march=native`` compiles for: the CPU's model and feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    wanted = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(dict.fromkeys(wanted)) or f"{platform.machine()} {platform.processor()}"
+
+
 def _build(compiler: str) -> Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
-    digest = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()
-    ).hexdigest()[:16]
+    # A cache folder shared between machines must not hand one CPU another's build.
+    key = "\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu()])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     target = cache_dir() / f"decoder-{digest}.so"
     if target.exists():
         return target
