@@ -78,8 +78,10 @@ GEMM_BLOCK(6, 1)
 
 typedef void (*block_fn)(const float *, int, const float *, int, int, float *, int);
 
-/* out[M, N] (+)= x[M, K] @ w (packed, N a multiple of 16): up to six rows per weight pass,
- * as many panels at once as keep twelve accumulators. */
+/* out[M, N] (+)= x[M, K] @ w (packed, N a multiple of 16). Six panels (96 columns) at a
+ * time, every block of up to six rows over them while they sit in L2, so the weight is
+ * read from memory once whatever M is; as many panels per call as keep twelve
+ * accumulators. */
 static void gemm(const float *x, int M, int K, const float *w, int N, float *out, int add) {
     static const block_fn wide[7] = {0, block_1_6, block_2_3, block_3_2, block_4_1, block_5_1,
                                      block_6_1};
@@ -87,13 +89,16 @@ static void gemm(const float *x, int M, int K, const float *w, int N, float *out
                                        block_5_1, block_6_1};
     static const int width[7] = {0, 6, 3, 2, 1, 1, 1};
     const int panels = N / 16;
-    for (int m0 = 0; m0 < M; m0 += 6) {
-        const int mb = M - m0 < 6 ? M - m0 : 6;
-        const float *xr = x + (size_t)m0 * K;
-        float *orow = out + (size_t)m0 * N;
-        int p = 0;
-        for (; p + width[mb] <= panels; p += width[mb]) wide[mb](xr, K, w, p, N, orow, add);
-        for (; p < panels; p++) narrow[mb](xr, K, w, p, N, orow, add);
+    for (int g = 0; g < panels; g += 6) {
+        const int end = g + 6 < panels ? g + 6 : panels;
+        for (int m0 = 0; m0 < M; m0 += 6) {
+            const int mb = M - m0 < 6 ? M - m0 : 6;
+            const float *xr = x + (size_t)m0 * K;
+            float *orow = out + (size_t)m0 * N;
+            int p = g;
+            for (; p + width[mb] <= end; p += width[mb]) wide[mb](xr, K, w, p, N, orow, add);
+            for (; p < end; p++) narrow[mb](xr, K, w, p, N, orow, add);
+        }
     }
 }
 
@@ -173,20 +178,51 @@ int relayc_decoder(
                 for (int hd = 0; hd < heads; hd++) {
                     const float *qv = qkv + (size_t)t * qkv_width + (size_t)hd * D;
                     const int kvh = hd / group;
+                    const float *kbase = k_cache[l] + (size_t)kvh * D;
+                    int j = 0;
+                    if (D % 8 == 0) {
+                        /* four keys at a time: four independent chains, each summed in
+                           the same order as dot() */
+                        for (; j + 4 <= S; j += 4) {
+                            const float *k0 = kbase + (size_t)loc[j] * row;
+                            const float *k1 = kbase + (size_t)loc[j + 1] * row;
+                            const float *k2 = kbase + (size_t)loc[j + 2] * row;
+                            const float *k3 = kbase + (size_t)loc[j + 3] * row;
+                            v8 a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+                            for (int i = 0; i < D; i += 8) {
+                                const v8 qi = load8(qv + i);
+                                a0 += qi * load8(k0 + i);
+                                a1 += qi * load8(k1 + i);
+                                a2 += qi * load8(k2 + i);
+                                a3 += qi * load8(k3 + i);
+                            }
+                            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+                            for (int e = 0; e < 8; e++) {
+                                d0 += a0[e];
+                                d1 += a1[e];
+                                d2 += a2[e];
+                                d3 += a3[e];
+                            }
+                            scores[j] = d0;
+                            scores[j + 1] = d1;
+                            scores[j + 2] = d2;
+                            scores[j + 3] = d3;
+                        }
+                    }
+                    for (; j < S; j++) scores[j] = dot(qv, kbase + (size_t)loc[j] * row, D);
                     float top = -INFINITY;
-                    for (int j = 0; j < S; j++) {
+                    for (j = 0; j < S; j++) {
                         if (isinf(mrow[j]) && mrow[j] < 0) {
                             scores[j] = -INFINITY;
                             continue;
                         }
-                        const float *kv = k_cache[l] + (size_t)loc[j] * row + (size_t)kvh * D;
-                        scores[j] = dot(qv, kv, D) * scale + mrow[j];
+                        scores[j] = scores[j] * scale + mrow[j];
                         if (scores[j] > top) top = scores[j];
                     }
                     float *out = attn + (size_t)t * heads * D + (size_t)hd * D;
                     for (int i = 0; i < D; i++) out[i] = 0.0f;
                     float total = 0.0f;
-                    for (int j = 0; j < S; j++) {
+                    for (j = 0; j < S; j++) {
                         if (scores[j] == -INFINITY) continue;
                         const float p = expf(scores[j] - top);
                         total += p;
