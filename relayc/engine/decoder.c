@@ -91,8 +91,9 @@ static void gemm(const float *x, int M, int K, const float *w, int N, float *out
     const int panels = N / 16;
     for (int g = 0; g < panels; g += 6) {
         const int end = g + 6 < panels ? g + 6 : panels;
-        for (int m0 = 0; m0 < M; m0 += 6) {
-            const int mb = M - m0 < 6 ? M - m0 : 6;
+        for (int m0 = 0, mb; m0 < M; m0 += mb) {
+            /* four and five rows go as 2 + 2 and 3 + 2: twelve accumulators beat eight */
+            mb = M - m0 >= 6 ? 6 : (M - m0 == 4 || M - m0 == 5) ? M - m0 - 2 : M - m0;
             const float *xr = x + (size_t)m0 * K;
             float *orow = out + (size_t)m0 * N;
             int p = g;
