@@ -144,9 +144,16 @@ int relayc_decoder(
     const float *const *ln1, const float *const *w_qkv, const float *const *w_o,
     const float *const *ln2, const float *const *w_gate_up, const float *const *w_down,
     const float *eps1, const float *eps2,
-    float *const *k_cache, float *const *v_cache /* [slots, kv_heads, head_dim] each */
+    float *const *k_cache, float *const *v_cache, /* [cache_rows, kv_heads, head_dim] each */
+    int64_t cache_rows
 ) {
     if (T != B * Q || heads % kv_heads != 0 || hidden % 16 != 0 || inter % 8 != 0) return -2;
+    /* Every slot this call writes or reads lies inside the cache: a bad index is an error
+       the caller reports, never a write past the buffer. */
+    for (int t = 0; t < T; t++)
+        if (slots[t] < 0 || slots[t] >= cache_rows) return -3;
+    for (size_t j = 0; j < (size_t)B * S; j++)
+        if (kv_loc[j] < 0 || kv_loc[j] >= cache_rows) return -4;
     const int D = head_dim, group = heads / kv_heads;
     const int qkv_width = (heads + 2 * kv_heads) * D, row = kv_heads * D;
     const float scale = 1.0f / sqrtf((float)D);

@@ -356,12 +356,28 @@ class _NativeWeights:
         mask = meta.mask.contiguous()
         cos, sin = rope.cos.contiguous(), rope.sin.contiguous()
         caches = [*k_cache, *v_cache]
-        if any(c.dtype != torch.float32 or not c.is_contiguous() for c in caches):
-            raise ValueError("the native decoder needs contiguous float32 K/V caches")
+        row = (args["kv_heads"], args["head_dim"])
+        if any(
+            c.dtype != torch.float32 or not c.is_contiguous() or tuple(c.shape[1:]) != row
+            for c in caches
+        ):
+            raise ValueError(f"the native decoder needs contiguous float32 K/V caches [N, {row}]")
+        batch, queries = meta.batch_size, meta.max_extend_len
+        keys = kv_loc.numel() // batch
+        shapes = {
+            "hidden": (tuple(out.shape), (tokens, self.tensors["ln1"][0].shape[0])),
+            "rotary": (tuple(cos.shape[::2]), (tokens, args["head_dim"])),
+            "out_cache_loc": (tuple(slots.shape), (tokens,)),
+            "kv_loc": (kv_loc.numel(), batch * keys),
+            "mask": (tuple(mask.shape), (batch, 1, queries, keys)),
+            "K/V cache layers": (len(k_cache), len(self.tensors["w_qkv"])),
+        }
+        for name, (got, want) in shapes.items():
+            if got != want or tokens != batch * queries:
+                raise ValueError(f"native decoder: {name} is {got}, expected {want}")
         layers = len(k_cache)
         k_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in k_cache))
         v_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in v_cache))
-        batch, queries = meta.batch_size, meta.max_extend_len
         code = lib.relayc_decoder(
             tokens,
             out.shape[1],
@@ -378,12 +394,18 @@ class _NativeWeights:
             mask.data_ptr(),
             batch,
             queries,
-            kv_loc.numel() // batch,
+            keys,
             *self.arrays,
             *self.eps,
             k_ptrs,
             v_ptrs,
+            min(c.shape[0] for c in caches),
         )
+        if code in (-3, -4):
+            what = "out_cache_loc" if code == -3 else "a request's KV slots (req_to_token)"
+            raise IndexError(
+                f"{what} names a KV slot outside the cache's {caches[0].shape[0]} rows"
+            )
         if code != 0:
             raise RuntimeError(f"the native decoder failed (code {code})")
         return out

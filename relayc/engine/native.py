@@ -79,7 +79,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))  # CDLL: the call releases the GIL
     fn = lib.relayc_decoder
     p, i = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10
+    fn.argtypes = [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64]
     fn.restype = i
     head = lib.relayc_head
     head.argtypes = [i, i, i, p, p, ctypes.c_float, p, p]

@@ -18,6 +18,7 @@ import relayc.engine.model as model_module
 import relayc.engine.native as native_module
 import relayc.engine.scripted as scripted_module
 from relayc.engine import Engine, SamplingParams
+from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.weights import random_model
 from tests.engine.helpers import PagedDriver
@@ -220,6 +221,36 @@ def test_native_weights_follow_in_place_updates(native_calls: list[int]) -> None
         reference.lm_head.weight.mul_(2.0)
     for a, b in zip(_session(model), _session(reference), strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_a_slot_outside_the_cache_is_an_error_not_a_stray_write(
+    native_calls: list[int],
+) -> None:
+    """The native decoder checks every slot it writes or reads before touching memory."""
+    model = random_model(seed=2)
+    use_cpu_matmul_layout(model)
+    driver = PagedDriver(model, kv_size=64)
+    req = driver.new_request()
+    driver.extend([req], [_tokens(5, seed=1)])
+    before = [c.clone() for c in driver.kv_cache.k]
+    rows = driver.kv_cache.k[0].shape[0]
+    for slots, prefix in (([rows + 3], 5), ([-1], 5), ([7], 5)):
+        req_to_token = driver.req_pool.req_to_token.clone()
+        if slots == [7]:
+            req_to_token[req, 2] = rows  # a prefix slot past the cache
+        batch = ForwardBatch.build(
+            ForwardMode.DECODE,
+            [[9]],
+            [req],
+            [prefix],
+            torch.tensor(slots),
+            req_to_token,
+            driver.kv_cache,
+        )
+        with pytest.raises(IndexError, match="outside the cache"):
+            model(batch)
+    assert all(torch.equal(a, b) for a, b in zip(before, driver.kv_cache.k, strict=True))
+    assert len(native_calls) == 4
 
 
 def test_without_a_compiler_the_scripted_layers_run_with_one_warning(
