@@ -91,9 +91,13 @@ def use_cpu_matmul_layout(module: nn.Module, scripted: bool = True) -> int:
     halves their time (the GEMMs are all per-call overhead at this size). CUDA needs
     neither; call this for CPU inference only. Idempotent.
 
-    ``scripted`` (default) also runs each decoder stack's layers as one TorchScript call
-    where it can (relayc.engine.scripted: same ops, same bits, about a quarter less time
-    per decode forward); ``False`` turns that off again.
+    ``scripted`` (default) also runs each decoder stack's layers in one call: natively
+    (decoder.c through relayc.engine.native) for uniform batches of at most
+    ``NATIVE_MAX_TOKENS`` tokens, else as one TorchScript function (relayc.engine.scripted:
+    same ops, same bits); ``False`` turns that off again. The native decoder reads a packed
+    copy of the weights, rebuilt when a parameter is replaced or changed in place through
+    the parameter (``copy_``, ``load_state_dict``, an optimizer step: its version counter
+    moves). A write through ``.data`` moves no counter: call this again after one.
     """
     count = 0
     with torch.no_grad():
@@ -106,6 +110,7 @@ def use_cpu_matmul_layout(module: nn.Module, scripted: bool = True) -> int:
                     layer for layer in sub.model.layers if isinstance(layer, LlamaDecoderLayer)
                 ]
                 sub.scripted = ScriptedLayers(stack) if scripted else None
+                sub._native_head = None  # repacked on the next forward
                 in_stacks.update(id(layer) for layer in sub.model.layers)
         for sub in module.modules():
             # A layer outside a model's stack (a draft head's): scripted on its own.

@@ -221,6 +221,15 @@ def test_native_weights_follow_in_place_updates(native_calls: list[int]) -> None
         reference.lm_head.weight.mul_(2.0)
     for a, b in zip(_session(model), _session(reference), strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    # A write through .data moves no version counter: laying the model out again repacks.
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.data.mul_(3.0)
+        reference.model.layers[1].mlp.down_proj.weight.mul_(3.0)
+        model.lm_head.weight.data.mul_(0.5)
+        reference.lm_head.weight.mul_(0.5)
+    use_cpu_matmul_layout(model)
+    for a, b in zip(_session(model), _session(reference), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
 def test_a_slot_outside_the_cache_is_an_error_not_a_stray_write(
