@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-import relayc.engine.model as model_module
+import relayc.engine.native as native_module
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
@@ -121,12 +121,12 @@ def main() -> None:
     model, step = relayc_step(args.batch, args.prefix, args.width)
     hf = hf_step(args.batch, args.prefix, args.width)
     scripted = model.scripted
-    real_native = model_module.native_decoder
+    real_native = native_module.native_decoder
 
     def path(name: str) -> Callable[[], None]:
         def run() -> None:
             model.scripted = None if name == "eager" else scripted
-            model_module.native_decoder = real_native if name == "native" else _no_native
+            native_module.native_decoder = real_native if name == "native" else _no_native
             model(step)
 
         return run

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.model as model_module
+import relayc.engine.cpu_decoder as cpu_module
 import relayc.engine.native as native_module
 import relayc.engine.scripted as scripted_module
 from relayc.engine import Engine, SamplingParams
@@ -50,7 +50,7 @@ def _session(model: LlamaForCausalLM) -> list[torch.Tensor]:
 
 @pytest.fixture
 def no_native(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_module, "native_decoder", lambda: None)
+    monkeypatch.setattr(native_module, "native_decoder", lambda: None)
 
 
 @pytest.fixture
@@ -58,13 +58,13 @@ def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The token count of every forward the native decoder ran."""
     assert native_module.native_decoder() is not None, "the native decoder should build here"
     calls: list[int] = []
-    real = model_module._NativeWeights.run
+    real = cpu_module._NativeWeights.run
 
     def run(self: Any, lib: Any, args: Any, x: torch.Tensor, *rest: Any) -> torch.Tensor:
         calls.append(x.shape[0])
         return real(self, lib, args, x, *rest)
 
-    monkeypatch.setattr(model_module._NativeWeights, "run", run)
+    monkeypatch.setattr(cpu_module._NativeWeights, "run", run)
     return calls
 
 
@@ -82,7 +82,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
         return run
 
-    monkeypatch.setattr(model_module, "scripted_layers", counting)
+    monkeypatch.setattr(scripted_module, "scripted_layers", counting)
     return calls
 
 
@@ -163,6 +163,19 @@ def test_a_torch_that_cannot_script_runs_eagerly_with_one_warning(
     assert len(messages) == 1 and "no TorchScript here" in messages[0], messages
     for a, b in zip(got, _session(reference), strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_native_decoder_does_not_need_torchscript(
+    monkeypatch: pytest.MonkeyPatch, native_calls: list[int]
+) -> None:
+    monkeypatch.setattr(scripted_module, "scripted_layers", lambda: None)
+    model = random_model(seed=21)
+    reference = random_model(seed=21)
+    use_cpu_matmul_layout(model)
+    use_cpu_matmul_layout(reference, scripted=False)
+    for a, b in zip(_session(model), _session(reference), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    assert native_calls == [8, 3, 3, 3, 8]  # the mixed prefill ran eagerly
 
 
 def test_native_decoder_matches_the_eager_layers(native_calls: list[int]) -> None:

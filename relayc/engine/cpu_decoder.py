@@ -1,0 +1,316 @@
+"""The decoder layers of a CPU forward in one call: native (decoder.c) or TorchScript.
+
+``use_cpu_matmul_layout`` (relayc.engine.model) gives every decoder stack a
+:class:`ScriptedLayers`, and the model a :class:`NativeHead`. Per forward,
+``ScriptedLayers`` runs the layers natively for uniform batches of at most
+``NATIVE_MAX_TOKENS`` tokens (relayc.engine.native), else as one TorchScript function
+(relayc.engine.scripted: the eager ops, same bits), else returns None and the caller runs
+the eager modules. Both read the weights as lists, checked still current on every call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from relayc.engine import native, scripted
+from relayc.engine.attention import PagedAttend
+
+if TYPE_CHECKING:
+    from relayc.engine.model import Linear, LlamaDecoderLayer, RMSNorm, RopeTables
+
+# Above this many tokens (a prompt's prefill) a forward is compute-bound and MKL's GEMMs,
+# through the TorchScript layers, are faster than the native decoder's.
+NATIVE_MAX_TOKENS = 64
+
+
+class ScriptedLayers:
+    """The weights of ``layers`` as the lists :func:`_layers` takes, checked still current
+    on every call (a replaced parameter or a stale fused weight -> eager, never stale)."""
+
+    def __init__(self, layers: Sequence[LlamaDecoderLayer]) -> None:
+        self.layers = list(layers)
+        self._args: dict[str, Any] | None = None
+        self._native: _NativeWeights | None = None
+        self._built = False
+        self._checks: list[tuple[dict[str, Any], torch.Tensor, int, int]] = []
+
+    def _build(self) -> dict[str, Any] | None:
+        layers = self.layers
+        self._native = None
+        checks: list[tuple[dict[str, Any], torch.Tensor, int, int]] = []
+        for layer in layers:
+            for module in (
+                layer.input_layernorm,
+                layer.post_attention_layernorm,
+                layer.self_attn.o_proj,
+                layer.self_attn.q_proj,
+                layer.self_attn.k_proj,
+                layer.self_attn.v_proj,
+                layer.mlp.gate_proj,
+                layer.mlp.up_proj,
+                layer.mlp.down_proj,
+            ):
+                weight = module._parameters["weight"]
+                assert weight is not None
+                checks.append((module._parameters, weight, weight.data_ptr(), weight._version))
+        self._checks = checks
+        fused = [(layer.self_attn.qkv, layer.mlp.gate_up) for layer in layers]
+        qkv = [None if f is None else f.get() for f, _ in fused]
+        gate_up = [None if f is None else f.get() for _, f in fused]
+        splits = {tuple(f.splits) for _, f in fused if f is not None}
+        if any(w is None for w in (*qkv, *gate_up)) or len(splits) != 1:
+            return None
+        (split,) = splits
+        if len(split) != 2 or split[0] != split[1]:
+            return None
+        params: dict[str, list[torch.Tensor | None]] = {
+            "ln1": [layer.input_layernorm.weight.detach() for layer in layers],
+            "w_o": [layer.self_attn.o_proj.weight.detach() for layer in layers],
+            "ln2": [layer.post_attention_layernorm.weight.detach() for layer in layers],
+            "w_down": [layer.mlp.down_proj.weight.detach() for layer in layers],
+            "w_qkv": qkv,
+            "w_gate_up": gate_up,
+        }
+        if any(
+            t is None or t.dtype != torch.float32 or t.device.type != "cpu"
+            for values in params.values()
+            for t in values
+        ):
+            return None
+        attn = layers[0].self_attn
+        native = all(
+            t is not None and t.shape[0] % 16 == 0
+            for name in ("w_qkv", "w_o", "w_gate_up", "w_down")
+            for t in params[name]
+        ) and all(t is not None and t.is_contiguous() for t in (*params["ln1"], *params["ln2"]))
+        self._native = None
+        if native:
+            eps = [float(layer.input_layernorm.eps) for layer in layers]
+            eps2 = [float(layer.post_attention_layernorm.eps) for layer in layers]
+            self._native = _NativeWeights(params, eps, eps2)
+        return {
+            **params,
+            "eps1": [float(layer.input_layernorm.eps) for layer in layers],
+            "eps2": [float(layer.post_attention_layernorm.eps) for layer in layers],
+            "heads": attn.num_heads,
+            "kv_heads": attn.num_kv_heads,
+            "head_dim": attn.head_dim,
+            "intermediate": split[0],
+        }
+
+    def _current(self) -> bool:
+        return all(
+            params["weight"] is weight and weight.data_ptr() == ptr and weight._version == version
+            for params, weight, ptr, version in self._checks
+        )
+
+    def args(self) -> dict[str, Any] | None:
+        """The weight arguments, rebuilt when a parameter changed; None: not eligible."""
+        if not self._built or not self._current():
+            self._args = self._build()
+            self._built = True
+        return self._args
+
+    def __call__(
+        self, x: torch.Tensor, rope: RopeTables, cache_layers: Sequence[int], attend: object
+    ) -> torch.Tensor | None:
+        """The layers over ``x``, or None when this call must run eagerly."""
+        if (
+            not isinstance(attend, PagedAttend)
+            or x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or torch.is_grad_enabled()
+        ):
+            return None
+        cache = attend.batch.kv_cache
+        k_all, v_all = cache.k, cache.v
+        if k_all[0].dtype != torch.float32:
+            return None
+        args = self.args()
+        if args is None:
+            return None
+        if len(cache_layers) == len(k_all) and list(cache_layers) == list(range(len(k_all))):
+            k_cache, v_cache = k_all, v_all
+        else:
+            k_cache = [k_all[i] for i in cache_layers]
+            v_cache = [v_all[i] for i in cache_layers]
+        meta = attend.meta
+        if (
+            self._native is not None
+            and meta.padded_index is None
+            and x.shape[0] <= NATIVE_MAX_TOKENS
+        ):
+            lib = native.native_decoder()
+            if lib is not None:
+                return self._native.run(lib, args, x, rope, attend, k_cache, v_cache)
+        fn = scripted.scripted_layers()
+        if fn is None:
+            return None
+        # The executor's profiling/specialising passes find nothing to fuse on the CPU and
+        # re-profile as shapes change (every step's key count): plain interpretation is
+        # faster. The flag is thread-local; restored after the call.
+        optimize = torch._C._get_graph_executor_optimize()
+        torch._C._set_graph_executor_optimize(False)
+        try:
+            return fn(
+                x,
+                rope.cos,
+                rope.sin,
+                attend.batch.out_cache_loc,
+                meta.kv_loc,
+                meta.mask,
+                meta.padded_index,
+                meta.token_req,
+                meta.token_row,
+                meta.batch_size,
+                meta.max_extend_len,
+                k_cache=k_cache,
+                v_cache=v_cache,
+                **args,
+            )
+        finally:
+            torch._C._set_graph_executor_optimize(optimize)
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """A ``[out, in]`` weight as decoder.c reads it: panels of 16 output columns, each
+    ``[in, 16]`` contiguous (``out`` padded with zero columns to a multiple of 16)."""
+    k_by_n = weight.detach().t()
+    rows, cols = k_by_n.shape
+    if cols % 16:
+        k_by_n = torch.cat([k_by_n, k_by_n.new_zeros(rows, 16 - cols % 16)], dim=1)
+        cols = k_by_n.shape[1]
+    return k_by_n.reshape(rows, cols // 16, 16).permute(1, 0, 2).contiguous()
+
+
+class NativeHead:
+    """The final norm and LM head for the native decoder: row-independent logits."""
+
+    def __init__(self, norm: RMSNorm, lm_head: Linear) -> None:
+        self.norm, self.lm_head = norm, lm_head
+        self.params = (norm.weight, lm_head.weight)  # kept alive: the key names their ids
+        self.key = self._key()
+        self.weight = norm.weight.detach()
+        self.packed = _pack(lm_head.weight)
+        self.vocab = lm_head.weight.shape[0]
+
+    def _key(self) -> tuple[int, int, int, int, int, int]:
+        n, h = self.norm.weight, self.lm_head.weight
+        return (id(n), n.data_ptr(), n._version, id(h), h.data_ptr(), h._version)
+
+    def current(self, norm: RMSNorm, lm_head: Linear) -> bool:
+        # The key's ids stay valid: this object holds the two parameters it names.
+        return norm is self.norm and lm_head is self.lm_head and self.key == self._key()
+
+    def logits(self, lib: ctypes.CDLL, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.contiguous()
+        rows, width = hidden.shape
+        out = hidden.new_empty(rows, self.packed.shape[0] * 16)
+        code = lib.relayc_head(
+            rows,
+            width,
+            out.shape[1],
+            hidden.data_ptr(),
+            self.weight.data_ptr(),
+            float(self.norm.eps),
+            self.packed.data_ptr(),
+            out.data_ptr(),
+        )
+        if code != 0:
+            raise RuntimeError(f"the native LM head failed (code {code})")
+        return out[:, : self.vocab].contiguous()
+
+
+class _NativeWeights:
+    """The per-layer pointers the native decoder (decoder.c) takes, for one weight set."""
+
+    def __init__(
+        self, params: dict[str, list[torch.Tensor | None]], eps1: list[float], eps2: list[float]
+    ) -> None:
+        tensors: dict[str, list[torch.Tensor]] = {}
+        for name, values in params.items():
+            weights = [t for t in values if t is not None]
+            tensors[name] = [_pack(t) if name.startswith("w_") else t for t in weights]
+        # Kept alive here: the pointer arrays point into these tensors.
+        self.tensors = tensors
+        self.arrays = [
+            (ctypes.c_void_p * len(tensors[name]))(*(t.data_ptr() for t in tensors[name]))
+            for name in ("ln1", "w_qkv", "w_o", "ln2", "w_gate_up", "w_down")
+        ]
+        self.eps = [(ctypes.c_float * len(e))(*e) for e in (eps1, eps2)]
+
+    def run(
+        self,
+        lib: ctypes.CDLL,
+        args: dict[str, Any],
+        x: torch.Tensor,
+        rope: RopeTables,
+        attend: PagedAttend,
+        k_cache: list[torch.Tensor],
+        v_cache: list[torch.Tensor],
+    ) -> torch.Tensor:
+        meta = attend.meta
+        out = x.contiguous().clone()
+        tokens = out.shape[0]
+        slots = attend.batch.out_cache_loc.to(torch.int64).contiguous()
+        kv_loc = meta.kv_loc.contiguous()
+        mask = meta.mask.contiguous()
+        cos, sin = rope.cos.contiguous(), rope.sin.contiguous()
+        caches = [*k_cache, *v_cache]
+        row = (args["kv_heads"], args["head_dim"])
+        if any(
+            c.dtype != torch.float32 or not c.is_contiguous() or tuple(c.shape[1:]) != row
+            for c in caches
+        ):
+            raise ValueError(f"the native decoder needs contiguous float32 K/V caches [N, {row}]")
+        batch, queries = meta.batch_size, meta.max_extend_len
+        keys = kv_loc.numel() // batch
+        shapes = {
+            "hidden": (tuple(out.shape), (tokens, self.tensors["ln1"][0].shape[0])),
+            "rotary": (tuple(cos.shape[::2]), (tokens, args["head_dim"])),
+            "out_cache_loc": (tuple(slots.shape), (tokens,)),
+            "kv_loc": (kv_loc.numel(), batch * keys),
+            "mask": (tuple(mask.shape), (batch, 1, queries, keys)),
+            "K/V cache layers": (len(k_cache), len(self.tensors["w_qkv"])),
+        }
+        for name, (got, want) in shapes.items():
+            if got != want or tokens != batch * queries:
+                raise ValueError(f"native decoder: {name} is {got}, expected {want}")
+        layers = len(k_cache)
+        k_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in k_cache))
+        v_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in v_cache))
+        code = lib.relayc_decoder(
+            tokens,
+            out.shape[1],
+            args["heads"],
+            args["kv_heads"],
+            args["head_dim"],
+            args["intermediate"],
+            layers,
+            out.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            slots.data_ptr(),
+            kv_loc.data_ptr(),
+            mask.data_ptr(),
+            batch,
+            queries,
+            keys,
+            *self.arrays,
+            *self.eps,
+            k_ptrs,
+            v_ptrs,
+            min(c.shape[0] for c in caches),
+        )
+        if code in (-3, -4):
+            what = "out_cache_loc" if code == -3 else "a request's KV slots (req_to_token)"
+            raise IndexError(
+                f"{what} names a KV slot outside the cache's {caches[0].shape[0]} rows"
+            )
+        if code != 0:
+            raise RuntimeError(f"the native decoder failed (code {code})")
+        return out
