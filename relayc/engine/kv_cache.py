@@ -128,8 +128,11 @@ class KVCache:
     ) -> None:
         shape = (size + 1, num_kv_heads, head_dim)
         self.size = size
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # One buffer, every layer's K then V a contiguous view of it: copy_slots moves a
+        # slot in every layer with one gather and one scatter instead of two per layer.
+        self.buffer = torch.zeros((2 * num_layers, *shape), dtype=dtype, device=device)
+        self.k = list(self.buffer[:num_layers].unbind(0))
+        self.v = list(self.buffer[num_layers:].unbind(0))
 
     @classmethod
     def for_model(
@@ -142,8 +145,7 @@ class KVCache:
     def copy_slots(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Copy every layer's K/V at slots ``src [T]`` to slots ``dst [T]``."""
         src, dst = src.long(), dst.long()
-        for cache in (*self.k, *self.v):
-            cache[dst] = cache[src]
+        self.buffer[:, dst] = self.buffer[:, src]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``/``v`` ``[T, num_kv_heads, head_dim]`` at KV ``slots`` ``[T]``."""
