@@ -107,3 +107,41 @@ def test_decode_through_paged_cache_matches_transformers(pair, record_property) 
     record_property("decode_max_abs_diff", worst)
     print(f"\ndecode max |logit diff| vs transformers: {worst:.3e}")
     assert worst < TOLERANCE
+
+
+def test_the_cpu_decoder_paths_match_transformers(pair, monkeypatch, record_property) -> None:
+    """The engine's CPU layout -- the native decoder for prefill and decode here (head_dim
+    24 and a 301-token vocabulary exercise its tails and its padded LM head) -- against
+    transformers, as the eager layers are above."""
+    import copy
+
+    import relayc.engine.cpu_decoder as cpu_decoder
+    from relayc.engine.model import use_cpu_matmul_layout
+
+    calls: list[int] = []
+    real = cpu_decoder._NativeWeights.run
+
+    def run(self, lib, args, x, *rest):  # type: ignore[no-untyped-def]
+        calls.append(x.shape[0])
+        return real(self, lib, args, x, *rest)
+
+    monkeypatch.setattr(cpu_decoder._NativeWeights, "run", run)
+    hf, ours = pair
+    ours = copy.deepcopy(ours)
+    use_cpu_matmul_layout(ours)
+    sequences = _sequences()
+    driver = PagedDriver(ours, shuffle_seed=2)
+    reqs = [driver.new_request() for _ in sequences]
+    driver.extend(reqs, [s[:4] for s in sequences], all_logits=False)
+    with torch.no_grad():
+        expected = [hf(torch.tensor([s])).logits[0] for s in sequences]
+    worst = 0.0
+    for pos in range(4, max(len(s) for s in sequences)):
+        live = [i for i, s in enumerate(sequences) if pos < len(s)]
+        got = driver.decode([reqs[i] for i in live], [sequences[i][pos] for i in live])
+        for row, i in enumerate(live):
+            worst = max(worst, (got[row] - expected[i][pos]).abs().max().item())
+    record_property("native_decode_max_abs_diff", worst)
+    print(f"\nnative decode max |logit diff| vs transformers: {worst:.3e}")
+    assert calls and calls[0] == 8 and set(calls[1:]) <= {1, 2}
+    assert worst < TOLERANCE
