@@ -59,8 +59,8 @@ class ScriptedLayers:
                 checks.append((module._parameters, weight, weight.data_ptr(), weight._version))
         self._checks = checks
         fused = [(layer.self_attn.qkv, layer.mlp.gate_up) for layer in layers]
-        qkv = [None if f is None else f.get() for f, _ in fused]
-        gate_up = [None if f is None else f.get() for _, f in fused]
+        qkv = [f.weight if f is not None and f.current() else None for f, _ in fused]
+        gate_up = [f.weight if f is not None and f.current() else None for _, f in fused]
         splits = {tuple(f.splits) for _, f in fused if f is not None}
         if any(w is None for w in (*qkv, *gate_up)) or len(splits) != 1:
             return None

@@ -147,7 +147,9 @@ int relayc_decoder(
     float *const *k_cache, float *const *v_cache, /* [cache_rows, kv_heads, head_dim] each */
     int64_t cache_rows
 ) {
-    if (T != B * Q || heads % kv_heads != 0 || hidden % 16 != 0 || inter % 8 != 0) return -2;
+    if (T != B * Q || heads % kv_heads != 0 || hidden % 16 != 0 || inter % 8 != 0 ||
+        (heads + 2 * kv_heads) * head_dim % 16 != 0)
+        return -2; /* every GEMM's output width a whole number of 16-column panels */
     /* Every slot this call writes or reads lies inside the cache: a bad index is an error
        the caller reports, never a write past the buffer. */
     for (int t = 0; t < T; t++)
@@ -260,7 +262,7 @@ int relayc_decoder(
  * head's columns past the vocabulary are zero). */
 int relayc_head(int T, int hidden, int vocab_padded, const float *x, const float *norm_weight,
                 float eps, const float *head, float *logits) {
-    if (hidden % 16 != 0 || vocab_padded % 16 != 0) return -2;
+    if (vocab_padded % 16 != 0) return -2; /* hidden is the reduction: any size */
     float *h = (float *)malloc(sizeof(float) * (size_t)T * hidden);
     if (h == NULL) return -1;
     rms_norm(x, T, hidden, norm_weight, eps, h);

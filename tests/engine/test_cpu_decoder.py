@@ -178,6 +178,23 @@ def test_the_native_decoder_does_not_need_torchscript(
     assert native_calls == [8, 3, 3, 3, 8]  # the mixed prefill ran eagerly
 
 
+def test_shapes_the_native_layers_cannot_take_fall_back_per_part() -> None:
+    """A width that is no whole number of 16-column panels (hidden 40) keeps the layers on
+    TorchScript; the LM head, whose output is padded, still runs natively."""
+    from relayc.engine.config import ModelConfig
+
+    config = ModelConfig(hidden_size=40, intermediate_size=96, head_dim=10)
+    model = random_model(config, seed=3)
+    reference = random_model(config, seed=3)
+    use_cpu_matmul_layout(model)
+    use_cpu_matmul_layout(reference, scripted=False)
+    assert model.scripted is not None and model.scripted.args() is not None
+    assert model.scripted._native is None
+    for a, b in zip(_session(model), _session(reference), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    assert model._native_head is not None
+
+
 def test_native_decoder_matches_the_eager_layers(native_calls: list[int]) -> None:
     native = random_model(seed=21)
     eager = random_model(seed=21)
