@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 NATIVE_MAX_TOKENS = 64
 
 
+def _stamp(weight: torch.Tensor) -> tuple[int, int]:
+    """What changes when a parameter's values may have: its storage or its version counter
+    (bumped by every in-place op through it)."""
+    return weight.data_ptr(), weight._version
+
+
 class ScriptedLayers:
     """The weights of ``layers`` as the lists :func:`_layers` takes, checked still current
     on every call (a replaced parameter or a stale fused weight -> eager, never stale)."""
@@ -36,12 +42,12 @@ class ScriptedLayers:
         self._args: dict[str, Any] | None = None
         self._native: _NativeWeights | None = None
         self._built = False
-        self._checks: list[tuple[dict[str, Any], torch.Tensor, int, int]] = []
+        self._checks: list[tuple[dict[str, Any], torch.Tensor, tuple[int, int]]] = []
 
     def _build(self) -> dict[str, Any] | None:
         layers = self.layers
         self._native = None
-        checks: list[tuple[dict[str, Any], torch.Tensor, int, int]] = []
+        checks: list[tuple[dict[str, Any], torch.Tensor, tuple[int, int]]] = []
         for layer in layers:
             for module in (
                 layer.input_layernorm,
@@ -56,7 +62,7 @@ class ScriptedLayers:
             ):
                 weight = module._parameters["weight"]
                 assert weight is not None
-                checks.append((module._parameters, weight, weight.data_ptr(), weight._version))
+                checks.append((module._parameters, weight, _stamp(weight)))
         self._checks = checks
         fused = [(layer.self_attn.qkv, layer.mlp.gate_up) for layer in layers]
         qkv = [f.weight if f is not None and f.current() else None for f, _ in fused]
@@ -87,15 +93,14 @@ class ScriptedLayers:
             for name in ("w_qkv", "w_o", "w_gate_up", "w_down")
             for t in params[name]
         ) and all(t is not None and t.is_contiguous() for t in (*params["ln1"], *params["ln2"]))
-        self._native = None
+        eps1 = [float(layer.input_layernorm.eps) for layer in layers]
+        eps2 = [float(layer.post_attention_layernorm.eps) for layer in layers]
         if native:
-            eps = [float(layer.input_layernorm.eps) for layer in layers]
-            eps2 = [float(layer.post_attention_layernorm.eps) for layer in layers]
-            self._native = _NativeWeights(params, eps, eps2)
+            self._native = _NativeWeights(params, eps1, eps2)
         return {
             **params,
-            "eps1": [float(layer.input_layernorm.eps) for layer in layers],
-            "eps2": [float(layer.post_attention_layernorm.eps) for layer in layers],
+            "eps1": eps1,
+            "eps2": eps2,
             "heads": attn.num_heads,
             "kv_heads": attn.num_kv_heads,
             "head_dim": attn.head_dim,
@@ -104,8 +109,8 @@ class ScriptedLayers:
 
     def _current(self) -> bool:
         return all(
-            params["weight"] is weight and weight.data_ptr() == ptr and weight._version == version
-            for params, weight, ptr, version in self._checks
+            params["weight"] is weight and _stamp(weight) == stamp
+            for params, weight, stamp in self._checks
         )
 
     def args(self) -> dict[str, Any] | None:
@@ -192,19 +197,21 @@ class NativeHead:
 
     def __init__(self, norm: RMSNorm, lm_head: Linear) -> None:
         self.norm, self.lm_head = norm, lm_head
-        self.params = (norm.weight, lm_head.weight)  # kept alive: the key names their ids
-        self.key = self._key()
+        self.params = (norm.weight, lm_head.weight)
+        self.stamps = [_stamp(p) for p in self.params]
         self.weight = norm.weight.detach()
         self.packed = _pack(lm_head.weight)
         self.vocab = lm_head.weight.shape[0]
 
-    def _key(self) -> tuple[int, int, int, int, int, int]:
-        n, h = self.norm.weight, self.lm_head.weight
-        return (id(n), n.data_ptr(), n._version, id(h), h.data_ptr(), h._version)
-
     def current(self, norm: RMSNorm, lm_head: Linear) -> bool:
-        # The key's ids stay valid: this object holds the two parameters it names.
-        return norm is self.norm and lm_head is self.lm_head and self.key == self._key()
+        """Still what ``norm`` and ``lm_head`` hold: the same parameters, unchanged."""
+        return (
+            norm is self.norm
+            and lm_head is self.lm_head
+            and norm.weight is self.params[0]
+            and lm_head.weight is self.params[1]
+            and [_stamp(p) for p in self.params] == self.stamps
+        )
 
     def logits(self, lib: ctypes.CDLL, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden.contiguous()

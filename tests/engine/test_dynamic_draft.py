@@ -7,7 +7,6 @@ threshold adaptation is transformers' ROC rule."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,19 +16,14 @@ from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.draft.standalone import DraftConfidence, drafted_mask
 from relayc.engine.weights import random_model as make_model
 from relayc.runtime.backend import graph_safe_paths
-from tests.engine.engine_helpers import random_workload
+from tests.engine.engine_helpers import (
+    one_intra_op_thread,  # noqa: F401 - autouse fixture
+    random_workload,
+)
 from tests.nodes import test_spec_sampling as spec_sampling
 from tests.nodes.spec_driver import SpecDriver
 
 CHAIN = {"num_steps": 4, "topk": 1, "num_draft_tokens": 5}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

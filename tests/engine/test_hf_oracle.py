@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.weights import load_checkpoint
 from tests.engine.helpers import PagedDriver
 
@@ -88,10 +89,10 @@ def test_prefill_logits_and_hidden_match_transformers(pair, record_property) -> 
     assert (pre_norm - expected_hidden).abs().max().item() > 1e-2
 
 
-def test_decode_through_paged_cache_matches_transformers(pair, record_property) -> None:
-    hf, ours = pair
+def _decode_worst(hf: torch.nn.Module, ours: LlamaForCausalLM, prompt_len: int = 4) -> float:
+    """Prefill ``prompt_len`` tokens of each sequence, then decode the rest through the
+    paged cache: the largest |logit difference| from transformers' full forward."""
     sequences = _sequences()
-    prompt_len = 4
     driver = PagedDriver(ours, shuffle_seed=2)
     reqs = [driver.new_request() for _ in sequences]
     driver.extend(reqs, [s[:prompt_len] for s in sequences], all_logits=False)
@@ -104,6 +105,12 @@ def test_decode_through_paged_cache_matches_transformers(pair, record_property) 
         got = driver.decode([reqs[i] for i in live], [sequences[i][pos] for i in live])
         for row, i in enumerate(live):
             worst = max(worst, (got[row] - expected[i][pos]).abs().max().item())
+    return worst
+
+
+def test_decode_through_paged_cache_matches_transformers(pair, record_property) -> None:
+    hf, ours = pair
+    worst = _decode_worst(hf, ours)
     record_property("decode_max_abs_diff", worst)
     print(f"\ndecode max |logit diff| vs transformers: {worst:.3e}")
     assert worst < TOLERANCE
@@ -129,18 +136,7 @@ def test_the_cpu_decoder_paths_match_transformers(pair, monkeypatch, record_prop
     hf, ours = pair
     ours = copy.deepcopy(ours)
     use_cpu_matmul_layout(ours)
-    sequences = _sequences()
-    driver = PagedDriver(ours, shuffle_seed=2)
-    reqs = [driver.new_request() for _ in sequences]
-    driver.extend(reqs, [s[:4] for s in sequences], all_logits=False)
-    with torch.no_grad():
-        expected = [hf(torch.tensor([s])).logits[0] for s in sequences]
-    worst = 0.0
-    for pos in range(4, max(len(s) for s in sequences)):
-        live = [i for i, s in enumerate(sequences) if pos < len(s)]
-        got = driver.decode([reqs[i] for i in live], [sequences[i][pos] for i in live])
-        for row, i in enumerate(live):
-            worst = max(worst, (got[row] - expected[i][pos]).abs().max().item())
+    worst = _decode_worst(hf, ours)
     record_property("native_decode_max_abs_diff", worst)
     print(f"\nnative decode max |logit diff| vs transformers: {worst:.3e}")
     assert calls and calls[0] == 8 and set(calls[1:]) <= {1, 2}

@@ -6,7 +6,6 @@ accepts with chain rejection sampling on those real probabilities -- recompiled 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 from relayc.cli import main
 from relayc.engine import Engine, SamplingParams, random_model
 from relayc.engine.naive import greedy_generate_naive
+from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 from tests.nodes.spec_driver import SpecDriver
 from tests.nodes.test_spec_sampling import (
     PROMPT,
@@ -25,14 +25,6 @@ from tests.nodes.test_spec_sampling import (
     exact_probabilities,
 )
 from tests.spec_edits import CHAIN_ACCEPT_EDITS, DRAFT_PROBS_EDITS, edited_eagle_spec
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,12 @@ lossless and capturable, driven by hand (tests/nodes/spec_driver.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 from relayc.engine.naive import greedy_generate_naive
 from relayc.engine.sampling import SamplingParams
 from relayc.engine.weights import random_model
+from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 from tests.nodes.spec_driver import SMALL, SpecDriver
 
 PROMPTS = [[3, 5, 7, 9, 11, 3, 5, 7, 9], [1, 2, 30, 4], [20, 21, 22, 20, 21, 22, 20]]
@@ -22,14 +20,6 @@ CONFIGS = [
     ("ngram", 3, 1, 5),
     ("standalone", 3, 1, 4),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize(("name", "num_steps", "topk", "n"), CONFIGS)

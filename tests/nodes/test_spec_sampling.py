@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from relayc.engine.config import ModelConfig
 from relayc.engine.ops.verify import impl_accept_tree
 from relayc.engine.sampling import SamplingParams
 from relayc.engine.weights import random_model
+from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 from tests.nodes.spec_driver import SpecDriver
 
 TINY_VOCAB = ModelConfig(
@@ -25,14 +25,6 @@ TINY_VOCAB = ModelConfig(
 PROMPT = [1, 2, 1, 2, 1, 2, 1]
 REQUESTS = 1200
 TOKENS = 3  # (x1, x2, x3): x1 from the prefill, x2 and x3 from speculative decode steps
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from relayc.engine.attention import dense_causal_attention
+from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
 from relayc.engine.draft.layers import DraftLayer, TargetParts, check_head_config
 from relayc.engine.draft.paged import (
@@ -35,7 +35,6 @@ from relayc.engine.draft.paged import (
     last_rows,
     padded_extend_batch,
     padding_rows_zeroed,
-    paged_attend,
     sample_from,
     scratch_attention,
     top_k_probs,
@@ -185,7 +184,7 @@ class EagleHead(nn.Module):
             batch.positions,
             self.rotary,
             0,
-            paged_attend(batch),
+            PagedAttend.build(batch),
         )[last]
         topk_p, topk_index, probs = top_k_probs(self.logits(out), topk)
         if coins is not None:

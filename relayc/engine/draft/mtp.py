@@ -21,14 +21,13 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from relayc.engine.attention import dense_causal_attention
+from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
 from relayc.engine.draft.layers import DraftLayer, TargetParts, check_head_config
 from relayc.engine.draft.paged import (
     last_rows,
     padded_extend_batch,
     padding_rows_zeroed,
-    paged_attend,
     top_k_probs,
 )
 from relayc.engine.draft.tree import mtp_select
@@ -158,7 +157,7 @@ class MtpDrafter(nn.Module):
             target_hidden.reshape(batch_size * width, -1),
             batch.positions,
             last_rows(lens, width),
-            paged_attend(batch),
+            PagedAttend.build(batch),
             topk,
         )
 

@@ -82,11 +82,6 @@ def padded_extend_batch(
     )
 
 
-def paged_attend(batch: ForwardBatch) -> AttendFn:
-    """The model's attention callback over ``batch`` (what ``LlamaForCausalLM.forward`` builds)."""
-    return PagedAttend.build(batch)
-
-
 def padding_rows_zeroed(
     lens: torch.Tensor, input_ids: torch.Tensor, states: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
