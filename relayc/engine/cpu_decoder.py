@@ -214,8 +214,17 @@ class NativeHead:
         )
 
     def logits(self, lib: ctypes.CDLL, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden.contiguous()
-        rows, width = hidden.shape
+        """Logits ``[..., vocab]`` float32 of ``hidden [..., hidden_size]`` (any leading
+        shape: rows are independent, so they are flattened and shaped back)."""
+        width = self.packed.shape[1]
+        if hidden.dim() == 0 or hidden.shape[-1] != width:
+            # decoder.c reads ``width`` floats per row: a narrower row would read past it.
+            raise ValueError(
+                f"the native LM head takes hidden states [..., {width}], got {list(hidden.shape)}"
+            )
+        leading = hidden.shape[:-1]
+        hidden = hidden.reshape(-1, width).contiguous()
+        rows = hidden.shape[0]
         out = hidden.new_empty(rows, self.packed.shape[0] * 16)
         code = lib.relayc_head(
             rows,
@@ -229,7 +238,7 @@ class NativeHead:
         )
         if code != 0:
             raise RuntimeError(f"the native LM head failed (code {code})")
-        return out[:, : self.vocab].contiguous()
+        return out[:, : self.vocab].contiguous().view(*leading, self.vocab)
 
 
 class _NativeWeights:

@@ -359,9 +359,12 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., vocab]`` float32 of ``hidden [..., hidden_size]``: ``[T, H]`` from
+        the paged and dense forwards, ``[B, S, H]`` from ``forward_train``."""
         if (
             self.scripted is not None
-            and hidden.shape[0] <= NATIVE_MAX_TOKENS
+            and hidden.dim() >= 1
+            and hidden.shape[:-1].numel() <= NATIVE_MAX_TOKENS
             and hidden.dtype == torch.float32
             and hidden.device.type == "cpu"
             and not torch.is_grad_enabled()

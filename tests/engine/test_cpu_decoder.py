@@ -345,3 +345,35 @@ def test_drafting_engines_run_their_drafts_natively_and_stay_lossless(
         if name == algorithm:
             assert len(native_calls) > 3 * 12 // 2  # target verifies and draft steps
     assert outs[algorithm] == outs["none"]
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_forward_train_without_autograd_takes_batches_of_sequences(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training tools' held-out loss calls ``forward_train`` ``[B, S]`` under no_grad on
+    a model an Engine laid out: the native LM head takes the ``[B, S, H]`` hidden states
+    (its rows are independent) and gives the eager logits' shape and values."""
+    heads: list[tuple[int, ...]] = []
+    real = cpu_module.NativeHead.logits
+
+    def logits(self: Any, lib: Any, hidden: torch.Tensor) -> torch.Tensor:
+        heads.append(tuple(hidden.shape))
+        return real(self, lib, hidden)
+
+    monkeypatch.setattr(cpu_module.NativeHead, "logits", logits)
+    model = random_model(seed=13)
+    eager = random_model(seed=13)
+    use_cpu_matmul_layout(model)
+    ids = torch.tensor([_tokens(7, seed=1), _tokens(7, seed=2)])
+    expected = eager.forward_train(ids)
+    context = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+    with context:
+        got = model.forward_train(ids)
+    assert heads == [(2, 7, model.config.hidden_size)]  # the native head took it
+    assert got.logits.shape == expected.logits.shape == (2, 7, model.config.vocab_size)
+    torch.testing.assert_close(got.logits, expected.logits.detach(), atol=1e-4, rtol=0)
+    torch.testing.assert_close(got.hidden_states, expected.hidden_states.detach())
+    with context:  # more rows than the native head takes: the eager head, same shape
+        long = model.forward_train(torch.tensor([_tokens(40, seed=3)] * 2))
+    assert len(heads) == 1 and long.logits.shape == (2, 40, model.config.vocab_size)
