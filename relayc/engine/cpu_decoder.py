@@ -38,6 +38,9 @@ class ScriptedLayers:
     on every call (a replaced parameter or a stale fused weight -> eager, never stale)."""
 
     def __init__(self, layers: Sequence[LlamaDecoderLayer]) -> None:
+        # A bad RELAYC_NATIVE fails here, where Engine(...) lays its models out, rather
+        # than at the first forward of a generate() call.
+        native.enabled()
         self.layers = list(layers)
         self._args: dict[str, Any] | None = None
         self._native: _NativeWeights | None = None

@@ -1,18 +1,25 @@
 """The native CPU decoder (decoder.c): built once per machine, loaded through ctypes.
 
-``native_decoder()`` compiles ``decoder.c`` with the C compiler (``$CC``, else ``cc``,
-``-O3 -march=native``) into a cache folder (``$RELAYC_CACHE_DIR``, else
-``~/.cache/relayc``), named by a hash of the source, the flags, the compiler's version
-and the CPU (model and feature flags: ``-march=native``), so a changed source, compiler
-or machine builds anew and nothing stale is loaded; about a second, once. ``RELAYC_NATIVE=0`` turns it off. Where it cannot be built (no
-compiler, a compile error) relayc warns once and runs the TorchScript layers instead:
-the cache is never needed for correctness.
+``native_decoder()`` compiles ``decoder.c`` as C (``-x c``, whatever ``$CC`` is: a C++
+driver would mangle the exported names) with the C compiler (``$CC``, else ``cc``,
+``-O3 -march=native``) into a cache folder (``$RELAYC_CACHE_DIR``, ``~`` expanded and
+made absolute, else ``~/.cache/relayc``), named by a hash of the source, the flags, the
+compiler's version and the CPU (model and feature flags: ``-march=native``), so a changed
+source, compiler or machine builds anew and nothing stale is loaded; about a second, once.
+Beside each build a ``.json`` records its size and SHA-256; a build is loaded only when it
+matches them, else rebuilt (a truncated library would kill the process with SIGBUS when
+mapped). Both files are written beside their targets and renamed, so no process sees half
+of either. ``RELAYC_NATIVE`` (``0/1``, ``false/true``, ``off/on``, ``no/yes``, any case)
+turns it off or on; other values are an error. Where it cannot be built (no compiler, a
+compile error) relayc warns once and runs the TorchScript layers instead: the cache is
+never needed for correctness.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -25,16 +32,36 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("decoder.c")
 # -ffp-contract=off: a * b + c rounds twice whatever the compiler's default (GCC's ISO
 # mode already does; clang would fuse), so the bits depend on the source, not the compiler.
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
+# -x c (last: it applies to the source after it): C whatever the driver, so CC=g++ or
+# clang++ still exports relayc_decoder unmangled.
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-x", "c"]
+_TRUE = ("1", "true", "on", "yes")
+_FALSE = ("0", "false", "off", "no")
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
 
 
+def enabled() -> bool:
+    """``RELAYC_NATIVE`` as a switch: unset or empty is on; an unknown value is an error."""
+    value = os.environ.get("RELAYC_NATIVE", "").strip()
+    if not value or value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError(
+        f"RELAYC_NATIVE={value!r} is not a switch: set it to one of "
+        f"{', '.join(_FALSE)} (the native CPU decoder off) or {', '.join(_TRUE)} (on)"
+    )
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("RELAYC_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "relayc"
+    """Where builds are cached: ``$RELAYC_CACHE_DIR`` (``~`` expanded; a relative path
+    is taken from the working directory and made absolute), else ``~/.cache/relayc``."""
+    root = os.environ.get("RELAYC_CACHE_DIR", "").strip()
+    # A quoted "~" reaches us unexpanded; a relative folder must not move with the cwd.
+    return Path(root).expanduser().resolve() if root else Path.home() / ".cache" / "relayc"
 
 
 def _compiler() -> str | None:
@@ -51,6 +78,26 @@ def _cpu() -> str:
     return "\n".join(dict.fromkeys(wanted)) or f"{platform.machine()} {platform.processor()}"
 
 
+def _record(path: Path) -> dict[str, object]:
+    """What the cache keeps beside a build to verify it: its size and SHA-256."""
+    data = path.read_bytes()
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _intact(target: Path, record: Path) -> bool:
+    """``target`` is a regular file matching its record (size first: cheap, and what an
+    interrupted copy or a full disk gets wrong)."""
+    try:
+        want = json.loads(record.read_text())
+        if not isinstance(want, dict) or not target.is_file():
+            return False
+        if target.stat().st_size != want.get("size"):
+            return False
+        return _record(target) == want
+    except (OSError, ValueError):
+        return False
+
+
 def _build(compiler: str) -> Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
@@ -59,10 +106,15 @@ def _build(compiler: str) -> Path:
     key = "\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     target = cache_dir() / f"decoder-{digest}.so"
-    if target.exists():
+    record = target.with_suffix(".json")
+    if _intact(target, record):
         return target
+    if target.is_dir():
+        raise RuntimeError(f"{target} is a folder, not the decoder's library: remove it")
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: a concurrent process never loads half a file.
+    # The library first, its record second: a reader between the two renames finds a
+    # mismatch and builds again, never a record vouching for other bytes.
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         result = subprocess.run(
@@ -73,7 +125,10 @@ def _build(compiler: str) -> Path:
         )
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:2000]}")
+        written = Path(tmp) / record.name
+        written.write_text(json.dumps(_record(built)))
         os.replace(built, target)
+        os.replace(written, record)
     return target
 
 
@@ -97,9 +152,10 @@ def native_decoder() -> ctypes.CDLL | None:
     with _lock:
         if _tried:
             return _lib
+        if not enabled():  # a bad value raises here, not as a fallback warning
+            _tried = True
+            return None
         try:
-            if os.environ.get("RELAYC_NATIVE", "1") == "0":
-                return None
             compiler = _compiler()
             if compiler is None:
                 raise RuntimeError("no C compiler found (set $CC)")

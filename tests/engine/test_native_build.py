@@ -1,0 +1,225 @@
+"""Building, caching and switching the native CPU decoder (relayc.engine.native).
+
+Most tests stand a fake compiler in for ``cc`` (it writes fixed bytes where ``-o`` says),
+so the cache's bookkeeping is tested in milliseconds; the end-to-end tests compile and
+load the real library.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import relayc.engine.native as native_module
+from relayc.engine import Engine
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class FakeCompiler:
+    """``subprocess.run`` for native.py: a fixed version string, and a build that writes
+    16 KiB to the ``-o`` path, its last byte the build's number (a compiler need not be
+    byte-for-byte reproducible), and counts itself."""
+
+    def __init__(self) -> None:
+        self.builds: list[list[str]] = []
+        self.last = b""
+
+    def __call__(self, cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        if "--version" in cmd:
+            return subprocess.CompletedProcess(cmd, 0, "fakecc 1.0\n", "")
+        self.builds.append(cmd)
+        self.last = bytes(range(256)) * 63 + bytes(range(255)) + bytes([len(self.builds)])
+        Path(cmd[cmd.index("-o") + 1]).write_bytes(self.last)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+
+@pytest.fixture
+def fake_cc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeCompiler:
+    fake = FakeCompiler()
+    monkeypatch.setattr(native_module, "subprocess", SimpleNamespace(run=fake))
+    monkeypatch.setenv("RELAYC_CACHE_DIR", str(tmp_path / "cache"))
+    return fake
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """native_decoder() as in a new process: nothing tried, nothing loaded."""
+    monkeypatch.setattr(native_module, "_lib", None)
+    monkeypatch.setattr(native_module, "_tried", False)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+DAMAGE: dict[str, Callable[[Path], None]] = {
+    "truncated": _truncate,
+    "one byte changed": _flip_a_byte,
+    "empty": lambda so: so.write_bytes(b""),
+    "record missing": lambda so: so.with_suffix(".json").unlink(),
+    "record not JSON": lambda so: so.with_suffix(".json").write_text("{size"),
+    "record a list": lambda so: so.with_suffix(".json").write_text("[1, 2]"),
+    "record of other bytes": lambda so: so.with_suffix(".json").write_text(
+        '{"size": 16384, "sha256": "' + "0" * 64 + '"}'
+    ),
+}
+
+
+def test_an_intact_build_is_reused(fake_cc: FakeCompiler) -> None:
+    first = native_module._build("cc")
+    assert first.read_bytes() == fake_cc.last and first.with_suffix(".json").is_file()
+    assert native_module._build("cc") == first
+    assert len(fake_cc.builds) == 1
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_build_is_rebuilt_not_loaded(fake_cc: FakeCompiler, damage: str) -> None:
+    target = native_module._build("cc")
+    DAMAGE[damage](target)
+    assert native_module._build("cc") == target
+    assert len(fake_cc.builds) == 2
+    assert target.read_bytes() == fake_cc.last
+    assert native_module._build("cc") == target and len(fake_cc.builds) == 2  # intact again
+
+
+def test_a_build_interrupted_between_its_renames_is_rebuilt(
+    fake_cc: FakeCompiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library is in place but its record is not (a full disk, a kill): not trusted."""
+    target = native_module._build("cc")
+    _truncate(target)  # damaged: the next call builds and renames again
+    real_replace = os.replace
+    renames: list[str] = []
+
+    def replace(src: Any, dst: Any) -> None:
+        renames.append(str(dst))
+        if len(renames) == 2:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(native_module.os, "replace", replace)
+    with pytest.raises(OSError, match="No space"):
+        native_module._build("cc")
+    monkeypatch.setattr(native_module.os, "replace", real_replace)
+    # The library was replaced, the record is the old one: a mismatch, so built again.
+    assert native_module._build("cc") == target and len(fake_cc.builds) == 3
+    assert target.read_bytes() == fake_cc.last
+
+
+def test_a_folder_in_place_of_the_build_is_named(fake_cc: FakeCompiler) -> None:
+    target = native_module._build("cc")
+    target.unlink()
+    target.mkdir()
+    with pytest.raises(RuntimeError, match=r"decoder-\w+\.so is a folder.*remove it"):
+        native_module._build("cc")
+
+
+def test_a_truncated_cached_library_does_not_kill_the_engine(tmp_path: Path) -> None:
+    """The real library, built into a fresh cache and truncated (an interrupted copy):
+    a new process running the engine rebuilds it and decodes natively instead of dying
+    with SIGBUS when the loader maps the missing pages."""
+    env = {**os.environ, "RELAYC_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env.pop("RELAYC_NATIVE", None)
+    compiler = native_module._compiler()
+    assert compiler is not None, "a C compiler should be installed here"
+    real = subprocess.run  # the build, in this process: the same cache key as the child's
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RELAYC_CACHE_DIR", str(tmp_path))
+        target = native_module._build(compiler)
+    assert target.parent == tmp_path
+    intact = target.read_bytes()
+    _truncate(target)
+    script = textwrap.dedent(
+        """
+        import relayc.engine.native as native
+        from relayc.engine import Engine, SamplingParams
+
+        with Engine("random", algorithm="none", overlap=False) as engine:
+            out = engine.generate([[5, 6, 7]], SamplingParams(max_new_tokens=3))
+        print(len(out[0].token_ids), native.native_decoder() is not None)
+        """
+    )
+    result = real(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert result.stdout.split() == ["3", "True"], result.stdout
+    assert target.read_bytes() == intact  # rebuilt in place
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler driver (g++) here")
+def test_a_cpp_compiler_in_cc_still_builds_c(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``CC=g++`` compiles decoder.c as C: the exported names are not mangled."""
+    monkeypatch.setenv("RELAYC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "g++")
+    compiler = native_module._compiler()
+    assert compiler is not None and Path(compiler).name == "g++"
+    lib = native_module._load(native_module._build(compiler))
+    assert lib.relayc_decoder is not None and lib.relayc_head is not None
+
+
+@pytest.mark.parametrize("value", ["0", "false", "FALSE", "Off", "no", " No "])
+def test_relayc_native_off_spellings(
+    value: str, monkeypatch: pytest.MonkeyPatch, fake_cc: FakeCompiler, fresh: None
+) -> None:
+    monkeypatch.setenv("RELAYC_NATIVE", value)
+    assert native_module.native_decoder() is None
+    assert fake_cc.builds == []  # off means not built either
+    assert native_module.enabled() is False
+
+
+@pytest.mark.parametrize("value", ["1", "true", "True", "ON", "yes", ""])
+def test_relayc_native_on_spellings(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAYC_NATIVE", value)
+    assert native_module.enabled() is True
+
+
+@pytest.mark.parametrize("value", ["2", "disable", "nein", "0.0"])
+def test_relayc_native_other_values_are_an_error_before_any_work(
+    value: str, monkeypatch: pytest.MonkeyPatch, fake_cc: FakeCompiler, fresh: None
+) -> None:
+    monkeypatch.setenv("RELAYC_NATIVE", value)
+    message = rf"RELAYC_NATIVE='{value}' is not a switch: set it to one of 0, false"
+    with pytest.raises(ValueError, match=message):
+        native_module.native_decoder()
+    with pytest.raises(ValueError, match=message):
+        Engine("random", algorithm="none", overlap=False)  # at construction, not generate()
+    assert fake_cc.builds == []
+
+
+def test_relayc_cache_dir_expands_home_and_resolves_relative_paths(
+    monkeypatch: pytest.MonkeyPatch, fake_cc: FakeCompiler, tmp_path: Path
+) -> None:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("RELAYC_CACHE_DIR", "~/relayc-cache")  # a quoted ~: not expanded
+    assert native_module.cache_dir() == home / "relayc-cache"
+    assert native_module._build("cc").parent == home / "relayc-cache"
+    monkeypatch.setenv("RELAYC_CACHE_DIR", "rel/cache")
+    assert native_module.cache_dir() == work / "rel" / "cache"
+    assert native_module.cache_dir().is_absolute()
+    monkeypatch.chdir(tmp_path)  # the process moved on: the folder it named is the same
+    monkeypatch.setenv("RELAYC_CACHE_DIR", "work/rel/cache")
+    assert native_module._build("cc").parent == work / "rel" / "cache"
+    assert sorted(p.name for p in work.iterdir()) == ["rel"]  # no literal "~" folder
