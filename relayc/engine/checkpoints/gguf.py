@@ -1,0 +1,262 @@
+"""Llama-architecture GGUF files (llama.cpp's format): the config, the weights, the tokenizer.
+
+Read with the ``gguf`` package's ``GGUFReader``, which memory-maps the file: each tensor is
+dequantized on its own (``gguf.quants.dequantize``, F32 / F16 / BF16 / Q8_0 / Q4_0 / Q4_1 /
+Q5_0 / Q5_1 / Q2_K..Q6_K and the rest it knows) straight into the model's parameter, so the
+file is never copied whole and at most one dequantized tensor is alive besides the model.
+
+llama.cpp's converter (``convert_hf_to_gguf.py``) permutes the rows of q_proj and k_proj
+(for its interleaved-pair RoPE); they are permuted back here, so the weights are the
+Hugging Face layout this model and transformers use.
+
+Every problem -- not a GGUF file, a truncated one, another architecture, a tensor type
+``gguf`` cannot dequantize, a missing, unexpected or misshapen tensor -- is one
+``GGUFError`` naming the file and the key or tensor, raised before the model is returned
+(nothing half-loaded escapes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from relayc.engine.config import ModelConfig
+from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.weights import CheckpointError
+from relayc.engine.weights import _expected_tensors as expected_tensors
+
+if TYPE_CHECKING:
+    import numpy as np
+    from gguf import GGUFReader
+
+MAGIC = b"GGUF"
+ARCHITECTURES = ("llama",)  # `general.architecture` values this model runs
+
+# GGUF tensor name (after `blk.N.`) -> Hugging Face name (after `model.layers.N.`).
+_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+# Tensors llama.cpp may store that this model recomputes or does not use.
+_IGNORED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+
+
+class GGUFError(CheckpointError):
+    """A GGUF file that cannot be loaded; the message names the file and what is wrong."""
+
+
+@dataclass
+class GGUFFile:
+    """An opened GGUF file: its metadata (plain Python values) and its tensors (memory-mapped)."""
+
+    path: Path
+    reader: GGUFReader
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def require(self, key: str, kind: type | tuple[type, ...]) -> Any:
+        if key not in self.metadata:
+            raise GGUFError(f"{self.path}: metadata key `{key}` is missing; the file is incomplete")
+        value = self.metadata[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise GGUFError(
+                f"{self.path}: metadata key `{key}` has {type(value).__name__} {value!r}, "
+                f"expected {getattr(kind, '__name__', kind)}"
+            )
+        return value
+
+    @property
+    def architecture(self) -> str:
+        return str(self.require("general.architecture", str))
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """Open ``path`` (memory-mapped) and read its metadata; ``GGUFError`` if it is no GGUF file
+    or is cut short."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as exc:  # pragma: no cover - gguf is a dependency
+        raise GGUFError(f"reading {path} needs the `gguf` package: pip install gguf") from exc
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"GGUF file {path} does not exist")
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != MAGIC:
+        raise GGUFError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not {MAGIC!r}); "
+            "pass a .gguf file written by llama.cpp's tools or the `gguf` package"
+        )
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:  # the reader fails in numpy when a header or tensor is cut short
+        raise GGUFError(
+            f"{path} cannot be read as GGUF ({type(exc).__name__}: {exc}); a file cut short "
+            "by an interrupted download or copy gives this: copy it again"
+        ) from exc
+    metadata: dict[str, Any] = {}
+    for key, entry in reader.fields.items():
+        try:
+            metadata[key] = entry.contents()
+        except Exception as exc:
+            raise GGUFError(f"{path}: metadata key `{key}` cannot be decoded ({exc})") from exc
+    return GGUFFile(path, reader, metadata)
+
+
+def config_from_gguf(file: GGUFFile) -> ModelConfig:
+    """The model's shape from the file's ``{arch}.*`` metadata."""
+    arch = file.architecture
+    if arch not in ARCHITECTURES:
+        raise GGUFError(
+            f"{file.path}: `general.architecture` is {arch!r}; relayc's model runs "
+            f"{', '.join(repr(a) for a in ARCHITECTURES)} (Llama-architecture) files only"
+        )
+    scaling = file.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", "", None):
+        raise GGUFError(
+            f"{file.path}: `{arch}.rope.scaling.type` is {scaling!r}; only plain RoPE is supported"
+        )
+
+    def count(key: str) -> int:
+        return int(file.require(f"{arch}.{key}", int))
+
+    num_heads = count("attention.head_count")
+    hidden = count("embedding_length")
+    kv_heads = file.get(f"{arch}.attention.head_count_kv", num_heads)
+    if not isinstance(kv_heads, int):  # a per-layer list (variable GQA) is not this model
+        raise GGUFError(
+            f"{file.path}: `{arch}.attention.head_count_kv` is {kv_heads!r}; one value for "
+            "every layer is supported"
+        )
+    head_dim = file.get(f"{arch}.attention.key_length") or file.get(
+        f"{arch}.rope.dimension_count", hidden // num_heads
+    )
+    tokens = file.get("tokenizer.ggml.tokens")
+    vocab = file.get(f"{arch}.vocab_size") or (len(tokens) if tokens else None)
+    if vocab is None:
+        vocab = _tensor_rows(file, "token_embd.weight")
+    tied = not any(t.name == "output.weight" for t in file.reader.tensors)
+    try:
+        return ModelConfig(
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=count("feed_forward_length"),
+            num_layers=count("block_count"),
+            num_heads=num_heads,
+            num_kv_heads=int(kv_heads),
+            head_dim=int(head_dim),
+            rope_theta=float(file.get(f"{arch}.rope.freq_base", 10000.0)),
+            rms_norm_eps=float(file.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            max_position=int(file.get(f"{arch}.context_length", 2048)),
+            tie_word_embeddings=tied,
+        )
+    except ValueError as exc:
+        raise GGUFError(f"{file.path}: the model's metadata is inconsistent: {exc}") from exc
+
+
+def _tensor_rows(file: GGUFFile, name: str) -> int:
+    for tensor in file.reader.tensors:
+        if tensor.name == name:
+            return int(tensor.shape[-1])
+    raise GGUFError(f"{file.path}: tensor `{name}` is missing")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face state-dict name of a GGUF tensor; None for one this model ignores."""
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    if gguf_name in _IGNORED:
+        return None
+    prefix, _, rest = gguf_name.partition(".")
+    if prefix == "blk":
+        layer, _, suffix = rest.partition(".")
+        if layer.isdigit() and suffix in _LAYER_TENSORS:
+            return f"model.layers.{layer}.{_LAYER_TENSORS[suffix]}"
+    return ""  # unknown: the caller reports it
+
+
+def unpermute_rope_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation: within each head, its converter interleaves
+    the rows of the two rotary halves (``reshape(heads, 2, d/2, in).swapaxes(1, 2)``)."""
+    rows, cols = weight.shape
+    return weight.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def _dequantize(file: GGUFFile, tensor: Any) -> np.ndarray:
+    from gguf import GGMLQuantizationType, quants
+
+    qtype = tensor.tensor_type
+    try:
+        if qtype == GGMLQuantizationType.BF16:
+            # `data` holds the raw 16-bit words; bfloat16 is the top half of a float32.
+            import numpy as np
+
+            words = np.asarray(tensor.data).view(np.uint16).astype(np.uint32) << 16
+            return words.view(np.float32)
+        return quants.dequantize(tensor.data, qtype)
+    except NotImplementedError as exc:
+        raise GGUFError(
+            f"{file.path}: tensor `{tensor.name}` has type {qtype.name}, which the `gguf` "
+            f"package cannot dequantize ({exc}); convert the file to another type "
+            "(llama-quantize) or upgrade `gguf`"
+        ) from exc
+
+
+def load_gguf_model(
+    file: GGUFFile, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> LlamaForCausalLM:
+    """Build the model of ``file``: float32 weights unless ``dtype`` says otherwise."""
+    config = config_from_gguf(file)
+    if dtype is not None:
+        config = config.replace(dtype=dtype)
+    model = LlamaForCausalLM(config, device=device)
+    expected = expected_tensors(model)
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for tensor in file.reader.tensors:
+            name = hf_name(tensor.name)
+            if name is None:
+                continue
+            if name == "" or name not in expected:
+                raise GGUFError(
+                    f"{file.path}: unexpected tensor `{tensor.name}` for a "
+                    f"{config.num_layers}-layer Llama model"
+                )
+            target = expected[name]
+            # GGUF lists dimensions innermost first: [in, out] is torch's [out, in].
+            got = tuple(int(d) for d in reversed(tensor.shape))
+            want = tuple(target.shape)
+            if got != want:
+                raise GGUFError(
+                    f"{file.path}: tensor `{tensor.name}` has shape {list(got)}, the "
+                    f"metadata's model needs {list(want)} (for `{name}`)"
+                )
+            values = torch.from_numpy(_dequantize(file, tensor).copy()).reshape(want)
+            if name.endswith("q_proj.weight"):
+                values = unpermute_rope_rows(values, config.num_heads)
+            elif name.endswith("k_proj.weight"):
+                values = unpermute_rope_rows(values, config.num_kv_heads)
+            target.copy_(values)
+            loaded.add(name)
+    missing = sorted(set(expected) - loaded)
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise GGUFError(f"{file.path}: tensor for `{missing[0]}` is missing{more}")
+    return model
