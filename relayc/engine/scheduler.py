@@ -336,10 +336,13 @@ class Scheduler:
             self.waiting.append(heapq.heappop(self._arrivals)[2])
         self.running = [r for r in self.running if not r.device_done]
         self.prefilling = [r for r in self.prefilling if r.finish_reason is None]
-        decoding = [r for r in self.running if self._window_fits(r)]
-        # Past its last window, a request decodes one known token at a time (see "The
-        # context end" above); with a step in flight it waits for that step's token.
-        tails = [r for r in self.running if r.inflight == 0 and not self._window_fits(r)]
+        decoding: list[Request] = []
+        tails: list[Request] = []  # past their last window: one known token at a time
+        for request in self.running:
+            if self._window_fits(request):
+                decoding.append(request)
+            elif request.inflight == 0:  # else it waits for its steps' tokens
+                tails.append(request)
         chunks = self._plan_prefill()
         steps = []
         if chunks or tails:
