@@ -101,6 +101,24 @@ class Request:
         """
         return self.prompt_len + self.max_new_tokens - 1 + 2 * (self.decode_width - 1)
 
+    def uncommitted_ids(self, n: int) -> list[int]:
+        """The ``n`` tokens after the committed KV: prompt tokens, then sampled ones.
+
+        A prompt chunk reads the prompt; a one-token tail step (a speculative request
+        whose decode window no longer fits the context, see ``relayc.engine.scheduler``)
+        reads its last sampled token, which the host knows once no step is in flight.
+        """
+        start, prompt = self.kv_len, self.prompt_len
+        ids = self.prompt_ids[start : start + n]
+        if len(ids) < n:
+            ids += self.output_ids[max(start - prompt, 0) : start + n - prompt]
+        if len(ids) != n:
+            raise RuntimeError(
+                f"internal error: request {self.rid} needs {n} tokens after its committed "
+                f"{start}, the host knows {prompt} + {len(self.output_ids)}; please report this"
+            )
+        return ids
+
     @property
     def kv_len_hint(self) -> int:
         """Committed KV length if every decode step in flight commits one token (exact for W=1)."""

@@ -11,10 +11,11 @@ One iteration ``i`` of ``Scheduler.step()`` on the host:
    in ``max_batch_size`` and the request's whole KV reservation are free.
 2. **Prepare.** A prefill step (prompt tokens from the host, at most
    ``max_prefill_tokens`` of them: a long prompt is prefilled in chunks over
-   several iterations, only its last chunk samples) and a decode step (running
-   requests whose window surely fits the context) are built as host tensors;
-   KV slots for every prompt token, and a window of ``W = decode_width`` slots
-   per decoding request, are sliced off the KV pool's free list.
+   several iterations, only its last chunk samples; and the one-token tail
+   steps below) and a decode step (running requests whose window surely fits
+   the context) are built as host tensors; KV slots for every prefill token,
+   and a window of ``W = decode_width`` slots per decoding request, are sliced
+   off the KV pool's free list.
 3. **Launch** job ``i`` on the forward runner (CUDA: the forward stream; CPU: a
    worker thread, or inline for a one-request job, see ``ThreadRunner``;
    ``overlap=False``: inline). An inline job is processed in the same iteration. In order, on the device: copy the
@@ -58,12 +59,25 @@ two while a decode is being launched), and uses ``kv_len + W * inflight_decodes`
 (``kv_len_bound``) wherever it needs the truth: as ``max_prefix_len`` (the
 attention shapes), in the context check (a window is scheduled only if
 ``kv_len_bound + W <= max_context``; else the request sits out until its
-steps are processed, and with nothing in flight and still no room it finishes
-``LENGTH``, up to ``W - 1`` tokens before ``none`` would), and in the
-reservation below. ``kv_len + inflight_decodes`` is a lower bound, passed as
-the decode batch's ``prefix_lens`` / positions guess; both are exact for
-``W = 1``, where the device's own lengths need no relay. An algorithm with
-``W > 1`` keeps the true lengths on the device (its relayed ``new_seq_lens``).
+steps are processed), and in the reservation below. ``kv_len + inflight_decodes``
+is a lower bound, passed as the decode batch's ``prefix_lens`` / positions
+guess; both are exact for ``W = 1``, where the device's own lengths need no
+relay. An algorithm with ``W > 1`` keeps the true lengths on the device (its
+relayed ``new_seq_lens``).
+
+The context end. Near ``max_context`` a window no longer fits (positions and
+``req_to_token`` stop there), yet the request may still owe up to ``W - 1``
+tokens (``max_new_tokens`` is clipped to the context, as for ``none``). With
+nothing in flight the host knows every token of it, so it finishes with tail
+steps: one row of the prefill step each, the last sampled token at the exact
+committed length, run through the prefill hook as a prompt's next chunk would
+be (forward, sample keyed by position, reseed the relay) and committed by the
+scheduler. The tail samples as ``none`` does, so the greedy tokens and the
+finish are those of ``none``. No decode step
+follows a tail step (the committed length only grows), so the reseeded relay
+is never resolved by a window. Only a request's last ``W - 1`` or fewer tokens
+take this path, one every other iteration under overlap (each waits for the
+token before it); requests that end earlier never do.
 
 Late finishes. ``scheduled_samples`` counts one token per step in flight (a
 lower bound; a processed step adds the rest of its count), so no request is
@@ -99,7 +113,9 @@ could cause that, and no release would ever come.
 
 Algorithm hooks. ``on_prompt`` runs at admission, ``on_tokens`` with the tokens
 the host kept from each processed step, ``release`` when the request slot is
-freed -- all on the host, possibly while a job runs.
+freed -- all on the host, possibly while a job runs. On the device,
+``prefill`` runs prompt chunks and tail steps alike: a chunk after a committed
+prefix, whose tokens an algorithm must not assume to be the prompt's.
 
 Determinism. The sampler keys its randomness by (seed, position), so overlap,
 batch composition and admission timing do not change any request's tokens.
@@ -158,6 +174,7 @@ class SchedulerStats:
     decode_rows: int = 0  # requests summed over decode batches (extra tokens included)
     accept_steps: int = 0  # decode rows the host counted in a request's accept_lengths
     accept_tokens: int = 0  # tokens those rows emitted (before truncation)
+    tail_steps: int = 0  # one-token steps at the context end (counted as accept rows too)
 
     @property
     def mean_accept_length(self) -> float:
@@ -210,7 +227,6 @@ class Scheduler:
                 f"`{algorithm.name}`: max_tokens_per_step {algorithm.max_tokens_per_step} must lie "
                 f"in 1..decode_width ({self.width}): every emitted token but the last needs KV"
             )
-        self._finished_on_schedule: list[Request] = []  # context full, seen by _schedule
         self._decode_rows: DecodeRows | None = None  # the last decode batch's composition
 
     # -- requests -------------------------------------------------------------------------
@@ -263,7 +279,6 @@ class Scheduler:
         self.prefilling.clear()
         self.running.clear()
         self._inflight.clear()
-        self._finished_on_schedule.clear()
         self._decode_rows = None
         return stopped
 
@@ -275,7 +290,6 @@ class Scheduler:
             *self.prefilling,
             *self.running,
             *in_flight,
-            *self._finished_on_schedule,
         ]
 
     def has_work(self) -> bool:
@@ -299,8 +313,7 @@ class Scheduler:
             pending = self.runner.submit(job) if overlap else self.runner.run_inline(job)
             self._inflight.append(_InFlight(steps, pending))
             self.stats.forwards += len(steps)
-        touched = {id(r): r for r in self._finished_on_schedule}
-        self._finished_on_schedule.clear()
+        touched: dict[int, Request] = {}
         lag = 1 if overlap else 0
         while len(self._inflight) > lag:
             for request in self._process(self._inflight.popleft()):
@@ -323,11 +336,17 @@ class Scheduler:
             self.waiting.append(heapq.heappop(self._arrivals)[2])
         self.running = [r for r in self.running if not r.device_done]
         self.prefilling = [r for r in self.prefilling if r.finish_reason is None]
-        decoding = [r for r in self.running if self._window_fits(r)]
+        decoding: list[Request] = []
+        tails: list[Request] = []  # past their last window: one known token at a time
+        for request in self.running:
+            if self._window_fits(request):
+                decoding.append(request)
+            elif request.inflight == 0:  # else it waits for its steps' tokens
+                tails.append(request)
         chunks = self._plan_prefill()
         steps = []
-        if chunks:
-            steps.append(self._prefill_step(chunks))
+        if chunks or tails:
+            steps.append(self._prefill_step(chunks, tails))
         if decoding:
             steps.append(self._decode_step(decoding))
         self.stats.decode_rows += len(decoding)
@@ -336,20 +355,14 @@ class Scheduler:
         return steps
 
     def _window_fits(self, request: Request) -> bool:
-        """Whether a decode window of ``request`` surely fits its context; else wait or finish.
+        """Whether a decode window of ``request`` surely fits its context.
 
         Always true with a window of 1 (``max_new_tokens`` is clipped to the context).
         A wider window may pass the context end only if the steps in flight filled
         theirs; the request then sits out until they are processed, and when even
-        its exact committed length leaves no room, it finishes (``LENGTH``).
+        its exact committed length leaves no room, it takes tail steps instead.
         """
-        if request.kv_len_bound + self.width <= self.config.max_context:
-            return True
-        if request.inflight == 0:
-            request.finish_reason = FinishReason.LENGTH
-            self._finished_on_schedule.append(request)
-            self._release(request)
-        return False
+        return request.kv_len_bound + self.width <= self.config.max_context
 
     def _plan_prefill(self) -> list[tuple[Request, int]]:
         """(request, prompt tokens this iteration): unfinished prompts first, then admissions."""
@@ -404,9 +417,21 @@ class Scheduler:
             raise RuntimeError(f"KV pool has {self.kv_pool.available_size()} slots, needs {n}")
         return slots
 
-    def _prefill_step(self, plan: list[tuple[Request, int]]) -> HostStep:
-        slots = self._alloc_kv(sum(n for _, n in plan))
-        step = HostStep.prefill(plan, slots, self._pin)
+    def _prefill_step(self, plan: list[tuple[Request, int]], tails: list[Request]) -> HostStep:
+        """Prompt chunks (``plan``) and one-token tail steps (``tails``) in one forward.
+
+        A tail token sits at ``kv_len`` < ``max_context``: the request has sampled fewer
+        than ``max_new_tokens``, which the context bounds. Tail tokens are no prompt
+        tokens and take nothing of ``max_prefill_tokens``.
+        """
+        rows = [*plan, *((request, 1) for request in tails)]
+        slots = self._alloc_kv(sum(n for _, n in rows))
+        step = HostStep.prefill(rows, slots, self._pin)
+        for request in tails:
+            request.kv_len += 1
+            request.scheduled_samples += 1
+            request.inflight += 1
+        self.stats.tail_steps += len(tails)
         for request, n in plan:
             request.kv_len += n  # the scheduler commits prompt KV itself, so it is known now
             request.inflight += 1
@@ -416,9 +441,9 @@ class Scheduler:
                 self.running.append(request)
             else:
                 self.stats.prefill_chunks += 1
-        # Only a prompt's last chunk samples; earlier chunks' tokens (and stashes,
-        # overwritten by the last chunk's) are never used.
-        step.samples = [r.kv_len == r.prompt_len for r, _ in plan]
+        # Only a prompt's last chunk (and a tail step) samples; earlier chunks' tokens
+        # (and stashes, overwritten by the last chunk's) are never used.
+        step.samples = [r.kv_len >= r.prompt_len for r, _ in rows]
         return step
 
     def _decode_step(self, requests: list[Request]) -> HostStep:
@@ -453,7 +478,9 @@ class Scheduler:
                     request.kv_len += count
                     request.scheduled_samples += count - 1
                 if sampled and request.finish_reason is None:
-                    if step.kind is StepKind.DECODE:
+                    # A prefill row that samples after the first token is a tail step: a
+                    # decode step of one token, as `none` would count it.
+                    if step.kind is StepKind.DECODE or request.output_ids:
                         request.accept_lengths.append(count)
                         self.stats.accept_steps += 1
                         self.stats.accept_tokens += count

@@ -114,9 +114,13 @@ class HostStep:
     def prefill(
         cls, plan: Sequence[tuple[Request, int]], out_cache_loc: torch.Tensor, pin: bool
     ) -> HostStep:
-        """The next ``n`` prompt tokens of each ``(request, n)``; KV slots ``[sum n]``."""
+        """The next ``n`` uncommitted tokens of each ``(request, n)``; KV slots ``[sum n]``.
+
+        A prompt chunk, or a one-token tail step of a request past its last decode window
+        (``Request.uncommitted_ids``).
+        """
         requests = [r for r, _ in plan]
-        chunks = [r.prompt_ids[r.kv_len : r.kv_len + n] for r, n in plan]
+        chunks = [r.uncommitted_ids(n) for r, n in plan]
         prefix = [r.kv_len for r in requests]
         return cls._build(
             StepKind.PREFILL, requests, chunks, prefix, max(prefix), out_cache_loc, pin
