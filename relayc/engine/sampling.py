@@ -70,7 +70,8 @@ class SamplingParams:
     top_k: int = 0  # 0 = no top-k filter
     top_p: float = 1.0
     seed: int | None = None  # None = the engine seed plus the request id
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # besides the model's end-of-generation tokens
+    ignore_eos: bool = False  # True: do not stop at the model's end-of-generation tokens
 
     def __post_init__(self) -> None:
         # Callers pass lists; a tuple keeps the params hashable and immutable. A string or
@@ -101,6 +102,8 @@ class SamplingParams:
             raise ValueError(f"`top_p` must be in (0, 1]; got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"`top_k` must be >= 0 (0 = off); got {self.top_k}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"`ignore_eos` must be True or False; got {self.ignore_eos!r}")
         not_ints = [t for t in self.stop_token_ids if not _is_int(t)]
         if not_ints:
             raise ValueError(f"`stop_token_ids` must be integers; got {not_ints!r}")
@@ -114,6 +117,7 @@ class SamplingParams:
             top_p=top_p,
             seed=None if self.seed is None else int(self.seed),
             stop_token_ids=tuple(int(t) for t in self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
         )
 
     def resolve_seed(self, engine_seed: int, request_id: int) -> int:

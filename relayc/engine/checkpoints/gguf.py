@@ -17,6 +17,7 @@ Every problem -- not a GGUF file, a truncated one, another architecture, a tenso
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from relayc.engine.weights import _expected_tensors as expected_tensors
 
 if TYPE_CHECKING:
     import numpy as np
-    from gguf import GGUFReader
+    from gguf import GGUFReader, GGUFWriter
 
 MAGIC = b"GGUF"
 ARCHITECTURES = ("llama",)  # `general.architecture` values this model runs
@@ -260,3 +261,87 @@ def load_gguf_model(
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise GGUFError(f"{file.path}: tensor for `{missing[0]}` is missing{more}")
     return model
+
+
+def permute_rope_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's q/k row permutation (what its converter writes): the inverse of
+    :func:`unpermute_rope_rows`."""
+    rows, cols = weight.shape
+    return weight.reshape(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def save_gguf(
+    model: LlamaForCausalLM,
+    path: str | Path,
+    *,
+    tensor_type: str = "F32",
+    tokenizer: Callable[[GGUFWriter], None] | None = None,
+) -> Path:
+    """Write ``model`` as a Llama GGUF file llama.cpp and :func:`load_gguf_model` read.
+
+    ``tensor_type``: the matrices' type, any the ``gguf`` package can quantize (``F32``,
+    ``F16``, ``BF16``, ``Q8_0``, ``Q4_0``, ``Q4_1``, ...; norms stay F32, as llama.cpp
+    keeps them). ``tokenizer`` writes the ``tokenizer.ggml.*`` keys (see
+    :func:`copy_tokenizer_fields`); without one the file has no tokenizer.
+    """
+    import gguf
+    import numpy as np
+
+    config = model.config
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    path = Path(path)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(config.max_position)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_heads)
+    writer.add_head_count_kv(config.num_kv_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_vocab_size(config.vocab_size)
+    if tokenizer is not None:
+        tokenizer(writer)
+    names = {hf: name for name, hf in _GLOBAL_TENSORS.items()}
+    for layer in range(config.num_layers):
+        for name, hf in _LAYER_TENSORS.items():
+            names[f"model.layers.{layer}.{hf}"] = f"blk.{layer}.{name}"
+    for name, tensor in sorted(expected_tensors(model).items()):
+        values = tensor.detach().float().cpu()
+        if name.endswith("q_proj.weight"):
+            values = permute_rope_rows(values, config.num_heads)
+        elif name.endswith("k_proj.weight"):
+            values = permute_rope_rows(values, config.num_kv_heads)
+        array = values.contiguous().numpy()
+        if array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(names[name], array)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(names[name], array.astype(np.float16))
+        else:
+            writer.add_tensor(names[name], gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def copy_tokenizer_fields(source: GGUFFile) -> Callable[[GGUFWriter], None]:
+    """A ``save_gguf`` tokenizer that copies ``source``'s ``tokenizer.*`` keys (the same
+    model re-saved at another precision keeps its tokenizer and chat template)."""
+    from gguf import GGUFValueType
+
+    def write(writer: GGUFWriter) -> None:
+        for key, entry in source.reader.fields.items():
+            if not key.startswith("tokenizer."):
+                continue
+            value = source.metadata[key]
+            if entry.types[0] == GGUFValueType.ARRAY:
+                writer.add_array(key, value)
+            else:
+                writer.add_key_value(key, value, entry.types[0])
+
+    return write

@@ -13,11 +13,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 ROLES_HINT = 'a list of {"role": "user" | "assistant" | "system", "content": "..."} messages'
+
+
+@dataclass(frozen=True)
+class Chat:
+    """A prompt given as chat messages (``Engine.generate([Chat(messages)])``, what
+    ``Engine.chat`` builds): rendered by the model's chat template, then tokenized."""
+
+    messages: Sequence[Mapping[str, object]]
+    add_generation_prompt: bool = True  # end with the assistant's turn header
 
 
 class ChatError(ValueError):

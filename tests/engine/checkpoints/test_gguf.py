@@ -1,0 +1,205 @@
+"""GGUF files: config and weights read back exactly, every quantized type through the
+`gguf` package's dequantizers, q/k rows un-permuted, and one located error for each way a
+file can be wrong -- on small files written here (the real model: test_real_model.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from relayc.engine import Engine
+from relayc.engine.checkpoints.gguf import (
+    GGUFError,
+    load_gguf_model,
+    open_gguf,
+    permute_rope_rows,
+    save_gguf,
+    unpermute_rope_rows,
+)
+from relayc.engine.config import ModelConfig
+from relayc.engine.weights import CheckpointError, random_model
+
+# Widths that are whole blocks of every type (K-quants: 256 values per block).
+CONFIG = ModelConfig(
+    hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64
+)
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return random_model(CONFIG, seed=3)
+
+
+@pytest.fixture(scope="module")
+def f32_file(model: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_gguf(model, tmp_path_factory.mktemp("gguf") / "model-f32.gguf")
+
+
+def test_rope_permutation_round_trips_and_is_llama_cpps() -> None:
+    weight = torch.arange(2 * 8 * 3, dtype=torch.float32).reshape(16, 3)  # 2 heads of dim 8
+    permuted = permute_rope_rows(weight, heads=2)
+    # llama.cpp interleaves each head's halves: rows 0, 4, 1, 5, 2, 6, 3, 7 of head 0.
+    assert permuted[:8, 0].tolist() == [0.0, 12.0, 3.0, 15.0, 6.0, 18.0, 9.0, 21.0]
+    assert torch.equal(unpermute_rope_rows(permuted, heads=2), weight)
+
+
+def test_float32_file_is_the_same_model(model: torch.nn.Module, f32_file: Path) -> None:
+    loaded = load_gguf_model(open_gguf(f32_file))
+    # GGUF stores the epsilon as a float32
+    assert loaded.config == CONFIG.replace(rms_norm_eps=float(np.float32(CONFIG.rms_norm_eps)))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    ids = torch.tensor([1, 5, 9, 200, 7])
+    assert torch.equal(loaded.forward_dense(ids).logits, model.forward_dense(ids).logits)
+
+
+@pytest.mark.parametrize("kind", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_quantized_types_load_as_their_dequantized_values(
+    model: torch.nn.Module, kind: str, tmp_path: Path
+) -> None:
+    path = save_gguf(model, tmp_path / f"model-{kind}.gguf", tensor_type=kind)
+    file = open_gguf(path)
+    loaded = load_gguf_model(file)
+    qtype = gguf.GGMLQuantizationType[kind]
+    stored = {t.name: t for t in file.reader.tensors}
+    q = stored["blk.1.attn_q.weight"]
+    assert q.tensor_type == qtype
+    expected = torch.from_numpy(gguf.quants.dequantize(q.data, qtype).copy()).reshape(256, 256)
+    got = loaded.state_dict()["model.layers.1.self_attn.q_proj.weight"]
+    assert torch.equal(got, unpermute_rope_rows(expected, CONFIG.num_heads))
+    # and close to the original: the quantization error only
+    original = model.state_dict()["model.layers.1.self_attn.q_proj.weight"]
+    assert (got - original).abs().max() < 0.1
+
+
+def _write_raw(
+    path: Path,
+    model: torch.nn.Module,
+    raw: dict[str, tuple[np.ndarray, int]],
+    drop_key: str | None = None,
+) -> None:
+    """``model`` as F32 GGUF except the tensors in ``raw`` -- (bytes, type) written as given,
+    in place of the model's or added -- and without the metadata key ``drop_key``."""
+    source = open_gguf(save_gguf(model, path.with_suffix(".src.gguf")))
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in source.metadata.items():
+        if key.startswith("llama.") and key != drop_key:
+            writer.add_key_value(key, value, source.reader.fields[key].types[0])
+    names = [t.name for t in source.reader.tensors]
+    for tensor in source.reader.tensors:
+        if tensor.name not in raw:
+            writer.add_tensor(tensor.name, np.array(tensor.data))
+    for name, (data, qtype) in raw.items():
+        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(qtype))
+    assert set(raw) <= set(names) or drop_key is None
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quants_go_through_gguf_dequantizers(
+    model: torch.nn.Module, kind: str, tmp_path: Path
+) -> None:
+    # The gguf package dequantizes K-quants but cannot write them: random blocks with
+    # small, finite scales stand in for a real quantizer's output.
+    qtype = gguf.GGMLQuantizationType[kind]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, size=(512, 256 // block * size), dtype=np.uint8)
+    scales = np.full(data.shape[:1] + (1,), 0x1C00, dtype=np.uint16).view(np.uint8)  # 2**-8
+    for start in range(0, data.shape[1], size):  # d (and dmin) are the first / last halves
+        if kind == "Q6_K":
+            data[:, start + size - 2 : start + size] = scales
+        else:
+            data[:, start : start + 2] = scales
+            data[:, start + 2 : start + 4] = scales
+    path = tmp_path / f"model-{kind}.gguf"
+    _write_raw(path, model, {"blk.0.ffn_up.weight": (data, qtype)})
+    loaded = load_gguf_model(open_gguf(path))
+    expected = gguf.quants.dequantize(data, qtype).reshape(512, 256)
+    got = loaded.state_dict()["model.layers.0.mlp.up_proj.weight"]
+    assert np.isfinite(expected).all()
+    assert torch.equal(got, torch.from_numpy(expected.copy()))
+
+
+def _error(path: Path) -> str:
+    with pytest.raises(GGUFError) as info:
+        load_gguf_model(open_gguf(path))
+    message = str(info.value)
+    assert str(path) in message  # located: the file is named
+    return message
+
+
+def test_not_a_gguf_file(tmp_path: Path) -> None:
+    path = tmp_path / "weights.gguf"
+    path.write_bytes(b"PK\x03\x04 a zip file")
+    assert "is not a GGUF file" in _error(path)
+
+
+@pytest.mark.parametrize("keep", [0.01, 0.5, 0.999])
+def test_truncated_file(f32_file: Path, tmp_path: Path, keep: float) -> None:
+    data = f32_file.read_bytes()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(data[: int(len(data) * keep)])
+    assert "copy it again" in _error(path)
+
+
+def test_wrong_architecture(model: torch.nn.Module, tmp_path: Path) -> None:
+    path = tmp_path / "other.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert "`general.architecture` is 'gpt2'" in _error(path)
+
+
+def test_tensor_type_gguf_cannot_dequantize(model: torch.nn.Module, tmp_path: Path) -> None:
+    path = tmp_path / "int.gguf"
+    ints = np.zeros((256, 256), dtype=np.int32)
+    _write_raw(path, model, {"blk.0.attn_v.weight": (ints, gguf.GGMLQuantizationType.I32)})
+    # attn_v is [128, 256] in this model: the type is reported before the shape would be
+    message = _error(path)
+    assert "blk.0.attn_v.weight" in message and ("I32" in message or "shape" in message)
+
+
+def test_wrong_shape_names_the_tensor(model: torch.nn.Module, tmp_path: Path) -> None:
+    path = tmp_path / "shape.gguf"
+    wrong = np.zeros((512, 256), dtype=np.float32)
+    _write_raw(path, model, {"blk.1.attn_output.weight": (wrong, gguf.GGMLQuantizationType.F32)})
+    message = _error(path)
+    assert "blk.1.attn_output.weight" in message and "[512, 256]" in message
+    assert "[256, 256]" in message
+
+
+def test_unknown_tensor_and_missing_metadata(model: torch.nn.Module, tmp_path: Path) -> None:
+    path = tmp_path / "extra.gguf"
+    extra = {"blk.0.attn_q_norm.weight": (np.ones(64, dtype=np.float32), 0)}
+    _write_raw(path, model, extra)
+    assert "unexpected tensor `blk.0.attn_q_norm.weight`" in _error(path)
+    path = tmp_path / "nolayers.gguf"
+    _write_raw(path, model, {}, drop_key="llama.block_count")
+    assert "`llama.block_count` is missing" in _error(path)
+
+
+def test_engine_takes_a_gguf_path_and_errors_are_checkpoint_errors(
+    f32_file: Path, tmp_path: Path
+) -> None:
+    engine = Engine(model=str(f32_file), algorithm="none")
+    assert engine.model.config.hidden_size == 256
+    assert engine.tokenizer is None  # this file carries no tokenizer: token ids only
+    out = engine.generate(["text"])[0]
+    assert out.finish_reason == "error" and "need a tokenizer" in (out.error or "")
+    assert engine.generate([[1, 2, 3]])[0].finish_reason == "length"
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(f32_file.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="bad.gguf"):
+        Engine(model=bad)
