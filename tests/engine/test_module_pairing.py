@@ -64,6 +64,11 @@ def test_each_bundled_module_runs_with_its_own_algorithm(
     assert out.finish_reason == "length" and len(out.token_ids) == 3
 
 
+def test_checked_before_the_model_is_loaded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="cannot run with algorithm `eagle`"):
+        Engine(tmp_path / "no-checkpoint-here", algorithm="eagle", relay_module=_bundled("ngram"))
+
+
 def test_the_algorithm_class_checks_too(model: LlamaForCausalLM) -> None:
     """Callers that build a GeneratedAlgorithm themselves (tests' drivers) get the same error
     before a drafter is built."""
