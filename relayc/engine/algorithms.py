@@ -31,6 +31,7 @@ names, as attributes of the generated ``PrefillOutputs`` / ``DecodeOutputs``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -42,15 +43,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from relayc.engine.draft.standalone import DraftConfidence, StandaloneDrafter
+from relayc.engine.draft.standalone import DraftConfidence
 from relayc.engine.forward_batch import ForwardBatch
 from relayc.engine.graphs import EAGER, DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.ops import implementations
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.draft import proposer_lock
+from relayc.engine.ops.registry import DRAFTER_OF, checked, declaration
 from relayc.engine.sampling import SamplingBatch
-from relayc.engine.speculative import Drafting, check_sizes, make_drafting
+from relayc.engine.speculative import ALGORITHMS, Drafting, check_sizes, make_drafting
 
 
 @dataclass
@@ -157,7 +159,13 @@ class GeneratedAlgorithm(DecodeAlgorithm):
     ) -> None:
         super().__init__(model)
         module = module or importlib.import_module(f"relayc.generated.{name}")
-        all_impls = merged_impls(module, impls)
+        all_impls = check_generated(
+            name,
+            module,
+            impls,
+            block_verification=block_verification,
+            draft_confidence=draft_confidence,
+        )
         self.name = name
         self.module = module
         self.drafting: Drafting = make_drafting(
@@ -193,23 +201,10 @@ class GeneratedAlgorithm(DecodeAlgorithm):
             "hidden": config.hidden_size,
             "vocab": config.vocab_size,
         }
-        # A relayed draft distribution means chain rejection sampling: first drafts are drawn
-        # from it rather than taken as the top-1.
-        self.chain_drafts = any(f.name == "draft_probs" for f in module.FIELDS)
-        if block_verification and not self.chain_drafts:
-            raise ValueError(
-                "`block_verification` verifies chain drafts with their draft probabilities; "
-                f"algorithm `{name}` does not draft a chain (use `standalone`)"
-            )
+        self.chain_drafts = chain_drafts(module)
         self.block_verification = block_verification
         self.draft_confidence = None
         if draft_confidence is not None:
-            if not isinstance(self.drafter, StandaloneDrafter) or not 0 < draft_confidence <= 1:
-                raise ValueError(
-                    "`draft_confidence` (dynamic draft length) is a probability in (0, 1] "
-                    "for an algorithm that drafts a chain with a draft model (`standalone`); "
-                    f"got {draft_confidence!r} for `{name}`"
-                )
             self.draft_confidence = DraftConfidence(
                 req_pool_size + 1, num_steps, draft_confidence, model.device
             )
@@ -221,6 +216,7 @@ class GeneratedAlgorithm(DecodeAlgorithm):
             model_dtype=config.dtype,
             debug=debug,
         )
+        all_impls = checked_impls(module, all_impls, {**self.relay.dims, **self.dims}, config.dtype)
         self.prefill_step = module.PrefillStep(self.relay, all_impls)
         self.decode_step = module.DecodeStep(self.relay, all_impls)
         self.capture_batch_sizes = tuple(module.CAPTURE_BATCH_SIZES)
@@ -304,9 +300,20 @@ class GeneratedAlgorithm(DecodeAlgorithm):
                 self.drafter.remove_request(req_pool_index)
 
 
+def module_ops(module: ModuleType) -> list[str]:
+    """Every op the module's prefill and decode steps run, in order, once each."""
+    return list(dict.fromkeys([*module.PrefillStep.OPS, *module.DecodeStep.OPS]))
+
+
 def merged_impls(module: ModuleType, impls: Impls | None) -> dict[str, Callable[..., Any]]:
     """The engine's op implementations with ``impls`` over them; every op the module's steps
-    run must have one."""
+    run must have one, and every op ``impls`` names must be one the module runs (a typo
+    would otherwise leave the built-in running, silently)."""
+    if impls is not None and not isinstance(impls, Mapping):
+        raise TypeError(
+            f"`impls` maps op names to functions `fn(ctx, **inputs) -> dict`; got "
+            f"{type(impls).__name__}"
+        )
     user = dict(impls or {})
     for op_name, fn in user.items():
         if not isinstance(op_name, str) or not callable(fn):
@@ -314,8 +321,16 @@ def merged_impls(module: ModuleType, impls: Impls | None) -> dict[str, Callable[
                 f"`impls` maps op names to functions `fn(ctx, **inputs) -> dict`; got "
                 f"{op_name!r}: {type(fn).__name__}"
             )
+    needed = module_ops(module)
+    for op_name in user:
+        if op_name not in needed:
+            close = difflib.get_close_matches(op_name, needed, n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else ""
+            raise ValueError(
+                f"`impls` names op `{op_name}`, which module `{module.__name__}` does not run "
+                f"(its ops: {', '.join(f'`{n}`' for n in needed)}){hint}"
+            )
     merged = {**implementations(), **user}
-    needed = dict.fromkeys([*module.PrefillStep.OPS, *module.DecodeStep.OPS])
     missing = [op_name for op_name in needed if op_name not in merged]
     if missing:
         listed = ", ".join(f"`{op_name}`" for op_name in missing)
@@ -323,6 +338,114 @@ def merged_impls(module: ModuleType, impls: Impls | None) -> dict[str, Callable[
         raise ValueError(
             f"module `{module.__name__}` runs ops with no implementation: {listed}; pass "
             f"them as `impls={{{example}}}` (each `fn(ctx, **inputs) -> dict of outputs`)"
+        )
+    return merged
+
+
+def checked_impls(
+    module: ModuleType,
+    impls: Mapping[str, Callable[..., Any]],
+    dims: Mapping[str, int],
+    model_dtype: torch.dtype,
+) -> dict[str, Callable[..., Any]]:
+    """``impls`` with the outputs of every op the module runs checked against the op's
+    declaration when it returns (``relayc.engine.ops.registry.checked``); an op whose
+    declaration this process does not know (a user op whose module is not imported) runs
+    unchecked."""
+    wrapped = dict(impls)
+    for op_name in module_ops(module):
+        op = declaration(op_name)
+        if op is not None:
+            wrapped[op_name] = checked(op, impls[op_name], dims, model_dtype)
+    return wrapped
+
+
+# What a module `relayc compile` generated provides to the engine.
+_GENERATED = ("ALGORITHM", "FIELDS", "FutureMap", "PrefillStep", "DecodeStep", "DecodeOutputs")
+
+
+def check_pairing(name: str, module: ModuleType, impls: Impls | None = None) -> None:
+    """Raise ``ValueError`` unless the generated ``module`` can run with the drafter of ``name``.
+
+    The engine's implementation of a drafting op drives one algorithm's drafter
+    (``@implements(op, drafter=...)``): every such op the module runs with the engine's
+    implementation must be one of ``name``'s, and a speculative ``name`` needs at least
+    one op that drives its drafter (else nothing drafts). Checked when the engine is
+    built, so a module compiled for another algorithm fails here, not inside a step.
+    """
+    ops = module_ops(module)
+    own = set(impls or {})
+    foreign = {
+        op: DRAFTER_OF[op] for op in ops if op not in own and DRAFTER_OF.get(op, name) != name
+    }
+    drives = [op for op in ops if DRAFTER_OF.get(op) == name]
+    if not foreign and (name == "none" or drives):
+        return
+    compiled_for = getattr(module, "ALGORITHM", "?")
+    head = (
+        f"`relay_module` `{module.__name__}` (compiled for `{compiled_for}`) cannot run with "
+        f"algorithm `{name}`: "
+    )
+    if foreign:
+        drafters = sorted(set(foreign.values()))
+        why = (
+            f"its ops {', '.join(f'`{op}`' for op in foreign)} drive the drafter of "
+            f"{' and '.join(f'`{d}`' for d in drafters)}, and `{name}` "
+            + ("drafts nothing" if name == "none" else "has its own")
+        )
+    else:
+        theirs = sorted(op for op, drafter in DRAFTER_OF.items() if drafter == name)
+        why = (
+            f"none of its ops drives the drafter of `{name}` "
+            f"({', '.join(f'`{op}`' for op in theirs)}), so it would never draft"
+        )
+    fix = (
+        f'pass `algorithm="{compiled_for}"`'
+        if compiled_for != name and compiled_for in ALGORITHMS
+        else "pass the algorithm its spec was written for"
+    )
+    raise ValueError(f"{head}{why}; {fix}, or a module compiled from a spec for `{name}`")
+
+
+def chain_drafts(module: ModuleType) -> bool:
+    """A relayed draft distribution means chain rejection sampling: first drafts are drawn
+    from it rather than taken as the top-1."""
+    return any(f.name == "draft_probs" for f in module.FIELDS)
+
+
+def check_generated(
+    name: str,
+    module: ModuleType,
+    impls: Impls | None,
+    *,
+    block_verification: bool = False,
+    draft_confidence: float | None = None,
+) -> dict[str, Callable[..., Any]]:
+    """Every check of a generated algorithm that needs no model: the module fits ``name``'s
+    drafter, ``impls`` fits the module, the options fit both. Returns the merged impls.
+
+    ``Engine`` calls it before it loads anything; :class:`GeneratedAlgorithm` again, for
+    callers that build one directly.
+    """
+    absent = [attr for attr in _GENERATED if not hasattr(module, attr)]
+    if absent:
+        raise ValueError(
+            f"`relay_module` `{module.__name__}` is not a module `relayc compile` generated "
+            f"(it has no {', '.join(f'`{a}`' for a in absent)}); compile your spec with "
+            "`relayc compile SPEC -o DIR` and pass the module it writes"
+        )
+    merged = merged_impls(module, impls)
+    check_pairing(name, module, impls)
+    if block_verification and not chain_drafts(module):
+        raise ValueError(
+            "`block_verification` verifies chain drafts with their draft probabilities; "
+            f"algorithm `{name}` does not draft a chain (use `standalone`)"
+        )
+    if draft_confidence is not None and (name != "standalone" or not 0 < draft_confidence <= 1):
+        raise ValueError(
+            "`draft_confidence` (dynamic draft length) is a probability in (0, 1] "
+            "for an algorithm that drafts a chain with a draft model (`standalone`); "
+            f"got {draft_confidence!r} for `{name}`"
         )
     return merged
 

@@ -30,6 +30,7 @@ import torch
 
 from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
 from relayc.engine.checkpoints.loader import Progress, load_model, resolve_dtype
+from relayc.engine.engine_args import check_engine_args, positive_int
 from relayc.engine.graphs import DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.overlap import make_runner
@@ -42,12 +43,6 @@ from relayc.engine.text.detok import Detokenizer
 
 Prompt = str | Sequence[int] | Chat
 Conversation = Sequence[Mapping[str, Any]]  # [{"role": ..., "content": ...}, ...]
-
-
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
-    return int(value)
 
 
 def check_decode_dims(
@@ -65,9 +60,9 @@ def check_decode_dims(
     """
     if algorithm == "none":
         return  # no drafts: the dims are unused
-    steps = _positive_int("num_steps", num_steps)
-    k = _positive_int("topk", topk)
-    n = _positive_int("num_draft_tokens", num_draft_tokens)
+    steps = positive_int("num_steps", num_steps)
+    k = positive_int("topk", topk)
+    n = positive_int("num_draft_tokens", num_draft_tokens)
     # The root plus the candidates drafting produces (drafts beyond them have no source);
     # eagle's count is relayc.engine.draft.tree.max_candidates, kept out of this import.
     most = {"eagle": k + (steps - 1) * k * k + 1, "eagle_multilayer": k * steps + 1}
@@ -139,8 +134,9 @@ class Engine:
     threshold, adapted per request from its acceptances (``relayc.engine.draft.standalone``);
     ``num_steps`` is the longest chain. Lossless; None (default) drafts ``num_steps`` always.
 
-    ``relay_module``: a module ``relayc compile`` generated from your own spec, run
-    instead of ``relayc.generated.<algorithm>`` with the drafter of ``algorithm``.
+    ``relay_module``: a module ``relayc compile`` generated from your own spec (or its
+    module name or ``.py`` path), run instead of ``relayc.generated.<algorithm>`` with the
+    drafter of ``algorithm``; one whose ops need another algorithm's drafter raises here.
     ``impls``: op name -> ``fn(ctx, **inputs) -> dict of outputs``, merged over the
     engine's own implementations (user ops, or replacing a built-in one); an op the
     module runs without an implementation raises here.
@@ -187,7 +183,7 @@ class Engine:
         debug: bool = False,
         block_verification: bool = False,
         draft_confidence: float | None = None,
-        relay_module: ModuleType | None = None,
+        relay_module: ModuleType | str | PathLike[str] | None = None,
         impls: Mapping[str, Callable[..., Any]] | None = None,
         graphs: str = "auto",
         capture_batch_sizes: Sequence[int] | None = None,
@@ -196,9 +192,21 @@ class Engine:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
             check_decode_dims(algorithm, num_steps, topk, num_draft_tokens)
+        args = check_engine_args(
+            algorithm,
+            overlap=overlap,
+            debug=debug,
+            block_verification=block_verification,
+            draft_confidence=draft_confidence,
+            relay_module=relay_module,
+            impls=impls,
+            max_batch_size=max_batch_size,
+            capture_batch_sizes=capture_batch_sizes,
+        )
+        model_dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
         loaded = load_model(
-            model, device=self.device, dtype=resolve_dtype(dtype), seed=seed, progress=progress
+            model, device=self.device, dtype=model_dtype, seed=seed, progress=progress
         )
         self.model, self.device = loaded.model, loaded.model.device
         if loaded.shipped and draft_model is None and isinstance(algorithm, str):
@@ -242,8 +250,8 @@ class Engine:
                 draft_model=draft_model,
                 seed=seed,
                 block_verification=block_verification,
-                draft_confidence=draft_confidence,
-                module=relay_module,
+                draft_confidence=args.draft_confidence,
+                module=args.relay_module,
                 impls=impls,
             )
         self.algorithm_name = self.algorithm.name
@@ -252,7 +260,7 @@ class Engine:
             self.device,
             self.algorithm.capture_batch_sizes,
             max_batch_size=max_batch_size,
-            batch_sizes=capture_batch_sizes,
+            batch_sizes=args.capture_batch_sizes,
             debug=debug,
         )
         if self.device.type == "cpu":

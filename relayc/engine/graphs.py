@@ -32,7 +32,8 @@ acceptance work, so graphs are keyed by that flag: one runner per flag.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -88,6 +89,39 @@ def capture_buckets(spec_sizes: Sequence[int], max_batch_size: int) -> tuple[int
     return tuple(kept)
 
 
+def check_batch_sizes(batch_sizes: object, max_batch_size: int) -> tuple[int, ...] | None:
+    """``Engine(capture_batch_sizes=...)`` as a tuple of buckets, or a clear error.
+
+    A bucket above ``max_batch_size`` is refused: no batch is ever that large, and
+    ``capture_buckets`` would keep it as the bucket every batch above the others pads to.
+    (The spec's own buckets above it are trimmed instead; these are the user's choice.)
+    """
+    if batch_sizes is None:
+        return None
+    if isinstance(batch_sizes, (str, bytes, Mapping)) or not isinstance(batch_sizes, Iterable):
+        raise TypeError(
+            "`capture_batch_sizes` must be a list of batch sizes (whole numbers), e.g. "
+            f"[1, 2, 4, 8]; got {batch_sizes!r}"
+        )
+    sizes = list(batch_sizes)
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise TypeError(
+                f"`capture_batch_sizes` holds batch sizes (whole numbers); got {size!r} "
+                f"in {sizes!r}"
+            )
+    if any(size < 1 for size in sizes):
+        raise ValueError(f"capture_batch_sizes must be positive; got {sizes}")
+    above = [int(size) for size in sizes if size > max_batch_size]
+    if above:
+        raise ValueError(
+            f"`capture_batch_sizes` {sizes} has buckets above max_batch_size={max_batch_size} "
+            f"({', '.join(map(str, above))}): no batch is that large, and every batch would be "
+            "padded up to them; drop them or raise `max_batch_size`"
+        )
+    return tuple(int(size) for size in sizes)
+
+
 class DecodeGraphs:
     """Runs generated decode steps in one mode; algorithms call :meth:`run`."""
 
@@ -119,9 +153,8 @@ class DecodeGraphs:
                     "device values on the host; use graphs='static' or 'off'"
                 )
             resolved = "off"
-        if batch_sizes is not None and any(int(b) <= 0 for b in batch_sizes):
-            raise ValueError(f"capture_batch_sizes must be positive; got {list(batch_sizes)}")
-        sizes = spec_sizes if batch_sizes is None else batch_sizes
+        given = check_batch_sizes(batch_sizes, max_batch_size)
+        sizes = spec_sizes if given is None else given
         return cls(resolved, device, capture_buckets(sizes, max_batch_size))
 
     @property

@@ -90,8 +90,8 @@ def _draft_extend_prompts(ctx: StepContext, next_tokens: torch.Tensor, hidden: t
     )
 
 
-@implements("eagle_prefill")
-@implements("mtp_prefill")
+@implements("eagle_prefill", drafter="eagle")
+@implements("mtp_prefill", drafter="eagle_multilayer")
 def impl_eagle_prefill(
     ctx: StepContext, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -142,7 +142,7 @@ def _draft_extend_accepted(
     )
 
 
-@implements("eagle_draft_extend")
+@implements("eagle_draft_extend", drafter="eagle")
 def impl_eagle_draft_extend(ctx: StepContext, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
     draft = _draft_extend_accepted(ctx, **inputs)
     return {
@@ -153,13 +153,13 @@ def impl_eagle_draft_extend(ctx: StepContext, **inputs: torch.Tensor) -> dict[st
     }
 
 
-@implements("mtp_draft_extend")
+@implements("mtp_draft_extend", drafter="eagle_multilayer")
 def impl_mtp_draft_extend(ctx: StepContext, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
     draft = _draft_extend_accepted(ctx, **inputs)
     return {"topk_p": draft.topk_p, "topk_index": draft.topk_index}
 
 
-@implements("eagle_draft")
+@implements("eagle_draft", drafter="eagle")
 def impl_eagle_draft(
     ctx: StepContext,
     *,
@@ -231,7 +231,7 @@ def _bonus_slots(ctx: StepContext, req_pool_indices: torch.Tensor) -> torch.Tens
     return ctx.extras["bonus_slot_base"] + req_pool_indices.long()
 
 
-@implements("standalone_prefill")
+@implements("standalone_prefill", drafter="standalone")
 def impl_standalone_prefill(
     ctx: StepContext, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -271,7 +271,7 @@ def impl_standalone_prefill(
     }
 
 
-@implements("standalone_draft")
+@implements("standalone_draft", drafter="standalone")
 def impl_standalone_draft(
     ctx: StepContext,
     *,
@@ -320,7 +320,7 @@ def impl_standalone_draft(
     }
 
 
-@implements("standalone_draft_extend")
+@implements("standalone_draft_extend", drafter="standalone")
 def impl_standalone_draft_extend(
     ctx: StepContext,
     *,
@@ -387,7 +387,7 @@ DRAFT_STREAM = 2  # keyed_uniforms stream of sampled drafts (0, 1: acceptance, f
 _PROPOSER_LOCK = threading.Lock()  # the host thread updates histories while a job proposes
 
 
-@implements("ngram_propose")
+@implements("ngram_propose", drafter="ngram")
 def impl_ngram_propose(
     ctx: StepContext, *, req_pool_indices: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -402,7 +402,7 @@ def impl_ngram_propose(
     }
 
 
-@implements("ngram_splice")
+@implements("ngram_splice", drafter="ngram")
 def impl_ngram_splice(
     ctx: StepContext,
     *,

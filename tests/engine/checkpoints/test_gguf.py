@@ -112,7 +112,7 @@ def test_k_quants_go_through_gguf_dequantizers(
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(0)
     data = rng.integers(0, 256, size=(512, 256 // block * size), dtype=np.uint8)
-    scales = np.full(data.shape[:1] + (1,), 0x1C00, dtype=np.uint16).view(np.uint8)  # 2**-8
+    scales = np.full((*data.shape[:1], 1), 0x1C00, dtype=np.uint16).view(np.uint8)  # 2**-8
     for start in range(0, data.shape[1], size):  # d (and dmin) are the first / last halves
         if kind == "Q6_K":
             data[:, start + size - 2 : start + size] = scales
@@ -201,5 +201,5 @@ def test_engine_takes_a_gguf_path_and_errors_are_checkpoint_errors(
     assert engine.generate([[1, 2, 3]])[0].finish_reason == "length"
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(f32_file.read_bytes()[:1000])
-    with pytest.raises(CheckpointError, match="bad.gguf"):
+    with pytest.raises(CheckpointError, match=r"bad\.gguf"):
         Engine(model=bad)

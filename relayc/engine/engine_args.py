@@ -1,0 +1,138 @@
+"""``Engine(...)``'s argument checks: a clear ``TypeError`` / ``ValueError`` before the engine
+loads a model or allocates anything.
+
+Types are checked strictly where a loose value would silently mean something else:
+``block_verification="no"`` is truthy, ``draft_confidence=True`` is 1.0, a bucket of 2.5
+pads batches to a size that does not exist. What needs the model (``topk`` against the
+vocabulary) is checked once it is loaded (``relayc.engine.engine``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import numbers
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from relayc.engine.algorithms import DecodeAlgorithm, check_generated
+from relayc.engine.graphs import check_batch_sizes
+
+
+def positive_int(name: str, value: object) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+    return int(value)
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A switch must be a bool: ``"no"`` or ``"false"`` would turn it on."""
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be True or False; got {value!r}")
+    return value
+
+
+def check_draft_confidence(value: object) -> float | None:
+    """None (off) or a real number in (0, 1]; ``True`` is not 1.0 and ``"0.4"`` is not 0.4."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"`draft_confidence` must be a number in (0, 1] (e.g. 0.4) or None (off); got {value!r}"
+        )
+    number = float(value)
+    if not (math.isfinite(number) and 0 < number <= 1):
+        raise ValueError(f"`draft_confidence` must lie in (0, 1]; got {value!r}")
+    return number
+
+
+def resolve_relay_module(value: object) -> ModuleType | None:
+    """``relay_module`` as a module: a module object, or the name or ``.py`` path of one.
+
+    A path (anything ending in ``.py``, or an existing file) is loaded from that file, as
+    ``relayc compile -o DIR`` wrote it; other strings are imported as module names.
+    """
+    if value is None or isinstance(value, ModuleType):
+        return value
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            "`relay_module` must be a module `relayc compile` generated (imported, or its "
+            f"module name or .py path); got {type(value).__name__}"
+        )
+    path = Path(os.fspath(value)).expanduser()
+    if path.suffix == ".py" or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"`relay_module` {os.fspath(value)!r}: no such file")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"`relay_module` {os.fspath(value)!r} cannot be loaded as a module")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ValueError(
+                f"`relay_module` {os.fspath(value)!r} failed to load: {type(exc).__name__}: {exc}"
+            ) from exc
+        return module
+    name = os.fspath(value)
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ValueError(
+            f"`relay_module` {name!r}: cannot import it ({exc}); pass the module, its "
+            "importable name, or the path of the .py file `relayc compile` wrote"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """The checked arguments ``Engine`` uses in a normalised form."""
+
+    relay_module: ModuleType | None
+    capture_batch_sizes: tuple[int, ...] | None
+    draft_confidence: float | None
+
+
+def check_engine_args(
+    algorithm: str | DecodeAlgorithm,
+    *,
+    overlap: object,
+    debug: object,
+    block_verification: object,
+    draft_confidence: object,
+    relay_module: object,
+    impls: Mapping[str, Callable[..., Any]] | None,
+    max_batch_size: object,
+    capture_batch_sizes: Sequence[int] | None,
+) -> EngineArgs:
+    """Check what ``Engine`` takes besides the model and the decode dims; see the module doc."""
+    for name, flag in (
+        ("overlap", overlap),
+        ("debug", debug),
+        ("block_verification", block_verification),
+    ):
+        check_flag(name, flag)
+    confidence = check_draft_confidence(draft_confidence)
+    batch = positive_int("max_batch_size", max_batch_size)
+    sizes = check_batch_sizes(capture_batch_sizes, batch)
+    module = resolve_relay_module(relay_module)
+    if isinstance(algorithm, DecodeAlgorithm):
+        if module is not None or impls is not None:
+            raise ValueError(
+                "`relay_module` and `impls` configure an algorithm given by name; a "
+                "DecodeAlgorithm instance runs its own steps: drop them"
+            )
+    else:
+        check_generated(
+            algorithm,
+            module or importlib.import_module(f"relayc.generated.{algorithm}"),
+            impls,
+            block_verification=bool(block_verification),
+            draft_confidence=confidence,
+        )
+    return EngineArgs(module, sizes, confidence)
