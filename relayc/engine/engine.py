@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
-from relayc.engine.checkpoints.loader import Progress, load_model, resolve_dtype
+from relayc.engine.checkpoints.loader import AnyTokenizer, Progress, load_model, resolve_dtype
 from relayc.engine.engine_args import check_engine_args, positive_int
 from relayc.engine.graphs import DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
@@ -109,7 +109,8 @@ class Engine:
     directory, or a ``LlamaForCausalLM`` (``relayc.engine.checkpoints.loader``).
     ``dtype``: ``"float32"`` (a GGUF file's default), ``"bfloat16"``, a torch dtype, or None
     (a checkpoint folder's own ``torch_dtype``). ``progress``: called with a line of text
-    while a model loads (the CLI prints them).
+    while a model loads (the CLI prints them). ``tokenizer``: use this one instead of
+    the model's own (e.g. with a ``LlamaForCausalLM`` instance shared by several engines).
 
     Text: ``tokenizer`` is the model's own (built from the GGUF metadata or the folder's
     ``tokenizer.json``; the byte-level one for the demo models; None when the model has
@@ -188,6 +189,7 @@ class Engine:
         graphs: str = "auto",
         capture_batch_sizes: Sequence[int] | None = None,
         progress: Progress | None = None,
+        tokenizer: AnyTokenizer | None = None,
     ) -> None:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
@@ -212,7 +214,7 @@ class Engine:
         if loaded.shipped and draft_model is None and isinstance(algorithm, str):
             draft_model = shipped_drafter(algorithm, num_steps)
         self.model_source = loaded.source
-        self.tokenizer = loaded.tokenizer
+        self.tokenizer = tokenizer if tokenizer is not None else loaded.tokenizer
         self._tokenizer_error = loaded.tokenizer_error
         self.model.eval()
         if isinstance(algorithm, str):

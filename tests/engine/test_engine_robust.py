@@ -259,7 +259,7 @@ def test_bad_decode_dims_raise_before_anything_is_built(
     def built(*args: object, **kw: object) -> None:
         raise AssertionError("the engine built something before checking its dims")
 
-    monkeypatch.setattr("relayc.engine.engine.random_model", built)
+    monkeypatch.setattr("relayc.engine.engine.load_model", built)
     monkeypatch.setattr("relayc.engine.engine.make_algorithm", built)
     with pytest.raises(ValueError, match=message):
         Engine("random", **kwargs)
