@@ -1,10 +1,13 @@
-"""Hugging Face transformers as a peer on the shipped demo models: a tool over the engine.
+"""Hugging Face transformers as a peer on the same weights: a tool over the engine.
 
 The shipped target and its standalone draft model are plain ``LlamaForCausalLM``
-checkpoints, so transformers loads them unchanged. Every peer here decodes greedily
-from token ids (BOS + bytes, no stop token), as relayc's engine does with the same
-prompts, so its outputs can be compared with relayc's greedy `none` token for token.
-`relayc demo` and ``bench/peers.py`` both build their transformers rows from here.
+checkpoints, so transformers loads them unchanged; SmolLM2-135M-Instruct is read by
+transformers' own GGUF loader from the same file relayc reads (``HFTarget.smollm2``).
+Every peer here decodes greedily from token ids, as relayc's engine does with the same
+prompts (the toy: BOS + bytes, no stop token; SmolLM2: its chat template, stopping at
+its end-of-generation tokens, as relayc does), so its outputs can be compared with
+relayc's greedy `none` token for token. `relayc demo` and ``bench/peers.py`` both build
+their transformers rows from here.
 
 transformers is optional (a test extra, not a runtime dependency): it is imported only
 when a peer is built; :func:`transformers_missing` says why it cannot be, without raising.
@@ -86,10 +89,12 @@ class ForwardCounter:
         self.calls += 1
 
 
-def left_padded(prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(
+    prompts: Sequence[list[int]], pad_id: int = PAD_ID
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and attention mask of ``prompts`` padded on the left to one width."""
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.int64)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.int64)
     mask = torch.zeros((len(prompts), width), dtype=torch.int64)
     for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt) :] = torch.tensor(prompt)
@@ -121,12 +126,45 @@ class HFTarget:
 
     max_new_tokens: int
     checkpoints: Path = DEMO_DIR
-    model: Any = field(init=False)
+    model: Any = None  # a loaded transformers model; None: the shipped target
+    pad_id: int = PAD_ID
     counter: ForwardCounter = field(init=False)
 
     def __post_init__(self) -> None:
-        self.model = load_llama(self.checkpoints / "target")
+        if self.model is None:
+            self.model = load_llama(self.checkpoints / "target")
         self.counter = ForwardCounter(self.model)
+
+    @classmethod
+    def smollm2(cls, max_new_tokens: int, dtype: torch.dtype = torch.float32) -> HFTarget:
+        """SmolLM2-135M-Instruct through transformers' GGUF loader (``gguf`` and
+        ``accelerate`` installed), on the file relayc reads; greedy, stopping at the
+        tokens relayc's engine stops at (the file's end-of-generation ids)."""
+        import transformers
+
+        from relayc.engine.checkpoints.gguf import open_gguf
+        from relayc.engine.checkpoints.named import named_model_file
+        from relayc.engine.text.tokenizer import tokenizer_from_gguf
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        path = named_model_file("smollm2")
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=dtype, attn_implementation="sdpa"
+        ).eval()
+        eog = list(tokenizer_from_gguf(open_gguf(path)).eog_ids)
+        config = model.generation_config
+        config.eos_token_id, config.do_sample = eog, False
+        config.pad_token_id = pad = model.config.pad_token_id or eog[0]
+        config.temperature = config.top_p = config.top_k = None
+        return cls(max_new_tokens, model=model, pad_id=pad)
+
+    @property
+    def has_draft(self) -> bool:
+        """Whether a draft with the same tokenizer exists for assisted generation."""
+        return (self.checkpoints / "standalone" / "config.json").is_file() and (
+            self.model.config.vocab_size == ByteTokenizer.vocab_size
+        )
 
     def _generate(self, **extra: Any) -> RunFn:
         # Plain greedy spends a first forward on the prompt alone; assisted generation's
@@ -138,19 +176,29 @@ class HFTarget:
             outputs: list[list[int]] = []
             accepts: list[float] = []
             for g in range(0, len(prompts), group):
-                ids, mask = left_padded(prompts[g : g + group])
+                ids, mask = left_padded(prompts[g : g + group], self.pad_id)
                 before = self.counter.calls
                 out = self.model.generate(
                     ids, attention_mask=mask, max_new_tokens=self.max_new_tokens, **extra
                 )
                 new = out[:, ids.shape[1] :]
-                outputs.extend(new.tolist())
+                outputs.extend(self._until_stop(row) for row in new.tolist())
                 steps = self.counter.calls - before - prefill
                 if steps > 0 and len(new) == 1:
                     accepts.append((new.shape[1] - prefill) / steps)
             return outputs, accepts
 
         return run
+
+    def _until_stop(self, row: list[int]) -> list[int]:
+        """A generated row up to and including its first stop token (a batch pads the rows
+        that stopped early)."""
+        stops = self.model.generation_config.eos_token_id
+        stops = set(stops if isinstance(stops, list) else [] if stops is None else [stops])
+        for index, token in enumerate(row):
+            if token in stops:
+                return row[: index + 1]
+        return row
 
     def greedy(self) -> Peer:
         return Peer(HF_GREEDY, self._generate())
