@@ -3,9 +3,31 @@
 ``use_cpu_matmul_layout`` (relayc.engine.model) gives every decoder stack a
 :class:`ScriptedLayers`, and the model a :class:`NativeHead`. Per forward,
 ``ScriptedLayers`` runs the layers natively for uniform batches of at most
-``NATIVE_MAX_TOKENS`` tokens (relayc.engine.native), else as one TorchScript function
-(relayc.engine.scripted: the eager ops, same bits), else returns None and the caller runs
-the eager modules. Both read the weights as lists, checked still current on every call.
+``native_max_tokens(dtype)`` tokens (relayc.engine.native), else -- float32 only -- as one
+TorchScript function (relayc.engine.scripted: the eager ops, same bits), else returns None
+and the caller runs the eager modules. Both read the weights as lists, checked still
+current on every call.
+
+Which path runs where (CPU, autograd off, paged attention; :func:`native_max_tokens`,
+measured with bench/real_model_forward.py on SmolLM2-135M, one thread, AVX-512):
+
+=========  ========================================  =======================================
+weights    decoder layers                            final norm + LM head
+=========  ========================================  =======================================
+float32    native: uniform batches of <= 64 tokens;  native: <= 64 rows; else eager (MKL)
+           else TorchScript (MKL)
+bfloat16   native: uniform batches of <= 16 tokens;  native: <= 16 rows; else eager
+           else eager (oneDNN bf16, AMX)
+other      eager                                     eager
+=========  ========================================  =======================================
+
+The native paths are the ones whose rows do not depend on the batch (a token's logits are
+the same bits decoded alone or inside a verify), which speculative greedy decoding needs
+to equal plain greedy decoding exactly; the engine's default verify (4 tokens a request)
+stays native up to 16 requests in float32 and 4 in bfloat16. Above the limits (a prompt's
+prefill, a large batch) the forward is compute-bound and the library GEMMs are faster: the
+native bfloat16 GEMM widens every weight and multiplies in float32 (one 16-lane FMA per
+16 weights and row), which beats oneDNN's bfloat16 up to about 16 rows and loses from 24.
 """
 
 from __future__ import annotations
@@ -25,6 +47,20 @@ if TYPE_CHECKING:
 # Above this many tokens (a prompt's prefill) a forward is compute-bound and MKL's GEMMs,
 # through the TorchScript layers, are faster than the native decoder's.
 NATIVE_MAX_TOKENS = 64
+# The same for bfloat16 weights against the eager layers (oneDNN's bf16 GEMMs, AMX here):
+# native 1.04-1.11x faster at 16 rows, 0.80x at 24.
+NATIVE_MAX_TOKENS_BF16 = 16
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def native_max_tokens(dtype: torch.dtype) -> int:
+    """The most tokens (rows) a forward with ``dtype`` weights runs natively -- layers and
+    LM head alike; 0: never (no native kernel for that dtype). See the module docstring."""
+    if dtype == torch.float32:
+        return NATIVE_MAX_TOKENS
+    if dtype == torch.bfloat16:
+        return NATIVE_MAX_TOKENS_BF16
+    return 0
 
 
 def _stamp(weight: torch.Tensor) -> tuple[int, int]:
@@ -44,6 +80,7 @@ class ScriptedLayers:
         self.layers = list(layers)
         self._args: dict[str, Any] | None = None
         self._native: _NativeWeights | None = None
+        self._dtype = torch.float32  # the weights' dtype, once built
         self._built = False
         self._checks: list[tuple[dict[str, Any], torch.Tensor, tuple[int, int]]] = []
 
@@ -84,12 +121,15 @@ class ScriptedLayers:
             "w_qkv": qkv,
             "w_gate_up": gate_up,
         }
-        if any(
-            t is None or t.dtype != torch.float32 or t.device.type != "cpu"
-            for values in params.values()
-            for t in values
+        dtypes = {t.dtype if t is not None else None for values in params.values() for t in values}
+        if len(dtypes) != 1 or any(
+            t is None or t.device.type != "cpu" for values in params.values() for t in values
         ):
             return None
+        (dtype,) = dtypes
+        if dtype not in NATIVE_DTYPES:
+            return None
+        self._dtype = dtype
         attn = layers[0].self_attn
         native = all(
             t is not None and t.shape[0] % 16 == 0
@@ -99,7 +139,7 @@ class ScriptedLayers:
         eps1 = [float(layer.input_layernorm.eps) for layer in layers]
         eps2 = [float(layer.post_attention_layernorm.eps) for layer in layers]
         if native:
-            self._native = _NativeWeights(params, eps1, eps2)
+            self._native = _NativeWeights(params, eps1, eps2, dtype)
         return {
             **params,
             "eps1": eps1,
@@ -127,19 +167,15 @@ class ScriptedLayers:
         self, x: torch.Tensor, rope: RopeTables, cache_layers: Sequence[int], attend: object
     ) -> torch.Tensor | None:
         """The layers over ``x``, or None when this call must run eagerly."""
-        if (
-            not isinstance(attend, PagedAttend)
-            or x.dtype != torch.float32
-            or x.device.type != "cpu"
-            or torch.is_grad_enabled()
-        ):
-            return None
-        cache = attend.batch.kv_cache
-        k_all, v_all = cache.k, cache.v
-        if k_all[0].dtype != torch.float32:
+        if not isinstance(attend, PagedAttend) or x.device.type != "cpu" or torch.is_grad_enabled():
             return None
         args = self.args()
         if args is None:
+            return None
+        cache = attend.batch.kv_cache
+        k_all, v_all = cache.k, cache.v
+        # One dtype for the activations, the weights and the cache the eager path shares.
+        if not x.dtype == k_all[0].dtype == self._dtype:
             return None
         if len(cache_layers) == len(k_all) and list(cache_layers) == list(range(len(k_all))):
             k_cache, v_cache = k_all, v_all
@@ -150,11 +186,15 @@ class ScriptedLayers:
         if (
             self._native is not None
             and meta.padded_index is None
-            and x.shape[0] <= NATIVE_MAX_TOKENS
+            and x.shape[0] <= native_max_tokens(self._dtype)
         ):
             lib = native.native_decoder()
             if lib is not None:
                 return self._native.run(lib, args, x, rope, attend, k_cache, v_cache)
+        if self._dtype != torch.float32:
+            # The TorchScript layers are the float32 eager ops; bfloat16's eager RMSNorm
+            # rounds differently, so other dtypes run the eager modules.
+            return None
         fn = scripted.scripted_layers()
         if fn is None:
             return None
@@ -185,13 +225,20 @@ class ScriptedLayers:
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
-    """A ``[out, in]`` weight as decoder.c reads it: panels of 16 output columns, each
-    ``[in, 16]`` contiguous (``out`` padded with zero columns to a multiple of 16)."""
+    """A ``[out, in]`` weight as decoder.c reads it: panels of 16 output columns (``out``
+    padded with zero columns to a multiple of 16). float32: each panel ``[in, 16]``
+    contiguous. bfloat16: each panel ``[in / 2, 16, 2]``, k in pairs (an odd ``in`` padded
+    with a zero row), so one 64-byte load holds two k steps of the panel's 16 columns."""
     k_by_n = weight.detach().t()
     rows, cols = k_by_n.shape
     if cols % 16:
         k_by_n = torch.cat([k_by_n, k_by_n.new_zeros(rows, 16 - cols % 16)], dim=1)
         cols = k_by_n.shape[1]
+    if weight.dtype == torch.bfloat16:
+        if rows % 2:
+            k_by_n = torch.cat([k_by_n, k_by_n.new_zeros(1, cols)], dim=0)
+            rows += 1
+        return k_by_n.reshape(rows // 2, 2, cols // 16, 16).permute(2, 0, 3, 1).contiguous()
     return k_by_n.reshape(rows, cols // 16, 16).permute(1, 0, 2).contiguous()
 
 
@@ -202,9 +249,11 @@ class NativeHead:
         self.norm, self.lm_head = norm, lm_head
         self.params = (norm.weight, lm_head.weight)
         self.stamps = [_stamp(p) for p in self.params]
-        self.weight = norm.weight.detach()
+        self.dtype = lm_head.weight.dtype
+        self.weight = norm.weight.detach().float().contiguous()
         self.packed = _pack(lm_head.weight)
-        self.vocab = lm_head.weight.shape[0]
+        self.vocab, self.width = lm_head.weight.shape
+        self.padded = -(-self.vocab // 16) * 16
 
     def current(self, norm: RMSNorm, lm_head: Linear) -> bool:
         """Still what ``norm`` and ``lm_head`` hold: the same parameters, unchanged."""
@@ -218,18 +267,20 @@ class NativeHead:
 
     def logits(self, lib: ctypes.CDLL, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` float32 of ``hidden [..., hidden_size]`` (any leading
-        shape: rows are independent, so they are flattened and shaped back)."""
-        width = self.packed.shape[1]
+        shape: rows are independent, so they are flattened and shaped back). The norm and
+        the products run in float32 whatever the weights' dtype."""
+        width = self.width
         if hidden.dim() == 0 or hidden.shape[-1] != width:
             # decoder.c reads ``width`` floats per row: a narrower row would read past it.
             raise ValueError(
                 f"the native LM head takes hidden states [..., {width}], got {list(hidden.shape)}"
             )
         leading = hidden.shape[:-1]
-        hidden = hidden.reshape(-1, width).contiguous()
+        hidden = hidden.reshape(-1, width).float().contiguous()
         rows = hidden.shape[0]
-        out = hidden.new_empty(rows, self.packed.shape[0] * 16)
-        code = lib.relayc_head(
+        out = hidden.new_empty(rows, self.padded)
+        head = lib.relayc_head if self.dtype == torch.float32 else lib.relayc_head_bf16
+        code = head(
             rows,
             width,
             out.shape[1],
@@ -248,12 +299,20 @@ class _NativeWeights:
     """The per-layer pointers the native decoder (decoder.c) takes, for one weight set."""
 
     def __init__(
-        self, params: dict[str, list[torch.Tensor | None]], eps1: list[float], eps2: list[float]
+        self,
+        params: dict[str, list[torch.Tensor | None]],
+        eps1: list[float],
+        eps2: list[float],
+        dtype: torch.dtype,
     ) -> None:
+        self.dtype = dtype
         tensors: dict[str, list[torch.Tensor]] = {}
         for name, values in params.items():
             weights = [t for t in values if t is not None]
-            tensors[name] = [_pack(t) if name.startswith("w_") else t for t in weights]
+            # the norm weights float32 whatever the dtype: the norms run in float32
+            tensors[name] = [
+                _pack(t) if name.startswith("w_") else t.float().contiguous() for t in weights
+            ]
         # Kept alive here: the pointer arrays point into these tensors.
         self.tensors = tensors
         self.arrays = [
@@ -273,19 +332,23 @@ class _NativeWeights:
         v_cache: list[torch.Tensor],
     ) -> torch.Tensor:
         meta = attend.meta
-        out = x.contiguous().clone()
+        # float32 activations, rotary tables and mask in the call, whatever the weights'
+        # dtype: the residual stream stays float32 across the layers of one call.
+        out = x.to(torch.float32, copy=True).contiguous()
         tokens = out.shape[0]
         slots = attend.batch.out_cache_loc.to(torch.int64).contiguous()
         kv_loc = meta.kv_loc.contiguous()
-        mask = meta.mask.contiguous()
-        cos, sin = rope.cos.contiguous(), rope.sin.contiguous()
+        mask = meta.mask.float().contiguous()
+        cos, sin = rope.cos.float().contiguous(), rope.sin.float().contiguous()
         caches = [*k_cache, *v_cache]
         row = (args["kv_heads"], args["head_dim"])
         if any(
-            c.dtype != torch.float32 or not c.is_contiguous() or tuple(c.shape[1:]) != row
+            c.dtype != self.dtype or not c.is_contiguous() or tuple(c.shape[1:]) != row
             for c in caches
         ):
-            raise ValueError(f"the native decoder needs contiguous float32 K/V caches [N, {row}]")
+            raise ValueError(
+                f"the native decoder needs contiguous {self.dtype} K/V caches [N, {row}]"
+            )
         batch, queries = meta.batch_size, meta.max_extend_len
         keys = kv_loc.numel() // batch
         shapes = {
@@ -302,7 +365,8 @@ class _NativeWeights:
         layers = len(k_cache)
         k_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in k_cache))
         v_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in v_cache))
-        code = lib.relayc_decoder(
+        decoder = lib.relayc_decoder if self.dtype == torch.float32 else lib.relayc_decoder_bf16
+        code = decoder(
             tokens,
             out.shape[1],
             args["heads"],
@@ -332,4 +396,4 @@ class _NativeWeights:
             )
         if code != 0:
             raise RuntimeError(f"the native decoder failed (code {code})")
-        return out
+        return out if x.dtype == torch.float32 else out.to(x.dtype)

@@ -13,8 +13,23 @@
  * same context give the same bits. Weights come packed in 16-column panels (see gemm);
  * the GEMMs stream each weight once for up to six rows at a time, which is what a
  * small-batch forward is bound by.
+ *
+ * Two weight types, one entry point each, the same layer code:
+ *   relayc_decoder       float32 weights and K/V cache.
+ *   relayc_decoder_bf16  bfloat16 weights and K/V cache (half the bytes to stream). The
+ *                        weights are widened to float32 in registers (a bf16 is the top
+ *                        half of a float32: exact) and multiplied with float32
+ *                        activations; the residual stream, norms, rotary and attention
+ *                        are float32 throughout the call. Only the K/V cache is bfloat16:
+ *                        new K/V are rounded to nearest-even on the write (as torch's
+ *                        .to(bfloat16)), and every row, the new tokens' included, reads
+ *                        them back from the cache, so the eager layers and this code
+ *                        share one cache and a row never sees unrounded K/V.
  */
 #include <math.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +118,145 @@ static void gemm(const float *x, int M, int K, const float *w, int N, float *out
     }
 }
 
+typedef float v16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+static inline v16 splat16(float s) { return (v16){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
+
+/* acc + a * b. Where the CPU has AVX-512 it is one fused multiply-add (one rounding:
+ * a bf16 weight times a float32 activation is exact in the product's 48 bits anyway,
+ * and the fused form halves the arithmetic a wide verify is bound by); elsewhere a
+ * multiply and an add. Either is the same for every row, which is what the decoder's
+ * contract needs; the float32 path keeps its plain multiply and add. */
+static inline v16 madd16(v16 acc, v16 a, v16 b) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
+#else
+    return acc + a * b;
+#endif
+}
+
+/* bfloat16 panels hold k in pairs: panel p, pair i is 16 words of 32 bits, column c's
+ * word = w[2i, 16p + c] | w[2i + 1, 16p + c] << 16 (an odd K's last pair has a zero top
+ * half). Shifting a word left by 16 gives w[2i] as a float32, masking its low half gives
+ * w[2i + 1]: two integer ops widen 32 weights, and each output still sums k = 0..K-1 in
+ * order. */
+static inline void widen_pair(const uint16_t *p, v16 *even, v16 *odd) {
+    u32x16 w;
+    memcpy(&w, p, sizeof w);
+    const u32x16 lo = w << 16, hi = w & 0xffff0000u;
+    memcpy(even, &lo, sizeof lo);
+    memcpy(odd, &hi, sizeof hi);
+}
+
+/* bf16_block_MB_P: out[m, 16*p0 .. 16*(p0 + P)) (+)= x[m, :] @ bf16 panels p0 .. p0 + P. */
+#define GEMM_BLOCK_BF16(MB, P)                                                             \
+    static void bf16_block_##MB##_##P(const float *x, int K, const uint16_t *w, int p0,     \
+                                      int N, float *out, int add) {                        \
+        v16 acc[MB][P];                                                                    \
+        const uint16_t *panel[P];                                                          \
+        const size_t stride = (size_t)(K + 1) / 2 * 32;                                    \
+        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * stride;              \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
+        for (int i = 0; i < K / 2; i++) {                                                  \
+            v16 even[P], odd[P];                                                           \
+            for (int j = 0; j < P; j++) widen_pair(panel[j] + (size_t)i * 32, &even[j], &odd[j]); \
+            for (int m = 0; m < MB; m++) {                                                 \
+                const v16 s0 = splat16(x[(size_t)m * K + 2 * i]);                          \
+                const v16 s1 = splat16(x[(size_t)m * K + 2 * i + 1]);                      \
+                for (int j = 0; j < P; j++) {                                              \
+                    acc[m][j] = madd16(acc[m][j], s0, even[j]);                            \
+                    acc[m][j] = madd16(acc[m][j], s1, odd[j]);                             \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        if (K % 2) {                                                                       \
+            for (int j = 0; j < P; j++) {                                                  \
+                v16 even, odd;                                                             \
+                widen_pair(panel[j] + (size_t)(K / 2) * 32, &even, &odd);                  \
+                for (int m = 0; m < MB; m++)                                               \
+                    acc[m][j] = madd16(acc[m][j], splat16(x[(size_t)m * K + K - 1]), even);\
+            }                                                                              \
+        }                                                                                  \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++) {                                                  \
+                float *o = out + (size_t)m * N + (size_t)(p0 + j) * 16;                    \
+                v16 r = acc[m][j];                                                         \
+                if (add) {                                                                 \
+                    v16 prev;                                                              \
+                    memcpy(&prev, o, sizeof prev);                                         \
+                    r = prev + r;                                                          \
+                }                                                                          \
+                memcpy(o, &r, sizeof r);                                                   \
+            }                                                                              \
+    }
+
+GEMM_BLOCK_BF16(1, 6)
+GEMM_BLOCK_BF16(1, 1)
+GEMM_BLOCK_BF16(2, 3)
+GEMM_BLOCK_BF16(2, 1)
+GEMM_BLOCK_BF16(3, 2)
+GEMM_BLOCK_BF16(3, 1)
+GEMM_BLOCK_BF16(4, 2)
+GEMM_BLOCK_BF16(4, 1)
+GEMM_BLOCK_BF16(5, 2)
+GEMM_BLOCK_BF16(5, 1)
+GEMM_BLOCK_BF16(6, 2)
+GEMM_BLOCK_BF16(6, 1)
+
+typedef void (*bf16_block_fn)(const float *, int, const uint16_t *, int, int, float *, int);
+
+/* gemm over bfloat16 panels: the same walk as gemm (six panels at a time, every block of
+ * up to six rows over them), with one 16-wide accumulator per panel and row. */
+static void gemm_bf16(const float *x, int M, int K, const uint16_t *w, int N, float *out,
+                      int add) {
+    static const bf16_block_fn wide[7] = {0,           bf16_block_1_6, bf16_block_2_3,
+                                          bf16_block_3_2, bf16_block_4_2, bf16_block_5_2,
+                                          bf16_block_6_2};
+    static const bf16_block_fn narrow[7] = {0,           bf16_block_1_1, bf16_block_2_1,
+                                            bf16_block_3_1, bf16_block_4_1, bf16_block_5_1,
+                                            bf16_block_6_1};
+    static const int width[7] = {0, 6, 3, 2, 2, 2, 2};
+    const int panels = N / 16;
+    for (int g = 0; g < panels; g += 6) {
+        const int end = g + 6 < panels ? g + 6 : panels;
+        for (int m0 = 0, mb; m0 < M; m0 += mb) {
+            mb = M - m0 >= 6 ? 6 : M - m0;
+            const float *xr = x + (size_t)m0 * K;
+            float *orow = out + (size_t)m0 * N;
+            int p = g;
+            for (; p + width[mb] <= end; p += width[mb]) wide[mb](xr, K, w, p, N, orow, add);
+            for (; p < end; p++) narrow[mb](xr, K, w, p, N, orow, add);
+        }
+    }
+}
+
+/* out[M, N] (+)= x @ w, w packed as float32 (bf16 == 0) or bfloat16 panels. */
+static void gemm_any(const float *x, int M, int K, const void *w, int N, float *out, int add,
+                     int bf16) {
+    if (bf16)
+        gemm_bf16(x, M, K, (const uint16_t *)w, N, out, add);
+    else
+        gemm(x, M, K, (const float *)w, N, out, add);
+}
+
+/* float32 -> bfloat16, round to nearest even (torch's rounding; NaN stays a quiet NaN). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float from_bf16(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* sum_i a[i] * b[i]: eight lanes of partial sums, then the lanes in order. */
 static inline float dot(const float *a, const float *b, int n) {
     int i = 0;
@@ -132,20 +286,68 @@ static void rotate(float *x, const float *cos_t, const float *sin_t, int D, floa
     for (int i = 0; i < D; i++) x[i] = tmp[i] * cos_t[i] + tmp[(i + half) % D] * sin_t[i];
 }
 
-int relayc_decoder(
-    int T, int hidden, int heads, int kv_heads, int head_dim, int inter, int layers,
-    float *x,                 /* [T, hidden], updated in place */
-    const float *cos_table,   /* [T, head_dim] */
-    const float *sin_table,   /* [T, head_dim], first half negated */
-    const int64_t *slots,     /* [T] KV slots the new tokens write */
-    const int64_t *kv_loc,    /* [B, S] KV slots each request's columns read */
-    const float *mask,        /* [B, Q, S] additive: 0 or -inf */
-    int B, int Q, int S,
-    const float *const *ln1, const float *const *w_qkv, const float *const *w_o,
-    const float *const *ln2, const float *const *w_gate_up, const float *const *w_down,
-    const float *eps1, const float *eps2,
-    float *const *k_cache, float *const *v_cache, /* [cache_rows, kv_heads, head_dim] each */
-    int64_t cache_rows
+/* One attention row: out[D] = softmax(q . keys * scale + mask) @ values over the S keys
+ * (keys[j], values[j]: D floats each). Scores four keys at a time: four independent
+ * chains, each summed in the same order as dot(). */
+static void attend_row(const float *qv, const float *const *keys, const float *const *values,
+                       const float *mrow, int S, int D, float scale, float *scores, float *out) {
+    int j = 0;
+    if (D % 8 == 0) {
+        for (; j + 4 <= S; j += 4) {
+            const float *k0 = keys[j], *k1 = keys[j + 1], *k2 = keys[j + 2], *k3 = keys[j + 3];
+            v8 a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+            for (int i = 0; i < D; i += 8) {
+                const v8 qi = load8(qv + i);
+                a0 += qi * load8(k0 + i);
+                a1 += qi * load8(k1 + i);
+                a2 += qi * load8(k2 + i);
+                a3 += qi * load8(k3 + i);
+            }
+            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+            for (int e = 0; e < 8; e++) {
+                d0 += a0[e];
+                d1 += a1[e];
+                d2 += a2[e];
+                d3 += a3[e];
+            }
+            scores[j] = d0;
+            scores[j + 1] = d1;
+            scores[j + 2] = d2;
+            scores[j + 3] = d3;
+        }
+    }
+    for (; j < S; j++) scores[j] = dot(qv, keys[j], D);
+    float top = -INFINITY;
+    for (j = 0; j < S; j++) {
+        if (isinf(mrow[j]) && mrow[j] < 0) {
+            scores[j] = -INFINITY;
+            continue;
+        }
+        scores[j] = scores[j] * scale + mrow[j];
+        if (scores[j] > top) top = scores[j];
+    }
+    for (int i = 0; i < D; i++) out[i] = 0.0f;
+    float total = 0.0f;
+    for (j = 0; j < S; j++) {
+        if (scores[j] == -INFINITY) continue;
+        const float p = expf(scores[j] - top);
+        total += p;
+        const float *vv = values[j];
+        for (int i = 0; i < D; i++) out[i] += p * vv[i];
+    }
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int i = 0; i < D; i++) out[i] *= inv;
+}
+
+/* The layers, float32 activations in x; weights and caches float32 (bf16 == 0) or
+ * bfloat16 (bf16 == 1, the caches' elements uint16_t). */
+static int decode_layers(
+    int T, int hidden, int heads, int kv_heads, int head_dim, int inter, int layers, float *x,
+    const float *cos_table, const float *sin_table, const int64_t *slots, const int64_t *kv_loc,
+    const float *mask, int B, int Q, int S, const float *const *ln1, const void *const *w_qkv,
+    const void *const *w_o, const float *const *ln2, const void *const *w_gate_up,
+    const void *const *w_down, const float *eps1, const float *eps2, void *const *k_cache,
+    void *const *v_cache, int64_t cache_rows, int bf16
 ) {
     if (T != B * Q || heads % kv_heads != 0 || hidden % 16 != 0 || inter % 8 != 0 ||
         (heads + 2 * kv_heads) * head_dim % 16 != 0)
@@ -159,114 +361,142 @@ int relayc_decoder(
     const int D = head_dim, group = heads / kv_heads;
     const int qkv_width = (heads + 2 * kv_heads) * D, row = kv_heads * D;
     const float scale = 1.0f / sqrtf((float)D);
+    /* bf16: one request's keys and values of one KV head, widened from the cache */
+    const size_t widened = bf16 ? (size_t)2 * S * D : 0;
     size_t floats = (size_t)T * hidden + (size_t)T * qkv_width + (size_t)T * heads * D +
-                    (size_t)T * 2 * inter + (size_t)T * inter + (size_t)S + (size_t)D;
+                    (size_t)T * 2 * inter + (size_t)T * inter + (size_t)S + (size_t)D + widened;
     float *buffer = (float *)malloc(sizeof(float) * floats);
-    if (buffer == NULL) return -1;
+    const float **rows_kv = (const float **)malloc(sizeof(float *) * (size_t)(2 * S + 1));
+    if (buffer == NULL || rows_kv == NULL) {
+        free(buffer);
+        free(rows_kv);
+        return -1;
+    }
     float *h = buffer, *qkv = h + (size_t)T * hidden, *attn = qkv + (size_t)T * qkv_width;
     float *gate_up = attn + (size_t)T * heads * D, *act = gate_up + (size_t)T * 2 * inter;
-    float *scores = act + (size_t)T * inter, *tmp = scores + S;
+    float *scores = act + (size_t)T * inter, *tmp = scores + S, *kv_wide = tmp + D;
+    const float **keys = rows_kv, **values = rows_kv + S;
 
     for (int l = 0; l < layers; l++) {
         rms_norm(x, T, hidden, ln1[l], eps1[l], h);
-        gemm(h, T, hidden, w_qkv[l], qkv_width, qkv, 0);
+        gemm_any(h, T, hidden, w_qkv[l], qkv_width, qkv, 0, bf16);
         for (int t = 0; t < T; t++) {
             float *qt = qkv + (size_t)t * qkv_width;
             const float *c = cos_table + (size_t)t * D, *s = sin_table + (size_t)t * D;
             for (int hd = 0; hd < heads + kv_heads; hd++) rotate(qt + (size_t)hd * D, c, s, D, tmp);
             /* the K/V write, before any row reads the new tokens */
-            memcpy(k_cache[l] + (size_t)slots[t] * row, qt + (size_t)heads * D,
-                   sizeof(float) * (size_t)row);
-            memcpy(v_cache[l] + (size_t)slots[t] * row, qt + (size_t)(heads + kv_heads) * D,
-                   sizeof(float) * (size_t)row);
+            const float *kt = qt + (size_t)heads * D, *vt = qt + (size_t)(heads + kv_heads) * D;
+            if (bf16) {
+                uint16_t *kc = (uint16_t *)k_cache[l] + (size_t)slots[t] * row;
+                uint16_t *vc = (uint16_t *)v_cache[l] + (size_t)slots[t] * row;
+                for (int i = 0; i < row; i++) {
+                    kc[i] = to_bf16(kt[i]);
+                    vc[i] = to_bf16(vt[i]);
+                }
+            } else {
+                memcpy((float *)k_cache[l] + (size_t)slots[t] * row, kt, sizeof(float) * (size_t)row);
+                memcpy((float *)v_cache[l] + (size_t)slots[t] * row, vt, sizeof(float) * (size_t)row);
+            }
         }
         for (int b = 0; b < B; b++) {
             const int64_t *loc = kv_loc + (size_t)b * S;
-            for (int q = 0; q < Q; q++) {
-                const int t = b * Q + q;
-                const float *mrow = mask + ((size_t)b * Q + q) * S;
-                for (int hd = 0; hd < heads; hd++) {
-                    const float *qv = qkv + (size_t)t * qkv_width + (size_t)hd * D;
-                    const int kvh = hd / group;
-                    const float *kbase = k_cache[l] + (size_t)kvh * D;
-                    int j = 0;
-                    if (D % 8 == 0) {
-                        /* four keys at a time: four independent chains, each summed in
-                           the same order as dot() */
-                        for (; j + 4 <= S; j += 4) {
-                            const float *k0 = kbase + (size_t)loc[j] * row;
-                            const float *k1 = kbase + (size_t)loc[j + 1] * row;
-                            const float *k2 = kbase + (size_t)loc[j + 2] * row;
-                            const float *k3 = kbase + (size_t)loc[j + 3] * row;
-                            v8 a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
-                            for (int i = 0; i < D; i += 8) {
-                                const v8 qi = load8(qv + i);
-                                a0 += qi * load8(k0 + i);
-                                a1 += qi * load8(k1 + i);
-                                a2 += qi * load8(k2 + i);
-                                a3 += qi * load8(k3 + i);
-                            }
-                            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
-                            for (int e = 0; e < 8; e++) {
-                                d0 += a0[e];
-                                d1 += a1[e];
-                                d2 += a2[e];
-                                d3 += a3[e];
-                            }
-                            scores[j] = d0;
-                            scores[j + 1] = d1;
-                            scores[j + 2] = d2;
-                            scores[j + 3] = d3;
+            for (int kvh = 0; kvh < kv_heads; kvh++) {
+                if (bf16) {
+                    const uint16_t *kc = (const uint16_t *)k_cache[l] + (size_t)kvh * D;
+                    const uint16_t *vc = (const uint16_t *)v_cache[l] + (size_t)kvh * D;
+                    for (int j = 0; j < S; j++) {
+                        float *kw = kv_wide + (size_t)j * D, *vw = kv_wide + (size_t)(S + j) * D;
+                        const uint16_t *ks = kc + (size_t)loc[j] * row, *vs = vc + (size_t)loc[j] * row;
+                        for (int i = 0; i < D; i++) {
+                            kw[i] = from_bf16(ks[i]);
+                            vw[i] = from_bf16(vs[i]);
                         }
+                        keys[j] = kw;
+                        values[j] = vw;
                     }
-                    for (; j < S; j++) scores[j] = dot(qv, kbase + (size_t)loc[j] * row, D);
-                    float top = -INFINITY;
-                    for (j = 0; j < S; j++) {
-                        if (isinf(mrow[j]) && mrow[j] < 0) {
-                            scores[j] = -INFINITY;
-                            continue;
-                        }
-                        scores[j] = scores[j] * scale + mrow[j];
-                        if (scores[j] > top) top = scores[j];
+                } else {
+                    const float *kc = (const float *)k_cache[l] + (size_t)kvh * D;
+                    const float *vc = (const float *)v_cache[l] + (size_t)kvh * D;
+                    for (int j = 0; j < S; j++) {
+                        keys[j] = kc + (size_t)loc[j] * row;
+                        values[j] = vc + (size_t)loc[j] * row;
                     }
-                    float *out = attn + (size_t)t * heads * D + (size_t)hd * D;
-                    for (int i = 0; i < D; i++) out[i] = 0.0f;
-                    float total = 0.0f;
-                    for (j = 0; j < S; j++) {
-                        if (scores[j] == -INFINITY) continue;
-                        const float p = expf(scores[j] - top);
-                        total += p;
-                        const float *vv = v_cache[l] + (size_t)loc[j] * row + (size_t)kvh * D;
-                        for (int i = 0; i < D; i++) out[i] += p * vv[i];
-                    }
-                    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-                    for (int i = 0; i < D; i++) out[i] *= inv;
+                }
+                for (int q = 0; q < Q; q++) {
+                    const int t = b * Q + q;
+                    const float *mrow = mask + ((size_t)b * Q + q) * S;
+                    for (int hd = kvh * group; hd < (kvh + 1) * group; hd++)
+                        attend_row(qkv + (size_t)t * qkv_width + (size_t)hd * D, keys, values,
+                                   mrow, S, D, scale, scores,
+                                   attn + (size_t)t * heads * D + (size_t)hd * D);
                 }
             }
         }
-        gemm(attn, T, heads * D, w_o[l], hidden, x, 1);
+        gemm_any(attn, T, heads * D, w_o[l], hidden, x, 1, bf16);
         rms_norm(x, T, hidden, ln2[l], eps2[l], h);
-        gemm(h, T, hidden, w_gate_up[l], 2 * inter, gate_up, 0);
+        gemm_any(h, T, hidden, w_gate_up[l], 2 * inter, gate_up, 0, bf16);
         for (int t = 0; t < T; t++) {
             const float *g = gate_up + (size_t)t * 2 * inter, *u = g + inter;
             float *a = act + (size_t)t * inter;
             for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
         }
-        gemm(act, T, inter, w_down[l], hidden, x, 1);
+        gemm_any(act, T, inter, w_down[l], hidden, x, 1, bf16);
     }
+    free(rows_kv);
     free(buffer);
     return 0;
 }
 
+#define DECODER_PARAMS(W, C)                                                                \
+    int T, int hidden, int heads, int kv_heads, int head_dim, int inter, int layers,          \
+        float *x,               /* [T, hidden] float32, updated in place */                  \
+        const float *cos_table, /* [T, head_dim] */                                          \
+        const float *sin_table, /* [T, head_dim], first half negated */                      \
+        const int64_t *slots,   /* [T] KV slots the new tokens write */                      \
+        const int64_t *kv_loc,  /* [B, S] KV slots each request's columns read */            \
+        const float *mask,      /* [B, Q, S] additive: 0 or -inf */                          \
+        int B, int Q, int S, const float *const *ln1, const W *const *w_qkv,                 \
+        const W *const *w_o, const float *const *ln2, const W *const *w_gate_up,             \
+        const W *const *w_down, const float *eps1, const float *eps2,                        \
+        C *const *k_cache, C *const *v_cache, /* [cache_rows, kv_heads, head_dim] each */    \
+        int64_t cache_rows
+
+#define DECODER_ARGS                                                                        \
+    T, hidden, heads, kv_heads, head_dim, inter, layers, x, cos_table, sin_table, slots,     \
+        kv_loc, mask, B, Q, S, ln1, (const void *const *)w_qkv, (const void *const *)w_o,    \
+        ln2, (const void *const *)w_gate_up, (const void *const *)w_down, eps1, eps2,        \
+        (void *const *)k_cache, (void *const *)v_cache, cache_rows
+
+/* float32 weights (16-column panels) and K/V cache. */
+int relayc_decoder(DECODER_PARAMS(float, float)) { return decode_layers(DECODER_ARGS, 0); }
+
+/* bfloat16 weights (16-column panels of k pairs, see widen_pair) and K/V cache; norm
+ * weights, x, the rotary tables and the mask float32. */
+int relayc_decoder_bf16(DECODER_PARAMS(uint16_t, uint16_t)) {
+    return decode_layers(DECODER_ARGS, 1);
+}
+
 /* The final RMSNorm and the LM head over T rows: logits [T, vocab_padded] (the packed
  * head's columns past the vocabulary are zero). */
-int relayc_head(int T, int hidden, int vocab_padded, const float *x, const float *norm_weight,
-                float eps, const float *head, float *logits) {
+static int head_any(int T, int hidden, int vocab_padded, const float *x,
+                    const float *norm_weight, float eps, const void *head, float *logits,
+                    int bf16) {
     if (vocab_padded % 16 != 0) return -2; /* hidden is the reduction: any size */
     float *h = (float *)malloc(sizeof(float) * (size_t)T * hidden);
     if (h == NULL) return -1;
     rms_norm(x, T, hidden, norm_weight, eps, h);
-    gemm(h, T, hidden, head, vocab_padded, logits, 0);
+    gemm_any(h, T, hidden, head, vocab_padded, logits, 0, bf16);
     free(h);
     return 0;
+}
+
+int relayc_head(int T, int hidden, int vocab_padded, const float *x, const float *norm_weight,
+                float eps, const float *head, float *logits) {
+    return head_any(T, hidden, vocab_padded, x, norm_weight, eps, head, logits, 0);
+}
+
+/* x, the norm weight and the logits float32; the head bfloat16 panels. */
+int relayc_head_bf16(int T, int hidden, int vocab_padded, const float *x,
+                     const float *norm_weight, float eps, const uint16_t *head, float *logits) {
+    return head_any(T, hidden, vocab_padded, x, norm_weight, eps, head, logits, 1);
 }

@@ -27,7 +27,7 @@ from torch import nn
 from relayc.engine import native
 from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
-from relayc.engine.cpu_decoder import NATIVE_MAX_TOKENS, NativeHead, ScriptedLayers
+from relayc.engine.cpu_decoder import NativeHead, ScriptedLayers, native_max_tokens
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 
 # (layer index, q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, H, D]
@@ -92,7 +92,7 @@ def use_cpu_matmul_layout(module: nn.Module, scripted: bool = True) -> int:
 
     ``scripted`` (default) also runs each decoder stack's layers in one call: natively
     (decoder.c through relayc.engine.native) for uniform batches of at most
-    ``NATIVE_MAX_TOKENS`` tokens, else as one TorchScript function (relayc.engine.scripted:
+    ``native_max_tokens(dtype)`` tokens, else as one TorchScript function (relayc.engine.scripted:
     same ops, same bits); ``False`` turns that off again. The native decoder reads a packed
     copy of the weights, rebuilt when a parameter is replaced or changed in place through
     the parameter (``copy_``, ``load_state_dict``, an optimizer step: its version counter
@@ -348,12 +348,17 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
-        rope = self.rotary.tables(positions, x.dtype)
+        # float32 tables for the one-call layers (the native decoder rotates in float32);
+        # the eager layers get them in x's dtype, the same values tables(positions, dtype)
+        # gives.
+        rope = self.rotary.tables(positions, torch.float32)
         if self.scripted is not None:
             layers = self.model.layers
             out = self.scripted(x, rope, range(len(layers)), attend)
             if out is not None:
                 return out
+        if x.dtype != torch.float32:
+            rope = RopeTables(rope.cos.to(x.dtype), rope.sin.to(x.dtype))
         for index, layer in enumerate(self.model.layers):
             x = layer(x, rope, self.rotary, index, attend)
         return x
@@ -361,15 +366,15 @@ class LlamaForCausalLM(nn.Module):
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` float32 of ``hidden [..., hidden_size]``: ``[T, H]`` from
         the paged and dense forwards, ``[B, S, H]`` from ``forward_train``."""
+        dtype = self.lm_head.weight.dtype
         if (
             self.scripted is not None
             and hidden.dim() >= 1
-            and hidden.shape[:-1].numel() <= NATIVE_MAX_TOKENS
-            and hidden.dtype == torch.float32
+            and hidden.shape[:-1].numel() <= native_max_tokens(dtype)
+            and hidden.dtype == dtype
             and hidden.device.type == "cpu"
             and not torch.is_grad_enabled()
-            and self.model.norm.weight.dtype == torch.float32
-            and self.lm_head.weight.dtype == torch.float32
+            and self.model.norm.weight.dtype == dtype
         ):
             # The native decoder's rows do not depend on the batch; the head's must not
             # either (MKL's GEMM gives a row other bits at 4+ rows than alone).

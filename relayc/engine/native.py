@@ -134,13 +134,14 @@ def _build(compiler: str) -> Path:
 
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))  # CDLL: the call releases the GIL
-    fn = lib.relayc_decoder
     p, i = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64]
-    fn.restype = i
-    head = lib.relayc_head
-    head.argtypes = [i, i, i, p, p, ctypes.c_float, p, p]
-    head.restype = i
+    # float32 and bfloat16 weights: the same parameters, the weights and caches typed apart
+    for fn in (lib.relayc_decoder, lib.relayc_decoder_bf16):
+        fn.argtypes = [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64]
+        fn.restype = i
+    for head in (lib.relayc_head, lib.relayc_head_bf16):
+        head.argtypes = [i, i, i, p, p, ctypes.c_float, p, p]
+        head.restype = i
     return lib
 
 

@@ -1,0 +1,145 @@
+"""One paged forward of the real model (SmolLM2-135M), per CPU decoder path and dtype.
+
+    python bench/real_model_forward.py [--prefix 200] [--widths 1,4,8] [--iters 10]
+                                       [--threads 1] [--paths all]
+
+Times ``LlamaForCausalLM.forward`` over a cached context of ``--prefix`` tokens: width 1
+is a one-token decode, wider a chain verify of that many tokens. Paths: ``f32-native``
+(decoder.c, float32 weights), ``f32-scripted`` (the TorchScript layers, MKL), ``f32-eager``,
+``bf16-native`` (decoder.c, bfloat16 weights), ``bf16-eager`` (torch's bfloat16 ops,
+oneDNN). Every (path, width) is timed round robin, best of ``--iters``; the wall time and
+the process CPU time of that best run are printed, so a run that was starved of the CPU
+(cpu/wall well under 1 with one thread) is visible. The last columns are each path's time
+over the engine's default path for its dtype (``f32-native``, ``bf16-native``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+import relayc.engine.native as native_module
+from relayc.engine.checkpoints.loader import load_model
+from relayc.engine.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
+from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
+
+PATHS = ("f32-native", "f32-scripted", "f32-eager", "bf16-native", "bf16-eager")
+
+
+def _no_native() -> None:
+    return None
+
+
+def paged_steps(model: LlamaForCausalLM, prefix: int, widths: list[int]) -> dict[int, ForwardBatch]:
+    """A cache holding ``prefix`` random tokens, and one batch per width over it (each
+    rewrites the same new slots: every call is the same forward)."""
+    config = model.config
+    kv_cache = KVCache.for_model(config, prefix + 2 * max(widths) + 8, model.device)
+    req_pool = ReqToTokenPool(1, prefix + max(widths) + 8, model.device)
+    kv_pool = TokenToKVPool(kv_cache.size, model.device)
+    (req,) = req_pool.alloc(1) or [0]
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, config.vocab_size, (prefix,), generator=generator).tolist()
+    slots = kv_pool.alloc(prefix)
+    assert slots is not None
+    req_pool.req_to_token[req, :prefix] = slots.int()
+    model(
+        ForwardBatch.build(
+            ForwardMode.EXTEND, [prompt], [req], [0], slots, req_pool.req_to_token, kv_cache
+        )
+    )
+    steps = {}
+    for width in widths:
+        new = kv_pool.alloc(width)
+        assert new is not None
+        mode = ForwardMode.DECODE if width == 1 else ForwardMode.VERIFY
+        mask = None if width == 1 else torch.ones(1, width, width, dtype=torch.bool).tril()
+        steps[width] = ForwardBatch.build(
+            mode,
+            [[7] * width],
+            [req],
+            [prefix],
+            new,
+            req_pool.req_to_token,
+            kv_cache,
+            tree_mask=mask,
+        )
+        kv_pool.free(new)
+    return steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prefix", type=int, default=200)
+    parser.add_argument("--widths", default="1,4,8")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--paths", default="all", help=f"comma-separated of {', '.join(PATHS)}")
+    args = parser.parse_args()
+    paths = list(PATHS) if args.paths == "all" else args.paths.split(",")
+    if not paths or set(paths) - set(PATHS):
+        parser.error(f"--paths takes {', '.join(PATHS)}, comma-separated")
+    widths = [int(w) for w in args.widths.split(",")]
+    torch.set_num_threads(args.threads)
+    cpu = torch.device("cpu")
+    models: dict[torch.dtype, LlamaForCausalLM] = {}
+    steps: dict[torch.dtype, dict[int, ForwardBatch]] = {}
+    for dtype, prefix in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+        if any(p.startswith(prefix + "-") for p in paths):
+            model = load_model("smollm2", device=cpu, dtype=dtype).model
+            use_cpu_matmul_layout(model)
+            models[dtype] = model
+            steps[dtype] = paged_steps(model, args.prefix, widths)
+    real_native = native_module.native_decoder
+    assert real_native() is not None, "the native decoder did not build"
+
+    def run(path: str, width: int) -> Callable[[], None]:
+        dtype = torch.float32 if path.startswith("f32") else torch.bfloat16
+        model, scripted, step = models[dtype], models[dtype].scripted, steps[dtype][width]
+
+        def forward() -> None:
+            model.scripted = None if path.endswith("eager") else scripted
+            native_module.native_decoder = real_native if path.endswith("native") else _no_native
+            try:
+                model(step)
+            finally:
+                model.scripted = scripted
+                native_module.native_decoder = real_native
+
+        return forward
+
+    runs = {(p, w): run(p, w) for p in paths for w in widths}
+    for fn in runs.values():  # warm up: packing, TorchScript's first run, oneDNN's kernels
+        fn()
+    best = {key: (float("inf"), 0.0) for key in runs}
+    for _ in range(args.iters):
+        for key, fn in runs.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall, used = time.perf_counter() - start, time.process_time() - start_cpu
+            if wall < best[key][0]:
+                best[key] = (wall, used)
+    print(
+        f"SmolLM2-135M, context {args.prefix}, {args.threads} thread(s), best of {args.iters}: "
+        "wall ms (process cpu / wall of that run)"
+    )
+    print(f"{'path':<14}" + "".join(f"{f'{w} row' + ('s' if w > 1 else ''):>20}" for w in widths))
+    for path in paths:
+        default = "f32-native" if path.startswith("f32") else "bf16-native"
+        cells = []
+        for width in widths:
+            wall, used = best[(path, width)]
+            ratio = ""
+            if default in paths and path != default:
+                ratio = f" x{wall / best[(default, width)][0]:.2f}"
+            cells.append(f"{wall * 1e3:7.1f} ({used / wall:.2f}){ratio:>6}")
+        print(f"{path:<14}" + "".join(f"{c:>20}" for c in cells))
+    print("xN: time over the native path of the same dtype")
+
+
+if __name__ == "__main__":
+    main()
