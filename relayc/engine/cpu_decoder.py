@@ -16,7 +16,7 @@ weights    decoder layers                            final norm + LM head
 =========  ========================================  =======================================
 float32    native: uniform batches of <= 64 tokens;  native: <= 64 rows; else eager (MKL)
            else TorchScript (MKL)
-bfloat16   native: uniform batches of <= 16 tokens;  native: <= 16 rows; else eager
+bfloat16   native: uniform batches of <= 64 tokens;  native: <= 64 rows; else eager
            else eager (oneDNN bf16, AMX)
 other      eager                                     eager
 =========  ========================================  =======================================
@@ -24,10 +24,12 @@ other      eager                                     eager
 The native paths are the ones whose rows do not depend on the batch (a token's logits are
 the same bits decoded alone or inside a verify), which speculative greedy decoding needs
 to equal plain greedy decoding exactly; the engine's default verify (4 tokens a request)
-stays native up to 16 requests in float32 and 4 in bfloat16. Above the limits (a prompt's
-prefill, a large batch) the forward is compute-bound and the library GEMMs are faster: the
+stays native up to 16 requests, an 8-token verify up to 8. Above the limits (a prompt's
+prefill, a large batch) the forward is compute-bound and the library GEMMs are faster. The
 native bfloat16 GEMM widens every weight and multiplies in float32 (one 16-lane FMA per
-16 weights and row), which beats oneDNN's bfloat16 up to about 16 rows and loses from 24.
+16 weights and row): it beats oneDNN's bfloat16 up to about 16 rows and is 0.7-0.8x of it
+from 24 to 64, but the limit stays at 64, as for float32, so that 8 requests verifying 8
+tokens each -- the batched speculative case -- keep rows that do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ if TYPE_CHECKING:
 # Above this many tokens (a prompt's prefill) a forward is compute-bound and MKL's GEMMs,
 # through the TorchScript layers, are faster than the native decoder's.
 NATIVE_MAX_TOKENS = 64
-# The same for bfloat16 weights against the eager layers (oneDNN's bf16 GEMMs, AMX here):
-# native 1.04-1.11x faster at 16 rows, 0.80x at 24.
-NATIVE_MAX_TOKENS_BF16 = 16
+# The same for bfloat16 weights. oneDNN's bf16 GEMMs (AMX here) are faster from 24 rows
+# (native 1.04-1.11x faster at 16 rows, 0.80x at 24), but only the native rows are
+# batch-independent, which lossless batched speculation needs (module docstring).
+NATIVE_MAX_TOKENS_BF16 = 64
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
