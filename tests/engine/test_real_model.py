@@ -177,3 +177,25 @@ def test_bad_requests_get_their_own_errors() -> None:
     assert "the context holds 64" in (chats[1].error or "")
     assert "needs a `content` string" in (chats[2].error or "")
     assert chats[3].finish_reason == "length" and len(chats[3].token_ids) == 2
+
+
+def test_bfloat16_runs_natively_and_speculation_stays_lossless() -> None:
+    loaded = smollm2(torch.bfloat16)
+    assert loaded.model.lm_head.weight.dtype == torch.bfloat16
+    prompts = [loaded.tokenizer.encode_chat(chat) for chat in QUOTING_CHATS + CHATS[:1]]
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    outputs = {}
+    for algorithm in ("none", "ngram"):
+        engine = Engine(
+            model=loaded.model, tokenizer=loaded.tokenizer, algorithm=algorithm, max_batch_size=4
+        )
+        outputs[algorithm] = [o.token_ids for o in engine.generate(prompts, params)]
+    assert outputs["ngram"] == outputs["none"]
+    # bfloat16 weights keep the float32 model's answer to a plain question
+    fp32 = [o.token_ids for o in _fp32_engine().generate(prompts[-1:], params)]
+    assert outputs["none"][-1][:4] == fp32[0][:4]
+
+
+def _fp32_engine() -> Engine:
+    loaded = smollm2()
+    return Engine(model=loaded.model, tokenizer=loaded.tokenizer)
