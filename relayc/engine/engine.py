@@ -354,6 +354,14 @@ class Engine:
         """
         return self._run(*self._submit(prompts, params, arrivals))
 
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The token ids a request for ``prompt`` would run (a string or a ``Chat`` through
+        the model's tokenizer, token ids checked); ``ValueError`` saying why it cannot."""
+        ids = self._encode(prompt)
+        if isinstance(ids, str):
+            raise ValueError(ids)
+        return ids
+
     def chat(
         self,
         conversations: Conversation | Sequence[Conversation],

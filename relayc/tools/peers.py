@@ -15,9 +15,11 @@ when a peer is built; :func:`transformers_missing` says why it cannot be, withou
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,20 @@ def left_padded(
     return ids, mask
 
 
+@contextlib.contextmanager
+def quiet_tqdm() -> Iterator[None]:
+    """No tqdm progress bars inside (tqdm reads its defaults from ``TQDM_*``)."""
+    before = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TQDM_DISABLE"]
+        else:
+            os.environ["TQDM_DISABLE"] = before
+
+
 def load_llama(directory: Path) -> Any:
     """A shipped checkpoint as transformers' ``LlamaForCausalLM``, set up for greedy
     decoding with no stop token (relayc's engine stops on length only here too)."""
@@ -149,9 +165,10 @@ class HFTarget:
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
         path = named_model_file("smollm2")
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=dtype, attn_implementation="sdpa"
-        ).eval()
+        with quiet_tqdm():  # its GGUF loader draws a bar of its own, not transformers'
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=dtype, attn_implementation="sdpa"
+            ).eval()
         eog = list(tokenizer_from_gguf(open_gguf(path)).eog_ids)
         config = model.generation_config
         config.eos_token_id, config.do_sample = eog, False

