@@ -1,7 +1,8 @@
 """The `relayc` command line.
 
 Exit codes: 0 success, 1 spec errors (printed as ``path:line:col: error: ...``),
-2 usage errors (bad arguments, unreadable files).
+2 usage errors (bad arguments, unreadable files, checkpoints that cannot be loaded),
+130 interrupted (Ctrl-C). Each is reported in one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -31,7 +32,18 @@ if TYPE_CHECKING:
     from relayc.compiler.writer import Output
     from relayc.specs.loader import Library, Spec
 
-__all__ = ["EXIT_OK", "EXIT_SPEC_ERRORS", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_SPEC_ERRORS",
+    "EXIT_USAGE",
+    "UsageError",
+    "build_parser",
+    "main",
+]
+
+# The shell's code for a command ended by SIGINT (128 + 2).
+EXIT_INTERRUPTED = 130
 
 
 def _existing_files(paths: Sequence[str]) -> list[Path]:
@@ -228,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="relayc",
         description="Compile relay-state specs for overlapped speculative decoding.",
-        epilog="Exit codes: 0 ok, 1 spec errors, 2 usage errors.",
+        epilog="Exit codes: 0 ok, 1 spec errors, 2 usage errors, 130 interrupted (Ctrl-C).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -299,20 +311,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_checkpoint_error(exc: Exception) -> bool:
+    """Whether ``exc`` is a ``CheckpointError``, which every checkpoint reader (safetensors,
+    config.json, and any format added later) raises or subclasses. Looked up among the
+    loaded modules: a command that never imported the loaders cannot have raised one, and
+    `relayc validate` should not import torch to find that out."""
+    weights = sys.modules.get("relayc.engine.weights")
+    return weights is not None and isinstance(exc, weights.CheckpointError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    command = ""
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
-        return int(exc.code or 0)
-    func: Callable[[argparse.Namespace], int] = args.func
-    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+            return int(exc.code or 0)
+        command = f" {args.command}"
+        func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except UsageError as exc:
-        print(one_line(f"relayc {args.command}: error: {exc}"), file=sys.stderr)
+        print(one_line(f"relayc{command}: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # Ctrl-C is how one stops a long generate or demo, not a crash. The newline ends
+        # the line the terminal echoed ^C on (or the streamed text, or a progress bar).
+        print(f"\nrelayc{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
+    except Exception as exc:
+        if not _is_checkpoint_error(exc):
+            raise
+        # The one place a checkpoint error becomes a usage error, wherever it was raised
+        # (the engine's loaders, a tokenizer's, a flag that reads a file).
+        print(one_line(f"relayc{command}: error: {exc}"), file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -326,7 +326,7 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
         "rows for its greedy generate and its best speculative mode join the comparison.",
         epilog="Exit codes: 0 ok, 1 one of relayc's algorithms' output differs from greedy "
         "none (a transformers row that differs is reported, not an exit code), 2 usage "
-        "errors (bad arguments, checkpoint).",
+        "errors (bad arguments, checkpoint), 130 interrupted (Ctrl-C).",
     )
     p.add_argument(
         "--model",
