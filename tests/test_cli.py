@@ -476,3 +476,34 @@ def test_sigint_during_generate_prints_no_traceback() -> None:
     assert err.splitlines() == ["", "relayc generate: interrupted"]
     assert out.endswith("\n")
 
+
+# -- compile --bundled -o DIR ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["relayc", "sglang"])
+def test_compile_bundled_honours_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, target: str
+) -> None:
+    from relayc.compiler import writer
+    from relayc.specs.loader import bundled_spec_paths
+
+    def refuse() -> None:
+        raise AssertionError("--bundled -o DIR rewrote relayc's own generated modules")
+
+    monkeypatch.setattr(writer, "regenerate_bundled", refuse)
+    out = tmp_path / "vendored"
+    assert main(["compile", "--bundled", "-o", str(out), "--target", target]) == EXIT_OK
+    expected = (
+        {"overlap_utils.py"}
+        if target == "sglang"
+        else {f"{p.stem}.py" for p in bundled_spec_paths()}  # one per algorithm
+    )
+    assert {p.name for p in out.iterdir()} == expected
+    assert capsys.readouterr().out.count(f"wrote {out}/") == len(expected)
+
+
+def test_compile_bundled_with_spec_files_is_refused(tmp_path: Path, capsys) -> None:
+    spec = _none_spec(tmp_path, "algorithm: none", "algorithm: none")
+    assert main(["compile", "--bundled", str(spec), "-o", str(tmp_path / "out")]) == EXIT_USAGE
+    assert "not both" in _one_line(capsys, "compile")
+    assert not (tmp_path / "out").exists()
