@@ -1,7 +1,8 @@
 """The `relayc` command line.
 
 Exit codes: 0 success, 1 spec errors (printed as ``path:line:col: error: ...``),
-2 usage errors (bad arguments, unreadable files).
+2 usage errors (bad arguments, unreadable files, checkpoints that cannot be loaded),
+130 interrupted (Ctrl-C). Each is reported in one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -31,7 +32,18 @@ if TYPE_CHECKING:
     from relayc.compiler.writer import Output
     from relayc.specs.loader import Library, Spec
 
-__all__ = ["EXIT_OK", "EXIT_SPEC_ERRORS", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_SPEC_ERRORS",
+    "EXIT_USAGE",
+    "UsageError",
+    "build_parser",
+    "main",
+]
+
+# The shell's code for a command ended by SIGINT (128 + 2).
+EXIT_INTERRUPTED = 130
 
 
 def _existing_files(paths: Sequence[str]) -> list[Path]:
@@ -120,16 +132,16 @@ def _output_dir(path: str) -> Path:
     return out
 
 
-def _algorithms(args: argparse.Namespace) -> tuple[list[Path], bool]:
+def _algorithms(specs: Sequence[Path], ops: Sequence[str]) -> tuple[list[Path], bool]:
     """The spec files to compile, libraries validated and skipped with a note; and whether
     any file had errors (reported)."""
     from relayc.specs.loader import Library, display_path, load_document
 
     paths: list[Path] = []
     failed = False
-    for path in _existing_files(args.specs):
+    for path in specs:
         try:
-            document = load_document(path, ops=args.ops)
+            document = load_document(path, ops=ops)
         except SpecErrors as exc:
             print(exc.render(), file=sys.stderr)
             failed = True
@@ -142,20 +154,22 @@ def _algorithms(args: argparse.Namespace) -> tuple[list[Path], bool]:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from relayc.compiler.writer import GENERATED_DIR, compile_specs, regenerate_bundled, write
+    from relayc.compiler.writer import compile_specs, write
+    from relayc.specs.loader import bundled_spec_paths
 
-    if args.bundled:
-        try:
-            written = regenerate_bundled()
-        except OSError as exc:  # an installed, read-only relayc
-            raise UsageError(f"cannot write the bundled modules: {_why(exc)}") from None
-        for path in written:
-            print(f"wrote {path.relative_to(GENERATED_DIR.parent.parent)}")
-        return EXIT_OK
-    if not args.specs:
+    if args.bundled and args.specs:
+        raise UsageError(
+            "give spec files or --bundled, not both (--bundled compiles the bundled specs)"
+        )
+    if args.bundled and args.output is None:
+        return _regenerate_bundled()
+    if not args.specs and not args.bundled:
         raise UsageError("give spec files to compile, or --bundled")
-    out_dir = _output_dir(args.output)
-    paths, failed = _algorithms(args)
+    out_dir = _output_dir(args.output or ".")
+    # --bundled -o DIR: the bundled specs compiled into DIR like any others, e.g. to vendor
+    # them; relayc's own checked-in copies are left alone.
+    specs = bundled_spec_paths() if args.bundled else _existing_files(args.specs)
+    paths, failed = _algorithms(specs, args.ops)
     if args.target == "sglang":
         return _compile_sglang(paths, out_dir, args.ops, failed)
     try:
@@ -166,6 +180,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
     for output in outputs:
         print(f"{'wrote' if _write(output, write) else 'unchanged'} {output.path}")
     return EXIT_SPEC_ERRORS if failed else EXIT_OK
+
+
+def _regenerate_bundled() -> int:
+    """``--bundled`` without ``-o``: rewrite relayc's checked-in generated modules."""
+    from relayc.compiler.writer import GENERATED_DIR, regenerate_bundled
+
+    try:
+        written = regenerate_bundled()
+    except OSError as exc:  # an installed, read-only relayc
+        raise UsageError(
+            f"cannot write the bundled modules: {_why(exc)} (give -o DIR to compile the "
+            "bundled specs elsewhere)"
+        ) from None
+    for path in written:
+        print(f"wrote {path.relative_to(GENERATED_DIR.parent.parent)}")
+    return EXIT_OK
 
 
 def _write(output: Output, write: Callable[[Output], bool]) -> bool:
@@ -228,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="relayc",
         description="Compile relay-state specs for overlapped speculative decoding.",
-        epilog="Exit codes: 0 ok, 1 spec errors, 2 usage errors.",
+        epilog="Exit codes: 0 ok, 1 spec errors, 2 usage errors, 130 interrupted (Ctrl-C).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -261,11 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
         "<DIR>/overlap_utils.py with SGLang 0.5.23's relay surface for all of them.",
     )
     p.add_argument("specs", nargs="*", metavar="SPEC", help="algorithm spec YAML files")
-    p.add_argument("-o", "--output", metavar="DIR", default=".", help="output folder")
+    p.add_argument(
+        "-o", "--output", metavar="DIR", help="output folder (default: the current folder)"
+    )
     p.add_argument(
         "--bundled",
         action="store_true",
-        help="regenerate relayc/generated/ and relayc/sglang_generated/ from the bundled specs",
+        help="compile the bundled specs instead of SPEC files: into -o DIR when given, else "
+        "regenerate relayc/generated/ and relayc/sglang_generated/",
     )
     p.add_argument(
         "--target",
@@ -299,20 +332,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_checkpoint_error(exc: Exception) -> bool:
+    """Whether ``exc`` is a ``CheckpointError``, which every checkpoint reader (safetensors,
+    config.json, and any format added later) raises or subclasses. Looked up among the
+    loaded modules: a command that never imported the loaders cannot have raised one, and
+    `relayc validate` should not import torch to find that out."""
+    weights = sys.modules.get("relayc.engine.weights")
+    return weights is not None and isinstance(exc, weights.CheckpointError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    command = ""
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
-        return int(exc.code or 0)
-    func: Callable[[argparse.Namespace], int] = args.func
-    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+            return int(exc.code or 0)
+        command = f" {args.command}"
+        func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except UsageError as exc:
-        print(one_line(f"relayc {args.command}: error: {exc}"), file=sys.stderr)
+        print(one_line(f"relayc{command}: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # Ctrl-C is how one stops a long generate or demo, not a crash. The newline ends
+        # the line the terminal echoed ^C on (or the streamed text, or a progress bar).
+        print(f"\nrelayc{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
+    except Exception as exc:
+        if not _is_checkpoint_error(exc):
+            raise
+        # The one place a checkpoint error becomes a usage error, wherever it was raised
+        # (the engine's loaders, a tokenizer's, a flag that reads a file).
+        print(one_line(f"relayc{command}: error: {exc}"), file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -5,13 +5,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayc.cli import EXIT_OK, EXIT_USAGE, build_parser, main
+from relayc.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser, main
 
 COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
 
@@ -366,3 +367,143 @@ def test_spec_commands_never_raise(command: str, rest: list[str]) -> None:
     assert "Traceback" not in err.getvalue()
     if code == EXIT_USAGE:
         assert len(err.getvalue().splitlines()) == 1, err.getvalue()
+
+
+# -- Ctrl-C: one line, exit 130 ----------------------------------------------------------
+
+
+def _main_under_ctrl_c(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except KeyboardInterrupt:  # would end the test session rather than fail one test
+        pytest.fail("KeyboardInterrupt escaped main: the user sees a traceback")
+
+
+def _interrupted(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    """The command's stdout, after checking stderr ends in the one-line interrupt notice."""
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert err.splitlines()[-2:] == ["", f"relayc {command}: interrupted"], err
+    return out
+
+
+def test_ctrl_c_in_generate_ends_the_line_and_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from relayc.engine.engine import Engine
+
+    real_stream, real_close = Engine.stream, Engine.close
+    closed: list[Engine] = []
+
+    def stream(self: Engine, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        with closing(real_stream(self, *args, **kwargs)) as deltas:  # type: ignore[arg-type]
+            yield next(deltas)
+            raise KeyboardInterrupt  # Ctrl-C while the next tokens are computed
+
+    def close(self: Engine) -> None:
+        real_close(self)
+        closed.append(self)
+
+    monkeypatch.setattr(Engine, "stream", stream)
+    monkeypatch.setattr(Engine, "close", close)
+    argv = ["generate", "--model", "random", "--prompt", "def", "--max-new-tokens", "20"]
+    assert _main_under_ctrl_c(argv) == EXIT_INTERRUPTED
+    out = _interrupted(capsys, "generate")
+    assert out.endswith("\n") and out.count("\n") == 1  # the streamed text's line is ended
+    assert len(closed) == 1  # the engine was shut down, its worker thread with it
+
+
+def test_ctrl_c_in_demo_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from relayc.compiler import writer
+    from relayc.tools import demo
+
+    def measure(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "regenerate_bundled", list)  # leave relayc/generated alone
+    monkeypatch.setattr(demo, "measure", measure)
+    argv = ["demo", "--no-peers", "--chart", str(tmp_path / "chart.png")]
+    assert _main_under_ctrl_c(argv) == EXIT_INTERRUPTED
+    _interrupted(capsys, "demo")
+
+
+def test_an_ops_module_interrupted_while_importing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _none_spec(tmp_path, "algorithm: none", "algorithm: none")
+    (tmp_path / "slow_ops_h4.py").write_text("raise KeyboardInterrupt  # Ctrl-C mid-import\n")
+    assert _main_under_ctrl_c(["validate", "--ops", "slow_ops_h4", str(spec)]) == EXIT_INTERRUPTED
+    _interrupted(capsys, "validate")
+
+
+_SLOW_GENERATE = """
+import signal, sys, time
+# A shell's background job inherits SIGINT ignored; a terminal's Ctrl-C is what is tested.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from relayc.engine.engine import Engine
+real = Engine.stream
+def stream(self, *args, **kwargs):
+    for delta in real(self, *args, **kwargs):
+        yield delta
+        print("streaming", file=sys.stderr, flush=True)
+        time.sleep(60)
+Engine.stream = stream
+from relayc.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigint_during_generate_prints_no_traceback() -> None:
+    import signal
+
+    argv = ["generate", "--model", "random", "--prompt", "hi", "--max-new-tokens", "8"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_GENERATE, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == "streaming\n"  # the engine is up and streaming
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert err.splitlines() == ["", "relayc generate: interrupted"]
+    assert out.endswith("\n")
+
+
+# -- compile --bundled -o DIR ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["relayc", "sglang"])
+def test_compile_bundled_honours_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, target: str
+) -> None:
+    from relayc.compiler import writer
+    from relayc.specs.loader import bundled_spec_paths
+
+    def refuse() -> None:
+        raise AssertionError("--bundled -o DIR rewrote relayc's own generated modules")
+
+    monkeypatch.setattr(writer, "regenerate_bundled", refuse)
+    out = tmp_path / "vendored"
+    assert main(["compile", "--bundled", "-o", str(out), "--target", target]) == EXIT_OK
+    expected = (
+        {"overlap_utils.py"}
+        if target == "sglang"
+        else {f"{p.stem}.py" for p in bundled_spec_paths()}  # one per algorithm
+    )
+    assert {p.name for p in out.iterdir()} == expected
+    assert capsys.readouterr().out.count(f"wrote {out}/") == len(expected)
+
+
+def test_compile_bundled_with_spec_files_is_refused(tmp_path: Path, capsys) -> None:
+    spec = _none_spec(tmp_path, "algorithm: none", "algorithm: none")
+    assert main(["compile", "--bundled", str(spec), "-o", str(tmp_path / "out")]) == EXIT_USAGE
+    assert "not both" in _one_line(capsys, "compile")
+    assert not (tmp_path / "out").exists()

@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -33,6 +35,114 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+class ConfigError(ValueError):
+    """A ``config.json`` dict the reference model cannot be built from; the message names
+    the key and the fix. The loaders add the file (``relayc.engine.weights.CheckpointError``)."""
+
+
+# The keys a Llama config.json must have; every other one has a default.
+_REQUIRED_INTS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
+_REQUIRED: Any = object()
+
+_JSON_KINDS: dict[type, str] = {
+    bool: "a boolean",
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
+}
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in the words a message uses ("a list")."""
+    return _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    """``value`` as config.json spells it, cut short: a message stays one readable line."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _wrong_type(key: str, value: Any, expected: str, fix: str = "") -> ConfigError:
+    return ConfigError(f"`{key}` must be {expected}; got {_shown(value)} ({json_kind(value)}){fix}")
+
+
+_Value = TypeVar("_Value")
+
+
+def _optional(hf: dict[str, Any], key: str, kind: type[_Value], default: _Value) -> _Value:
+    """``hf[key]`` of JSON type ``kind``; ``default`` when absent or null."""
+    value = hf.get(key)
+    if value is None:
+        return default
+    # A bool is an int to Python but not to JSON: `true` is no layer count.
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise _wrong_type(key, value, _JSON_KINDS[kind])
+    return value
+
+
+def positive_int(hf: dict[str, Any], key: str, default: int = _REQUIRED) -> int:
+    """``hf[key]``, a JSON whole number > 0 (``ConfigError`` otherwise); required unless
+    ``default`` is given (then used when the key is absent or null)."""
+    value = hf.get(key)
+    if value is None:
+        if default is not _REQUIRED:
+            return default
+        needs = f"; a Llama config.json needs {', '.join(_REQUIRED_INTS)}"
+        raise ConfigError(
+            f'`{key}` is missing; add `"{key}": <whole number>`'
+            + (needs if key in _REQUIRED_INTS else "")
+        )
+    if isinstance(value, bool) or not isinstance(value, int):
+        fix = ""
+        if isinstance(value, float) and value.is_integer():
+            fix = f"; write {int(value)}"
+        elif isinstance(value, str) and value.strip().isdigit():
+            fix = f"; write {int(value)} without quotes"
+        raise _wrong_type(key, value, "a whole number", fix)
+    if value <= 0:
+        raise ConfigError(f"`{key}` must be positive; got {value}")
+    return value
+
+
+def _positive_number(
+    hf: dict[str, Any], key: str, default: float, within: str | None = None
+) -> float:
+    """``hf[key]``, a finite JSON number > 0; ``default`` when absent or null."""
+    value = hf.get(key)
+    if value is None:
+        return default
+    shown = f"{within}.{key}" if within else key
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _wrong_type(shown, value, "a number")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"`{shown}` must be a finite positive number; got {value}")
+    return float(value)
+
+
+def _dtype(hf: dict[str, Any]) -> torch.dtype:
+    """The weights' dtype: ``torch_dtype`` (transformers 4.x) or ``dtype`` (5.x)."""
+    key = "torch_dtype" if hf.get("torch_dtype") is not None else "dtype"
+    value = hf.get(key) or "float32"
+    if isinstance(value, torch.dtype):  # a dict built in Python rather than read from JSON
+        return value
+    if not isinstance(value, str) or value.removeprefix("torch.") not in _DTYPES:
+        raise ConfigError(f"`{key}` must be one of {', '.join(_DTYPES)}; got {_shown(value)}")
+    return _DTYPES[value.removeprefix("torch.")]
 
 
 @dataclass(frozen=True)
@@ -78,39 +188,74 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_hf_config(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Read a Hugging Face Llama ``config.json`` dict."""
-        model_type = hf.get("model_type", "llama")
+    def from_hf_config(cls, hf: Any) -> ModelConfig:
+        """Read a Hugging Face Llama ``config.json`` dict.
+
+        Raises ``ConfigError`` (a ``ValueError``) naming the key and the fix when a required
+        key is missing, a value has the wrong JSON type, or the values describe a model the
+        reference model cannot run.
+        """
+        if not isinstance(hf, dict):
+            raise ConfigError(
+                f"must hold a JSON object ({{...}}) at the top level; found {json_kind(hf)}"
+            )
+        model_type = _optional(hf, "model_type", str, "llama")
         if model_type != "llama":
-            raise ValueError(
+            raise ConfigError(
                 f"only `model_type: llama` checkpoints are supported; got {model_type!r}"
             )
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"`hidden_act` must be silu (SwiGLU); got {hf['hidden_act']!r}")
+        sizes = {key: positive_int(hf, key) for key in _REQUIRED_INTS}
+        num_heads = sizes["num_attention_heads"]
+        num_kv_heads = positive_int(hf, "num_key_value_heads", num_heads)
+        head_dim = positive_int(hf, "head_dim", sizes["hidden_size"] // num_heads)
+        # ModelConfig checks these relations too; here they are worded with config.json's keys.
+        if num_heads % num_kv_heads:
+            raise ConfigError(
+                f"`num_attention_heads` ({num_heads}) must be a multiple of "
+                f"`num_key_value_heads` ({num_kv_heads}) for grouped-query attention"
+            )
+        if head_dim % 2:
+            raise ConfigError(
+                f"the head size must be even for RoPE; got {head_dim} ("
+                + (
+                    "`head_dim`)"
+                    if hf.get("head_dim") is not None
+                    else f"`hidden_size` {sizes['hidden_size']} / `num_attention_heads` "
+                    f"{num_heads})"
+                )
+            )
+        hidden_act = _optional(hf, "hidden_act", str, "silu")
+        if hidden_act != "silu":
+            raise ConfigError(f"`hidden_act` must be silu (SwiGLU); got {hidden_act!r}")
         for flag in ("attention_bias", "mlp_bias"):
-            if hf.get(flag, False):
-                raise ValueError(f"`{flag}: true` is not supported by the reference model")
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+            if _optional(hf, flag, bool, False):
+                raise ConfigError(f"`{flag}: true` is not supported by the reference model")
+        rope_key = next((k for k in ("rope_parameters", "rope_scaling") if hf.get(k)), None)
+        rope: dict[str, Any] = _optional(hf, rope_key, dict, {}) if rope_key else {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
-            raise ValueError(f"only default RoPE is supported; got `rope_type: {rope_type}`")
-        rope_theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
-        num_heads = hf["num_attention_heads"]
-        head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
-        return cls(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_layers=hf["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-            head_dim=head_dim,
-            rope_theta=float(rope_theta),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            max_position=hf.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            dtype=dtype_from_name(hf.get("torch_dtype") or hf.get("dtype") or "float32"),
-        )
+            raise ConfigError(f"only default RoPE is supported; got `rope_type: {rope_type}`")
+        if hf.get("rope_theta") is not None:  # transformers 4.x
+            rope_theta = _positive_number(hf, "rope_theta", 10000.0)
+        else:
+            rope_theta = _positive_number(rope, "rope_theta", 10000.0, within=rope_key)
+        try:
+            return cls(
+                vocab_size=sizes["vocab_size"],
+                hidden_size=sizes["hidden_size"],
+                intermediate_size=sizes["intermediate_size"],
+                num_layers=sizes["num_hidden_layers"],
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                rope_theta=rope_theta,
+                rms_norm_eps=_positive_number(hf, "rms_norm_eps", 1e-6),
+                max_position=positive_int(hf, "max_position_embeddings", 2048),
+                tie_word_embeddings=_optional(hf, "tie_word_embeddings", bool, False),
+                dtype=_dtype(hf),
+            )
+        except ValueError as exc:  # a check of __post_init__ the ones above do not make
+            raise ConfigError(str(exc)) from None
 
     def to_hf_config(self) -> dict[str, Any]:
         """The ``config.json`` dict transformers' ``LlamaForCausalLM`` loads."""

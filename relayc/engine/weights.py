@@ -9,11 +9,14 @@ are also this model's ``state_dict`` keys.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from relayc.engine.config import ModelConfig
+from relayc.engine.config import ConfigError, ModelConfig, json_kind
 from relayc.engine.model import LlamaForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -23,7 +26,59 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be loaded into the model; the message says why."""
+    """A checkpoint that cannot be loaded into the model; the message says why and, when
+    one file is at fault, starts with it (``path``).
+
+    Every checkpoint format's reader raises this or a subclass, so one ``except`` (the
+    command line's, which turns it into one line and exit 2) covers them all.
+    """
+
+    def __init__(self, message: str, path: str | Path | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        super().__init__(message if path is None else f"{path}: {message}")
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` (a config or index file); ``CheckpointError`` naming
+    the file when it cannot be read, is not JSON, or holds something else."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"not UTF-8 text (byte {exc.start}); is it JSON?", path) from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(
+            f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path
+        ) from None
+    if not isinstance(value, dict):
+        raise CheckpointError(
+            f"must hold a JSON object ({{...}}) at the top level; found {json_kind(value)}", path
+        )
+    return value
+
+
+def config_from_hf(hf: dict[str, Any], path: Path) -> ModelConfig:
+    """``ModelConfig.from_hf_config`` with its ``ConfigError`` naming ``path``."""
+    try:
+        return ModelConfig.from_hf_config(hf)
+    except ConfigError as exc:
+        raise CheckpointError(str(exc), path) from None
+
+
+@contextmanager
+def reading_safetensors(path: Path) -> Iterator[None]:
+    """A damaged or unreadable safetensors file becomes a ``CheckpointError`` naming it."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as exc:
+        raise CheckpointError(f"not a readable safetensors file ({exc})", path) from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
 
 
 def _expected_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
@@ -66,7 +121,15 @@ def random_model(
 def _shard_files(directory: Path) -> list[Path]:
     index = directory / INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(name, str) for name in weight_map.values()
+        ):
+            raise CheckpointError(
+                "`weight_map` must be an object mapping tensor names to shard file names "
+                "(as transformers' save_pretrained writes it)",
+                index,
+            )
         return [directory / name for name in sorted(set(weight_map.values()))]
     if (directory / SINGLE_FILE).is_file():
         return [directory / SINGLE_FILE]
@@ -84,7 +147,9 @@ def load_checkpoint(
     """Build a model from a Hugging Face Llama checkpoint directory.
 
     ``dtype`` overrides the checkpoint's ``torch_dtype``. Raises ``CheckpointError``
-    naming the tensor when one is missing, unexpected or has the wrong shape.
+    naming the file and the key when ``config.json`` is not a Llama config the model can
+    be built from, the file when a shard is damaged, and the tensor when one is missing,
+    unexpected or has the wrong shape.
     """
     from safetensors import safe_open
 
@@ -94,7 +159,7 @@ def load_checkpoint(
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"checkpoint directory {directory} has no config.json")
-    config = ModelConfig.from_hf_config(json.loads(config_path.read_text()))
+    config = config_from_hf(read_json_object(config_path), config_path)
     if dtype is not None:
         config = config.replace(dtype=dtype)
     model = LlamaForCausalLM(config, device=device)
@@ -104,7 +169,7 @@ def load_checkpoint(
         for path in _shard_files(directory):
             if not path.is_file():
                 raise CheckpointError(f"shard {path.name} named in {INDEX_FILE} is missing")
-            with safe_open(str(path), framework="pt") as shard:
+            with reading_safetensors(path), safe_open(str(path), framework="pt") as shard:
                 for name in shard.keys():
                     if name.endswith(_IGNORED_SUFFIXES):
                         continue

@@ -71,6 +71,28 @@ def utf8_text(text: str) -> str:
     return text
 
 
+def token_ids(text: str) -> list[int]:
+    """An argparse type: token ids separated by commas or spaces ("1,2,3"), each a whole
+    number >= 0 (the model's vocabulary bounds them once it is loaded)."""
+    items = text.replace(",", " ").split()
+    if not items:
+        raise argparse.ArgumentTypeError("give at least one token id, e.g. 1,2,3")
+    ids = []
+    for position, item in enumerate(items, start=1):
+        try:
+            value = int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"token id {position} is {item!r}, not a whole number (e.g. 1,2,3)"
+            ) from None
+        if not 0 <= value <= MAX_COUNT:
+            raise argparse.ArgumentTypeError(
+                f"token id {position} is {value}; token ids are between 0 and {MAX_COUNT}"
+            )
+        ids.append(value)
+    return ids
+
+
 def model_dir(text: str) -> str:
     """An argparse type: an existing checkpoint folder, or `random`."""
     if text != "random" and not Path(text).is_dir():

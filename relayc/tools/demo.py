@@ -432,7 +432,7 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
         "byte-level demo models and all their drafters.",
         epilog="Exit codes: 0 ok, 1 one of relayc's algorithms' output differs from greedy "
         "none (a transformers row that differs is reported, not an exit code), 2 usage "
-        "errors (bad arguments, checkpoint).",
+        "errors (bad arguments, checkpoint), 130 interrupted (Ctrl-C).",
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(

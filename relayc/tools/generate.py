@@ -1,7 +1,8 @@
 """``relayc generate``: stream one completion from the reference engine.
 
-Streamed text goes to stdout as it arrives; the summary line (tokens,
-tokens/s, mean accept length) goes to stderr, so stdout holds only the text.
+Streamed text goes to stdout as it arrives (token ids, space-separated, for a
+model without a tokenizer); the summary line (tokens, tokens/s, mean accept
+length) goes to stderr, so stdout holds only the completion.
 """
 
 from __future__ import annotations
@@ -10,9 +11,22 @@ import argparse
 import sys
 import time
 from contextlib import closing
+from typing import TYPE_CHECKING
 
-from relayc.specs.errors import EXIT_OK, EXIT_USAGE, one_line
-from relayc.tools.args import MAX_SEED, float_in, int_in, model_dir, torch_device, utf8_text
+from relayc.specs.errors import EXIT_OK, UsageError
+from relayc.tools.args import (
+    MAX_SEED,
+    float_in,
+    int_in,
+    model_dir,
+    token_ids,
+    torch_device,
+    utf8_text,
+)
+
+if TYPE_CHECKING:  # torch: `relayc validate` imports this module and should not pay for it
+    from relayc.engine.engine import Engine
+    from relayc.engine.sampling import SamplingParams
 
 # Control characters a random model happily samples (ESC among them) would
 # drive the terminal; print them escaped. Newlines and tabs stay.
@@ -33,15 +47,23 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     p = subparsers.add_parser(
         "generate",
         help="generate text with the reference engine (streamed)",
-        description="Stream a completion of --prompt from the reference engine: the shipped "
+        description="Stream a completion of --prompt (or --prompt-ids) from the reference "
+        "engine: the shipped "
         "byte-level demo model (trained on Python source) with its draft models, a local Hugging "
         "Face Llama checkpoint, or `--model random`. "
-        "Text goes to stdout; a summary line (tokens, tokens/s, mean accept length: tokens "
-        "per decode step) to stderr.",
-        epilog="Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request).",
+        "Text goes to stdout (token ids when the model has no tokenizer); a summary line "
+        "(tokens, tokens/s, mean accept length: tokens per decode step) to stderr.",
+        epilog="Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request), "
+        "130 interrupted (Ctrl-C).",
     )
-    p.add_argument(
-        "--prompt", required=True, type=utf8_text, help="prompt text (byte-level tokenizer)"
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", type=utf8_text, help="prompt text (byte-level tokenizer)")
+    prompt.add_argument(
+        "--prompt-ids",
+        type=token_ids,
+        metavar="IDS",
+        help="the prompt as token ids, e.g. 1,2,3 (BOS not added): for a model without a "
+        "tokenizer, or an exact prompt",
     )
     p.add_argument("--max-new-tokens", type=int_in(1), default=32, metavar="N", help="default 32")
     p.add_argument(
@@ -97,16 +119,12 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    """``relayc generate``: 0 ok, 2 usage errors."""
+    """``relayc generate``: 0 ok, 2 usage errors (raised as ``UsageError``; a checkpoint's
+    ``CheckpointError`` from anywhere reaches ``relayc.cli.main`` as one, too)."""
     # Imported here: torch is slow to import, and `relayc validate` should not pay for it.
     from relayc.engine.engine import Engine
     from relayc.engine.overlap import set_cpu_threads
     from relayc.engine.sampling import SamplingParams
-    from relayc.engine.weights import CheckpointError
-
-    def usage(message: str) -> int:
-        print(one_line(f"relayc generate: error: {message}"), file=sys.stderr)
-        return EXIT_USAGE
 
     set_cpu_threads()  # as `relayc demo` and the benchmarks do
     try:
@@ -121,8 +139,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             seed=args.seed,
             device=args.device,
         )
-    except (CheckpointError, ValueError, RuntimeError, OSError) as exc:  # NotImplementedError too
-        return usage(str(exc))
+    except (ValueError, RuntimeError, OSError) as exc:  # NotImplementedError too
+        raise UsageError(str(exc)) from None
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -130,22 +148,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
     )
-    tokens, finish, error = 0, None, None
-    start = time.perf_counter()
-    with engine, closing(engine.stream([args.prompt], params)) as deltas:
-        for delta in deltas:
-            if delta.error:
-                error = delta.error
-                break
-            text = delta.text if engine.tokenizer else "".join(f" {t}" for t in delta.token_ids)
-            sys.stdout.write(_printable(text))
-            sys.stdout.flush()
-            tokens += len(delta.token_ids)
-            finish = delta.finish_reason or finish
-    if error is not None:
-        return usage(error)
-    elapsed = time.perf_counter() - start
-    sys.stdout.write("\n")
+    with engine:
+        if args.prompt is not None and engine.tokenizer is None:
+            raise UsageError(
+                f"this model has no tokenizer (vocabulary of {engine.model.config.vocab_size}); "
+                "give the prompt as token ids: --prompt-ids 1,2,3"
+            )
+        prompt = args.prompt if args.prompt is not None else args.prompt_ids
+        start = time.perf_counter()
+        tokens, finish = _stream(engine, prompt, params)
+        elapsed = time.perf_counter() - start
     overlap = "off" if args.no_overlap else "on"
     accept = engine.scheduler.stats.mean_accept_length
     print(
@@ -155,3 +167,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_OK
+
+
+def _stream(engine: Engine, prompt: str | list[int], params: SamplingParams) -> tuple[int, str]:
+    """Write the completion to stdout as it arrives: its text, or its token ids when the
+    model has no tokenizer. Returns the token count and the finish reason."""
+    tokens, finish = 0, None
+    try:
+        with closing(engine.stream([prompt], params)) as deltas:
+            for delta in deltas:
+                if delta.error:
+                    raise UsageError(delta.error)
+                if engine.tokenizer:
+                    text = delta.text
+                else:
+                    text = " ".join(str(t) for t in delta.token_ids)
+                    text = f" {text}" if tokens and text else text
+                sys.stdout.write(_printable(text))
+                sys.stdout.flush()
+                tokens += len(delta.token_ids)
+                finish = delta.finish_reason or finish
+    finally:
+        if tokens:  # end the streamed line, also when cut short (Ctrl-C, an error)
+            sys.stdout.write("\n")
+    return tokens, str(finish)

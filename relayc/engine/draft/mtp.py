@@ -82,7 +82,7 @@ class MtpDrafter(nn.Module):
 
     @classmethod
     def load(cls, directory: str | Path, target: LlamaForCausalLM) -> MtpDrafter:
-        config, header = read_draft_config(directory, cls.DRAFT_TYPE)
+        config, header = read_draft_config(directory, cls.DRAFT_TYPE, counts=("num_steps",))
         drafter = cls(config, target, int(header["num_steps"]))
         load_draft_weights(drafter, directory)
         return drafter

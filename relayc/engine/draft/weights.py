@@ -11,14 +11,21 @@ are not stored.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from relayc.engine.config import ModelConfig
-from relayc.engine.weights import SINGLE_FILE, CheckpointError
+from relayc.engine.config import ConfigError, ModelConfig, positive_int
+from relayc.engine.weights import (
+    SINGLE_FILE,
+    CheckpointError,
+    config_from_hf,
+    read_json_object,
+    reading_safetensors,
+)
 
 DRAFT_TYPE_KEY = "draft_type"
 
@@ -59,17 +66,31 @@ def save_draft(
     return directory
 
 
-def read_draft_config(directory: str | Path, draft_type: str) -> tuple[ModelConfig, dict[str, Any]]:
-    """The head's ``ModelConfig`` and the whole ``config.json`` dict; checks ``draft_type``."""
+def read_draft_config(
+    directory: str | Path, draft_type: str, counts: Sequence[str] = ()
+) -> tuple[ModelConfig, dict[str, Any]]:
+    """The head's ``ModelConfig`` and the whole ``config.json`` dict; checks ``draft_type``
+    and that each of the head's own ``counts`` (e.g. ``num_steps``) is a whole number > 0.
+    Raises ``CheckpointError`` naming the file and the key."""
     directory = Path(directory)
     path = directory / "config.json"
     if not path.is_file():
         raise CheckpointError(f"draft checkpoint directory {directory} has no config.json")
-    header = json.loads(path.read_text())
+    header = read_json_object(path)
     found = header.get(DRAFT_TYPE_KEY)
     if found != draft_type:
-        raise CheckpointError(f"{path} holds `{DRAFT_TYPE_KEY}: {found}`, expected `{draft_type}`")
-    return ModelConfig.from_hf_config(header), header
+        raise CheckpointError(
+            f"holds `{DRAFT_TYPE_KEY}: {found}`, expected `{draft_type}` (a checkpoint of "
+            "the draft head this algorithm uses, as its save() writes it)",
+            path,
+        )
+    config = config_from_hf(header, path)
+    try:
+        for key in counts:
+            positive_int(header, key)
+    except ConfigError as exc:
+        raise CheckpointError(str(exc), path) from None
+    return config, header
 
 
 def load_draft_weights(module: nn.Module, directory: str | Path) -> nn.Module:
@@ -79,7 +100,8 @@ def load_draft_weights(module: nn.Module, directory: str | Path) -> nn.Module:
     path = Path(directory) / SINGLE_FILE
     if not path.is_file():
         raise CheckpointError(f"draft checkpoint {directory} has no {SINGLE_FILE}")
-    tensors = load_file(str(path))
+    with reading_safetensors(path):
+        tensors = load_file(str(path))
     expected = module.state_dict()
     for name in sorted(set(expected) - set(tensors)):
         raise CheckpointError(f"draft checkpoint {directory} lacks tensor `{name}`")

@@ -1,0 +1,161 @@
+"""`relayc generate` with checkpoints: a broken one is one line and exit 2 (never a
+traceback), and a model without a tokenizer is usable through --prompt-ids."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relayc.cli import EXIT_OK, EXIT_USAGE, main
+from relayc.engine.config import ModelConfig
+from relayc.engine.draft.eagle import EagleHead
+from relayc.engine.weights import CheckpointError, random_model, save_checkpoint
+from tests.engine.checkpoint_cases import BAD_CONFIGS, BadConfig, break_checkpoint
+
+NO_TOKENIZER = ModelConfig(vocab_size=300)  # not the byte-level vocabulary: no tokenizer
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    target = random_model(seed=0)  # what `--model random` builds, so heads fit it
+    return {
+        "target": save_checkpoint(target, root / "target"),
+        "eagle": EagleHead.random(target, seed=1).save(root / "eagle"),
+        "no-tokenizer": save_checkpoint(random_model(NO_TOKENIZER, seed=0), root / "ids"),
+    }
+
+
+def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("relayc generate: error: ")
+    return lines[0].removeprefix("relayc generate: error: ")
+
+
+@pytest.mark.parametrize("case", BAD_CONFIGS, ids=[c.name for c in BAD_CONFIGS])
+@pytest.mark.parametrize("role", ["model", "draft-model"])
+def test_a_bad_config_is_one_line_naming_file_and_key(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    checkpoints: dict[str, Path],
+    case: BadConfig,
+    role: str,
+) -> None:
+    good = checkpoints["target" if role == "model" else "eagle"]
+    config = break_checkpoint(good, tmp_path / "ckpt", case)
+    argv = ["generate", "--prompt", "hi", "--max-new-tokens", "1"]
+    if role == "model":
+        argv += ["--model", str(config.parent)]
+    else:
+        argv += ["--model", "random", "--algorithm", "eagle", "--draft-model", str(config.parent)]
+    assert main(argv) == EXIT_USAGE
+    line = _error_line(capsys)
+    assert line.startswith(f"{config}: ")
+    assert case.message in line
+
+
+def test_the_console_command_exits_2_without_traceback(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    config = break_checkpoint(checkpoints["target"], tmp_path / "ckpt", BAD_CONFIGS[0])
+    argv = ["generate", "--model", str(config.parent), "--prompt", "hi"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "relayc.cli", *argv], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"relayc generate: error: {config}: ")
+    assert BAD_CONFIGS[0].message in line
+
+
+class TokenizerFileError(CheckpointError):
+    """What a loader added later (a tokenizer's, GGUF's) raises: a CheckpointError subclass."""
+
+
+@pytest.mark.parametrize("where", ["__init__", "stream"])
+def test_every_checkpoint_error_is_one_line_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """Wherever a command meets a checkpoint error -- loading the engine, or later (a
+    tokenizer file read once the model is up) -- relayc's main reports it."""
+    from relayc.engine import engine
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise TokenizerFileError("the vocabulary is not a list", "/ckpt/tokenizer.json")
+
+    monkeypatch.setattr(engine.Engine, where, fail)
+    assert main(["generate", "--model", "random", "--prompt", "hi"]) == EXIT_USAGE
+    assert _error_line(capsys) == "/ckpt/tokenizer.json: the vocabulary is not a list"
+
+
+# -- --prompt-ids --------------------------------------------------------------------------
+
+
+def test_prompt_ids_drive_a_model_without_a_tokenizer(
+    capsys: pytest.CaptureFixture[str], checkpoints: dict[str, Path]
+) -> None:
+    from relayc.engine import Engine
+
+    model = str(checkpoints["no-tokenizer"])
+    argv = ["generate", "--model", model, "--prompt-ids", "5, 299,7", "--max-new-tokens", "6"]
+    assert main(argv) == EXIT_OK
+    out = capsys.readouterr().out
+    with Engine(model) as engine:
+        (expected,) = engine.generate([[5, 299, 7]])  # greedy, as the command's default
+    assert out == " ".join(map(str, expected.token_ids[:6])) + "\n"
+
+
+def test_text_prompt_on_a_model_without_a_tokenizer_points_to_prompt_ids(
+    capsys: pytest.CaptureFixture[str], checkpoints: dict[str, Path]
+) -> None:
+    argv = ["generate", "--model", str(checkpoints["no-tokenizer"]), "--prompt", "hi"]
+    assert main(argv) == EXIT_USAGE
+    assert "no tokenizer" in (line := _error_line(capsys)) and "--prompt-ids 1,2,3" in line
+    argv = ["generate", "--model", str(checkpoints["no-tokenizer"]), "--prompt-ids", "1,300"]
+    assert main(argv) == EXIT_USAGE
+    assert "outside the vocabulary [0, 300)" in _error_line(capsys)
+
+
+def test_prompt_ids_on_a_model_with_a_tokenizer_print_its_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from relayc.engine.tokenizer import ByteTokenizer
+
+    ids = ByteTokenizer().encode("def f(x):", add_bos=True)
+    argv = ["generate", "--model", "random", "--max-new-tokens", "5"]
+    assert main([*argv, "--prompt-ids", ",".join(map(str, ids))]) == EXIT_OK
+    by_ids = capsys.readouterr().out
+    assert main([*argv, "--prompt", "def f(x):"]) == EXIT_OK
+    assert by_ids == capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--prompt-ids", "1,x,3"], "token id 2 is 'x', not a whole number"),
+        (["--prompt-ids", "1,-3"], "token id 2 is -3"),
+        (["--prompt-ids", " , "], "give at least one token id"),
+        (["--prompt-ids", "1", "--prompt", "hi"], "not allowed with argument"),
+        ([], "one of the arguments --prompt --prompt-ids is required"),
+    ],
+)
+def test_prompt_ids_are_checked_before_any_model_loads(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    from relayc.engine import engine
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(engine.Engine, "__init__", refuse)
+    assert main(["generate", *argv]) == EXIT_USAGE
+    assert message in _error_line(capsys)
