@@ -57,7 +57,8 @@ def test_demo_compiles_runs_every_algorithm_and_writes_a_chart(
 ) -> None:
     chart = tmp_path / "demo.png"
     # transformers' rows have their own tests (tests/tools/test_demo.py)
-    argv = ["demo", "--prompts", "2", "--max-new-tokens", "6", "--no-peers", "--chart", str(chart)]
+    argv = ["demo", "--toy", "--prompts", "2", "--max-new-tokens", "6", "--no-peers"]
+    argv += ["--chart", str(chart)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "compiled the bundled specs into" in out
@@ -201,7 +202,7 @@ GENERATE_ERRORS = [
     (["--top-p", "0"], "(0, 1]"),
     (["--seed", "-1"], "between 0 and"),
     (["--num-draft-tokens", "0"], "must be at least 1"),
-    (["--model", "/nonexistent"], "no checkpoint folder"),
+    (["--model", "/nonexistent"], "no model '/nonexistent'"),
     (["--draft-model", "/nonexistent"], "no checkpoint folder"),
     (["--device", "nonsense"], "unknown device"),
     (["--prompt", "a\udcffb"], "is not valid UTF-8 (byte 0xff at character 1)"),
@@ -229,7 +230,7 @@ DEMO_ERRORS = [
     (["--max-new-tokens", "0"], "must be at least 1"),
     (["--batch-size", "-1"], "must be at least 0"),
     (["--repeats", "0"], "must be at least 1"),
-    (["--model", "/nonexistent"], "no checkpoint folder"),
+    (["--model", "/nonexistent"], "no model '/nonexistent'"),
     (["--chart", "/nonexistent/chart.png"], "does not exist"),
     (["--chart", "."], "is a folder"),
 ]

@@ -81,7 +81,7 @@ def reading_safetensors(path: Path) -> Iterator[None]:
         raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
 
 
-def _expected_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+def expected_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """State-dict entries a checkpoint must provide (the tied LM head is not one of them)."""
     state = model.state_dict()
     if model.config.tie_word_embeddings:
@@ -102,7 +102,7 @@ def init_random(model: LlamaForCausalLM, seed: int, std: float = 0.2) -> LlamaFo
     """
     generator = torch.Generator(device="cpu").manual_seed(seed)
     with torch.no_grad():
-        for name, tensor in sorted(_expected_tensors(model).items()):
+        for name, tensor in sorted(expected_tensors(model).items()):
             if name.endswith("norm.weight"):
                 values = torch.ones(tensor.shape)
             else:
@@ -163,7 +163,7 @@ def load_checkpoint(
     if dtype is not None:
         config = config.replace(dtype=dtype)
     model = LlamaForCausalLM(config, device=device)
-    expected = _expected_tensors(model)
+    expected = expected_tensors(model)
     loaded: set[str] = set()
     with torch.no_grad():
         for path in _shard_files(directory):
@@ -215,7 +215,7 @@ def save_checkpoint(
     )
     tensors = {
         name: tensor.detach().to("cpu").contiguous()
-        for name, tensor in sorted(_expected_tensors(model).items())
+        for name, tensor in sorted(expected_tensors(model).items())
     }
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0

@@ -103,6 +103,24 @@ def model_dir(text: str) -> str:
     return text
 
 
+# The names `Engine(model=...)` knows (relayc.engine.checkpoints.named; kept here as text
+# so the command line does not import torch to parse its arguments -- a test keeps them equal).
+MODEL_NAMES = ("smollm2",)
+
+
+def model_arg(text: str) -> str:
+    """An argparse type: a model name (`smollm2`), `random`, a .gguf file or a checkpoint
+    folder."""
+    path = Path(text).expanduser()
+    if text in (*MODEL_NAMES, "random") or path.is_dir() or path.is_file():
+        return text
+    names = ", ".join(f"`{n}`" for n in (*MODEL_NAMES, "random"))
+    raise argparse.ArgumentTypeError(
+        f"no model {text!r}: give {names}, a .gguf file or a checkpoint folder "
+        "(config.json + *.safetensors)"
+    )
+
+
 def writable_file(text: str) -> str:
     """An argparse type: a file path whose folder exists and can be written."""
     path = Path(text)

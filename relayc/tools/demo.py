@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relayc.specs.errors import UsageError
-from relayc.tools.args import int_in, model_dir, writable_file
+from relayc.tools.args import int_in, model_arg, writable_file
 
 if TYPE_CHECKING:  # the peers import torch: `relayc validate` and friends should not
     from relayc.engine import Engine
@@ -443,7 +443,7 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
     )
     which.add_argument(
         "--model",
-        type=model_dir,
+        type=model_arg,
         metavar="MODEL",
         help="`smollm2` (the default), a .gguf file, a checkpoint folder, or `random`",
     )

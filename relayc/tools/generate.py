@@ -18,6 +18,7 @@ from relayc.tools.args import (
     MAX_SEED,
     float_in,
     int_in,
+    model_arg,
     model_dir,
     token_ids,
     torch_device,
@@ -25,7 +26,7 @@ from relayc.tools.args import (
 )
 
 if TYPE_CHECKING:  # torch: `relayc validate` imports this module and should not pay for it
-    from relayc.engine.engine import Engine
+    from relayc.engine.engine import Engine, Prompt
     from relayc.engine.sampling import SamplingParams
 
 # Control characters a random model happily samples (ESC among them) would
@@ -47,17 +48,26 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     p = subparsers.add_parser(
         "generate",
         help="generate text with the reference engine (streamed)",
-        description="Stream a completion of --prompt (or --prompt-ids) from the reference "
-        "engine: the shipped "
-        "byte-level demo model (trained on Python source) with its draft models, a local Hugging "
+        description="Stream a completion of --prompt, --chat (one user message through the "
+        "model's chat template) or --prompt-ids from the reference engine: the shipped "
+        "byte-level demo model (trained on Python source) with its draft models, "
+        "`--model smollm2` (SmolLM2-135M-Instruct), a Llama GGUF file, a local Hugging "
         "Face Llama checkpoint, or `--model random`. "
-        "Text goes to stdout (token ids when the model has no tokenizer); a summary line "
-        "(tokens, tokens/s, mean accept length: tokens per decode step) to stderr.",
+        "Text goes to stdout (token ids when the model has no tokenizer); loading progress "
+        "and a summary line (tokens, tokens/s, mean accept length: tokens per decode step) "
+        "to stderr.",
         epilog="Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request), "
         "130 interrupted (Ctrl-C).",
     )
     prompt = p.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", type=utf8_text, help="prompt text (byte-level tokenizer)")
+    prompt.add_argument("--prompt", type=utf8_text, help="prompt text (the model's tokenizer)")
+    prompt.add_argument(
+        "--chat",
+        type=utf8_text,
+        metavar="MESSAGE",
+        help="a user message, answered through the model's chat template (stops at the end "
+        "of the answer)",
+    )
     prompt.add_argument(
         "--prompt-ids",
         type=token_ids,
@@ -103,9 +113,16 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     )
     p.add_argument(
         "--model",
-        type=model_dir,
-        metavar="DIR",
-        help="Hugging Face Llama checkpoint directory, or `random` (default: the shipped model)",
+        type=model_arg,
+        metavar="MODEL",
+        help="`smollm2`, a Llama .gguf file, a Hugging Face Llama checkpoint directory, or "
+        "`random` (default: the shipped byte-level model)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="the weights' precision (default: float32 for GGUF files, the checkpoint's own "
+        "else); bfloat16 reads half the bytes per token",
     )
     p.add_argument(
         "--draft-model",
@@ -125,11 +142,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from relayc.engine.engine import Engine
     from relayc.engine.overlap import set_cpu_threads
     from relayc.engine.sampling import SamplingParams
+    from relayc.engine.text.chat import Chat
 
     set_cpu_threads()  # as `relayc demo` and the benchmarks do
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     try:
         engine = Engine(
             model=args.model,
+            dtype=args.dtype,
+            progress=progress,
             algorithm=args.algorithm,
             num_steps=args.num_steps,
             topk=args.topk,
@@ -149,12 +173,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     with engine:
-        if args.prompt is not None and engine.tokenizer is None:
+        if (args.prompt is not None or args.chat is not None) and engine.tokenizer is None:
             raise UsageError(
                 f"this model has no tokenizer (vocabulary of {engine.model.config.vocab_size}); "
                 "give the prompt as token ids: --prompt-ids 1,2,3"
             )
-        prompt = args.prompt if args.prompt is not None else args.prompt_ids
+        prompt: Prompt
+        if args.chat is not None:
+            prompt = Chat([{"role": "user", "content": args.chat}])
+        else:
+            prompt = args.prompt if args.prompt is not None else args.prompt_ids
         start = time.perf_counter()
         tokens, finish = _stream(engine, prompt, params)
         elapsed = time.perf_counter() - start
@@ -169,7 +197,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _stream(engine: Engine, prompt: str | list[int], params: SamplingParams) -> tuple[int, str]:
+def _stream(engine: Engine, prompt: Prompt, params: SamplingParams) -> tuple[int, str]:
     """Write the completion to stdout as it arrives: its text, or its token ids when the
     model has no tokenizer. Returns the token count and the finish reason."""
     tokens, finish = 0, None

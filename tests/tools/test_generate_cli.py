@@ -142,7 +142,7 @@ def test_prompt_ids_on_a_model_with_a_tokenizer_print_its_text(
         (["--prompt-ids", "1,-3"], "token id 2 is -3"),
         (["--prompt-ids", " , "], "give at least one token id"),
         (["--prompt-ids", "1", "--prompt", "hi"], "not allowed with argument"),
-        ([], "one of the arguments --prompt --prompt-ids is required"),
+        ([], "one of the arguments --prompt --chat --prompt-ids is required"),
     ],
 )
 def test_prompt_ids_are_checked_before_any_model_loads(
@@ -159,3 +159,30 @@ def test_prompt_ids_are_checked_before_any_model_loads(
     monkeypatch.setattr(engine.Engine, "__init__", refuse)
     assert main(["generate", *argv]) == EXIT_USAGE
     assert message in _error_line(capsys)
+
+
+def test_model_names_on_the_command_line_are_the_engines() -> None:
+    from relayc.engine.checkpoints.named import NAMED_MODELS
+    from relayc.tools.args import MODEL_NAMES
+
+    assert set(MODEL_NAMES) == set(NAMED_MODELS)
+
+
+def test_chat_with_the_real_model_streams_the_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.engine.real_model import smollm2_file
+
+    smollm2_file()
+    argv = ["generate", "--model", "smollm2", "--chat", "What is the capital of France?"]
+    assert main([*argv, "--max-new-tokens", "24", "--dtype", "bfloat16"]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert "Paris" in captured.out
+    assert "loaded smollm2" in captured.err and "bfloat16" in captured.err  # progress line
+    assert "finish: stop" in captured.err and "mean accept length 1.00" in captured.err
+
+
+def test_chat_needs_a_tokenizer(
+    checkpoints: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["generate", "--model", str(checkpoints["no-tokenizer"]), "--chat", "hi"]
+    assert main(argv) == EXIT_USAGE
+    assert "--prompt-ids" in _error_line(capsys)

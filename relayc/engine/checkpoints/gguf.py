@@ -26,8 +26,7 @@ import torch
 
 from relayc.engine.config import ModelConfig
 from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.weights import CheckpointError
-from relayc.engine.weights import _expected_tensors as expected_tensors
+from relayc.engine.weights import CheckpointError, expected_tensors
 
 if TYPE_CHECKING:
     import numpy as np

@@ -91,7 +91,7 @@ def load_model(
     if path.is_file():
         return _load_gguf(path, device, dtype, progress, source=str(path))
     if path.is_dir():
-        return _load_folder(path, device, dtype, progress)
+        return _load_folder(path, device, dtype)
     known = ", ".join(repr(n) for n in (*NAMED_MODELS, RANDOM))
     raise CheckpointError(
         f"model {name!r} is neither a model name ({known}), a .gguf file nor a checkpoint "
@@ -136,10 +136,7 @@ def _load_gguf(
     return LoadedModel(model, tokenizer, source, tokenizer_error=error)
 
 
-def _load_folder(
-    path: Path, device: torch.device, dtype: torch.dtype | None, progress: Progress | None
-) -> LoadedModel:
-    _report(progress, f"loading {path} ...")
+def _load_folder(path: Path, device: torch.device, dtype: torch.dtype | None) -> LoadedModel:
     model = load_checkpoint(path, device=device, dtype=dtype)
     error = None
     tokenizer: AnyTokenizer | None
