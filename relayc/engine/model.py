@@ -398,7 +398,8 @@ class LlamaForCausalLM(nn.Module):
             self._segments, self._segments_of = {}, self.scripted
         segment = self._segments.get((start, stop))
         if segment is None:
-            segment = ScriptedLayers(list(self.model.layers)[start:stop])
+            layers = list(self.model.layers)[start:stop]
+            segment = ScriptedLayers([x for x in layers if isinstance(x, LlamaDecoderLayer)])
             self._segments[(start, stop)] = segment
         return segment
 
