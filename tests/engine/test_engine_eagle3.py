@@ -108,3 +108,21 @@ def test_a_missing_or_unfit_head_is_a_clear_error(model: LlamaForCausalLM, head_
         [[1, 2, 3]], SamplingParams(max_new_tokens=4)
     )[0]
     assert len(out.token_ids) == 4
+
+
+def test_requests_reaching_the_context_end_equal_plain_decoding(
+    model: LlamaForCausalLM, head_dir: Path
+) -> None:
+    """Near `max_context` a request finishes with one-token tail steps through the prefill
+    hook: eagle3's captured prefill over a cached prefix keeps the outputs lossless."""
+    prompts = [[1, 2, 3, 4, 5], [3, 4], [7] * 10]
+    params = SamplingParams(max_new_tokens=40)
+    runs = {
+        name: Engine(model, algorithm=name, max_context=24, **extra).generate(prompts, params)
+        for name, extra in (("none", {}), ("eagle3", {"draft_model": head_dir, **SIZES["tree"]}))
+    }
+    # Every request ran into the context (the last sampled token needs no KV slot).
+    assert [len(p) + len(o.token_ids) for p, o in zip(prompts, runs["eagle3"], strict=True)] == [
+        25
+    ] * 3
+    assert [o.token_ids for o in runs["eagle3"]] == [o.token_ids for o in runs["none"]]
