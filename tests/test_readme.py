@@ -25,7 +25,7 @@ import pytest
 from relayc.specs.loader import BUNDLED_DIR
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-WALKTHROUGHS = ["relay-field", "user-op", "real-model"]
+WALKTHROUGHS = ["relay-field", "user-op", "eagle3", "real-model"]
 _BLOCK = re.compile(
     r"^<!-- walkthrough: (?P<name>[\w-]+)(?: (?P<output>output)| file: (?P<file>[\w./-]+))? -->\n"
     r"```(?P<lang>\w+)\n(?P<body>.*?)^```$",

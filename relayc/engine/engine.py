@@ -66,8 +66,10 @@ def check_decode_dims(
     # The root plus the candidates drafting produces (drafts beyond them have no source);
     # eagle's count is relayc.engine.draft.tree.max_candidates, kept out of this import.
     most = {"eagle": k + (steps - 1) * k * k + 1, "eagle_multilayer": k * steps + 1}
+    most["eagle3"] = most["eagle"]  # EAGLE-3 drafts the same tree
     if algorithm in most and n > most[algorithm]:
-        shape = "topk + (num_steps - 1) * topk**2" if algorithm == "eagle" else "topk * num_steps"
+        tree = algorithm in ("eagle", "eagle3")
+        shape = "topk + (num_steps - 1) * topk**2" if tree else "topk * num_steps"
         raise ValueError(
             f"`num_draft_tokens` must lie in 1..{most[algorithm]} for `{algorithm}` with "
             f"topk={k}, num_steps={steps} (the root plus {shape} drafted candidates); "

@@ -12,11 +12,13 @@ independent path the naive reference generator uses.
 Both return ``ForwardOutput.hidden_states``: the last decoder layer's output
 *before* the final RMSNorm, for every new token. The post-norm states that the
 original EAGLE heads were trained on are ``model.model.norm(hidden_states)``.
+``forward(batch, capture=...)`` also returns the inputs of the named decoder layers
+(EAGLE-3's multi-layer features, ``ForwardOutput.aux_hidden_states``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -55,6 +57,9 @@ def batched_causal_attention(
 class ForwardOutput:
     logits: torch.Tensor  # [R, vocab] float32; R = B for extend/decode, T for verify / all-logits
     hidden_states: torch.Tensor  # [T, hidden] pre-final-norm, every new token
+    # forward(capture=[i, ...]): the input of each decoder layer i (the output of layer
+    # i - 1, before any norm), concatenated in layer order: [T, len(capture) * hidden]
+    aux_hidden_states: torch.Tensor | None = None
 
 
 def _empty(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -339,29 +344,69 @@ class LlamaForCausalLM(nn.Module):
         # Set by use_cpu_matmul_layout: the decoder layers as one scripted call.
         self.scripted: ScriptedLayers | None = None
         self._native_head: NativeHead | None = None
+        # Layer segments of a captured forward, built from (and for) ``self.scripted``.
+        self._segments: dict[tuple[int, int], ScriptedLayers] = {}
+        self._segments_of: ScriptedLayers | None = None
 
     @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
     def _decoder(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: AttendFn,
+        capture: Sequence[int] = (),
+        captured: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        """The decoder layers over ``input_ids``; with ``capture`` (ascending layer indices)
+        the input of each of those layers is appended to ``captured``."""
         x = self.model.embed_tokens(input_ids)
         # float32 tables for the one-call layers (the native decoder rotates in float32);
-        # the eager layers get them in x's dtype, the same values tables(positions, dtype)
-        # gives.
+        # the eager layers get them in x's dtype (_layers), the same values
+        # tables(positions, dtype) gives.
         rope = self.rotary.tables(positions, torch.float32)
-        if self.scripted is not None:
-            layers = self.model.layers
-            out = self.scripted(x, rope, range(len(layers)), attend)
+        start = 0
+        for stop in capture:
+            x = self._layers(x, rope, start, stop, attend)
+            assert captured is not None, "capture needs a list to append to"
+            captured.append(x)
+            start = stop
+        return self._layers(x, rope, start, len(self.model.layers), attend)
+
+    def _layers(
+        self, x: torch.Tensor, rope: RopeTables, start: int, stop: int, attend: AttendFn
+    ) -> torch.Tensor:
+        """Decoder layers ``start..stop-1`` over ``x``: in one native / scripted call where the
+        CPU layout allows (a captured forward runs its segments that way, same bits as one
+        call: each layer computes alone either way), else eagerly."""
+        if start == stop:
+            return x
+        scripted = self._scripted_segment(start, stop)
+        if scripted is not None:
+            out = scripted(x, rope, range(start, stop), attend)
             if out is not None:
                 return out
         if x.dtype != torch.float32:
             rope = RopeTables(rope.cos.to(x.dtype), rope.sin.to(x.dtype))
-        for index, layer in enumerate(self.model.layers):
-            x = layer(x, rope, self.rotary, index, attend)
+        for index in range(start, stop):
+            x = self.model.layers[index](x, rope, self.rotary, index, attend)
         return x
+
+    def _scripted_segment(self, start: int, stop: int) -> ScriptedLayers | None:
+        """The one-call layers ``start..stop-1``: the whole stack's, or a segment's built
+        on first use (dropped when ``use_cpu_matmul_layout`` lays the model out again)."""
+        if self.scripted is None or (start, stop) == (0, len(self.model.layers)):
+            return self.scripted
+        if self._segments_of is not self.scripted:
+            self._segments, self._segments_of = {}, self.scripted
+        segment = self._segments.get((start, stop))
+        if segment is None:
+            layers = list(self.model.layers)[start:stop]
+            segment = ScriptedLayers([x for x in layers if isinstance(x, LlamaDecoderLayer)])
+            self._segments[(start, stop)] = segment
+        return segment
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` float32 of ``hidden [..., hidden_size]``: ``[T, H]`` from
@@ -387,13 +432,28 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.model.norm(hidden)).float()
 
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch) -> ForwardOutput:
-        """One step on the paged cache; logits per request (extend/decode) or per token (verify)."""
-        hidden = self._decoder(batch.input_ids, batch.positions, PagedAttend.build(batch))
+    def forward(self, batch: ForwardBatch, capture: Sequence[int] = ()) -> ForwardOutput:
+        """One step on the paged cache; logits per request (extend/decode) or per token (verify).
+
+        ``capture``: decoder layers whose input to return too, as ``aux_hidden_states``
+        (SGLang's ``layers_to_capture``: distinct, in ``0..num_layers-1``)."""
+        layers = sorted(capture)
+        if len(set(layers)) != len(layers) or any(
+            not 0 <= i < len(self.model.layers) for i in layers
+        ):
+            raise ValueError(
+                f"`capture` names distinct decoder layers in 0..{len(self.model.layers) - 1}; "
+                f"got {list(capture)}"
+            )
+        captured: list[torch.Tensor] = []
+        hidden = self._decoder(
+            batch.input_ids, batch.positions, PagedAttend.build(batch), layers, captured
+        )
+        aux = torch.cat(captured, dim=-1) if captured else None
         if batch.mode is ForwardMode.EXTEND and not batch.return_all_logits:
             last = torch.cumsum(batch.extend_lens, 0) - 1
-            return ForwardOutput(self._logits(hidden[last]), hidden)
-        return ForwardOutput(self._logits(hidden), hidden)
+            return ForwardOutput(self._logits(hidden[last]), hidden, aux)
+        return ForwardOutput(self._logits(hidden), hidden, aux)
 
     @torch.no_grad()
     def forward_dense(self, input_ids: torch.Tensor) -> ForwardOutput:

@@ -13,11 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relayc.engine.draft import EagleHead, MtpDrafter, NgramProposer, StandaloneDrafter
+from relayc.engine.draft import (
+    Eagle3Head,
+    EagleHead,
+    MtpDrafter,
+    NgramProposer,
+    StandaloneDrafter,
+)
 from relayc.engine.draft.standalone import default_standalone_config
 from relayc.engine.model import LlamaForCausalLM
 
-ALGORITHMS = ("none", "eagle", "eagle_multilayer", "ngram", "standalone")
+ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone")
+TREE_DRAFTING = ("eagle", "eagle3")  # a head drafting a tree level by level in scratch slots
 
 
 @dataclass(frozen=True)
@@ -73,11 +80,12 @@ def make_drafting(
         model,
         draft_model,
         num_steps=num_steps,
+        topk=topk,
         num_draft_tokens=num_draft_tokens,
         seed=seed,
     )
     # EAGLE drafts a tree: its draft steps need scratch KV slots beyond the verify tree.
-    scratch = topk * (num_steps - 1) if name == "eagle" else 0
+    scratch = topk * (num_steps - 1) if name in TREE_DRAFTING else 0
     return Drafting(
         drafter=drafter,
         decode_width=num_draft_tokens + scratch,
@@ -92,6 +100,7 @@ def _make_drafter(
     draft_model: str | Path | None,
     *,
     num_steps: int,
+    topk: int,
     num_draft_tokens: int,
     seed: int,
 ) -> Any:
@@ -107,6 +116,22 @@ def _make_drafter(
         if draft_model is not None:
             return EagleHead.load(draft_model, model)
         return EagleHead.random(model, seed=seed + 1)
+    if name == "eagle3":
+        if draft_model is None:
+            # A random head would only ever draft garbage: ask for a real one.
+            raise ValueError(
+                "no EAGLE-3 head ships for this target yet: pass draft_model=DIR, a directory "
+                "with an EAGLE-3 head's config.json and safetensors (SGLang's layout; "
+                "relayc.engine.draft.Eagle3Head.random(target, seed, layer_ids=...).save(DIR) "
+                "builds an untrained one for tests)"
+            )
+        head = Eagle3Head.load(draft_model, model)
+        if topk > head.draft_vocab_size:
+            raise ValueError(
+                f"`topk` ({topk}) exceeds the EAGLE-3 head's draft vocabulary "
+                f"({head.draft_vocab_size} tokens, {draft_model})"
+            )
+        return head
     if draft_model is not None:
         return MtpDrafter.load(draft_model, model)
     return MtpDrafter.random(model, num_steps, seed=seed + 1)

@@ -151,6 +151,41 @@ for op in (
         },
         doc="draft head over the accepted tokens; next top-k",
     ),
+    # EAGLE-3: the inputs of three target layers feed the head's fc; it drafts in its own
+    # (reduced) vocabulary, whose ids a d2t map takes to target ids before the tree is built.
+    Op(
+        "eagle3_prefill",
+        {**_SLOTS, **_LENS},
+        {**_PREFILLED, **_FIRST_TOP_K, "hidden_states": T("model", ("hidden",))},
+        doc="target prefill capturing three layers' inputs, then the head over the prompt",
+    ),
+    Op(
+        "eagle3_draft",
+        {**_FIRST_TOP_K, "hidden_states": T("model", ("hidden",)), **_LENS, **_SLOTS},
+        dict(_DRAFTING),
+        doc="expand the relayed top-k for num_steps head steps; draft-vocabulary ids",
+    ),
+    Op(
+        "draft_to_target",
+        {"draft_tokens": _DRAFTING["draft_tokens"]},
+        {"draft_tokens": T("int64", (f"{N}-1",), doc="the same tokens as target ids")},
+        doc="map draft-vocabulary ids to target ids (the head's d2t)",
+    ),
+    Op(
+        "target_verify_aux",
+        {k: _TREE[k] for k in ("candidates", "tree_mask", "positions")} | _LENS | _SLOTS,
+        {
+            "logits": T("float32", (N, "vocab")),
+            "aux_hidden_states": T("model", (N, "3*hidden"), doc="three layers' inputs"),
+        },
+        doc="target_verify, returning the inputs of the three layers the head reads",
+    ),
+    Op(
+        "eagle3_draft_extend",
+        {"aux_hidden_states": T("model", (N, "3*hidden")), **_EXTEND_INPUTS},
+        {**_FIRST_TOP_K, "hidden_states": T("model", ("hidden",))},
+        doc="head over the accepted tokens and their target features; next top-k",
+    ),
     # Multi-layer EAGLE (MTP).
     Op(
         "mtp_prefill",

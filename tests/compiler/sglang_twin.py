@@ -42,7 +42,7 @@ class Scenario:
 SCENARIOS = (
     Scenario("none", None, mixed=True),
     Scenario("eagle", "EAGLE", mixed=True),
-    Scenario("eagle3", "EAGLE3", mixed=True),
+    Scenario("eagle3", "EAGLE3", mixed=True),  # relayc's eagle3 spec; SGLang: EAGLE's buffers
     Scenario("eagle-no-hidden", "EAGLE", hidden=False, mixed=True),
     Scenario("eagle-multilayer", "EAGLE", {"enable_multi_layer_eagle": True}),
     Scenario("standalone", "STANDALONE", draft_probs=True),

@@ -77,7 +77,7 @@ def test_checked_in_module_is_current() -> None:
     output = compile_sglang(bundled_spec_paths(), "relayc/sglang_generated")
     assert output.text == CHECKED_IN.read_text(encoding="utf-8"), (
         "relayc/sglang_generated/overlap_utils.py is stale: run `relayc compile --target sglang "
-        "relayc/specs/{eagle,eagle_multilayer,ngram,none,standalone}.yaml -o relayc/sglang_generated`"
+        "relayc/specs/{eagle,eagle3,eagle_multilayer,ngram,none,standalone}.yaml -o relayc/sglang_generated`"
     )
 
 
@@ -279,8 +279,9 @@ def test_spec_algorithm_picks_the_generated_class(sgl, gen: types.ModuleType) ->
     cases = [
         (None, {}, "none"),
         ("EAGLE", {}, "eagle"),
-        ("EAGLE3", {}, "eagle"),
+        ("EAGLE3", {}, "eagle3"),
         ("EAGLE", {"enable_multi_layer_eagle": True}, "eagle_multilayer"),
+        ("EAGLE3", {"enable_multi_layer_eagle": True}, "eagle_multilayer"),
         ("STANDALONE", {}, "standalone"),
         ("NGRAM", {}, "ngram"),
     ]
@@ -288,6 +289,21 @@ def test_spec_algorithm_picks_the_generated_class(sgl, gen: types.ModuleType) ->
         with sglang_env.server_args(sgl, name, **kwargs):
             fmap = gen.FutureMap(torch.device("cpu"), algo.from_string(name), pool())
             assert fmap.ALGORITHM == expected
+
+
+@needs_sglang
+def test_eagle3_without_its_spec_relays_with_eagle(sgl, tmp_path: Path) -> None:
+    """SGLang's FutureMap relays EAGLE3 with EAGLE's buffers: a module compiled without the
+    eagle3 spec serves EAGLE3 with the eagle relay, and the differential test holds."""
+    specs = [p for p in bundled_spec_paths() if p.stem != "eagle3"]
+    output = compile_sglang(specs, tmp_path / "out")
+    write(output)
+    module = load_module(output.path, "sglang_relay_without_eagle3")
+    scenario = next(s for s in SCENARIOS if s.sglang_algorithm == "EAGLE3")
+    with sglang_env.server_args(sgl, "EAGLE3"):
+        algo = sgl.SpeculativeAlgorithm.from_string("EAGLE3")
+        assert module.FutureMap(torch.device("cpu"), algo, pool()).ALGORITHM == "eagle"
+    run_twin(sgl, module, scenario, seeds=range(2))
 
 
 @needs_sglang

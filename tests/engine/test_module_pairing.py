@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import importlib
 import itertools
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.algorithms import GeneratedAlgorithm
+from relayc.engine.draft import Eagle3Head
 from relayc.engine.ops import implementations
 from relayc.engine.speculative import ALGORITHMS
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
@@ -57,9 +59,14 @@ def test_every_mismatched_bundled_pair_fails_in_the_constructor(
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_each_bundled_module_runs_with_its_own_algorithm(
-    model: LlamaForCausalLM, name: str
+    model: LlamaForCausalLM, name: str, tmp_path: Path
 ) -> None:
-    with Engine(model, algorithm=name, relay_module=_bundled(name), **DIMS) as engine:
+    draft = None
+    if name == "eagle3":  # no head ships for the random target: an untrained one
+        draft = Eagle3Head.random(model, seed=1, layer_ids=[0, 1, 2]).save(tmp_path / "head")
+    with Engine(
+        model, algorithm=name, relay_module=_bundled(name), draft_model=draft, **DIMS
+    ) as engine:
         (out,) = engine.generate([[3, 4, 5]], SamplingParams(max_new_tokens=3))
     assert out.finish_reason == "length" and len(out.token_ids) == 3
 

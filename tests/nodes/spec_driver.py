@@ -33,6 +33,7 @@ class SpecDriver:
         debug: bool = True,
         kv_size: int = 2048,
         module: object = None,
+        draft_model: object = None,
     ) -> None:
         self.target = target
         self.algorithm = GeneratedAlgorithm(
@@ -43,7 +44,7 @@ class SpecDriver:
             num_steps=num_steps,
             topk=topk,
             num_draft_tokens=n,
-            draft_model=None,
+            draft_model=draft_model,  # type: ignore[arg-type]
             seed=5,
             module=module,
         )

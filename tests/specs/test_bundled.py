@@ -14,7 +14,7 @@ from relayc.specs.jsonschema import spec_json_schema
 from relayc.specs.loader import BUNDLED_DIR, Library, Spec, bundled_spec_paths, load_document
 
 ALL_YAML = sorted(BUNDLED_DIR.glob("*.yaml"))
-ALGORITHMS = ["eagle", "eagle_multilayer", "ngram", "none", "standalone"]
+ALGORITHMS = ["eagle", "eagle3", "eagle_multilayer", "ngram", "none", "standalone"]
 
 
 def test_bundled_algorithms() -> None:

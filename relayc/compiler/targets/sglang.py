@@ -58,6 +58,10 @@ SGLANG_BUFFER_NAMES = {"bonus_tokens": "output_tokens_buf"}
 SGLANG_READS_BACK: dict[str, tuple[str, ...]] = {
     "none": ("bonus_tokens",),
     "eagle": ("bonus_tokens", "topk_p", "topk_index", "hidden_states", "draft_probs"),
+    # SGLang's FutureMap relays EAGLE3 exactly as EAGLE (same buffers, `is_eagle()`); what
+    # differs lives in the worker: topk_index holds draft-vocabulary ids, hidden_states the
+    # head's own [hidden] output, and the three-layer features never cross an iteration.
+    "eagle3": ("bonus_tokens", "topk_p", "topk_index", "hidden_states", "draft_probs"),
     "eagle_multilayer": ("bonus_tokens", "topk_p", "topk_index", "draft_probs"),
     "standalone": ("bonus_tokens", "topk_p", "topk_index", "draft_probs"),
     "ngram": ("accept_tokens", "accept_lens"),

@@ -117,7 +117,11 @@ def relay_algorithm(spec_algo: Any) -> str:
         # Multi-layer EAGLE relays [num_steps, topk] top-k and no hidden states.
         from sglang.srt.runtime_context import get_spec
 
-        return "eagle_multilayer" if get_spec().enable_multi_layer_eagle else "eagle"
+        if get_spec().enable_multi_layer_eagle:
+            return "eagle_multilayer"
+        # SGLang relays EAGLE3 with EAGLE's buffers: a module compiled without an eagle3
+        # spec serves it with the eagle one.
+        return "eagle3" if name == "EAGLE3" and "eagle3" in FutureMap.ALGORITHMS else "eagle"
     if name == "STANDALONE":
         return "standalone"
     if name == "NGRAM":

@@ -5,6 +5,7 @@ tree.py        the EAGLE drafting layout build_tree consumes: beam levels, selec
 layers.py      DraftLayer (fc + decoder layer + norm) and the target parts heads share
 paged.py       fixed-shape draft forwards on a draft KV cache (padded extend, scratch steps)
 eagle.py       EagleHead: one decoder layer over fc(cat(embed, target hidden)); tree drafting
+eagle3.py      Eagle3Head: fc over three target layers' inputs, its own vocabulary and d2t map
 mtp.py         MtpDrafter: one draft layer per step, all steps drafted in draft extend
 standalone.py  StandaloneDrafter: a small Llama with its own cache, chain drafting
 ngram.py       NgramIndex / NgramProposer: host-side suffix-match trees, lag-keyed proposals
@@ -14,6 +15,7 @@ weights.py     seeded init and config.json + model.safetensors checkpoints of th
 from __future__ import annotations
 
 from relayc.engine.draft.eagle import EagleExtendOutput, EagleHead
+from relayc.engine.draft.eagle3 import Eagle3ExtendOutput, Eagle3Head
 from relayc.engine.draft.mtp import MtpDrafter, MtpExtendOutput
 from relayc.engine.draft.ngram import (
     NgramIndex,
@@ -41,6 +43,8 @@ from relayc.engine.draft.tree import (
 __all__ = [
     "ChainDraft",
     "DraftTree",
+    "Eagle3ExtendOutput",
+    "Eagle3Head",
     "EagleExtendOutput",
     "EagleHead",
     "MtpDrafter",

@@ -1,5 +1,5 @@
-"""Implementations of the prefill and drafting ops of EAGLE, multi-layer EAGLE, n-gram and
-the standalone draft model.
+"""Implementations of the prefill and drafting ops of EAGLE, EAGLE-3, multi-layer EAGLE,
+n-gram and the standalone draft model.
 
 Thin wrappers over the engine's drafters (:mod:`relayc.engine.draft`) and the
 target model; `ctx.drafter` is the algorithm's drafter and `ctx.extras["draft_kv"]`
@@ -109,6 +109,22 @@ def impl_eagle_prefill(
     return outputs
 
 
+@implements("eagle3_prefill", drafter="eagle3")
+def impl_eagle3_prefill(
+    ctx: StepContext, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Target prefill capturing the head's three layers, then the head over the prompt."""
+    next_tokens, features, committed = target_prefill(ctx, capture=ctx.drafter.capture)
+    draft = _draft_extend_prompts(ctx, next_tokens, features)
+    return {
+        "next_tokens": next_tokens,
+        "seq_lens": committed,
+        "topk_p": draft.topk_p,
+        "topk_index": draft.topk_index,
+        "hidden_states": draft.hidden_states,
+    }
+
+
 def _verify_states(hidden_states: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:
     """The accepted nodes' target hidden states `[B, N, H]`, zero where padded (never NaN)."""
     batch, n, width = hidden_states.shape
@@ -153,6 +169,26 @@ def impl_eagle_draft_extend(ctx: StepContext, **inputs: torch.Tensor) -> dict[st
     }
 
 
+@implements("eagle3_draft_extend", drafter="eagle3")
+def impl_eagle3_draft_extend(
+    ctx: StepContext, *, aux_hidden_states: torch.Tensor, **inputs: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    draft = _draft_extend_accepted(ctx, hidden_states=aux_hidden_states, **inputs)
+    return {
+        "topk_p": draft.topk_p,
+        "topk_index": draft.topk_index,
+        "hidden_states": draft.hidden_states,
+    }
+
+
+@implements("draft_to_target", drafter="eagle3")
+def impl_draft_to_target(
+    ctx: StepContext, *, draft_tokens: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """EAGLE-3: the drafted tokens as target ids (the head's d2t map)."""
+    return {"draft_tokens": ctx.drafter.to_target_ids(draft_tokens)}
+
+
 @implements("mtp_draft_extend", drafter="eagle_multilayer")
 def impl_mtp_draft_extend(ctx: StepContext, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
     draft = _draft_extend_accepted(ctx, **inputs)
@@ -160,6 +196,7 @@ def impl_mtp_draft_extend(ctx: StepContext, **inputs: torch.Tensor) -> dict[str,
 
 
 @implements("eagle_draft", drafter="eagle")
+@implements("eagle3_draft", drafter="eagle3")
 def impl_eagle_draft(
     ctx: StepContext,
     *,
@@ -171,7 +208,8 @@ def impl_eagle_draft(
     draft_probs: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """EAGLE-2 tree drafting; with a relayed `draft_probs` (topk 1), a chain that keeps every
-    draft's distribution, drawn from it when sampling, for chain rejection sampling."""
+    draft's distribution, drawn from it when sampling, for chain rejection sampling. EAGLE-3's
+    head drafts the same way, in its own vocabulary's ids (`draft_to_target` maps them)."""
     batch = topk_p.shape[0]
     n, topk, num_steps = (ctx.dims[k] for k in ("num_draft_tokens", "topk", "num_steps"))
     window = ctx.out_cache_loc.view(batch, -1)

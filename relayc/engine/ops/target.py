@@ -8,6 +8,7 @@ the argmax, what the sampler gives greedy rows, without the sampling work.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 
@@ -24,12 +25,23 @@ def next_token(ctx: StepContext, logits: torch.Tensor) -> torch.Tensor:
     return sample(logits, ctx.sampling, ctx.extras["sample_positions"])
 
 
-def target_prefill(ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Target forward over the prompts; (first tokens [B], hidden [T, H], committed lens [B])."""
+def target_prefill(
+    ctx: StepContext, capture: Sequence[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Target forward over the prompts; (first tokens [B], hidden [T, H], committed lens [B]).
+
+    With ``capture`` (EAGLE-3) the middle value is the captured layers' inputs instead,
+    ``[T, len(capture) * H]`` (``ForwardOutput.aux_hidden_states``)."""
     forward = ctx.prefill
     assert forward is not None, "a prefill op runs with the prefill batch in ctx"
-    out = ctx.model(forward)
-    return next_token(ctx, out.logits), out.hidden_states, forward.prefix_lens + forward.extend_lens
+    if not capture:
+        out = ctx.model(forward)
+        hidden = out.hidden_states
+    else:
+        out = ctx.model(forward, capture=capture)
+        assert out.aux_hidden_states is not None, "a captured forward returns its features"
+        hidden = out.aux_hidden_states
+    return next_token(ctx, out.logits), hidden, forward.prefix_lens + forward.extend_lens
 
 
 @implements("target_prefill")

@@ -17,7 +17,7 @@ Everything here is graph-safe: shapes depend on B and N only, no host reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -84,6 +84,45 @@ def impl_target_verify(
     seq_lens: torch.Tensor,
     req_pool_indices: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
+    logits, hidden = _verify(ctx, candidates, tree_mask, positions, seq_lens, req_pool_indices)
+    return {"logits": logits, "hidden_states": hidden}
+
+
+@implements("target_verify_aux")
+def impl_target_verify_aux(
+    ctx: StepContext,
+    *,
+    candidates: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """EAGLE-3's verify: the inputs of the drafter's capture layers instead of the last
+    hidden state, ``[B, N, 3 * hidden]``."""
+    logits, aux = _verify(
+        ctx,
+        candidates,
+        tree_mask,
+        positions,
+        seq_lens,
+        req_pool_indices,
+        capture=ctx.drafter.capture,
+    )
+    return {"logits": logits, "aux_hidden_states": aux}
+
+
+def _verify(
+    ctx: StepContext,
+    candidates: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    capture: Sequence[int] = (),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One target forward over every tree node: logits ``[B, N, V]`` and the last hidden
+    states ``[B, N, H]`` (with ``capture``: the captured layers' inputs)."""
     batch, n = candidates.shape
     # Dynamic draft length on a host-driven path: every chain of the batch stopped before
     # node `k`, so only the first `k` nodes can be accepted or sampled after; the rest of
@@ -103,12 +142,13 @@ def impl_target_verify(
         kv_cache=ctx.kv_cache,
         tree_mask=tree_mask if k == n else tree_mask[:, :k, :k].contiguous(),
     )
-    out = ctx.model(forward)
-    logits, hidden = out.logits.view(batch, k, -1), out.hidden_states.view(batch, k, -1)
+    out = ctx.model(forward, capture=capture) if capture else ctx.model(forward)
+    states = out.hidden_states if out.aux_hidden_states is None else out.aux_hidden_states
+    logits, hidden = out.logits.view(batch, k, -1), states.view(batch, k, -1)
     if k < n:
         logits = torch.cat([logits, logits.new_zeros(batch, n - k, logits.shape[2])], dim=1)
         hidden = torch.cat([hidden, hidden.new_zeros(batch, n - k, hidden.shape[2])], dim=1)
-    return {"logits": logits, "hidden_states": hidden}
+    return logits, hidden
 
 
 def target_probs(logits: torch.Tensor, ctx: StepContext) -> torch.Tensor:

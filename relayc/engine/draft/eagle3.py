@@ -1,0 +1,442 @@
+"""The EAGLE-3 draft head: multi-layer target features, its own layer, vocabulary and d2t map.
+
+SGLang 0.5.23's ``LlamaForCausalLMEagle3`` (``models/llama_eagle3.py``), one layer:
+
+- the target returns the inputs of three of its decoder layers (SGLang's
+  ``set_eagle3_layers_to_capture``: ``[2, L // 2, L - 3]`` by default, or ``id + 1`` for
+  each id of the head's ``eagle_config.eagle_aux_hidden_state_layer_ids``), concatenated
+  in layer order: ``[T, 3 * hidden]`` (``ForwardOutput.aux_hidden_states``);
+- draft extend projects them with ``fc`` (``3 * hidden -> hidden``); draft steps after it
+  feed the head's own output ``g`` back instead (hidden wide: no ``fc``, SGLang's shape
+  test in ``LlamaModel.forward``);
+- the layer (``midlayer``) normalises the token embedding (``input_layernorm``, the
+  target's embedding) and the hidden input (``hidden_norm``) separately and attends over
+  their concatenation ``[embed; hidden]`` (q/k/v read ``2 * hidden``); the hidden input
+  is the residual; ``g`` is its output *before* the final ``norm``, as SGLang relays it;
+- ``lm_head`` scores the head's own reduced vocabulary; ``d2t[i]`` is the offset that
+  takes draft id ``i`` to target id ``i + d2t[i]`` (SGLang's ``hot_token_id``).
+
+Draft ids stay draft ids through drafting -- the relayed ``topk_index`` and the tree's
+``draft_tokens`` -- and :meth:`Eagle3Head.to_target_ids` maps them where a target id is
+needed: the embedding of the next draft step, and the ``draft_to_target`` step before the
+tree is built (``relayc/specs/eagle3.yaml``). Drafting itself (``draft_tree``, the KV
+layout, scratch slots) is :class:`EagleHead`'s, through :meth:`step` and :meth:`logits`.
+
+Checkpoints use the EAGLE-3 layout SGLang and SpecForge read: ``config.json`` (a Llama
+config with ``num_hidden_layers: 1``, ``draft_vocab_size`` and optionally ``eagle_config``)
+and safetensors holding ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``,
+``d2t`` (int64 offsets) and ``t2d`` (bool, which target ids the draft vocabulary holds).
+An ``embed_tokens.weight`` in the file is ignored: SGLang replaces it with the target's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from relayc.engine.attention import PagedAttend, dense_causal_attention
+from relayc.engine.config import ModelConfig
+from relayc.engine.draft.eagle import EagleHead
+from relayc.engine.draft.layers import TargetParts, check_head_config
+from relayc.engine.draft.paged import (
+    last_rows,
+    padded_extend_batch,
+    padding_rows_zeroed,
+    top_k_probs,
+)
+from relayc.engine.draft.weights import init_module_random
+from relayc.engine.kv_cache import KVCache
+from relayc.engine.model import (
+    AttendFn,
+    Linear,
+    LlamaAttention,
+    LlamaForCausalLM,
+    LlamaMLP,
+    RMSNorm,
+    RotaryEmbedding,
+)
+from relayc.engine.weights import CheckpointError
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+NUM_FEATURE_LAYERS = 3  # the eagle3 spec's `3*hidden` features (SGLang's default count)
+LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+# config.json options of SGLang's EAGLE-3 head this one does not implement, each a clear error.
+_UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output", "bias")
+
+
+def capture_layers(num_layers: int, layer_ids: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The target layers whose *inputs* EAGLE-3 reads, as SGLang 0.5.23's
+    ``LlamaForCausalLM.set_eagle3_layers_to_capture`` picks them: ``[2, L // 2, L - 3]``
+    without ``layer_ids``, else ``id + 1`` per id (the output of layer ``id``). Three
+    distinct layers in ``0..L-1``, in layer order, or a ValueError saying what to set."""
+    if layer_ids is None:
+        chosen = [2, num_layers // 2, num_layers - 3]
+        source = f"SGLang's default [2, L // 2, L - 3] for the target's L = {num_layers} layers"
+    else:
+        ids = list(layer_ids)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(f"`eagle_config.{LAYER_IDS_KEY}` must list layer ids; got {ids}")
+        chosen = [i + 1 for i in ids]
+        source = f"`eagle_config.{LAYER_IDS_KEY}` {ids} (+1 each, as SGLang reads them)"
+    if (
+        len(chosen) != NUM_FEATURE_LAYERS
+        or len(set(chosen)) != len(chosen)
+        or not all(0 <= i < num_layers for i in chosen)
+    ):
+        raise ValueError(
+            f"EAGLE-3 reads the inputs of {NUM_FEATURE_LAYERS} distinct target layers in "
+            f"0..{num_layers - 1}; {source} gives {chosen}. Name {NUM_FEATURE_LAYERS} layer ids "
+            f"in 0..{num_layers - 2} as `eagle_config.{LAYER_IDS_KEY}` in the head's config.json"
+        )
+    return tuple(sorted(chosen))
+
+
+class Eagle3ExtendOutput(NamedTuple):
+    """What EAGLE-3's draft extend relays: the next top-k (draft ids) and the head's last g."""
+
+    topk_p: torch.Tensor  # [B, topk] float32
+    topk_index: torch.Tensor  # [B, topk] int64, ids of the head's draft vocabulary
+    hidden_states: torch.Tensor  # [B, hidden] model dtype, the head's g at the last position
+
+
+class Eagle3Layer(nn.Module):
+    """SGLang's EAGLE-3 input layer: attention over ``[norm(embed); hidden_norm(hidden)]``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c, dt = config, config.dtype
+        self.self_attn = LlamaAttention(config)
+        # q/k/v read the concatenation [embed; hidden]: twice the hidden size.
+        self.self_attn.q_proj = Linear(2 * c.hidden_size, c.num_heads * c.head_dim, dt)
+        self.self_attn.k_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, dt)
+        self.self_attn.v_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, dt)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [T, hidden]
+        hidden: torch.Tensor,  # [T, hidden]: fc(target features) or the head's previous g
+        positions: torch.Tensor,  # [T]
+        rotary: RotaryEmbedding,
+        attend: AttendFn,
+    ) -> torch.Tensor:
+        hidden = hidden.to(embeds.dtype)
+        rope = rotary.tables(positions, embeds.dtype)
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        residual = hidden + self.self_attn(x, rope, 0, attend)
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
+class Eagle3Head(EagleHead):
+    """A one-layer EAGLE-3 head over ``target``'s embedding, with its own LM head.
+
+    ``config`` describes the head's layer (``hidden_size`` and ``vocab_size`` are the
+    target's); ``capture`` the target layers it reads (:func:`capture_layers`). Weights
+    start uninitialised: use :meth:`random` or :meth:`load`. Tree drafting is
+    :class:`EagleHead`'s; the embedding of a draft step looks up ``to_target_ids(ids)``.
+    """
+
+    DRAFT_TYPE = "eagle3"
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        target: LlamaForCausalLM,
+        *,
+        draft_vocab_size: int,
+        capture: Sequence[int],
+    ) -> None:
+        # EagleHead's drafting, not its layer: its constructor would build an EAGLE layer.
+        nn.Module.__init__(self)
+        check_head_config(config, target)
+        if not 0 < draft_vocab_size <= config.vocab_size:
+            raise ValueError(
+                f"`draft_vocab_size` must lie in 1..{config.vocab_size} (the target's "
+                f"vocabulary); got {draft_vocab_size}"
+            )
+        self.config = config.replace(num_layers=1)
+        self.target = TargetParts.of(target)
+        self.capture = tuple(capture)
+        hidden, dtype = config.hidden_size, config.dtype
+        self.fc = Linear(len(self.capture) * hidden, hidden, dtype)
+        self.midlayer = Eagle3Layer(self.config)
+        self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
+        self.lm_head = Linear(hidden, draft_vocab_size, dtype)
+        self.d2t: torch.Tensor
+        self.t2d: torch.Tensor
+        self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
+        self.to(target.device)
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.lm_head.weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def set_vocabulary(self, target_ids: Sequence[int] | torch.Tensor) -> None:
+        """Make draft id ``i`` stand for target id ``target_ids[i]`` (sets ``d2t`` and ``t2d``)."""
+        ids = torch.as_tensor(target_ids, dtype=torch.int64, device=self.d2t.device)
+        check_vocabulary(ids, self.config.vocab_size, self.draft_vocab_size, "`target_ids`")
+        with torch.no_grad():
+            self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+            self.t2d.zero_()
+            self.t2d[ids] = True
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of draft ids (any shape): ``i + d2t[i]``, SGLang's ``hot_token_id[i]``."""
+        return draft_ids + self.d2t[draft_ids]
+
+    @classmethod
+    def random(  # type: ignore[override]
+        cls,
+        target: LlamaForCausalLM,
+        seed: int,
+        *,
+        draft_vocab_size: int | None = None,
+        layer_ids: Sequence[int] | None = None,
+        config: ModelConfig | None = None,
+    ) -> Eagle3Head:
+        """A seeded random head (tests; untrained). Its draft vocabulary is
+        ``draft_vocab_size`` target ids drawn by the seed (default: all, in order)."""
+        config = config or target.config
+        size = draft_vocab_size or config.vocab_size
+        head = cls(
+            config,
+            target,
+            draft_vocab_size=size,
+            capture=capture_layers(target.config.num_layers, layer_ids),
+        )
+        init_module_random(head, seed)
+        generator = torch.Generator().manual_seed(seed)
+        chosen = torch.randperm(config.vocab_size, generator=generator)[:size].sort().values
+        head.set_vocabulary(chosen if size < config.vocab_size else torch.arange(size))
+        return head
+
+    def save(self, directory: str | Path) -> Path:
+        """``config.json`` + ``model.safetensors`` in the EAGLE-3 layout SGLang loads."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        header = {
+            **self.config.to_hf_config(),
+            "architectures": [ARCHITECTURE],
+            "num_hidden_layers": 1,
+            "tie_word_embeddings": False,
+            "draft_vocab_size": self.draft_vocab_size,
+            "eagle_config": {LAYER_IDS_KEY: [i - 1 for i in self.capture]},
+        }
+        (directory / "config.json").write_text(json.dumps(header, indent=2, sort_keys=True) + "\n")
+        tensors = {
+            name: tensor.detach().to("cpu").contiguous()
+            for name, tensor in sorted(self.state_dict().items())
+        }
+        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, target: LlamaForCausalLM) -> Eagle3Head:
+        """An EAGLE-3 head from ``directory`` (SGLang / SpecForge layout), for ``target``."""
+        directory = Path(directory)
+        header = _read_config(directory)
+        where = directory / "config.json"
+        try:
+            config = ModelConfig.from_hf_config(header).replace(dtype=target.config.dtype)
+            eagle_config = header.get("eagle_config") or {}
+            capture = capture_layers(target.config.num_layers, eagle_config.get(LAYER_IDS_KEY))
+            head = cls(
+                config,
+                target,
+                draft_vocab_size=int(header.get("draft_vocab_size") or config.vocab_size),
+                capture=capture,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{where}: {exc}") from exc
+        _load_tensors(head, directory)
+        return head
+
+    def make_kv_cache(self, size: int) -> KVCache:
+        return KVCache.for_model(self.config, size, self.device)
+
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        attend: AttendFn,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step over flat tokens: ``input_ids`` are *draft* ids, ``hidden`` the
+        head's previous g. ``(logits [T, draft_vocab] float32, g [T, hidden])``."""
+        embeds = self.target.embed_tokens(self.to_target_ids(input_ids))
+        out = self.midlayer(embeds, hidden, positions, self.rotary, attend)
+        return self.logits(out), out
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(g)).float()
+
+    @torch.no_grad()
+    def extend(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        target_features: torch.Tensor,
+        lens: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        req_to_token: torch.Tensor,
+        kv_cache: KVCache,
+        *,
+        topk: int,
+        max_prefix_len: int,
+        out_cache_loc: torch.Tensor | None = None,
+    ) -> Eagle3ExtendOutput:
+        """Draft extend, as :meth:`EagleHead.extend` lays it out: ``input_ids [B, W]`` are
+        *target* ids (the tokens after the ones ``target_features [B, W, 3 * hidden]`` were
+        computed at), ``fc`` projects the features. The next top-k is in draft ids."""
+        batch_size, width = input_ids.shape
+        if topk > self.draft_vocab_size:
+            raise ValueError(
+                f"`topk` ({topk}) exceeds the EAGLE-3 head's draft vocabulary "
+                f"({self.draft_vocab_size} tokens)"
+            )
+        input_ids, target_features = padding_rows_zeroed(lens, input_ids, target_features)
+        batch = padded_extend_batch(
+            input_ids,
+            lens,
+            prefix_lens,
+            req_pool_indices,
+            req_to_token,
+            kv_cache,
+            max_prefix_len,
+            out_cache_loc,
+            self.config.max_position,
+        )
+        features = target_features.reshape(batch_size * width, -1).to(self.fc.weight.dtype)
+        out = self.midlayer(
+            self.target.embed_tokens(batch.input_ids),
+            self.fc(features),
+            batch.positions,
+            self.rotary,
+            PagedAttend.build(batch),
+        )[last_rows(lens, width)]
+        topk_p, topk_index, _ = top_k_probs(self.logits(out), topk)
+        return Eagle3ExtendOutput(topk_p, topk_index, out)
+
+    @torch.no_grad()
+    def forward_dense(
+        self, input_ids: torch.Tensor, target_features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft extend's reference: one sequence ``[S]`` of target ids from position 0 with
+        its features ``[S, 3 * hidden]``, no cache: ``(logits [S, draft_vocab], g [S, hidden])``."""
+        positions = torch.arange(input_ids.numel(), device=input_ids.device)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return dense_causal_attention(q, k, v)
+
+        hidden = self.fc(target_features.to(self.fc.weight.dtype))
+        out = self.midlayer(
+            self.target.embed_tokens(input_ids), hidden, positions, self.rotary, attend
+        )
+        return self.logits(out), out
+
+
+def check_vocabulary(target_ids: torch.Tensor, vocab_size: int, size: int, what: str) -> None:
+    """``target_ids`` (one per draft id) must be ``size`` distinct ids of the target."""
+    if target_ids.shape != (size,):
+        raise ValueError(f"{what} must hold {size} target ids; got shape {list(target_ids.shape)}")
+    bad = (target_ids < 0) | (target_ids >= vocab_size)
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"{what} maps draft id {first} to target id {int(target_ids[first])}, outside the "
+            f"target's vocabulary 0..{vocab_size - 1}"
+        )
+    if target_ids.unique().numel() != size:
+        raise ValueError(f"{what} maps two draft ids to the same target id")
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"EAGLE-3 head directory {directory} has no config.json")
+    header = json.loads(path.read_text())
+    architectures = header.get("architectures") or [ARCHITECTURE]
+    if not any("Eagle3" in str(a) for a in architectures):
+        raise CheckpointError(
+            f"{path}: `architectures` is {architectures}, not an EAGLE-3 head "
+            f"({ARCHITECTURE}); for an EAGLE-1 head use algorithm='eagle'"
+        )
+    problems = []
+    if header.get("num_hidden_layers", 1) != 1:
+        problems.append(f"`num_hidden_layers: {header['num_hidden_layers']}` (one layer only)")
+    if header.get("tie_word_embeddings"):
+        problems.append("`tie_word_embeddings: true` (the head needs its own lm_head)")
+    target_hidden = header.get("target_hidden_size")
+    if target_hidden is not None and target_hidden != header.get("hidden_size"):
+        problems.append(f"`target_hidden_size: {target_hidden}` unlike the head's `hidden_size`")
+    eagle_config = header.get("eagle_config") or {}
+    for flag in _UNSUPPORTED_FLAGS:
+        if header.get(flag) or eagle_config.get(flag):
+            problems.append(f"`{flag}: true`")
+    if problems:
+        raise CheckpointError(
+            f"{path}: relayc's EAGLE-3 head does not implement " + "; ".join(problems)
+        )
+    return header
+
+
+def _load_tensors(head: Eagle3Head, directory: Path) -> None:
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        found = ", ".join(sorted(p.name for p in directory.iterdir())) or "nothing"
+        raise CheckpointError(
+            f"EAGLE-3 head directory {directory} has no *.safetensors file (found: {found}); "
+            "convert a pytorch_model.bin with safetensors.torch.save_file"
+        )
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        tensors.update(load_file(str(path)))
+    tensors.pop("embed_tokens.weight", None)  # SGLang uses the target's embedding instead
+    expected = head.state_dict()
+    if "d2t" not in tensors and head.draft_vocab_size == head.config.vocab_size:
+        tensors["d2t"] = torch.zeros(head.draft_vocab_size, dtype=torch.int64)
+    if "t2d" not in tensors:  # optional: derived from d2t
+        tensors["t2d"] = torch.zeros(head.config.vocab_size, dtype=torch.bool)
+        if "d2t" in tensors:
+            ids = tensors["d2t"].long() + torch.arange(tensors["d2t"].numel())
+            tensors["t2d"][ids.clamp(0, head.config.vocab_size - 1)] = True
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        parts = [f"lacks {', '.join(f'`{n}`' for n in missing)}"] if missing else []
+        parts += [f"has unexpected {', '.join(f'`{n}`' for n in unexpected)}"] if unexpected else []
+        raise CheckpointError(f"EAGLE-3 head {directory} " + " and ".join(parts))
+    with torch.no_grad():
+        for name, param in expected.items():
+            tensor = tensors[name]
+            if tensor.shape != param.shape:
+                raise CheckpointError(
+                    f"tensor `{name}` in {directory} has shape {list(tensor.shape)}, the "
+                    f"config needs {list(param.shape)}"
+                )
+            param.copy_(tensor.to(param.dtype))
+    try:
+        ids = head.d2t + torch.arange(head.draft_vocab_size, device=head.d2t.device)
+        check_vocabulary(ids, head.config.vocab_size, head.draft_vocab_size, "`d2t`")
+        if not torch.equal(head.t2d.nonzero()[:, 0].sort().values, ids.sort().values):
+            raise ValueError("`t2d` does not mark exactly the target ids `d2t` maps to")
+    except ValueError as exc:
+        raise CheckpointError(f"EAGLE-3 head {directory}: {exc}") from exc

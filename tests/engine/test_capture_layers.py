@@ -1,0 +1,109 @@
+"""EAGLE-3's target features: ``forward(batch, capture=...)`` returns the inputs of the named
+decoder layers, on every CPU decoder path, without changing the forward's own outputs.
+
+A captured forward runs its layers in segments (one native or scripted call each): the
+logits and last hidden states must be the same bits as the uncaptured forward's, and each
+captured state the one an eager layer-by-layer loop computes at that point.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import relayc.engine.cpu_decoder as cpu_module
+import relayc.engine.native as native_module
+from relayc.engine.config import ModelConfig
+from relayc.engine.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.weights import random_model
+from tests.engine.helpers import PagedDriver
+
+CONFIG = ModelConfig(num_layers=5)
+CAPTURE = [4, 1, 2]  # any order in; layer order out
+
+
+def _batch(driver: PagedDriver, model: LlamaForCausalLM, width: int) -> ForwardBatch:
+    """Two requests with a cached prefix, then a ``width``-token extend (not committed)."""
+    reqs = [driver.new_request() for _ in range(2)]
+    driver.extend(reqs, [[5, 9, 11], [7, 1, 3, 200]])
+    chunks = [[(17 * i + 3 * r) % 250 for i in range(width)] for r in range(2)]
+    return ForwardBatch.build(
+        ForwardMode.EXTEND,
+        chunks,
+        reqs,
+        [driver.lens[r] for r in reqs],
+        driver._alloc(2 * width),
+        driver.req_pool.req_to_token,
+        driver.kv_cache,
+        return_all_logits=True,
+    )
+
+
+def _eager_layer_inputs(model: LlamaForCausalLM, batch: ForwardBatch) -> list[torch.Tensor]:
+    """The input of every layer (and the last output), by the plain module loop."""
+    from relayc.engine.attention import PagedAttend
+
+    x = model.model.embed_tokens(batch.input_ids)
+    rope = model.rotary.tables(batch.positions, x.dtype)
+    attend = PagedAttend.build(batch)
+    states = [x]
+    for index, layer in enumerate(model.model.layers):
+        x = layer(x, rope, model.rotary, index, attend)
+        states.append(x)
+    return states
+
+
+@pytest.mark.parametrize("path", ["native", "scripted", "eager"])
+@pytest.mark.parametrize("width", [1, 3, 70])  # 70 tokens: above the native decoder's limit
+def test_captured_forward_keeps_its_outputs_and_returns_the_layer_inputs(
+    path: str, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    native_runs: list[int] = []
+    if path == "native":
+        assert native_module.native_decoder() is not None, "the native decoder should build here"
+        real = cpu_module._NativeWeights.run
+
+        def run(self: Any, *args: Any) -> torch.Tensor:
+            native_runs.append(1)
+            return real(self, *args)
+
+        monkeypatch.setattr(cpu_module._NativeWeights, "run", run)
+    else:
+        monkeypatch.setattr(native_module, "native_decoder", lambda: None)
+    model = random_model(CONFIG, seed=4)
+    if path != "eager":
+        use_cpu_matmul_layout(model)
+    driver = PagedDriver(model, kv_size=512, req_slots=4, max_context=128, shuffle_seed=2)
+    batch = _batch(driver, model, width)
+    plain = model(batch)
+    runs_before = len(native_runs)
+    captured = model(batch, capture=CAPTURE)
+    assert plain.aux_hidden_states is None
+    assert torch.equal(captured.logits, plain.logits)
+    assert torch.equal(captured.hidden_states, plain.hidden_states)
+    with torch.no_grad():
+        states = _eager_layer_inputs(model, batch)
+    expected = torch.cat([states[i] for i in sorted(CAPTURE)], dim=-1)
+    assert captured.aux_hidden_states is not None
+    assert captured.aux_hidden_states.shape == (2 * width, 3 * CONFIG.hidden_size)
+    if path == "eager":
+        assert torch.equal(captured.aux_hidden_states, expected)
+    else:
+        # The native GEMMs sum in another order than MKL's: close to the eager bits.
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(captured.aux_hidden_states, expected, rtol=0, atol=1e-5 * scale)
+    if path == "native" and 2 * width <= cpu_module.NATIVE_MAX_TOKENS:
+        # Segments [0, 1), [1, 2), [2, 4), [4, 5): four native calls, none eager.
+        assert len(native_runs) - runs_before == 4
+
+
+def test_capture_names_distinct_layers_of_the_model() -> None:
+    model = random_model(CONFIG, seed=4)
+    driver = PagedDriver(model, kv_size=256, req_slots=4, max_context=64)
+    batch = _batch(driver, model, 2)
+    for bad in ([1, 1, 2], [0, 5], [-1]):
+        with pytest.raises(ValueError, match=r"`capture` names distinct decoder layers in 0\.\.4"):
+            model(batch, capture=bad)
