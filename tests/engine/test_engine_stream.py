@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -11,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from relayc.cli import main
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.overlap import InlineRunner, ThreadRunner
-from relayc.tools.generate import _printable, add_generate_command
+from relayc.tools.generate import _printable
 from tests.engine.engine_helpers import (
     assert_idle,
     one_intra_op_thread,  # noqa: F401 - autouse fixture
@@ -117,13 +117,7 @@ def test_overlap_outputs_are_the_same_with_one_request_jobs_inline_or_on_the_wor
 
 
 def _generate_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="relayc")
-    add_generate_command(parser.add_subparsers(dest="command"))
-    try:  # bad arguments are usage errors while parsing, before any model loads
-        args = parser.parse_args(["generate", *argv])
-        code = args.func(args)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 2
+    code = main(["generate", *argv])  # usage errors: one line and 2, from relayc's main
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -150,7 +144,7 @@ def test_relayc_generate_streams_text_and_a_summary(capsys: pytest.CaptureFixtur
     assert code == 2 and stdout == ""
     assert "relayc generate: error: argument --top-p: must be a finite number in (0, 1]" in stderr
     code, _, stderr = _generate_cli(["--prompt", "x", "--model", "/no/such/dir"], capsys)
-    assert code == 2 and "no checkpoint folder '/no/such/dir'" in stderr
+    assert code == 2 and "no model '/no/such/dir'" in stderr
     assert _printable("a\x1b[31m\n") == "a\\x1b[31m\n"
 
 
