@@ -186,3 +186,21 @@ def test_chat_needs_a_tokenizer(
     argv = ["generate", "--model", str(checkpoints["no-tokenizer"]), "--chat", "hi"]
     assert main(argv) == EXIT_USAGE
     assert "--prompt-ids" in _error_line(capsys)
+
+
+def test_a_broken_gguf_file_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from relayc.engine.checkpoints.gguf import save_gguf
+
+    path = save_gguf(random_model(seed=0), tmp_path / "model.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    assert main(["generate", "--model", str(cut), "--prompt-ids", "1,2"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    progress, line = err.strip().splitlines()  # what was being read, then why it failed
+    assert progress == "reading cut.gguf ..."
+    assert line.startswith("relayc generate: error: ")
+    assert str(cut) in line and "copy it again" in line
+    assert main(["generate", "--model", str(path), "--prompt-ids", "1,2"]) == EXIT_OK
