@@ -2,6 +2,19 @@
 
     python bench/peers.py [--quick] [--prompts 16] [--max-new-tokens 64] [--repeats 3]
                           [--batch-sizes 1,8] [--threads 1] [--no-overlap] [--no-llama-cpp]
+    python bench/peers.py --model smollm2 [--dtypes float32,bfloat16] [--quick] ...
+
+``--model smollm2``: the real model, SmolLM2-135M-Instruct, from the one GGUF file both
+read (relayc's loader and transformers' own GGUF loader), on the held-out chat prompts
+(relayc/assets/chat), at each of ``--dtypes``: relayc none / ngram / eagle3 (when a head
+ships for it) against transformers' greedy ``generate`` and prompt lookup at the same
+precision (no draft model shares SmolLM2's tokenizer, so no assisted generation), and
+llama.cpp greedy on the same file when llama-cpp-python is installed. Requests stop at the
+model's end-of-generation tokens, as a chat user's do. relayc's rows must equal relayc's
+greedy ``none`` at the same precision token for token; transformers' rows are checked by
+teacher forcing (each of its tokens against relayc's argmax over its own sequence: two
+float implementations part ways on near-ties in long generations, so comparing two
+generations says little), and the share that agrees is printed.
 
 The shipped demo target (a 6-layer byte-level Llama) and its standalone draft model are
 plain ``LlamaForCausalLM`` checkpoints, so transformers loads them unchanged. Every peer
@@ -353,8 +366,202 @@ def summary(by_batch: dict[int, dict[str, float]], metric: str) -> None:
             )
 
 
+# -- the real model --------------------------------------------------------------------------
+
+REAL_RELAYC: list[tuple[str, str, dict[str, int]]] = [
+    ("relayc none", "none", {}),
+    ("relayc ngram", "ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 8}),
+    ("relayc eagle3", "eagle3", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
+]
+
+
+def real_relayc_peers(max_new_tokens: int, dtype: str, overlap: bool) -> tuple[list[Peer], Any]:
+    """relayc's rows on SmolLM2 at ``dtype`` (one model shared by every engine), and the
+    `none` engine (for the teacher-forced check)."""
+    from relayc.engine import Engine, SamplingParams
+
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    peers: list[Peer] = []
+    first: Any = None
+    for label, algorithm, sizes in REAL_RELAYC:
+        try:
+            if first is None:
+                engine = first = Engine("smollm2", dtype=dtype, overlap=overlap, **sizes)
+            else:
+                engine = Engine(
+                    first.model,
+                    algorithm=algorithm,
+                    overlap=overlap,
+                    tokenizer=first.tokenizer,
+                    draft_model=None,
+                    **sizes,
+                )
+        except (ValueError, FileNotFoundError) as exc:  # no head ships for it yet
+            print(f"{label} skipped: {exc}")
+            continue
+
+        def run(
+            prompts: list[list[int]], group: int, engine: Any = engine
+        ) -> tuple[list[list[int]], list[float]]:
+            outs = [
+                out
+                for g in range(0, len(prompts), group)
+                for out in engine.generate(prompts[g : g + group], params)
+            ]
+            return [o.token_ids for o in outs], [float(a) for o in outs for a in o.accept_lengths]
+
+        peers.append(Peer(f"{label} {dtype}", run, close=engine.close))
+    return peers, first
+
+
+def teacher_forced_agreement(
+    engine: Any, prompts: list[list[int]], outputs: list[list[int]]
+) -> float:
+    """The share of ``outputs``' tokens that are relayc's argmax given the tokens before them
+    (near-ties, a top-2 gap under 1e-3, count as agreeing: either token is right there)."""
+    agree = total = 0
+    for prompt, output in zip(prompts, outputs, strict=True):
+        if not output:
+            continue
+        ids = torch.tensor(prompt + output)
+        logits = engine.model.forward_dense(ids).logits[len(prompt) - 1 : -1]
+        top2 = logits.topk(2, dim=-1)
+        got = torch.tensor(output)
+        tie = (top2.values[:, 0] - top2.values[:, 1]) < 1e-3
+        agree += int(((top2.indices[:, 0] == got) | tie).sum())
+        total += len(output)
+    return agree / max(total, 1)
+
+
+def real_model_main(args: argparse.Namespace) -> None:
+    from relayc.tools.demo import chat_prompts
+    from relayc.tools.peers import HFTarget
+
+    chats = chat_prompts()[: args.prompts]
+    by_batch: dict[str, dict[str, float]] = {}
+    by_batch_cpu: dict[str, dict[str, float]] = {}
+    for dtype in args.dtypes.split(","):
+        peers, reference_engine = real_relayc_peers(args.max_new_tokens, dtype, not args.no_overlap)
+        prompts = [reference_engine.encode(c) for c in chats]
+        hf = HFTarget.smollm2(args.max_new_tokens, getattr(torch, dtype))
+        hf_rows = [hf.greedy(), hf.prompt_lookup(args.prompt_lookup_tokens)]
+        for peer in hf_rows:
+            peer.label = f"{peer.label} {dtype}"
+        try:
+            for group in (int(b) for b in args.batch_sizes.split(",")):
+                reference = peers[0].run(prompts, 1)[0]
+                batch_peers = [p for p in [*peers, *hf_rows] if p.max_batch >= group]
+                total = sum(len(r) for r in reference)
+                print(
+                    f"\nSmolLM2-135M-Instruct {dtype}: {len(prompts)} held-out chat prompts, "
+                    f"{group} at a time, up to {args.max_new_tokens} new tokens ({total} in "
+                    f"`none`'s answers), {args.threads} torch thread(s), best of {args.repeats} "
+                    "round-robin runs"
+                )
+                results = measure(batch_peers, prompts, group, args.repeats, None)
+                for result in results:
+                    if result.label.startswith("hf"):
+                        share = teacher_forced_agreement(reference_engine, prompts, result.outputs)
+                        print(
+                            f"  {result.label}: {share:.1%} of its tokens are relayc's argmax "
+                            "under teacher forcing"
+                        )
+                        if sum(map(len, result.outputs)) != total:
+                            print(f"  {result.label}: answers of other lengths than `none`'s")
+                key = f"{dtype}, {group} at a time"
+                by_batch[key], by_batch_cpu[key] = report_real(
+                    results, reference, total, args.min_cpu_share, dtype
+                )
+        finally:
+            for peer in [*peers, *hf_rows]:
+                peer.close()
+    starved = any(len(tps) < len(by_batch_cpu[b]) for b, tps in by_batch.items())
+    figures = by_batch_cpu if starved else by_batch
+    print(f"\ntargets (measured ratio of {'tokens/cpu-s' if starved else 'tokens/s'}):")
+    for key, tps in figures.items():
+        dtype = key.split(",")[0]
+        none, greedy = tps.get(f"relayc none {dtype}"), tps.get(f"{HF_GREEDY} {dtype}")
+        ours = {k: v for k, v in tps.items() if k.startswith("relayc") and "none" not in k}
+        theirs = {k: v for k, v in tps.items() if k.startswith("hf")}
+        line = [key]
+        if none and greedy:
+            line.append(f"none / hf greedy = {none / greedy:.2f}x (target 1.5x)")
+        if ours and none:
+            best = max(ours, key=ours.get)  # type: ignore[arg-type]
+            line.append(f"best speculative ({best}) / none = {ours[best] / none:.2f}x (target 2x)")
+        if theirs:
+            everything = {**ours, **({"relayc none": none} if none else {})}
+            best_ours = max(everything, key=everything.get)  # type: ignore[arg-type]
+            best_theirs = max(theirs, key=theirs.get)  # type: ignore[arg-type]
+            line.append(
+                f"relayc best / hf best = {everything[best_ours] / theirs[best_theirs]:.2f}x "
+                "(target 2.5x)"
+            )
+        print("  " + "; ".join(line))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"tokens_per_s": by_batch, "tokens_per_cpu_s": by_batch_cpu}, indent=1)
+        )
+
+
+def report_real(
+    results: Sequence[Result], reference: list[list[int]], tokens: int, min_share: float, dtype: str
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The real model's table: tokens/s over `none`'s answer tokens (every row emits the
+    same answers, transformers' up to near-ties), against `none` at the same precision."""
+    from relayc.specs.explain import table
+
+    tps = {}
+    for r in results:
+        best = r.best(min_share)
+        if best is not None:
+            tps[r.label] = tokens / best.wall
+    per_cpu = {r.label: tokens / r.least_cpu() for r in results}
+    none = tps.get(f"relayc none {dtype}")
+    rows = []
+    for r in results:
+        rate = tps.get(r.label)
+        rows.append(
+            [
+                r.label,
+                "starved" if rate is None else f"{rate:.1f}",
+                "-" if rate is None or none is None else f"{rate / none:.2f}x",
+                f"{per_cpu[r.label]:.1f}",
+                f"{sum(r.accepts) / len(r.accepts):.2f}" if r.accepts else "-",
+                " ".join(f"{t.share:.2f}" + ("*" if t.share < min_share else "") for t in r.runs),
+                "yes"
+                if r.outputs == reference
+                else ("teacher-forced" if r.label.startswith("hf") else "NO"),
+            ]
+        )
+    print(
+        table(
+            [
+                "peer",
+                "tokens/s",
+                "vs relayc none",
+                "tokens/cpu-s",
+                "accept len",
+                "cpu/wall per run",
+                "identical",
+            ],
+            rows,
+        )
+    )
+    return tps, per_cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model",
+        choices=("toy", "smollm2"),
+        default="toy",
+        help="the shipped byte-level demo models (default) or SmolLM2-135M-Instruct",
+    )
+    parser.add_argument(
+        "--dtypes", default="float32,bfloat16", help="--model smollm2: precisions, one table each"
+    )
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (best of N)")
@@ -378,6 +585,9 @@ def main() -> None:
         args.prompts, args.max_new_tokens, args.repeats = 4, 32, 2
         args.batch_sizes = "1"
     set_cpu_threads(args.threads)
+    if args.model == "smollm2":
+        real_model_main(args)
+        return
     tokenizer = ByteTokenizer()
     prompts = [tokenizer.encode(p, add_bos=True) for p in heldout_prompts()[: args.prompts]]
     if not prompts:

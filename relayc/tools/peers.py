@@ -16,7 +16,7 @@ when a peer is built; :func:`transformers_missing` says why it cannot be, withou
 from __future__ import annotations
 
 import contextlib
-import os
+import functools
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -106,16 +106,22 @@ def left_padded(
 
 @contextlib.contextmanager
 def quiet_tqdm() -> Iterator[None]:
-    """No tqdm progress bars inside (tqdm reads its defaults from ``TQDM_*``)."""
-    before = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
+    """No progress bar from transformers' GGUF loader inside: it calls tqdm itself, past
+    transformers' own progress-bar switch (and tqdm reads ``TQDM_*`` only when imported)."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # another transformers layout: a bar is all it costs
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(original, disable=True)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["TQDM_DISABLE"]
-        else:
-            os.environ["TQDM_DISABLE"] = before
+        gguf_utils.tqdm = original
 
 
 def load_llama(directory: Path) -> Any:
