@@ -395,6 +395,8 @@ static AMX_TARGET void gemm_amx(const uint16_t *xb, int M, int Kp, const uint16_
         cfg.colsb[t] = 64;
     }
     _tile_loadconfig(&cfg);
+    /* GCC's tileloadd asm names no memory: keep the stores that rounded xb before it */
+    __asm__ volatile("" ::: "memory");
     float tile[4][16][16] __attribute__((aligned(64)));
     const int panels = N / 16, depth = Kp / 32;
     const size_t stride = (size_t)Kp * 16, a_stride = (size_t)Kp * sizeof(uint16_t);
@@ -456,7 +458,9 @@ static int bf16_probe(void) {
     if ((c >> 27) & 1) __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     if (avx512f && ((a1 >> 5) & 1) && (lo & 0xe6) == 0xe6) found |= 1 << BF16_AVX512;
 #if defined(RELAYC_AMX)
-    /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18) */
+    /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18); granted already if oneDNN
+       asked first; refused (then AVX512-BF16 runs) where a thread's sigaltstack is too
+       small for the larger signal frame. */
     if (amx_tile && amx_bf16 && syscall(SYS_arch_prctl, 0x1023, 18) == 0) found |= 1 << BF16_AMX;
 #else
     (void)amx_bf16;
