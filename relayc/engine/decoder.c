@@ -11,8 +11,8 @@
  * order, and every attention row is computed on its own, so a token's result does not
  * depend on how many rows the call has: a one-token decode and a verify row over the
  * same context give the same bits. Weights come packed in 16-column panels (see gemm);
- * the GEMMs stream each weight once for up to six rows at a time, which is what a
- * small-batch forward is bound by.
+ * the GEMMs stream each weight once for up to six rows at a time (eight with
+ * AVX512-BF16, sixteen with AMX), which is what a small-batch forward is bound by.
  *
  * Two weight types, one entry point each, the same layer code:
  *   relayc_decoder       float32 weights and K/V cache.
