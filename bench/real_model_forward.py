@@ -1,16 +1,18 @@
 """One paged forward of the real model (SmolLM2-135M), per CPU decoder path and dtype.
 
-    python bench/real_model_forward.py [--prefix 200] [--widths 1,4,8] [--iters 10]
-                                       [--threads 1] [--paths all]
+    python bench/real_model_forward.py [--prefix 200] [--widths 1,4,8,16,32,64]
+                                       [--iters 10] [--threads 1] [--paths all]
 
 Times ``LlamaForCausalLM.forward`` over a cached context of ``--prefix`` tokens: width 1
 is a one-token decode, wider a chain verify of that many tokens. Paths: ``f32-native``
 (decoder.c, float32 weights), ``f32-scripted`` (the TorchScript layers, MKL), ``f32-eager``,
-``bf16-native`` (decoder.c, bfloat16 weights), ``bf16-eager`` (torch's bfloat16 ops,
-oneDNN). Every (path, width) is timed round robin, best of ``--iters``; the wall time and
-the process CPU time of that best run are printed, so a run that was starved of the CPU
-(cpu/wall well under 1 with one thread) is visible. The last columns are each path's time
-over the engine's default path for its dtype (``f32-native``, ``bf16-native``).
+``bf16-amx``, ``bf16-avx512bf16``, ``bf16-portable`` (decoder.c, bfloat16 weights, with
+that GEMM kernel: relayc.engine.native.BF16_KERNELS; those the CPU lacks are left out),
+``bf16-eager`` (torch's bfloat16 ops, oneDNN). Every (path, width) is timed round robin,
+best of ``--iters``; the wall time and the process CPU time of that best run are printed,
+so a run that was starved of the CPU (cpu/wall well under 1 with one thread) is visible.
+Each cell's ``xN`` is its time over the engine's default path for its dtype
+(``f32-native``; for bfloat16 the kernel the machine picks, marked ``*``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 
-PATHS = ("f32-native", "f32-scripted", "f32-eager", "bf16-native", "bf16-eager")
+KERNEL_PATHS = tuple(f"bf16-{name}" for name in native_module.BF16_KERNELS)
+PATHS = ("f32-native", "f32-scripted", "f32-eager", *KERNEL_PATHS, "bf16-eager")
 
 
 def _no_native() -> None:
@@ -75,7 +78,7 @@ def paged_steps(model: LlamaForCausalLM, prefix: int, widths: list[int]) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefix", type=int, default=200)
-    parser.add_argument("--widths", default="1,4,8")
+    parser.add_argument("--widths", default="1,4,8,16,32,64")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--paths", default="all", help=f"comma-separated of {', '.join(PATHS)}")
@@ -95,15 +98,27 @@ def main() -> None:
             models[dtype] = model
             steps[dtype] = paged_steps(model, args.prefix, widths)
     real_native = native_module.native_decoder
-    assert real_native() is not None, "the native decoder did not build"
+    lib = real_native()
+    assert lib is not None, "the native decoder did not build"
+    machine = f"bf16-{native_module.bf16_kernel(lib)}"
+    missing = [
+        p for p in paths if p in KERNEL_PATHS and p[5:] not in native_module.bf16_kernels(lib)
+    ]
+    if missing:
+        print(f"left out (this CPU lacks the kernel): {', '.join(missing)}")
+        paths = [p for p in paths if p not in missing]
 
     def run(path: str, width: int) -> Callable[[], None]:
         dtype = torch.float32 if path.startswith("f32") else torch.bfloat16
         model, scripted, step = models[dtype], models[dtype].scripted, steps[dtype][width]
 
+        eager, native = path.endswith("eager"), not path.endswith(("eager", "scripted"))
+
         def forward() -> None:
-            model.scripted = None if path.endswith("eager") else scripted
-            native_module.native_decoder = real_native if path.endswith("native") else _no_native
+            model.scripted = None if eager else scripted
+            native_module.native_decoder = real_native if native else _no_native
+            if path in KERNEL_PATHS:
+                native_module.use_bf16_kernel(lib, path[5:])
             try:
                 model(step)
             finally:
@@ -113,23 +128,17 @@ def main() -> None:
         return forward
 
     runs = {(p, w): run(p, w) for p in paths for w in widths}
-    for fn in runs.values():  # warm up: packing, TorchScript's first run, oneDNN's kernels
-        fn()
-    best = {key: (float("inf"), 0.0) for key in runs}
-    for _ in range(args.iters):
-        for key, fn in runs.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            fn()
-            wall, used = time.perf_counter() - start, time.process_time() - start_cpu
-            if wall < best[key][0]:
-                best[key] = (wall, used)
+    try:
+        best = _time(runs, args.iters)
+    finally:
+        native_module.use_bf16_kernel(lib, machine[5:])
     print(
         f"SmolLM2-135M, context {args.prefix}, {args.threads} thread(s), best of {args.iters}: "
         "wall ms (process cpu / wall of that run)"
     )
-    print(f"{'path':<14}" + "".join(f"{f'{w} row' + ('s' if w > 1 else ''):>20}" for w in widths))
+    print(f"{'path':<17}" + "".join(f"{f'{w} row' + ('s' if w > 1 else ''):>20}" for w in widths))
     for path in paths:
-        default = "f32-native" if path.startswith("f32") else "bf16-native"
+        default = "f32-native" if path.startswith("f32") else machine
         cells = []
         for width in widths:
             wall, used = best[(path, width)]
@@ -137,8 +146,27 @@ def main() -> None:
             if default in paths and path != default:
                 ratio = f" x{wall / best[(default, width)][0]:.2f}"
             cells.append(f"{wall * 1e3:7.1f} ({used / wall:.2f}){ratio:>6}")
-        print(f"{path:<14}" + "".join(f"{c:>20}" for c in cells))
-    print("xN: time over the native path of the same dtype")
+        name = path + (" *" if path == machine else "")
+        print(f"{name:<17}" + "".join(f"{c:>20}" for c in cells))
+    print("xN: time over the native path of the same dtype (*: the kernel this machine runs)")
+
+
+def _time(
+    runs: dict[tuple[str, int], Callable[[], None]], iters: int
+) -> dict[tuple[str, int], tuple[float, float]]:
+    """Best (wall, process cpu) seconds per run over ``iters`` round-robin rounds, after one
+    warm-up round (packing, TorchScript's first run, oneDNN's kernels)."""
+    for fn in runs.values():
+        fn()
+    best = {key: (float("inf"), 0.0) for key in runs}
+    for _ in range(iters):
+        for key, fn in runs.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall, used = time.perf_counter() - start, time.process_time() - start_cpu
+            if wall < best[key][0]:
+                best[key] = (wall, used)
+    return best
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ weights    decoder layers                            final norm + LM head
 float32    native: uniform batches of <= 64 tokens;  native: <= 64 rows; else eager (MKL)
            else TorchScript (MKL)
 bfloat16   native: uniform batches of <= 64 tokens;  native: <= 64 rows; else eager
-           else eager (oneDNN bf16, AMX)
+           else eager (oneDNN bf16)
 other      eager                                     eager
 =========  ========================================  =======================================
 
@@ -25,11 +25,15 @@ The native paths are the ones whose rows do not depend on the batch (a token's l
 the same bits decoded alone or inside a verify), which speculative greedy decoding needs
 to equal plain greedy decoding exactly; the engine's default verify (4 tokens a request)
 stays native up to 16 requests, an 8-token verify up to 8. Above the limits (a prompt's
-prefill, a large batch) the forward is compute-bound and the library GEMMs are faster. The
-native bfloat16 GEMM widens every weight and multiplies in float32 (one 16-lane FMA per
-16 weights and row): it beats oneDNN's bfloat16 up to about 16 rows and is 0.7-0.8x of it
-from 24 to 64, but the limit stays at 64, as for float32, so that 8 requests verifying 8
-tokens each -- the batched speculative case -- keep rows that do not depend on the batch.
+prefill, a large batch) the forward is compute-bound and the library GEMMs are faster.
+
+The native bfloat16 GEMMs round their input activations to bfloat16 and sum the exact
+products in float32, with the best kernel the CPU has, one per process (decoder.c's
+gemm_bf16; relayc.engine.native.bf16_kernel): AMX tiles, AVX512-BF16 (vdpbf16ps), or
+weights widened to float32 (any CPU). With AVX512-BF16 (AMD Zen 5, no AMX) they are 0.9x
+oneDNN's time at 64 rows and faster below (an 8-row verify 1.7x a decode; 2.6-2.9x widened);
+so the limit is 64, as for float32, also because 8 requests verifying 8 tokens each -- the
+batched speculative case -- need rows that do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -49,9 +53,8 @@ if TYPE_CHECKING:
 # Above this many tokens (a prompt's prefill) a forward is compute-bound and MKL's GEMMs,
 # through the TorchScript layers, are faster than the native decoder's.
 NATIVE_MAX_TOKENS = 64
-# The same for bfloat16 weights. oneDNN's bf16 GEMMs (AMX here) are faster from 24 rows
-# (native 1.04-1.11x faster at 16 rows, 0.80x at 24), but only the native rows are
-# batch-independent, which lossless batched speculation needs (module docstring).
+# The same for bfloat16 weights: 64 at least, whatever oneDNN's speed, since only the native
+# rows are batch-independent, which lossless batched speculation needs (module docstring).
 NATIVE_MAX_TOKENS_BF16 = 64
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -230,17 +233,18 @@ class ScriptedLayers:
 def _pack(weight: torch.Tensor) -> torch.Tensor:
     """A ``[out, in]`` weight as decoder.c reads it: panels of 16 output columns (``out``
     padded with zero columns to a multiple of 16). float32: each panel ``[in, 16]``
-    contiguous. bfloat16: each panel ``[in / 2, 16, 2]``, k in pairs (an odd ``in`` padded
-    with a zero row), so one 64-byte load holds two k steps of the panel's 16 columns."""
+    contiguous. bfloat16: each panel ``[in' / 2, 16, 2]``, k in pairs, ``in`` padded with
+    zero rows to ``in'``, a multiple of 32 -- AMX's VNNI layout, one B tile per 32 k, and
+    what vdpbf16ps reads: one 64-byte load holds two k steps of the panel's 16 columns."""
     k_by_n = weight.detach().t()
     rows, cols = k_by_n.shape
     if cols % 16:
         k_by_n = torch.cat([k_by_n, k_by_n.new_zeros(rows, 16 - cols % 16)], dim=1)
         cols = k_by_n.shape[1]
     if weight.dtype == torch.bfloat16:
-        if rows % 2:
-            k_by_n = torch.cat([k_by_n, k_by_n.new_zeros(1, cols)], dim=0)
-            rows += 1
+        if rows % 32:
+            k_by_n = torch.cat([k_by_n, k_by_n.new_zeros(32 - rows % 32, cols)], dim=0)
+            rows = k_by_n.shape[0]
         return k_by_n.reshape(rows // 2, 2, cols // 16, 16).permute(2, 0, 3, 1).contiguous()
     return k_by_n.reshape(rows, cols // 16, 16).permute(1, 0, 2).contiguous()
 
@@ -270,8 +274,9 @@ class NativeHead:
 
     def logits(self, lib: ctypes.CDLL, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` float32 of ``hidden [..., hidden_size]`` (any leading
-        shape: rows are independent, so they are flattened and shaped back). The norm and
-        the products run in float32 whatever the weights' dtype."""
+        shape: rows are independent, so they are flattened and shaped back). The norm runs
+        in float32; with bfloat16 weights the products take its output rounded to
+        bfloat16 (decoder.c's gemm_bf16)."""
         width = self.width
         if hidden.dim() == 0 or hidden.shape[-1] != width:
             # decoder.c reads ``width`` floats per row: a narrower row would read past it.

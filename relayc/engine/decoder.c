@@ -11,23 +11,27 @@
  * order, and every attention row is computed on its own, so a token's result does not
  * depend on how many rows the call has: a one-token decode and a verify row over the
  * same context give the same bits. Weights come packed in 16-column panels (see gemm);
- * the GEMMs stream each weight once for up to six rows at a time, which is what a
- * small-batch forward is bound by.
+ * the GEMMs stream each weight once for up to six rows at a time (eight with
+ * AVX512-BF16, sixteen with AMX), which is what a small-batch forward is bound by.
  *
  * Two weight types, one entry point each, the same layer code:
  *   relayc_decoder       float32 weights and K/V cache.
- *   relayc_decoder_bf16  bfloat16 weights and K/V cache (half the bytes to stream). The
- *                        weights are widened to float32 in registers (a bf16 is the top
- *                        half of a float32: exact) and multiplied with float32
- *                        activations; the residual stream, norms, rotary and attention
- *                        are float32 throughout the call. Only the K/V cache is bfloat16:
- *                        new K/V are rounded to nearest-even on the write (as torch's
- *                        .to(bfloat16)), and every row, the new tokens' included, reads
- *                        them back from the cache, so the eager layers and this code
- *                        share one cache and a row never sees unrounded K/V.
+ *   relayc_decoder_bf16  bfloat16 weights and K/V cache (half the bytes to stream). Each
+ *                        GEMM rounds its input activations to bfloat16 and sums exact
+ *                        bfloat16 products in float32 (as torch's bf16 matmul does), with
+ *                        AMX tiles, AVX512-BF16 or widened weights: one kernel per process,
+ *                        the best the CPU has (see gemm_bf16). The residual stream, norms,
+ *                        rotary and attention are float32 throughout the call. The K/V
+ *                        cache is bfloat16: new K/V are rounded to nearest-even on the
+ *                        write (as torch's .to(bfloat16)), and every row, the new tokens'
+ *                        included, reads them back from the cache, so the eager layers and
+ *                        this code share one cache and a row never sees unrounded K/V.
  */
+#if defined(__linux__)
+#define _GNU_SOURCE /* syscall(), for AMX's arch_prctl: -std=c11 hides it */
+#endif
 #include <math.h>
-#if defined(__AVX512F__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 #include <stdint.h>
@@ -118,129 +122,6 @@ static void gemm(const float *x, int M, int K, const float *w, int N, float *out
     }
 }
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-
-static inline v16 splat16(float s) { return (v16){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
-
-/* acc + a * b. Where the CPU has AVX-512 it is one fused multiply-add (one rounding:
- * a bf16 weight times a float32 activation is exact in the product's 48 bits anyway,
- * and the fused form halves the arithmetic a wide verify is bound by); elsewhere a
- * multiply and an add. Either is the same for every row, which is what the decoder's
- * contract needs; the float32 path keeps its plain multiply and add. */
-static inline v16 madd16(v16 acc, v16 a, v16 b) {
-#if defined(__AVX512F__)
-    return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
-#else
-    return acc + a * b;
-#endif
-}
-
-/* bfloat16 panels hold k in pairs: panel p, pair i is 16 words of 32 bits, column c's
- * word = w[2i, 16p + c] | w[2i + 1, 16p + c] << 16 (an odd K's last pair has a zero top
- * half). Shifting a word left by 16 gives w[2i] as a float32, masking its low half gives
- * w[2i + 1]: two integer ops widen 32 weights, and each output still sums k = 0..K-1 in
- * order. */
-static inline void widen_pair(const uint16_t *p, v16 *even, v16 *odd) {
-    u32x16 w;
-    memcpy(&w, p, sizeof w);
-    const u32x16 lo = w << 16, hi = w & 0xffff0000u;
-    memcpy(even, &lo, sizeof lo);
-    memcpy(odd, &hi, sizeof hi);
-}
-
-/* bf16_block_MB_P: out[m, 16*p0 .. 16*(p0 + P)) (+)= x[m, :] @ bf16 panels p0 .. p0 + P. */
-#define GEMM_BLOCK_BF16(MB, P)                                                             \
-    static void bf16_block_##MB##_##P(const float *x, int K, const uint16_t *w, int p0,     \
-                                      int N, float *out, int add) {                        \
-        v16 acc[MB][P];                                                                    \
-        const uint16_t *panel[P];                                                          \
-        const size_t stride = (size_t)(K + 1) / 2 * 32;                                    \
-        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * stride;              \
-        for (int m = 0; m < MB; m++)                                                       \
-            for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
-        for (int i = 0; i < K / 2; i++) {                                                  \
-            v16 even[P], odd[P];                                                           \
-            for (int j = 0; j < P; j++) widen_pair(panel[j] + (size_t)i * 32, &even[j], &odd[j]); \
-            for (int m = 0; m < MB; m++) {                                                 \
-                const v16 s0 = splat16(x[(size_t)m * K + 2 * i]);                          \
-                const v16 s1 = splat16(x[(size_t)m * K + 2 * i + 1]);                      \
-                for (int j = 0; j < P; j++) {                                              \
-                    acc[m][j] = madd16(acc[m][j], s0, even[j]);                            \
-                    acc[m][j] = madd16(acc[m][j], s1, odd[j]);                             \
-                }                                                                          \
-            }                                                                              \
-        }                                                                                  \
-        if (K % 2) {                                                                       \
-            for (int j = 0; j < P; j++) {                                                  \
-                v16 even, odd;                                                             \
-                widen_pair(panel[j] + (size_t)(K / 2) * 32, &even, &odd);                  \
-                for (int m = 0; m < MB; m++)                                               \
-                    acc[m][j] = madd16(acc[m][j], splat16(x[(size_t)m * K + K - 1]), even);\
-            }                                                                              \
-        }                                                                                  \
-        for (int m = 0; m < MB; m++)                                                       \
-            for (int j = 0; j < P; j++) {                                                  \
-                float *o = out + (size_t)m * N + (size_t)(p0 + j) * 16;                    \
-                v16 r = acc[m][j];                                                         \
-                if (add) {                                                                 \
-                    v16 prev;                                                              \
-                    memcpy(&prev, o, sizeof prev);                                         \
-                    r = prev + r;                                                          \
-                }                                                                          \
-                memcpy(o, &r, sizeof r);                                                   \
-            }                                                                              \
-    }
-
-GEMM_BLOCK_BF16(1, 6)
-GEMM_BLOCK_BF16(1, 1)
-GEMM_BLOCK_BF16(2, 3)
-GEMM_BLOCK_BF16(2, 1)
-GEMM_BLOCK_BF16(3, 2)
-GEMM_BLOCK_BF16(3, 1)
-GEMM_BLOCK_BF16(4, 2)
-GEMM_BLOCK_BF16(4, 1)
-GEMM_BLOCK_BF16(5, 2)
-GEMM_BLOCK_BF16(5, 1)
-GEMM_BLOCK_BF16(6, 2)
-GEMM_BLOCK_BF16(6, 1)
-
-typedef void (*bf16_block_fn)(const float *, int, const uint16_t *, int, int, float *, int);
-
-/* gemm over bfloat16 panels: the same walk as gemm (six panels at a time, every block of
- * up to six rows over them), with one 16-wide accumulator per panel and row. */
-static void gemm_bf16(const float *x, int M, int K, const uint16_t *w, int N, float *out,
-                      int add) {
-    static const bf16_block_fn wide[7] = {0,           bf16_block_1_6, bf16_block_2_3,
-                                          bf16_block_3_2, bf16_block_4_2, bf16_block_5_2,
-                                          bf16_block_6_2};
-    static const bf16_block_fn narrow[7] = {0,           bf16_block_1_1, bf16_block_2_1,
-                                            bf16_block_3_1, bf16_block_4_1, bf16_block_5_1,
-                                            bf16_block_6_1};
-    static const int width[7] = {0, 6, 3, 2, 2, 2, 2};
-    const int panels = N / 16;
-    for (int g = 0; g < panels; g += 6) {
-        const int end = g + 6 < panels ? g + 6 : panels;
-        for (int m0 = 0, mb; m0 < M; m0 += mb) {
-            mb = M - m0 >= 6 ? 6 : M - m0;
-            const float *xr = x + (size_t)m0 * K;
-            float *orow = out + (size_t)m0 * N;
-            int p = g;
-            for (; p + width[mb] <= end; p += width[mb]) wide[mb](xr, K, w, p, N, orow, add);
-            for (; p < end; p++) narrow[mb](xr, K, w, p, N, orow, add);
-        }
-    }
-}
-
-/* out[M, N] (+)= x @ w, w packed as float32 (bf16 == 0) or bfloat16 panels. */
-static void gemm_any(const float *x, int M, int K, const void *w, int N, float *out, int add,
-                     int bf16) {
-    if (bf16)
-        gemm_bf16(x, M, K, (const uint16_t *)w, N, out, add);
-    else
-        gemm(x, M, K, (const float *)w, N, out, add);
-}
-
 /* float32 -> bfloat16, round to nearest even (torch's rounding; NaN stays a quiet NaN). */
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
@@ -255,6 +136,406 @@ static inline float from_bf16(uint16_t h) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
+}
+
+/* The bfloat16 GEMMs: out[M, N] (+)= bf16(x)[M, K] @ w.
+ *
+ * The activations are rounded to bfloat16 (nearest even, to_bf16) at every GEMM's input,
+ * as torch's bfloat16 matmul does, so each product is of two bfloat16s: exact in float32
+ * (8 + 8 significant bits), and a fused and an unfused multiply-add give the same bits.
+ * Three kernels compute it, one per process (relayc_bf16_kernel, chosen once: the best
+ * the CPU and OS support), for every GEMM and row count, so a token's bits never depend on
+ * the rows beside it nor on which shape picked which kernel:
+ *
+ *   BF16_AMX       AMX tiles (_tile_dpbf16ps: 16 rows x 16 columns x 32 k per
+ *                  instruction), rows in tiles of 16 (padded with zero rows).
+ *   BF16_AVX512    AVX512-BF16 (vdpbf16ps: 16 columns x one k pair per instruction).
+ *   BF16_PORTABLE  widens the weights to float32 in registers (any CPU).
+ *
+ * Every kernel sums each output over the k pairs in order, each pair as acc += odd
+ * product, then acc += even product, rounding after each (what vdpbf16ps does, measured
+ * on AMD Zen 5: tests/engine/test_cpu_decoder_bf16.py), so BF16_AVX512 and BF16_PORTABLE
+ * give the same bits but for subnormals (vdpbf16ps flushes them to zero). AMX's rounding
+ * inside a tile op is the hardware's: its bits may differ from the other two in the last
+ * place, never between rows or row counts (a tile row's sums read only that row of A).
+ *
+ * Weights come as bfloat16 panels of 16 columns in AMX's VNNI layout, packed once
+ * (relayc.engine.cpu_decoder._pack): K is padded with zeros to Kp, a multiple of 32 (one
+ * AMX tile's depth), and panel p is Kp / 2 pairs of 64 bytes; pair i holds 16 words,
+ * column c's = w[2i, 16p + c] | w[2i + 1, 16p + c] << 16. The activations are rounded into
+ * xb[rows, Kp] (zero past K, and past M up to a whole tile of rows), so the padding adds
+ * 0 * 0 to every sum, for every kernel and row count alike. */
+enum { BF16_PORTABLE = 0, BF16_AVX512 = 1, BF16_AMX = 2 };
+
+static inline int padded_k(int K) { return (K + 31) / 32 * 32; }
+
+/* Rows of xb a GEMM over M rows needs: AMX reads whole tiles of 16. */
+static inline int padded_rows(int M) { return (M + 15) / 16 * 16; }
+
+/* xb[padded_rows(M), Kp] <- bfloat16(x[M, K]), zero past K and past M. */
+static void round_rows(const float *x, int M, int K, uint16_t *xb) {
+    const int Kp = padded_k(K), rows = padded_rows(M);
+    for (int m = 0; m < M; m++) {
+        uint16_t *r = xb + (size_t)m * Kp;
+        for (int k = 0; k < K; k++) r[k] = to_bf16(x[(size_t)m * K + k]);
+        memset(r + K, 0, sizeof(uint16_t) * (size_t)(Kp - K));
+    }
+    memset(xb + (size_t)M * Kp, 0, sizeof(uint16_t) * (size_t)(rows - M) * Kp);
+}
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+static inline v16 splat16(float s) { return (v16){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
+
+/* acc + a * b: one fused multiply-add where the CPU has AVX-512, else a multiply and an
+ * add; the same bits either way, a * b being exact (bfloat16 times bfloat16). */
+static inline v16 madd16(v16 acc, v16 a, v16 b) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
+#else
+    return acc + a * b;
+#endif
+}
+
+/* One pair of a panel widened: shifting each word left by 16 gives w[2i] as a float32,
+ * masking its low half gives w[2i + 1]. */
+static inline void widen_pair(const uint16_t *p, v16 *even, v16 *odd) {
+    u32x16 w;
+    memcpy(&w, p, sizeof w);
+    const u32x16 lo = w << 16, hi = w & 0xffff0000u;
+    memcpy(even, &lo, sizeof lo);
+    memcpy(odd, &hi, sizeof hi);
+}
+
+/* out[m, 16p .. 16p + 16) = r, or += r where add. */
+static inline void store16(float *o, v16 r, int add) {
+    if (add) {
+        v16 prev;
+        memcpy(&prev, o, sizeof prev);
+        r = prev + r;
+    }
+    memcpy(o, &r, sizeof r);
+}
+
+/* portable_MB_P: out[m, 16*p0 .. 16*(p0 + P)) (+)= xb[m, :] @ panels p0 .. p0 + P. */
+#define PORTABLE_BLOCK(MB, P)                                                              \
+    static void portable_##MB##_##P(const uint16_t *x, int Kp, const uint16_t *w, int p0,   \
+                                    int N, float *out, int add) {                          \
+        v16 acc[MB][P];                                                                    \
+        const uint16_t *panel[P];                                                          \
+        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * Kp * 16;             \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
+        for (int i = 0; i < Kp / 2; i++) {                                                 \
+            v16 even[P], odd[P];                                                           \
+            for (int j = 0; j < P; j++) widen_pair(panel[j] + (size_t)i * 32, &even[j], &odd[j]); \
+            for (int m = 0; m < MB; m++) {                                                 \
+                const v16 s0 = splat16(from_bf16(x[(size_t)m * Kp + 2 * i]));              \
+                const v16 s1 = splat16(from_bf16(x[(size_t)m * Kp + 2 * i + 1]));          \
+                for (int j = 0; j < P; j++) {                                              \
+                    acc[m][j] = madd16(acc[m][j], s1, odd[j]);                             \
+                    acc[m][j] = madd16(acc[m][j], s0, even[j]);                            \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++)                                                    \
+                store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
+    }
+
+PORTABLE_BLOCK(1, 6)
+PORTABLE_BLOCK(1, 1)
+PORTABLE_BLOCK(2, 3)
+PORTABLE_BLOCK(2, 1)
+PORTABLE_BLOCK(3, 2)
+PORTABLE_BLOCK(3, 1)
+PORTABLE_BLOCK(4, 2)
+PORTABLE_BLOCK(4, 1)
+PORTABLE_BLOCK(5, 2)
+PORTABLE_BLOCK(5, 1)
+PORTABLE_BLOCK(6, 2)
+PORTABLE_BLOCK(6, 1)
+
+typedef void (*bf16_block_fn)(const uint16_t *, int, const uint16_t *, int, int, float *, int);
+
+/* A kernel's blocks: wide[mb] covers width[mb] panels of mb rows, narrow[mb] one panel;
+ * the walk takes `group` panels at a time (a multiple of every width). */
+struct bf16_blocks {
+    bf16_block_fn wide[9], narrow[9];
+    int width[9], group, rows;
+};
+
+static const struct bf16_blocks portable_blocks = {
+    {0, portable_1_6, portable_2_3, portable_3_2, portable_4_2, portable_5_2, portable_6_2},
+    {0, portable_1_1, portable_2_1, portable_3_1, portable_4_1, portable_5_1, portable_6_1},
+    {0, 6, 3, 2, 2, 2, 2},
+    6,
+    6,
+};
+
+/* The walk of gemm: `group` panels at a time, every block of up to six rows over them
+ * while they sit in L2, so the weight is read from memory once whatever M is. */
+static void walk_bf16(const struct bf16_blocks *b, const uint16_t *xb, int M, int Kp,
+                      const uint16_t *w, int N, float *out, int add) {
+    const int panels = N / 16;
+    for (int g = 0; g < panels; g += b->group) {
+        const int end = g + b->group < panels ? g + b->group : panels;
+        for (int m0 = 0, mb; m0 < M; m0 += mb) {
+            mb = M - m0 >= b->rows ? b->rows : M - m0;
+            const uint16_t *xr = xb + (size_t)m0 * Kp;
+            float *orow = out + (size_t)m0 * N;
+            int p = g;
+            for (; p + b->width[mb] <= end; p += b->width[mb]) b->wide[mb](xr, Kp, w, p, N, orow, add);
+            for (; p < end; p++) b->narrow[mb](xr, Kp, w, p, N, orow, add);
+        }
+    }
+}
+
+/* The x86 kernels are compiled for their own instruction sets (per-function target
+ * attributes), so the library builds with any -march and calls them only where CPUID and
+ * the OS say they run (bf16_supported). */
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define RELAYC_X86_BF16 1
+#include <cpuid.h>
+#if defined(__linux__)
+#define RELAYC_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#define AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
+
+/* dp_MB_P: portable_MB_P with vdpbf16ps, one instruction per 16 columns, k pair and row. */
+/* How many pairs (64 bytes each) ahead of its loads a block of rows prefetches each
+ * panel: several rows of vdpbf16ps keep the core busy enough that the hardware prefetcher
+ * falls behind (SmolLM2's LM head, 8 rows: 5.8 ms without, 4.0 with; 48 was the best of
+ * 8 to 128 on AMD Zen 5). */
+#define DP_AHEAD 48
+#define DP_BLOCK(MB, P)                                                                    \
+    static AVX512_BF16_TARGET void dp_##MB##_##P(const uint16_t *x, int Kp, const uint16_t *w, \
+                                                 int p0, int N, float *out, int add) {     \
+        __m512 acc[MB][P];                                                                 \
+        const uint16_t *panel[P];                                                          \
+        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * Kp * 16;             \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++) acc[m][j] = _mm512_setzero_ps();                   \
+        for (int i = 0; i < Kp / 2; i++) {                                                 \
+            __m512bh wv[P];                                                                \
+            for (int j = 0; j < P; j++) {                                                  \
+                wv[j] = (__m512bh)_mm512_loadu_si512(panel[j] + (size_t)i * 32);           \
+                if (MB > 1) /* one row keeps up with the hardware prefetcher alone */      \
+                    _mm_prefetch((const char *)(panel[j] + (size_t)(i + DP_AHEAD) * 32),   \
+                                 _MM_HINT_T0);                                             \
+            }                                                                              \
+            for (int m = 0; m < MB; m++) {                                                 \
+                uint32_t pair;                                                             \
+                memcpy(&pair, x + (size_t)m * Kp + 2 * i, sizeof pair);                    \
+                const __m512bh a = (__m512bh)_mm512_set1_epi32((int)pair);                 \
+                for (int j = 0; j < P; j++) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, wv[j]); \
+            }                                                                              \
+        }                                                                                  \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++) {                                                  \
+                float *o = out + (size_t)m * N + (size_t)(p0 + j) * 16;                    \
+                __m512 r = acc[m][j];                                                      \
+                if (add) r = _mm512_add_ps(_mm512_loadu_ps(o), r);                         \
+                _mm512_storeu_ps(o, r);                                                    \
+            }                                                                              \
+    }
+
+DP_BLOCK(1, 6)
+DP_BLOCK(1, 1)
+DP_BLOCK(2, 6)
+DP_BLOCK(2, 1)
+DP_BLOCK(3, 4)
+DP_BLOCK(3, 1)
+DP_BLOCK(4, 4)
+DP_BLOCK(4, 1)
+DP_BLOCK(5, 4)
+DP_BLOCK(5, 1)
+DP_BLOCK(6, 4)
+DP_BLOCK(6, 1)
+DP_BLOCK(7, 3)
+DP_BLOCK(7, 1)
+DP_BLOCK(8, 3)
+DP_BLOCK(8, 1)
+
+/* Up to 24 accumulators, 4 weight vectors and a broadcast: 29 of the 32 registers. */
+static const struct bf16_blocks dp_blocks = {
+    {0, dp_1_6, dp_2_6, dp_3_4, dp_4_4, dp_5_4, dp_6_4, dp_7_3, dp_8_3},
+    {0, dp_1_1, dp_2_1, dp_3_1, dp_4_1, dp_5_1, dp_6_1, dp_7_1, dp_8_1},
+    {0, 6, 6, 4, 4, 4, 4, 3, 3},
+    12,
+    8,
+};
+
+#if defined(RELAYC_AMX)
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+
+/* ldtilecfg's 64-byte operand, palette 1. */
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* out[M, N] (+)= xb @ w with AMX: tiles 0-3 accumulate 16 rows x 4 panels, tile 4 holds
+ * 16 rows x 32 k of xb, tiles 5-7 a panel's 16 pairs x 16 columns (64-byte rows: the
+ * panel's layout as is). Every C tile is 16 rows (xb has zero rows up to a multiple of
+ * 16); only the rows below M are written out. Four panels at a time, every tile of rows
+ * over them while they sit in L2, so the weight is read from memory once whatever M is. */
+static AMX_TARGET void gemm_amx(const uint16_t *xb, int M, int Kp, const uint16_t *w, int N,
+                                float *out, int add) {
+    struct tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    /* GCC's tileloadd asm names no memory: keep the stores that rounded xb before it */
+    __asm__ volatile("" ::: "memory");
+    float tile[4][16][16] __attribute__((aligned(64)));
+    const int panels = N / 16, depth = Kp / 32;
+    const size_t stride = (size_t)Kp * 16, a_stride = (size_t)Kp * sizeof(uint16_t);
+    for (int g = 0; g < panels; g += 4) {
+        const int np = panels - g < 4 ? panels - g : 4;
+        const uint16_t *b0 = w + (size_t)g * stride;
+        for (int m0 = 0; m0 < M; m0 += 16) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int d = 0; d < depth; d++) {
+                const uint16_t *b = b0 + (size_t)d * 16 * 32; /* 16 pairs of 32 halves */
+                _tile_loadd(4, xb + (size_t)m0 * Kp + (size_t)d * 32, a_stride);
+                _tile_loadd(5, b, 64);
+                _tile_dpbf16ps(0, 4, 5);
+                if (np > 1) {
+                    _tile_loadd(6, b + stride, 64);
+                    _tile_dpbf16ps(1, 4, 6);
+                }
+                if (np > 2) {
+                    _tile_loadd(7, b + 2 * stride, 64);
+                    _tile_dpbf16ps(2, 4, 7);
+                }
+                if (np > 3) {
+                    _tile_loadd(5, b + 3 * stride, 64);
+                    _tile_dpbf16ps(3, 4, 5);
+                }
+            }
+            _tile_stored(0, tile[0], 64);
+            _tile_stored(1, tile[1], 64);
+            _tile_stored(2, tile[2], 64);
+            _tile_stored(3, tile[3], 64);
+            const int rows = M - m0 < 16 ? M - m0 : 16;
+            for (int j = 0; j < np; j++)
+                for (int r = 0; r < rows; r++) {
+                    v16 v;
+                    memcpy(&v, tile[j][r], sizeof v);
+                    store16(out + (size_t)(m0 + r) * N + (size_t)(g + j) * 16, v, add);
+                }
+        }
+    }
+    _tile_release();
+}
+#endif /* RELAYC_AMX */
+
+/* Which bf16 kernels this CPU and OS run: bit k set for kernel k. Asks once; AMX needs
+ * the kernel's permission for the tile data state (Linux arch_prctl, once per process). */
+static int bf16_probe(void) {
+    int found = 1 << BF16_PORTABLE;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return found;
+    const int avx512f = (b >> 16) & 1, amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+    unsigned a1 = 0, b1, c1, d1;
+    __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+    /* the OS saves the AVX-512 state: XCR0 bits 1, 2, 5, 6, 7 */
+    unsigned lo = 0, hi = 0;
+    __get_cpuid(1, &a, &b, &c, &d);
+    if ((c >> 27) & 1) __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if (avx512f && ((a1 >> 5) & 1) && (lo & 0xe6) == 0xe6) found |= 1 << BF16_AVX512;
+#if defined(RELAYC_AMX)
+    /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18); granted already if oneDNN
+       asked first; refused (then AVX512-BF16 runs) where a thread's sigaltstack is too
+       small for the larger signal frame. */
+    if (amx_tile && amx_bf16 && syscall(SYS_arch_prctl, 0x1023, 18) == 0) found |= 1 << BF16_AMX;
+#else
+    (void)amx_bf16;
+    (void)amx_tile;
+#endif
+    return found;
+}
+#else
+static int bf16_probe(void) { return 1 << BF16_PORTABLE; }
+#endif /* RELAYC_X86_BF16 */
+
+static int bf16_found = -1, bf16_chosen = -1;
+
+/* Bit k set: kernel k runs here. */
+int relayc_bf16_kernels(void) {
+    int found = __atomic_load_n(&bf16_found, __ATOMIC_ACQUIRE);
+    if (found < 0) {
+        found = bf16_probe(); /* idempotent: two threads may both ask */
+        __atomic_store_n(&bf16_found, found, __ATOMIC_RELEASE);
+    }
+    return found;
+}
+
+/* The kernel every bf16 GEMM of this process uses: want < 0 asks (the best supported,
+ * chosen on first use); want >= 0 switches to kernel `want` (tests and benchmarks only:
+ * rows computed before and after a switch differ in bits), -1 if it does not run here. */
+int relayc_bf16_kernel(int want) {
+    const int found = relayc_bf16_kernels();
+    if (want >= 0) {
+        if (want > BF16_AMX || !((found >> want) & 1)) return -1;
+        __atomic_store_n(&bf16_chosen, want, __ATOMIC_RELEASE);
+        return want;
+    }
+    int chosen = __atomic_load_n(&bf16_chosen, __ATOMIC_ACQUIRE);
+    if (chosen < 0) {
+        chosen = (found >> BF16_AMX) & 1 ? BF16_AMX : (found >> BF16_AVX512) & 1 ? BF16_AVX512
+                                                                                  : BF16_PORTABLE;
+        int unset = -1;
+        if (!__atomic_compare_exchange_n(&bf16_chosen, &unset, chosen, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            chosen = unset;
+    }
+    return chosen;
+}
+
+/* out[M, N] (+)= bf16(x)[M, K] @ w with `kernel`; xb: padded_rows(M) x padded_k(K) halves
+ * of scratch. */
+static void gemm_bf16(const float *x, int M, int K, const uint16_t *w, int N, float *out,
+                      int add, int kernel, uint16_t *xb) {
+    const int Kp = padded_k(K);
+    round_rows(x, M, K, xb);
+#if defined(RELAYC_X86_BF16)
+#if defined(RELAYC_AMX)
+    if (kernel == BF16_AMX) {
+        gemm_amx(xb, M, Kp, w, N, out, add);
+        return;
+    }
+#endif
+    if (kernel == BF16_AVX512) {
+        walk_bf16(&dp_blocks, xb, M, Kp, w, N, out, add);
+        return;
+    }
+#endif
+    (void)kernel;
+    walk_bf16(&portable_blocks, xb, M, Kp, w, N, out, add);
+}
+
+/* out[M, N] (+)= x @ w, w packed as float32 (kernel < 0) or bfloat16 panels (kernel: which
+ * bf16 kernel; xb its scratch). */
+static void gemm_any(const float *x, int M, int K, const void *w, int N, float *out, int add,
+                     int kernel, uint16_t *xb) {
+    if (kernel >= 0)
+        gemm_bf16(x, M, K, (const uint16_t *)w, N, out, add, kernel, xb);
+    else
+        gemm(x, M, K, (const float *)w, N, out, add);
 }
 
 /* sum_i a[i] * b[i]: eight lanes of partial sums, then the lanes in order. */
@@ -365,10 +646,17 @@ static int decode_layers(
     const size_t widened = bf16 ? (size_t)2 * S * D : 0;
     size_t floats = (size_t)T * hidden + (size_t)T * qkv_width + (size_t)T * heads * D +
                     (size_t)T * 2 * inter + (size_t)T * inter + (size_t)S + (size_t)D + widened;
+    /* bf16: one kernel for the whole call, and each GEMM's rounded input (the widest K) */
+    const int kernel = bf16 ? relayc_bf16_kernel(-1) : -1;
+    int widest = hidden > heads * D ? hidden : heads * D;
+    widest = widest > inter ? widest : inter;
+    const size_t halves = bf16 ? (size_t)padded_rows(T) * padded_k(widest) : 0;
     float *buffer = (float *)malloc(sizeof(float) * floats);
+    uint16_t *xb = (uint16_t *)malloc(sizeof(uint16_t) * (halves + 1));
     const float **rows_kv = (const float **)malloc(sizeof(float *) * (size_t)(2 * S + 1));
-    if (buffer == NULL || rows_kv == NULL) {
+    if (buffer == NULL || xb == NULL || rows_kv == NULL) {
         free(buffer);
+        free(xb);
         free(rows_kv);
         return -1;
     }
@@ -379,7 +667,7 @@ static int decode_layers(
 
     for (int l = 0; l < layers; l++) {
         rms_norm(x, T, hidden, ln1[l], eps1[l], h);
-        gemm_any(h, T, hidden, w_qkv[l], qkv_width, qkv, 0, bf16);
+        gemm_any(h, T, hidden, w_qkv[l], qkv_width, qkv, 0, kernel, xb);
         for (int t = 0; t < T; t++) {
             float *qt = qkv + (size_t)t * qkv_width;
             const float *c = cos_table + (size_t)t * D, *s = sin_table + (size_t)t * D;
@@ -432,17 +720,18 @@ static int decode_layers(
                 }
             }
         }
-        gemm_any(attn, T, heads * D, w_o[l], hidden, x, 1, bf16);
+        gemm_any(attn, T, heads * D, w_o[l], hidden, x, 1, kernel, xb);
         rms_norm(x, T, hidden, ln2[l], eps2[l], h);
-        gemm_any(h, T, hidden, w_gate_up[l], 2 * inter, gate_up, 0, bf16);
+        gemm_any(h, T, hidden, w_gate_up[l], 2 * inter, gate_up, 0, kernel, xb);
         for (int t = 0; t < T; t++) {
             const float *g = gate_up + (size_t)t * 2 * inter, *u = g + inter;
             float *a = act + (size_t)t * inter;
             for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
         }
-        gemm_any(act, T, inter, w_down[l], hidden, x, 1, bf16);
+        gemm_any(act, T, inter, w_down[l], hidden, x, 1, kernel, xb);
     }
     free(rows_kv);
+    free(xb);
     free(buffer);
     return 0;
 }
@@ -470,7 +759,7 @@ static int decode_layers(
 /* float32 weights (16-column panels) and K/V cache. */
 int relayc_decoder(DECODER_PARAMS(float, float)) { return decode_layers(DECODER_ARGS, 0); }
 
-/* bfloat16 weights (16-column panels of k pairs, see widen_pair) and K/V cache; norm
+/* bfloat16 weights (16-column panels of k pairs, see gemm_bf16) and K/V cache; norm
  * weights, x, the rotary tables and the mask float32. */
 int relayc_decoder_bf16(DECODER_PARAMS(uint16_t, uint16_t)) {
     return decode_layers(DECODER_ARGS, 1);
@@ -482,10 +771,18 @@ static int head_any(int T, int hidden, int vocab_padded, const float *x,
                     const float *norm_weight, float eps, const void *head, float *logits,
                     int bf16) {
     if (vocab_padded % 16 != 0) return -2; /* hidden is the reduction: any size */
+    const int kernel = bf16 ? relayc_bf16_kernel(-1) : -1;
+    const size_t halves = bf16 ? (size_t)padded_rows(T) * padded_k(hidden) : 0;
     float *h = (float *)malloc(sizeof(float) * (size_t)T * hidden);
-    if (h == NULL) return -1;
+    uint16_t *xb = (uint16_t *)malloc(sizeof(uint16_t) * (halves + 1));
+    if (h == NULL || xb == NULL) {
+        free(h);
+        free(xb);
+        return -1;
+    }
     rms_norm(x, T, hidden, norm_weight, eps, h);
-    gemm_any(h, T, hidden, head, vocab_padded, logits, 0, bf16);
+    gemm_any(h, T, hidden, head, vocab_padded, logits, 0, kernel, xb);
+    free(xb);
     free(h);
     return 0;
 }

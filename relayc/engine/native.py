@@ -35,6 +35,9 @@ SOURCE = Path(__file__).with_name("decoder.c")
 # -x c (last: it applies to the source after it): C whatever the driver, so CC=g++ or
 # clang++ still exports relayc_decoder unmangled.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-x", "c"]
+# decoder.c's bfloat16 GEMM kernels, by number (BF16_PORTABLE, BF16_AVX512, BF16_AMX):
+# one runs every bfloat16 GEMM of a process, the last this CPU and OS support (gemm_bf16).
+BF16_KERNELS = ("portable", "avx512bf16", "amx")
 _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
 
@@ -142,6 +145,10 @@ def _load(path: Path) -> ctypes.CDLL:
     for head in (lib.relayc_head, lib.relayc_head_bf16):
         head.argtypes = [i, i, i, p, p, ctypes.c_float, p, p]
         head.restype = i
+    lib.relayc_bf16_kernels.argtypes = []
+    lib.relayc_bf16_kernels.restype = i
+    lib.relayc_bf16_kernel.argtypes = [i]
+    lib.relayc_bf16_kernel.restype = i
     return lib
 
 
@@ -172,3 +179,30 @@ def native_decoder() -> ctypes.CDLL | None:
         finally:
             _tried = True
     return _lib
+
+
+def bf16_kernels(lib: ctypes.CDLL) -> tuple[str, ...]:
+    """The bfloat16 GEMM kernels this CPU and OS run (names from :data:`BF16_KERNELS`)."""
+    found = lib.relayc_bf16_kernels()
+    return tuple(name for bit, name in enumerate(BF16_KERNELS) if found >> bit & 1)
+
+
+def bf16_kernel(lib: ctypes.CDLL) -> str:
+    """The kernel every bfloat16 GEMM of this process runs: the best in :func:`bf16_kernels`
+    unless :func:`use_bf16_kernel` chose another."""
+    return BF16_KERNELS[lib.relayc_bf16_kernel(-1)]
+
+
+def use_bf16_kernel(lib: ctypes.CDLL, name: str) -> str:
+    """Make ``name`` the kernel of every later bfloat16 GEMM; returns the one it replaces.
+    For tests and benchmarks: the kernels' bits differ (portable and avx512bf16 agree but
+    for subnormals; amx may differ in the last place), so a switch while requests run
+    would make their decodes and verifies disagree."""
+    if name not in BF16_KERNELS:
+        raise ValueError(f"unknown bfloat16 kernel {name!r}: one of {', '.join(BF16_KERNELS)}")
+    previous = bf16_kernel(lib)
+    if lib.relayc_bf16_kernel(BF16_KERNELS.index(name)) < 0:
+        raise ValueError(
+            f"the {name} kernel does not run on this CPU: it runs {', '.join(bf16_kernels(lib))}"
+        )
+    return previous

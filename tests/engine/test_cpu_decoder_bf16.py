@@ -1,10 +1,12 @@
 """The native decoder with bfloat16 weights against the eager bfloat16 layers.
 
-The native bfloat16 path widens the weights to float32 in registers and keeps the
-activations, norms, rotary and attention in float32; only the K/V cache is bfloat16 (shared
-with the eager layers). So it should sit nearer the float32 computation than the eager
-bfloat16 path (which rounds every activation), and keep the float32 path's contract: a
-token's logits do not depend on the batch it is computed in.
+The native bfloat16 path rounds each GEMM's input activations to bfloat16 (as torch's bf16
+matmul does) and sums the exact products in float32, but keeps the residual stream, norms,
+rotary and attention in float32; the K/V cache is bfloat16 (shared with the eager layers).
+So it should sit at least as near the float32 computation as the eager bfloat16 path
+(which rounds every activation), and keep the float32 path's contract: a token's logits do
+not depend on the batch it is computed in. Its GEMM kernels one by one:
+tests/engine/test_cpu_decoder_bf16_kernels.py.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def _float32_twin(model: LlamaForCausalLM, seed: int) -> LlamaForCausalLM:
     return twin
 
 
-def test_bf16_native_is_nearer_float32_than_eager_bf16(
+def test_bf16_native_is_as_near_float32_as_eager_bf16(
     native_calls: list[tuple[int, torch.dtype]],
 ) -> None:
     native = random_model(BF16, seed=21)
@@ -66,6 +68,7 @@ def test_bf16_native_is_nearer_float32_than_eager_bf16(
     # (and read the K/V the eager prefill wrote to the shared bfloat16 cache)
     assert native_calls == [(n, torch.bfloat16) for n in (8, 3, 3, 3, 8)], native_calls
     scale = max(r.abs().max().item() for r in reference)
+    native_total = eager_total = 0.0
     for step, (a, b, r) in enumerate(zip(got, expected, reference, strict=True)):
         assert a.dtype == b.dtype == torch.float32
         native_error = (a - r).abs().max().item()
@@ -73,9 +76,15 @@ def test_bf16_native_is_nearer_float32_than_eager_bf16(
         assert native_error < 0.05 * scale, (step, native_error, scale)
         assert (a - b).abs().max().item() < 0.1 * scale, step
         if step > 0:  # step 0's layers ran eagerly in both; only its LM head differs
-            assert native_error < eager_error, (step, native_error, eager_error)
+            native_total += native_error
+            eager_total += eager_error
         assert torch.equal(a.argmax(-1), b.argmax(-1)), step
         assert torch.equal(a.argmax(-1), r.argmax(-1)), step
+    # Over the steps, not at each: since the native GEMMs round their inputs to bfloat16
+    # as the eager ones do, both make the same products, and the native path's float32
+    # norms, residual and attention only make it nearer on the whole (seed 21: 0.127 vs
+    # 0.177 of the scale summed over five steps; one step 0.025 vs 0.020).
+    assert native_total < eager_total, (native_total, eager_total)
 
 
 def test_bf16_rows_do_not_depend_on_the_batch(
@@ -128,8 +137,9 @@ def test_bf16_odd_width_falls_back_to_eager_layers_and_a_native_head(
 ) -> None:
     """hidden 41 is no whole number of 16-column panels: the layers run eagerly (bfloat16
     has no TorchScript path); the LM head, whose output is padded and whose reduction may
-    be odd (the last k pair half empty), still runs natively and matches the float32
-    product of its (widened) weights."""
+    be odd (padded with zeros to 64), still runs natively and matches the float32 product
+    of its (widened) weights and its bfloat16-rounded input (the native GEMMs round their
+    activations as torch's bfloat16 matmul does)."""
     heads: list[int] = []
     real = cpu_module.NativeHead.logits
 
@@ -155,7 +165,7 @@ def test_bf16_odd_width_falls_back_to_eager_layers_and_a_native_head(
         x = hidden.float()
         normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + model.model.norm.eps)
         normed = normed * model.model.norm.weight.float()
-        want = normed @ model.lm_head.weight.float().t()
+        want = normed.to(torch.bfloat16).float() @ model.lm_head.weight.float().t()
     torch.testing.assert_close(native_logits, want, atol=1e-4, rtol=1e-5)
 
 
