@@ -95,6 +95,7 @@ class Row:
     speedup: float
     identical: bool
     peer: bool = False  # a transformers row, not one of relayc's algorithms
+    cpu_share: float | None = None  # process CPU time / wall time of the best run
 
 
 def _label(name: str, sizes: dict[str, int]) -> str:
@@ -208,7 +209,8 @@ def measure(
             peer.close()
     if progress:
         progress(steps, steps, "done")
-    elapsed = [min(t.wall for t in times) for times in timings]
+    best = [min(times, key=lambda t: t.wall) for times in timings]
+    elapsed = [t.wall for t in best]
     base = [name for name, _ in algorithms].index("none")
     reference = outputs[base]
     tokenizer = engines[base].tokenizer
@@ -227,6 +229,7 @@ def measure(
                 tps / base_tps,
                 outs == reference,
                 peer=i >= len(engines),
+                cpu_share=best[i].share,
             )
         )
     return rows
@@ -236,7 +239,14 @@ def table(rows: Sequence[Row]) -> str:
     from relayc.specs.explain import table as render
 
     return render(
-        ["algorithm", "mean accept length", "tokens/s", "speedup vs none", "identical to none"],
+        [
+            "algorithm",
+            "mean accept length",
+            "tokens/s",
+            "speedup vs none",
+            "identical to none",
+            "cpu/wall",
+        ],
         [
             [
                 r.label,
@@ -244,6 +254,7 @@ def table(rows: Sequence[Row]) -> str:
                 f"{r.tokens_per_s:.1f}",
                 f"{r.speedup:.2f}x",
                 "yes" if r.identical else "no",
+                "-" if r.cpu_share is None else f"{r.cpu_share:.2f}",
             ]
             for r in rows
         ],
@@ -395,16 +406,17 @@ def run_demo(args: argparse.Namespace) -> int:
     if peers:
         rows = ours + hf_rows([r for r in rows if r.peer], args.batch_size != 1)
     print(table(rows))
+    starved = [r.label for r in rows if r.cpu_share is not None and r.cpu_share < 0.85]
+    if starved:
+        print(
+            f"cpu/wall under 0.85 ({', '.join(starved)}): the machine was busy, "
+            "read the ratios, not the tokens/s"
+        )
     if any(not r.identical for r in rows if r.peer) and model == REAL_MODEL:
         print(
             "transformers' greedy text parts from relayc's where two candidates' logits lie "
-            "within rounding of each other"
-            + (
-                " (its bfloat16 matmuls round activations; relayc's keep them float32)"
-                if dtype == "bfloat16"
-                else ""
-            )
-            + "; tests/engine/test_real_model.py checks relayc's tokens against its argmax "
+            "within rounding of each other (its GEMMs sum in another order); "
+            "tests/engine/test_real_model.py checks relayc's tokens against its argmax "
             "under teacher forcing"
         )
     out = Path(args.chart)

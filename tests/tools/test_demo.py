@@ -34,7 +34,7 @@ def test_demo_adds_the_hf_rows_with_identical_outputs(
     assert "HF rows skipped" not in out
     for label in (HF_GREEDY_ROW, HF_BEST_ROW + " ("):
         # transformers decodes the shipped target greedily: token for token relayc's none
-        assert _row(out, label).split()[-1] == "yes"
+        assert _row(out, label).split()[-2] == "yes"
 
 
 def test_demo_without_transformers_says_why_and_runs(
@@ -45,7 +45,7 @@ def test_demo_without_transformers_says_why_and_runs(
     out = capsys.readouterr().out
     assert "HF rows skipped: transformers is not importable" in out
     assert HF_GREEDY_ROW not in out
-    assert _row(out, "none ").split()[-1] == "yes"
+    assert _row(out, "none ").split()[-2] == "yes"
 
 
 def test_no_peers_leaves_the_rows_out_without_a_skip_line(
@@ -89,7 +89,7 @@ def test_demo_shows_the_real_model_answering_and_its_table(
     assert f"> {question.splitlines()[0]}" in out  # an answer is printed under its prompt
     assert "SmolLM2-135M-Instruct (bfloat16)" in out
     for label in ("none ", "ngram "):
-        assert _row(out, label).split()[-1] == "yes"
+        assert _row(out, label).split()[-2] == "yes"
     _row(out, HF_GREEDY_ROW)
     assert "prompt lookup" in _row(out, HF_BEST_ROW)
 
