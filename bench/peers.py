@@ -120,20 +120,22 @@ def relayc_peers(max_new_tokens: int, overlap: bool) -> list[Peer]:
         (other, "none", {}, not overlap),
     ]:
         engine = Engine(None, algorithm=algorithm, overlap=row_overlap, **sizes)
-
-        def run(
-            prompts: list[list[int]], group: int, engine: Any = engine
-        ) -> tuple[list[list[int]], list[float]]:
-            outs = [
-                out
-                for g in range(0, len(prompts), group)
-                for out in engine.generate(prompts[g : g + group], params)
-            ]
-            accepts = [float(a) for o in outs for a in o.accept_lengths]
-            return [o.token_ids for o in outs], accepts
-
-        peers.append(Peer(label, run, close=engine.close))
+        peers.append(engine_peer(label, engine, params))
     return peers
+
+
+def engine_peer(label: str, engine: Any, params: Any) -> Peer:
+    """An engine as a peer: the prompts in groups of ``group`` concurrent requests."""
+
+    def run(prompts: list[list[int]], group: int) -> tuple[list[list[int]], list[float]]:
+        outs = [
+            out
+            for g in range(0, len(prompts), group)
+            for out in engine.generate(prompts[g : g + group], params)
+        ]
+        return [o.token_ids for o in outs], [float(a) for o in outs for a in o.accept_lengths]
+
+    return Peer(label, run, close=engine.close)
 
 
 # -- transformers ---------------------------------------------------------------------------
@@ -399,18 +401,7 @@ def real_relayc_peers(max_new_tokens: int, dtype: str, overlap: bool) -> tuple[l
         except (ValueError, FileNotFoundError) as exc:  # no head ships for it yet
             print(f"{label} skipped: {exc}")
             continue
-
-        def run(
-            prompts: list[list[int]], group: int, engine: Any = engine
-        ) -> tuple[list[list[int]], list[float]]:
-            outs = [
-                out
-                for g in range(0, len(prompts), group)
-                for out in engine.generate(prompts[g : g + group], params)
-            ]
-            return [o.token_ids for o in outs], [float(a) for o in outs for a in o.accept_lengths]
-
-        peers.append(Peer(f"{label} {dtype}", run, close=engine.close))
+        peers.append(engine_peer(f"{label} {dtype}", engine, params))
     return peers, first
 
 
