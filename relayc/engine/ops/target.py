@@ -16,11 +16,38 @@ from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.registry import implements
 from relayc.engine.sampling import sample
 
+# Vocabulary chunk of `greedy_tokens`' CPU path (measured on 2 CPU cores, SmolLM2's 49152
+# tokens: 1024, 512 and 2048 within 15% of each other).
+_ARGMAX_CHUNK = 1024
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """``torch.argmax(logits, dim=-1)``, the same indices, faster on the CPU for wide rows.
+
+    ATen's CPU argmax is a scalar loop (about 0.55 ns per element here: 220 us for a verify
+    of 8 rows of a 49152-token vocabulary, more than the rest of the tree bookkeeping);
+    ``amax`` is vectorised. So a row is cut into chunks of ``_ARGMAX_CHUNK``: the argmax of
+    the chunk maxima is the first chunk holding the row's maximum, and the argmax inside
+    it the first maximum there -- torch's rule (the first maximal index, NaN counting as
+    the maximum: ``amax`` propagates it, and the first chunk with a NaN holds the first
+    NaN). Fixed shapes, no host reads: graph-safe. Other devices and narrow or indivisible
+    rows take ``torch.argmax`` itself.
+    """
+    vocab = logits.shape[-1]
+    if logits.device.type != "cpu" or vocab % _ARGMAX_CHUNK or vocab < 4 * _ARGMAX_CHUNK:
+        return torch.argmax(logits, dim=-1)
+    lead = logits.shape[:-1]
+    chunks = logits.reshape(-1, vocab // _ARGMAX_CHUNK, _ARGMAX_CHUNK)
+    first = chunks.amax(dim=-1).argmax(dim=-1)  # [R] the first chunk holding the maximum
+    rows = torch.arange(chunks.shape[0], device=logits.device)
+    inside = chunks[rows, first].argmax(dim=-1)
+    return (first * _ARGMAX_CHUNK + inside).view(lead)
+
 
 def next_token(ctx: StepContext, logits: torch.Tensor) -> torch.Tensor:
     """`[B]` int64: the argmax when every request is greedy, the keyed sampler otherwise."""
     if ctx.sampling is None:
-        return torch.argmax(logits, dim=-1)
+        return greedy_tokens(logits)
     assert ctx.extras is not None, "the engine's StepContext always carries extras"
     return sample(logits, ctx.sampling, ctx.extras["sample_positions"])
 
