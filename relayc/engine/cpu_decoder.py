@@ -69,6 +69,21 @@ def native_max_tokens(dtype: torch.dtype) -> int:
     return 0
 
 
+def native_head_library(hidden: torch.Tensor, dtype: torch.dtype) -> ctypes.CDLL | None:
+    """The native library when the rows of ``hidden [..., width]`` can go through a
+    :class:`NativeHead` with ``dtype`` weights -- on the CPU, autograd off, ``hidden`` in
+    that dtype, at most :func:`native_max_tokens` rows -- else None (the library GEMM)."""
+    if (
+        hidden.dim() >= 1
+        and hidden.device.type == "cpu"
+        and hidden.dtype == dtype
+        and not torch.is_grad_enabled()
+        and hidden.shape[:-1].numel() <= native_max_tokens(dtype)
+    ):
+        return native.native_decoder()
+    return None
+
+
 def _stamp(weight: torch.Tensor) -> tuple[int, int]:
     """What changes when a parameter's values may have: its storage or its version counter
     (bumped by every in-place op through it)."""

@@ -26,10 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from relayc.engine import native
 from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
-from relayc.engine.cpu_decoder import NativeHead, ScriptedLayers, native_max_tokens
+from relayc.engine.cpu_decoder import NativeHead, ScriptedLayers, native_head_library
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 
 # (layer index, q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, H, D]
@@ -412,18 +411,10 @@ class LlamaForCausalLM(nn.Module):
         """Logits ``[..., vocab]`` float32 of ``hidden [..., hidden_size]``: ``[T, H]`` from
         the paged and dense forwards, ``[B, S, H]`` from ``forward_train``."""
         dtype = self.lm_head.weight.dtype
-        if (
-            self.scripted is not None
-            and hidden.dim() >= 1
-            and hidden.shape[:-1].numel() <= native_max_tokens(dtype)
-            and hidden.dtype == dtype
-            and hidden.device.type == "cpu"
-            and not torch.is_grad_enabled()
-            and self.model.norm.weight.dtype == dtype
-        ):
+        if self.scripted is not None and self.model.norm.weight.dtype == dtype:
             # The native decoder's rows do not depend on the batch; the head's must not
             # either (MKL's GEMM gives a row other bits at 4+ rows than alone).
-            lib = native.native_decoder()
+            lib = native_head_library(hidden, dtype)
             if lib is not None:
                 head = self._native_head
                 if head is None or not head.current(self.model.norm, self.lm_head):

@@ -41,6 +41,7 @@ from torch import nn
 
 from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
+from relayc.engine.cpu_decoder import NativeHead, native_head_library
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.layers import TargetParts, check_head_config
 from relayc.engine.draft.paged import (
@@ -175,6 +176,7 @@ class Eagle3Head(EagleHead):
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
+        self._native_head: NativeHead | None = None
         self.to(target.device)
 
     @property
@@ -284,6 +286,15 @@ class Eagle3Head(EagleHead):
         return self.logits(out), out
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """``[..., draft_vocab]`` float32 logits of ``g``: the native decoder's LM head on
+        the CPU (its own vocabulary is most of the head's weights: the library GEMM is
+        several times slower on the few rows drafting has), else the modules."""
+        lib = native_head_library(g, self.lm_head.weight.dtype)
+        if lib is not None:
+            head = self._native_head
+            if head is None or not head.current(self.norm, self.lm_head):
+                head = self._native_head = NativeHead(self.norm, self.lm_head)
+            return head.logits(lib, g)
         return self.lm_head(self.norm(g)).float()
 
     @torch.no_grad()

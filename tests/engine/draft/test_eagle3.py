@@ -218,3 +218,27 @@ def test_bad_checkpoints_say_what_is_wrong(
         save_file(stored, str(directory / "model.safetensors"))
     with pytest.raises(CheckpointError, match=message):
         Eagle3Head.load(directory, target)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_draft_logits_match_the_modules(dtype: torch.dtype) -> None:
+    """On the CPU the head's norm + LM head (most of its weights) run on the native
+    decoder's head; the modules give the same logits up to the kernels' summation order."""
+    from relayc.engine import native
+    from relayc.engine.config import ModelConfig
+    from relayc.engine.model import use_cpu_matmul_layout
+
+    if native.native_decoder() is None:
+        pytest.skip("no C compiler: the native decoder is not built (the modules run)")
+    target = random_model(ModelConfig(dtype=dtype), seed=2)
+    head = Eagle3Head.random(target, seed=4, draft_vocab_size=200, layer_ids=[0, 1, 2])
+    use_cpu_matmul_layout(head)
+    g = torch.randn(5, target.config.hidden_size).to(dtype)
+    with torch.no_grad():
+        got = head.logits(g)
+        assert head._native_head is not None  # it ran natively
+        expected = head.lm_head(head.norm(g)).float()
+        alone = head.logits(g[:1])
+    tolerance = 1e-4 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
+    assert got.shape == (5, 200) and (got - expected).abs().max().item() < tolerance
+    assert torch.equal(alone, got[:1])  # rows do not depend on the batch
