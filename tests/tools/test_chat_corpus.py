@@ -1,5 +1,6 @@
-"""The offline chat prompts and the resumable corpus writer
-(``python -m relayc.tools.train.chat_corpus``), with a fake engine: seconds, no model."""
+"""The offline chat prompts, the resumable corpus writer
+(``python -m relayc.tools.train.chat_corpus``) with a fake engine, and the EAGLE-3 target
+features on a tiny random model: seconds, no real model."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from relayc.engine.config import ModelConfig
+from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.request import FinishReason, Output
+from relayc.engine.weights import random_model
 from relayc.specs.errors import UsageError
 from relayc.tools.demo import CHAT_PROMPTS
 from relayc.tools.train import chat_prompts
@@ -23,6 +28,13 @@ from relayc.tools.train.chat_corpus import (
     Settings,
     generate_corpus,
     main,
+)
+from relayc.tools.train.chat_features import (
+    Example,
+    batches,
+    eagle3_layer_ids,
+    read_examples,
+    target_features,
 )
 from relayc.tools.train.chat_prompts import (
     FAMILIES,
@@ -181,3 +193,71 @@ def test_print_prompts_needs_no_model(capsys: pytest.CaptureFixture[str]) -> Non
     lines = [json.loads(line) for line in captured.out.splitlines()]
     assert [line["text"] for line in lines] == [p.text for p in build_prompts(5)]
     assert prompts_sha256(build_prompts(5)) in captured.err
+
+
+def _tiny_target(dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    return random_model(ModelConfig(num_layers=8, dtype=dtype), seed=5)
+
+
+def test_eagle3_layer_ids_are_sglangs_default() -> None:
+    # SGLang 0.5.23 captures the inputs of layers [2, L // 2, L - 3]: for SmolLM2-135M's
+    # 30 layers, the outputs of layers 1, 14 and 26.
+    assert eagle3_layer_ids(30) == (1, 14, 26)
+    assert eagle3_layer_ids(8) == (1, 3, 4)
+    with pytest.raises(ValueError, match="5\\+ layers"):
+        eagle3_layer_ids(4)
+
+
+def test_features_are_the_layers_outputs_and_padding_changes_nothing() -> None:
+    model = _tiny_target()
+    rng = random.Random(0)
+    examples = [
+        Example([rng.randrange(256) for _ in range(p)], [rng.randrange(256) for _ in range(a)])
+        for p, a in [(5, 9), (11, 1), (3, 20)]
+    ]
+    # What each decoder layer returns, seen by hooks on a dense forward of one example.
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [
+        layer.register_forward_hook(lambda m, args, out, i=i: seen.__setitem__(i, out))
+        for i, layer in enumerate(model.model.layers)
+    ]
+    try:
+        dense = model.forward_dense(torch.tensor(examples[2].prompt_ids + examples[2].answer_ids))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    batch = target_features(model, examples)
+    assert batch.layer_ids == (1, 3, 4)
+    length, hidden = 23, model.config.hidden_size
+    assert batch.mask[2].all() and batch.mask[0].sum() == 14 and batch.mask[1].sum() == 12
+    assert batch.answer_mask[0].tolist() == [False] * 5 + [True] * 9 + [False] * 9
+    # Not the same bits: the batched attention runs another SDPA kernel than the dense one.
+    close = {"rtol": 1e-4, "atol": 1e-3}
+    aux = batch.aux_hidden[2].view(length, 3, hidden)
+    for slot, layer in enumerate(batch.layer_ids):
+        torch.testing.assert_close(aux[:, slot], seen[layer], **close)
+    torch.testing.assert_close(batch.last_hidden[2], dense.hidden_states, **close)
+    assert batch.logits is not None
+    torch.testing.assert_close(batch.logits[2], dense.logits, **close)
+    # The shorter rows, padded on the right, hold what they hold alone.
+    alone = target_features(model, examples[:1], layer_ids=[0, 7])
+    torch.testing.assert_close(alone.last_hidden[0], batch.last_hidden[0, :14], **close)
+    torch.testing.assert_close(alone.aux_hidden[0, :, hidden:], alone.last_hidden[0])
+    assert target_features(model, examples, with_logits=False).logits is None
+    with pytest.raises(ValueError, match="layer ids"):
+        target_features(model, examples, layer_ids=[8])
+
+
+def test_batches_keep_order_and_bound_padded_size() -> None:
+    examples = [Example([1] * n, [2]) for n in (3, 9, 2, 2, 30, 4)]
+    groups = list(batches(examples, max_tokens=20))
+    assert [e for g in groups for e in g] == examples
+    for group in groups:
+        longest = max(len(e.prompt_ids) + len(e.answer_ids) for e in group)
+        assert len(group) == 1 or longest * len(group) <= 20
+
+
+def test_read_examples_reads_what_generation_wrote(tmp_path: Path) -> None:
+    generate_corpus(FakeEngine(), build_prompts(3), tmp_path, _settings(), log=str)
+    records = _records(tmp_path)
+    assert read_examples(tmp_path) == [Example(r["prompt_ids"], r["answer_ids"]) for r in records]
