@@ -185,6 +185,8 @@ def test_generation_refuses_to_mix_settings_or_prompt_lists(tmp_path: Path) -> N
         )
     with pytest.raises(UsageError, match="another `--seed`"):
         generate_corpus(FakeEngine(), build_prompts(4, seed=1), tmp_path, _settings(), log=str)
+    with pytest.raises(UsageError, match="pass `--prompts` 4 or more"):
+        generate_corpus(FakeEngine(), build_prompts(3), tmp_path, _settings(), log=str)
 
 
 def test_print_prompts_needs_no_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,7 +29,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -76,18 +76,17 @@ class Settings:
 
 @dataclass
 class Progress:
+    """The totals of the examples in a corpus file."""
+
     examples: int = 0
     prompt_tokens: int = 0
     answer_tokens: int = 0
-    errors: int = 0
-    finish_reasons: Counter[str] | None = None
+    finish_reasons: Counter[str] = field(default_factory=Counter)
 
     def add(self, record: dict[str, Any]) -> None:
         self.examples += 1
         self.prompt_tokens += len(record["prompt_ids"])
         self.answer_tokens += len(record["answer_ids"])
-        if self.finish_reasons is None:
-            self.finish_reasons = Counter()
         self.finish_reasons[record["finish_reason"]] += 1
 
     def summary(self) -> dict[str, Any]:
@@ -95,7 +94,7 @@ class Progress:
             "examples": self.examples,
             "prompt_tokens": self.prompt_tokens,
             "answer_tokens": self.answer_tokens,
-            "finish_reasons": dict(sorted((self.finish_reasons or Counter()).items())),
+            "finish_reasons": dict(sorted(self.finish_reasons.items())),
         }
 
 
@@ -116,7 +115,12 @@ def load_done(path: Path, prompts: Sequence[ChatPrompt], progress: Progress) -> 
             if record is None:
                 break
             index = record["index"]
-            if index >= len(prompts) or prompts[index].text != record["prompt"]:
+            if index >= len(prompts):
+                raise UsageError(
+                    f"{path} answers prompt {index}; pass `--prompts` {index + 1} or more "
+                    "to resume it"
+                )
+            if prompts[index].text != record["prompt"]:
                 raise UsageError(
                     f"{path}: example {index} answers a prompt that is not prompt {index} "
                     "of this prompt list (another `--seed` or builder); use another `--out`"
