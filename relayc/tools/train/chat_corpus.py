@@ -41,8 +41,8 @@ from relayc.tools.train.chat_prompts import ChatPrompt, build_prompts, prompts_s
 FORMAT = "relayc-chat-corpus/1"
 DEFAULT_PROMPTS = 6000
 # Measured on SmolLM2 bfloat16, one thread, 64 chat prompts of 128 new tokens on the shared
-# two-core machine: 16 requests 170-210 answer tokens/s, 32 about 310, 64 about 280 (above
-# 64 rows the forward leaves the native decoder).
+# two-core machine: 16 requests 170-210 answer tokens/s, 32 about 310, 64 about 280 (one
+# batch of all 64, its tail nearly empty: a longer run might favour 64 a little).
 DEFAULT_BATCH = 32
 DEFAULT_MAX_NEW_TOKENS = 192
 EXAMPLES = "examples.jsonl"
