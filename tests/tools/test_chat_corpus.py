@@ -5,6 +5,7 @@ features on a tiny random model: seconds, no real model."""
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import random
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from relayc.tools.demo import CHAT_PROMPTS
 from relayc.tools.train import chat_prompts
 from relayc.tools.train.chat_corpus import (
     EXAMPLES,
+    LOCK,
     MANIFEST,
     PROMPTS,
     Settings,
@@ -187,6 +189,16 @@ def test_generation_refuses_to_mix_settings_or_prompt_lists(tmp_path: Path) -> N
         generate_corpus(FakeEngine(), build_prompts(4, seed=1), tmp_path, _settings(), log=str)
     with pytest.raises(UsageError, match="pass `--prompts` 4 or more"):
         generate_corpus(FakeEngine(), build_prompts(3), tmp_path, _settings(), log=str)
+
+
+def test_one_writer_a_directory(tmp_path: Path) -> None:
+    with (tmp_path / LOCK).open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run, writing
+        with pytest.raises(UsageError, match="another run is writing"):
+            generate_corpus(FakeEngine(), build_prompts(2), tmp_path, _settings(), log=str)
+    assert not (tmp_path / EXAMPLES).exists()
+    generate_corpus(FakeEngine(), build_prompts(2), tmp_path, _settings(), log=str)
+    assert len(_records(tmp_path)) == 2
 
 
 def test_print_prompts_needs_no_model(capsys: pytest.CaptureFixture[str]) -> None:

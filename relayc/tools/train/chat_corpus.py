@@ -22,6 +22,7 @@ reproduce the corpus, and another batch size can change a few answers.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -48,6 +49,7 @@ DEFAULT_MAX_NEW_TOKENS = 192
 EXAMPLES = "examples.jsonl"
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.json"
+LOCK = "lock"  # flock()ed by the run writing the directory
 
 
 def file_sha256(path: Path) -> str:
@@ -173,11 +175,29 @@ def generate_corpus(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Answer every prompt not yet in ``out/examples.jsonl``, ``settings.chunk`` prompts
-    an ``engine.chat`` call, appending each chunk's examples (errors are logged and left for the next run) and
-    rewriting the manifest after each; returns the manifest."""
+    an ``engine.chat`` call, appending each chunk's examples (errors are logged and left
+    for the next run) and rewriting the manifest after each; returns the manifest.
+    ``UsageError`` while another run holds ``out``'s lock."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / LOCK).open("w") as lock:
+        # One writer a directory: two would append the same prompts' answers twice.
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"another run is writing {out}; wait for it or stop it") from None
+        return _generate(engine, prompts, out, settings, log=log)
+
+
+def _generate(
+    engine: ChatEngine,
+    prompts: Sequence[ChatPrompt],
+    out: Path,
+    settings: Settings,
+    *,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     from relayc.engine import SamplingParams  # torch: the prompt builder needs none
 
-    out.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out, settings)
     progress = Progress()
     examples_path = out / EXAMPLES
