@@ -275,3 +275,6 @@ def test_read_examples_reads_what_generation_wrote(tmp_path: Path) -> None:
     generate_corpus(FakeEngine(), build_prompts(3), tmp_path, _settings(), log=str)
     records = _records(tmp_path)
     assert read_examples(tmp_path) == [Example(r["prompt_ids"], r["answer_ids"]) for r in records]
+    with (tmp_path / EXAMPLES).open("a") as f:  # prompt 1 answered twice
+        f.write(json.dumps(records[1]) + "\n")
+    assert len(read_examples(tmp_path)) == 3

@@ -45,12 +45,16 @@ class Example:
 
 
 def read_examples(corpus: Path) -> list[Example]:
-    """The examples of a corpus directory, in the order they were written."""
-    examples = []
+    """The examples of a corpus directory, in the order they were written; a prompt
+    answered twice (a file two runs appended to, before runs took a lock) counts once, as
+    the writer's resume counts it."""
+    examples, seen = [], set()
     with (corpus / EXAMPLES).open() as f:
         for line in f:
             record = json.loads(line)
-            examples.append(Example(record["prompt_ids"], record["answer_ids"]))
+            if record["index"] not in seen:
+                seen.add(record["index"])
+                examples.append(Example(record["prompt_ids"], record["answer_ids"]))
     return examples
 
 
