@@ -29,8 +29,9 @@ def head_section(log: dict[str, Any], heading: str, reproduce: str) -> str:
         f"- Draft vocabulary: {vocab['size']} target ids, the {vocab['rule']}, in id order "
         "(`d2t[i]` = target id - i, SGLang's / SpecForge's layout); the held-out positions "
         f"whose target argmax lies outside it: {vocab['heldout_target_argmax_outside']:.2%}.",
-        f"- Training: seed {log['seed']}, torch {log['torch']}, {log['threads']} CPU threads "
-        f"(shared with other jobs), {model['minutes']} min, {model['steps']} steps of batch "
+        f"- Training: seed {log['seed']}, torch {log['torch']}, CPU threads: {log['threads']} "
+        f"(on a machine shared with other jobs), {model['minutes']} min, {model['steps']} "
+        f"steps of batch "
         f"{log['batch']}; AdamW, warmup then cosine (`relayc.tools.train.loop`). Start: the "
         "target's LM-head rows and final norm, `fc` passing the last captured layer through.",
         "- Loss: EAGLE's training-time test as `extend` + `draft_tree` feed the head (pass 0 "
@@ -70,6 +71,16 @@ def head_section(log: dict[str, Any], heading: str, reproduce: str) -> str:
                 f"| {same} |"
             )
         lines.append("")
+    if log.get("note"):
+        lines += [log["note"], ""]
+    runs = log.get("invocations") or []
+    if len(runs) > 1:
+        lines += [
+            f"Trained in {len(runs)} invocations on one `--work` checkpoint (a resumed run "
+            "keeps its step, optimizer and schedule clock; a larger `--minutes` stretches the "
+            "cosine schedule from there): " + "; ".join(f"`{r['argv']}`" for r in runs) + ".",
+            "",
+        ]
     lines += ["Reproduce (resumable; `--work` keeps the checkpoint):", "", "```", reproduce, "```"]
     return "\n".join(lines) + "\n"
 
@@ -87,7 +98,7 @@ def demo_section(log_path: Path) -> str:
         log,
         SECTION,
         "python -m relayc.tools.train eagle3 --target toy --out relayc/assets/demo/eagle3 "
-        "--work build/eagle3-toy --minutes 20 --seed 0",
+        f"--work build/eagle3-toy {_tail(log)}",
     )
 
 
@@ -148,7 +159,7 @@ def _tail(log: dict[str, Any]) -> str:
         if skip:
             skip = False
             continue
-        if word in ("--target", "--data", "--out", "--work", "eagle3"):
+        if word in ("--target", "--data", "--out", "--work", "--threads", "eagle3"):
             skip = word != "eagle3"
             continue
         keep.append(word)

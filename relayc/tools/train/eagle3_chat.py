@@ -260,11 +260,6 @@ def measure_chat(args: argparse.Namespace, out: Path, num_steps: int) -> dict[st
             "eagle3",
             {"topk": 4, "num_draft_tokens": 8, "draft_model": str(out)},
         ),
-        (
-            "eagle3 topk1 (num_draft_tokens 4)",
-            "eagle3",
-            {"topk": 1, "num_draft_tokens": 4, "draft_model": str(out)},
-        ),
     ]
     return {
         "prompts": "relayc/assets/chat/heldout_chat_prompts.json",

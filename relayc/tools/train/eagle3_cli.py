@@ -245,11 +245,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _record_invocation(work: Path, argv: list[str] | None) -> list[dict[str, Any]]:
+    """Every command that trained the head in ``work`` (a resumed run has several)."""
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "invocations.json"
+    seen = json.loads(path.read_text()) if path.is_file() else []
+    words = sys.argv[1:] if argv is None else argv
+    seen.append({"argv": " ".join(words), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+    path.write_text(json.dumps(seen, indent=1) + "\n")
+    return list(seen)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1 if args.smoke else args.threads)
     torch.manual_seed(args.seed)
     start = time.perf_counter()
+    invocations = _record_invocation(Path(args.work), argv)
     if args.target == "toy":
         log = run_toy(args)
     else:
@@ -262,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         torch=torch.__version__,
         python=sys.version.split()[0],
         threads=torch.get_num_threads(),
-        argv=" ".join(sys.argv[1:]) if argv is None else " ".join(argv),
+        argv=invocations[-1]["argv"],
+        invocations=invocations,
         wall_minutes=round((time.perf_counter() - start) / 60, 2),
     )
     out = Path(args.out)
