@@ -148,7 +148,7 @@ def smollm2_card(log: dict[str, Any]) -> str:
         "python -m relayc.tools.train eagle3 --target smollm2 --data /work/data/smollm2-chat "
         f"--out relayc/assets/smollm2/eagle3 --work build/eagle3-smollm2 {_tail(log)}"
     )
-    return "\n".join(lines) + head_section(log, "## The head (`eagle3/`)", reproduce)
+    return "\n".join(lines) + "\n" + head_section(log, "## The head (`eagle3/`)", reproduce)
 
 
 def _tail(log: dict[str, Any]) -> str:
