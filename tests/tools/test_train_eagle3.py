@@ -60,13 +60,17 @@ def test_smoke_run_writes_a_float16_head_in_sglang_layout(tmp_path: Path, target
     assert "| final train loss |" in card and str(log["model"]["steps"]) in card
 
 
+@pytest.mark.parametrize("target", ["toy", "smollm2"])
 def test_an_interrupted_run_resumes_from_its_checkpoint(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
 ) -> None:
-    _run(tmp_path, "--target", "toy", "--steps", "3")
-    log = _run(tmp_path, "--target", "toy", "--steps", "5")
+    _run(tmp_path, "--target", target, "--steps", "3")
+    first = load_file(str(tmp_path / "head" / "model.safetensors"))["d2t"]
+    log = _run(tmp_path, "--target", target, "--steps", "5")
     assert "eagle3 resumed at step 3" in capsys.readouterr().out
     assert log["model"]["steps"] == 5
+    assert len(log["invocations"]) == 2
+    assert torch.equal(load_file(str(tmp_path / "head" / "model.safetensors"))["d2t"], first)
 
 
 def test_the_training_time_test_loss_decreases() -> None:

@@ -135,7 +135,14 @@ def collate(
 
 
 def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
-    from relayc.tools.train.eagle3_cli import NUM_STEPS, build_head, model_entry, store, train_head
+    from relayc.tools.train.eagle3_cli import (
+        NUM_STEPS,
+        build_head,
+        model_entry,
+        resumed_vocabulary,
+        store,
+        train_head,
+    )
 
     target, examples, info = _target_and_corpus(args)
     target.requires_grad_(False)
@@ -149,7 +156,7 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
     counts = torch.zeros(target.config.vocab_size, dtype=torch.int64)
     for r in train:
         counts += torch.bincount(r["ids"][int(r["prompt_len"]) :].long(), minlength=counts.numel())
-    vocab = choose_vocabulary(counts, args.draft_vocab)
+    vocab = resumed_vocabulary(Path(args.work), choose_vocabulary(counts, args.draft_vocab))
     head = build_head(target, vocab, None, args.seed + 1)
     batch = 2 if args.smoke else args.batch
     eval_batches = [

@@ -64,6 +64,16 @@ def build_head(
     return head
 
 
+def resumed_vocabulary(work: Path, chosen: torch.Tensor) -> torch.Tensor:
+    """The draft vocabulary of the checkpoint in ``work`` when there is one (a resumed run
+    may read more data, whose counts would pick another), else ``chosen``."""
+    path = work / "checkpoint.pt"
+    if not path.is_file():
+        return chosen
+    d2t = torch.load(path, weights_only=False)["module"]["d2t"]
+    return d2t + torch.arange(d2t.numel())
+
+
 def train_head(
     args: argparse.Namespace,
     target: LlamaForCausalLM,
@@ -125,7 +135,7 @@ def run_toy(args: argparse.Namespace) -> dict[str, Any]:
     target.requires_grad_(False)
     target.eval()
     counts = torch.bincount(corpus.train.long(), minlength=target.config.vocab_size)
-    vocab = choose_vocabulary(counts, vocab_size)
+    vocab = resumed_vocabulary(Path(args.work), choose_vocabulary(counts, vocab_size))
     head = build_head(target, vocab, layer_ids, args.seed + 1)
     data_gen = torch.Generator().manual_seed(args.seed)
     eval_gen = torch.Generator().manual_seed(args.seed + 1000)
