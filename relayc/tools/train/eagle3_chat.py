@@ -36,6 +36,14 @@ from relayc.tools.train.eagle3 import (
     out_of_vocab_rate,
 )
 from relayc.tools.train.eagle3_measure import MeasureRun, measure_runs
+from relayc.tools.train.eagle3_run import (
+    NUM_STEPS,
+    build_head,
+    model_entry,
+    resumed_vocabulary,
+    store,
+    train_head,
+)
 
 HOLDOUT_EVERY = 50
 MAX_LEN = 320  # tokens per example (prompt + answer), the rest cut
@@ -135,14 +143,6 @@ def collate(
 
 
 def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
-    from relayc.tools.train.eagle3_cli import (
-        NUM_STEPS,
-        build_head,
-        model_entry,
-        resumed_vocabulary,
-        store,
-        train_head,
-    )
 
     target, examples, info = _target_and_corpus(args)
     target.requires_grad_(False)
