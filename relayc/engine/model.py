@@ -457,15 +457,19 @@ class LlamaForCausalLM(nn.Module):
         hidden = self._decoder(input_ids, positions, attend)
         return ForwardOutput(self._logits(hidden), hidden)
 
-    def forward_train(self, input_ids: torch.Tensor) -> ForwardOutput:
+    def forward_train(self, input_ids: torch.Tensor, capture: Sequence[int] = ()) -> ForwardOutput:
         """Training helper: a batch ``[B, S]`` of sequences from position 0, causal, no cache,
-        with autograd; logits ``[B, S, vocab]`` float32, hidden states ``[B, S, hidden]``."""
+        with autograd; logits ``[B, S, vocab]`` float32, hidden states ``[B, S, hidden]``;
+        with ``capture`` (ascending layer indices) also the inputs of those layers,
+        ``aux_hidden_states [B, S, len(capture) * hidden]`` (EAGLE-3 training)."""
         batch_size, seq = input_ids.shape
         positions = torch.arange(seq, device=input_ids.device).repeat(batch_size)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return batched_causal_attention(q, k, v, batch_size)
 
-        hidden = self._decoder(input_ids.reshape(-1), positions, attend)
+        captured: list[torch.Tensor] = []
+        hidden = self._decoder(input_ids.reshape(-1), positions, attend, capture, captured)
         hidden = hidden.view(batch_size, seq, -1)
-        return ForwardOutput(self._logits(hidden), hidden)
+        aux = torch.cat(captured, dim=-1).view(batch_size, seq, -1) if captured else None
+        return ForwardOutput(self._logits(hidden), hidden, aux)

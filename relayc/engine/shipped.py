@@ -1,20 +1,51 @@
-"""The trained demo models shipped in the package (``relayc/assets/demo``, see its MODEL_CARD).
+"""The trained models shipped in the package (``relayc/assets``, see the MODEL_CARDs).
 
 ``Engine(model=None)`` loads the shipped byte-level target, and for a speculative
-algorithm with a trained drafter (``eagle``, ``eagle_multilayer``, ``standalone``)
-``draft_model=None`` then means the shipped drafter for it. ``model="random"`` is
-the same architecture with seeded random weights (the tests' default: fast, and
+algorithm with a trained drafter (``eagle``, ``eagle_multilayer``, ``standalone``,
+``eagle3``) ``draft_model=None`` then means the shipped drafter for it. ``model="random"``
+is the same architecture with seeded random weights (the tests' default: fast, and
 no draft model ever agrees with it).
+
+Named models (``Engine(model="smollm2")``) ship drafters too (``NAMED_DRAFTERS``): the
+loader marks the model it loads by name (:func:`mark_named_target`), and the drafter
+factory looks the head up by that mark (:func:`named_drafter`).
 """
 
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 
-DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
+ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
+DEMO_DIR = ASSETS_DIR / "demo"
 RANDOM = "random"  # `Engine(model=RANDOM)`: the tiny default config, random weights
-_DRAFTERS = ("eagle", "eagle_multilayer", "standalone")  # subdirectories of DEMO_DIR
+# subdirectories of DEMO_DIR
+_DRAFTERS = ("eagle", "eagle_multilayer", "standalone", "eagle3")
+# {named model: {algorithm: subdirectory of ASSETS_DIR}}
+NAMED_DRAFTERS = {"smollm2": {"eagle3": "smollm2/eagle3"}}
+_named_targets: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+
+
+def mark_named_target(model: object, name: str) -> None:
+    """Remember that ``model`` was loaded as the named model ``name``."""
+    _named_targets[model] = name
+
+
+def named_drafter(model: object, algorithm: str) -> Path | None:
+    """The drafter of ``algorithm`` shipped for ``model`` when it was loaded by a name that
+    ships one (None otherwise); FileNotFoundError when the install lacks its files."""
+    name = _named_targets.get(model)
+    subdir = NAMED_DRAFTERS.get(name or "", {}).get(algorithm)
+    if subdir is None:
+        return None
+    directory = ASSETS_DIR / subdir
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the `{algorithm}` drafter shipped for {name!r} is missing from {directory}; "
+            "reinstall relayc or pass draft_model=DIR"
+        )
+    return directory
 
 
 def shipped_target() -> Path | None:

@@ -22,6 +22,7 @@ from relayc.engine.draft import (
 )
 from relayc.engine.draft.standalone import default_standalone_config
 from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.shipped import named_drafter
 
 ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone")
 TREE_DRAFTING = ("eagle", "eagle3")  # a head drafting a tree level by level in scratch slots
@@ -118,9 +119,11 @@ def _make_drafter(
         return EagleHead.random(model, seed=seed + 1)
     if name == "eagle3":
         if draft_model is None:
+            draft_model = named_drafter(model, "eagle3")
+        if draft_model is None:
             # A random head would only ever draft garbage: ask for a real one.
             raise ValueError(
-                "no EAGLE-3 head ships for this target yet: pass draft_model=DIR, a directory "
+                "no EAGLE-3 head ships for this target: pass draft_model=DIR, a directory "
                 "with an EAGLE-3 head's config.json and safetensors (SGLang's layout; "
                 "relayc.engine.draft.Eagle3Head.random(target, seed, layer_ids=...).save(DIR) "
                 "builds an untrained one for tests)"

@@ -27,7 +27,7 @@ from relayc.engine.checkpoints.gguf import load_gguf_model, open_gguf
 from relayc.engine.checkpoints.named import NAMED_MODELS, named_model_file
 from relayc.engine.config import ModelConfig, dtype_from_name
 from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.shipped import RANDOM, shipped_target
+from relayc.engine.shipped import RANDOM, mark_named_target, shipped_target
 from relayc.engine.text.tokenizer import (
     Tokenizer,
     TokenizerError,
@@ -50,6 +50,7 @@ class LoadedModel:
     source: str  # what was loaded, for messages: "shipped demo target", a path, a name
     shipped: bool = False  # the demo target: `draft_model=None` means the shipped drafter
     tokenizer_error: str | None = None  # why `tokenizer` is None, when it should not be
+    name: str | None = None  # the named model loaded (relayc.engine.shipped.NAMED_DRAFTERS)
 
 
 def resolve_dtype(dtype: object) -> torch.dtype | None:
@@ -86,7 +87,10 @@ def load_model(
     name = fspath(model)
     if name in NAMED_MODELS:
         path = named_model_file(name)
-        return _load_gguf(path, device, dtype, progress, source=f"{name} ({path.name})")
+        named = _load_gguf(path, device, dtype, progress, source=f"{name} ({path.name})")
+        mark_named_target(named.model, name)  # `draft_model=None`: its shipped drafters
+        named.name = name
+        return named
     path = Path(name).expanduser()
     if path.is_file():
         return _load_gguf(path, device, dtype, progress, source=str(path))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from relayc.tools.train.corpus import PROMPT_BYTES
+from relayc.tools.train.eagle3_card import update_demo_card
 from relayc.tools.train.losses import STEP_WEIGHTS
 from relayc.tools.train.plan import SUBDIRS, dir_bytes
 
@@ -145,3 +146,6 @@ def write_outputs(out: Path, log: dict[str, Any], acceptance: dict[str, Any] | N
     log["shipped_bytes"] = dir_bytes(out)
     (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     (out / "MODEL_CARD.md").write_text(model_card(log, acceptance))
+    eagle3_log = out / "eagle3" / "training_log.json"
+    if eagle3_log.is_file():  # the EAGLE-3 head trains separately (eagle3_cli); keep its part
+        update_demo_card(out / "MODEL_CARD.md", eagle3_log)

@@ -6,8 +6,11 @@ and prompt cross-entropy and the drafters' per-step held-out KL and agreement.""
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,12 +35,36 @@ def make_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.o
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+@dataclass
+class Checkpoint:
+    """Where ``train_loop`` saves its state every ``every_s`` seconds (and at the end), so an
+    interrupted run resumes: the module, the optimizer, the step, the elapsed time (the
+    schedule's clock), the curves, and ``extra()`` (the caller's data-sampler state, given
+    back to ``restore`` on resume)."""
+
+    path: Path
+    every_s: float
+    extra: Callable[[], dict[str, Any]] = dict
+    restore: Callable[[dict[str, Any]], None] = lambda state: None
+
+    def load(self) -> dict[str, Any] | None:
+        if not self.path.is_file():
+            return None
+        state: dict[str, Any] = torch.load(self.path, weights_only=False)
+        return state
+
+    def save(self, state: dict[str, Any]) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        torch.save({**state, "extra": self.extra()}, tmp)
+        os.replace(tmp, self.path)  # a run killed mid-save keeps the previous checkpoint
+
+
 def train_loop(
     name: str,
     module: nn.Module,
-    step_fn: Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, Any]]],
+    step_fn: Callable[[Any], tuple[torch.Tensor, dict[str, Any]]],
     eval_fn: Callable[[], dict[str, Any]],
-    sample: Callable[[], torch.Tensor],
+    sample: Callable[[], Any],
     *,
     lr: float,
     weight_decay: float,
@@ -46,23 +73,49 @@ def train_loop(
     warmup_frac: float,
     eval_every_s: float,
     log: dict[str, Any],
+    checkpoint: Checkpoint | None = None,
 ) -> dict[str, Any]:
     """AdamW, linear warmup then cosine to 10% of ``lr``, over ``max_steps`` if given, else
-    over the time budget; stops at whichever comes first. Logs train and held-out loss."""
+    over the time budget; stops at whichever comes first. Logs train and held-out loss.
+    With ``checkpoint``, resumes from its file when there is one and saves to it."""
     optimizer = make_optimizer(module, lr, weight_decay)
     params = [p for p in module.parameters() if p.requires_grad]
     warmup_steps = max(1, int(warmup_frac * max_steps)) if max_steps else None
     record: dict[str, Any] = {"train": [], "heldout": []}
-    log[name] = record
-    start = time.perf_counter()
-    last_eval = -math.inf
     window: list[float] = []
-    step = 0
+    step, resumed_s = 0, 0.0
+    state = checkpoint.load() if checkpoint is not None else None
+    if state is not None and checkpoint is not None:
+        module.load_state_dict(state["module"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, resumed_s, record = state["step"], state["elapsed_s"], state["record"]
+        checkpoint.restore(state["extra"])
+        print(f"[{time.strftime('%H:%M:%S')}] {name} resumed at step {step}", flush=True)
+    log[name] = record
+    start = time.perf_counter() - resumed_s
+    last_eval = -math.inf if state is None else time.perf_counter() - start
+    last_save = time.perf_counter() - start
+
+    def save() -> None:
+        if checkpoint is not None:
+            checkpoint.save(
+                {
+                    "module": module.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step,
+                    "elapsed_s": time.perf_counter() - start,
+                    "record": record,
+                }
+            )
+
     module.train()
     while True:
         elapsed = time.perf_counter() - start
         if step >= (max_steps or math.inf) or elapsed >= budget_s:
             break
+        if checkpoint is not None and elapsed - last_save >= checkpoint.every_s:
+            save()
+            last_save = elapsed
         if elapsed - last_eval >= eval_every_s:
             record["heldout"].append({"step": step, "s": round(elapsed, 1), **eval_fn()})
             last_eval = time.perf_counter() - start
@@ -97,6 +150,7 @@ def train_loop(
             window = []
             if len(record["train"]) % 10 == 0:
                 print(f"[{time.strftime('%H:%M:%S')}] {name} train {entry}", flush=True)
+    save()
     elapsed = time.perf_counter() - start
     record["heldout"].append({"step": step, "s": round(elapsed, 1), **eval_fn()})
     _print(name, record["heldout"][-1])

@@ -1,0 +1,109 @@
+"""What both EAGLE-3 training paths (``eagle3_cli``'s toy, ``eagle3_chat``'s SmolLM2) share:
+building the warm-started head, the resumable training loop, storing and describing it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relayc.engine.draft.eagle3 import Eagle3Head, capture_layers
+from relayc.engine.model import LlamaForCausalLM
+from relayc.tools.train.eagle3 import eagle3_eval, eagle3_losses, warm_start
+from relayc.tools.train.loop import Checkpoint, train_loop
+from relayc.tools.train.losses import weighted
+from relayc.tools.train.plan import count_params, dir_bytes, init_for_training, store_half
+
+NUM_STEPS = 3  # the engine's num_steps for the measured runs (topk 4, 8 draft tokens)
+
+
+def build_head(
+    target: LlamaForCausalLM, vocab: torch.Tensor, layer_ids: tuple[int, ...] | None, seed: int
+) -> Eagle3Head:
+    """A fresh head in the target's layer shape over the draft vocabulary ``vocab``."""
+    head = Eagle3Head(
+        target.config,
+        target,
+        draft_vocab_size=vocab.numel(),
+        capture=capture_layers(target.config.num_layers, layer_ids),
+    )
+    init_for_training(head, seed, 1)
+    head.set_vocabulary(vocab)
+    warm_start(head, target)
+    return head
+
+
+def resumed_vocabulary(work: Path, chosen: torch.Tensor) -> torch.Tensor:
+    """The draft vocabulary of the checkpoint in ``work`` when there is one (a resumed run
+    may read more data, whose counts would pick another), else ``chosen``."""
+    path = work / "checkpoint.pt"
+    if not path.is_file():
+        return chosen
+    d2t = torch.load(path, weights_only=False)["module"]["d2t"]
+    return d2t + torch.arange(d2t.numel())
+
+
+def train_head(
+    args: argparse.Namespace,
+    target: LlamaForCausalLM,
+    head: Eagle3Head,
+    sample: Any,
+    sampler_state: tuple[Any, Any],
+    eval_batches: list[tuple[torch.Tensor, Any]],
+    log: dict[str, Any],
+) -> dict[str, Any]:
+    """The training loop (``loop.train_loop``) on ``sample() -> (ids, teacher)`` batches."""
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+
+    def step(batch: tuple[torch.Tensor, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+        ids, teacher = batch
+        losses, agree = eagle3_losses(head, ids, teacher)
+        return weighted(losses), {"top1_agree_per_step": [round(a, 4) for a in agree]}
+
+    get_state, set_state = sampler_state
+    return train_loop(
+        "eagle3",
+        head,
+        step,
+        lambda: eagle3_eval(head, eval_batches),
+        sample,
+        lr=args.lr,
+        weight_decay=0.1,
+        budget_s=60 * args.minutes,
+        max_steps=args.steps,
+        warmup_frac=0.05,
+        eval_every_s=args.eval_every,
+        log=log,
+        checkpoint=Checkpoint(work / "checkpoint.pt", 60 * args.save_every, get_state, set_state),
+    )
+
+
+def store(head: Eagle3Head, out: Path) -> Path:
+    head.save(out)
+    store_half(out)
+    return out
+
+
+# -- the toy target --------------------------------------------------------------------------
+
+
+def model_entry(
+    head: Eagle3Head, out: Path, record: dict[str, Any], final: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "loader": "relayc.engine.draft.Eagle3Head.load(dir, target)",
+        "architecture": "EAGLE-3 head: fc(3h->h) + 1 decoder layer over [embed; hidden] "
+        "(target's layer shape) + norm + lm_head over the draft vocabulary",
+        "capture": list(head.capture),
+        "params": count_params(head),
+        "bytes": dir_bytes(out),
+        "steps": record["steps"],
+        "minutes": record["minutes"],
+        "final_train_loss": record["final_train_loss"],
+        "final_heldout_loss": final["loss"],
+        "heldout_kl_per_step": final["kl_per_step"],
+        "heldout_top1_agree_per_step": final["top1_agree_per_step"],
+    }
