@@ -729,6 +729,11 @@ static int decode_layers(
             for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
         }
         gemm_any(act, T, inter, w_down[l], hidden, x, 1, kernel, xb);
+        /* bf16: the residual stream leaves every layer rounded to bfloat16, as the eager
+         * bfloat16 layers keep it, so running the layers in segments (a forward that
+         * captures some layers' inputs, EAGLE-3's) gives the bits of one call. */
+        if (bf16)
+            for (size_t i = 0; i < (size_t)T * hidden; i++) x[i] = from_bf16(to_bf16(x[i]));
     }
     free(rows_kv);
     free(xb);

@@ -393,7 +393,7 @@ class Engine:
             )
         if not conversations or isinstance(conversations[0], Mapping):
             return [Chat(conversations)]  # one conversation (an empty one is its own error)
-        return [Chat(c) for c in conversations]
+        return [c if isinstance(c, Chat) else Chat(c) for c in conversations]
 
     def _submit(
         self,

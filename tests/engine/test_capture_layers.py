@@ -107,3 +107,18 @@ def test_capture_names_distinct_layers_of_the_model() -> None:
     for bad in ([1, 1, 2], [0, 5], [-1]):
         with pytest.raises(ValueError, match=r"`capture` names distinct decoder layers in 0\.\.4"):
             model(batch, capture=bad)
+
+
+def test_bfloat16_captured_forward_keeps_the_bits_of_one_call() -> None:
+    """The bfloat16 native layers round the residual stream to bfloat16 at every layer's end,
+    so a forward run in segments (EAGLE-3's capture) gives the bits of the one-call forward
+    every other algorithm runs -- without that, eagle3 in bfloat16 was not equal to `none`."""
+    assert native_module.native_decoder() is not None, "the native decoder should build here"
+    model = random_model(CONFIG.replace(dtype=torch.bfloat16), seed=4)
+    use_cpu_matmul_layout(model)
+    driver = PagedDriver(model, kv_size=512, req_slots=4, max_context=128, shuffle_seed=2)
+    batch = _batch(driver, model, 3)
+    plain = model(batch)
+    captured = model(batch, capture=CAPTURE)
+    assert torch.equal(captured.logits, plain.logits)
+    assert torch.equal(captured.hidden_states, plain.hidden_states)

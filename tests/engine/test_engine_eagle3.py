@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from relayc.engine import Engine, LlamaForCausalLM, ModelConfig, SamplingParams, random_model
 from relayc.engine.draft import Eagle3Head
@@ -126,3 +127,18 @@ def test_requests_reaching_the_context_end_equal_plain_decoding(
         25
     ] * 3
     assert [o.token_ids for o in runs["eagle3"]] == [o.token_ids for o in runs["none"]]
+
+
+def test_bfloat16_eagle3_equals_plain_decoding(tmp_path: Path) -> None:
+    """bfloat16 on the native decoder: eagle3's verify and prefill capture three layers (the
+    layers run in segments), `none` runs them in one call; the outputs must still agree."""
+    model = random_model(CONFIG.replace(dtype=torch.bfloat16), seed=3)
+    head = Eagle3Head.random(model, seed=8, draft_vocab_size=DRAFT_VOCAB, layer_ids=[0, 1, 2])
+    head_dir = head.save(tmp_path / "head")
+    work = random_workload(4, 16, max_prompt=12, max_new=10, last_arrival=2, vocab=16)
+    outs = {
+        name: [o.token_ids for o in Engine(model, algorithm=name, **extra).generate(
+            work.prompts, work.params, arrivals=work.arrivals)]
+        for name, extra in (("none", {}), ("eagle3", {"draft_model": head_dir, **SIZES["tree"]}))
+    }  # fmt: skip
+    assert outs["eagle3"] == outs["none"]
