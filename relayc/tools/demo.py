@@ -71,10 +71,12 @@ def chat_prompts(quoting: bool | None = None) -> list[Chat]:
     ]
 
 
-# The algorithms with a drafter for the real model (n-gram needs none).
+# The algorithms with a drafter for the real model (n-gram needs none; EAGLE-3's head ships
+# in relayc/assets/smollm2).
 REAL_ALGORITHMS: list[tuple[str, dict[str, int]]] = [
     ("none", {}),
     ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 8}),
+    ("eagle3", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),  # the shipped head
 ]
 
 ALGORITHMS: list[tuple[str, dict[str, int]]] = [
@@ -99,7 +101,7 @@ class Row:
 
 
 def _label(name: str, sizes: dict[str, int]) -> str:
-    return f"{name} (topk {sizes['topk']})" if name == "eagle" else name
+    return f"{name} (topk {sizes['topk']})" if name in ("eagle", "eagle3") else name
 
 
 def _progress(done: int, total: int, label: str) -> None:
