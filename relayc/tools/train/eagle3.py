@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from relayc.engine.draft.eagle3 import Eagle3Head
 from relayc.engine.model import LlamaForCausalLM
-from relayc.tools.train.losses import EAGLE_DEPTH, STEP_WEIGHTS, _shift, soft_kl
+from relayc.tools.train.losses import EAGLE_DEPTH, STEP_WEIGHTS, _shift, soft_kl, ttt_attend
 
 
 def warm_start(head: Eagle3Head, target: LlamaForCausalLM) -> None:
@@ -106,38 +106,12 @@ def eagle3_losses(
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     base = torch.arange(rows)
-    tril = torch.ones(rows, rows, dtype=torch.bool).tril()
-    eye = torch.eye(rows, dtype=torch.bool)
     in_vocab = head.t2d[teacher.target_argmax] & teacher.valid
     features = teacher.features[:, :rows].reshape(batch * rows, -1)
     hidden = head.fc(features.to(head.fc.weight.dtype))
     losses, agree = [], []
     for s in range(depth):
-
-        def attend(
-            cache_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: int = s
-        ) -> torch.Tensor:
-            tokens, heads, dim = q.shape
-
-            def split(x: torch.Tensor) -> torch.Tensor:
-                return x.view(batch, rows, x.shape[1], dim).transpose(1, 2)
-
-            keys.append(split(k))
-            values.append(split(v))
-            if s == 0:
-                out = F.scaled_dot_product_attention(
-                    split(q), keys[0], values[0], is_causal=True, enable_gqa=True
-                )
-            else:
-                mask = torch.cat([tril] + [eye] * s, dim=1)
-                out = F.scaled_dot_product_attention(
-                    split(q),
-                    torch.cat(keys, dim=2),
-                    torch.cat(values, dim=2),
-                    attn_mask=mask,
-                    enable_gqa=True,
-                )
-            return out.transpose(1, 2).reshape(tokens, heads, dim)
+        attend = ttt_attend(keys, values, batch, rows, s)
 
         tokens = _shift(ids, 1 + s, rows).reshape(-1)
         positions = (base + s).repeat(batch)

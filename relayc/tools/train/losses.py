@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.mtp import MtpDrafter
-from relayc.engine.model import LlamaForCausalLM, batched_causal_attention
+from relayc.engine.model import AttendFn, LlamaForCausalLM, batched_causal_attention
 
 EAGLE_DEPTH = 3  # training-time-test passes = the engine's num_steps for EAGLE
 STEP_WEIGHTS = (1.0, 0.8, 0.64)  # loss weight of draft step s (later steps matter less)
@@ -51,6 +51,42 @@ class TargetOut:
 
 
 @torch.no_grad()
+def ttt_attend(
+    keys: list[torch.Tensor], values: list[torch.Tensor], batch: int, rows: int, step: int
+) -> AttendFn:
+    """The attention of pass ``step`` of the training-time test (EAGLE's and EAGLE-3's):
+    pass 0 is causal over its own keys (the draft cache); pass ``s >= 1`` attends pass 0's
+    keys at positions ``<= e`` and row ``e``'s own scratch keys of passes ``1..s`` (its
+    ancestors). Each call appends its keys and values to ``keys`` / ``values``."""
+    tril = torch.ones(rows, rows, dtype=torch.bool).tril()
+    eye = torch.eye(rows, dtype=torch.bool)
+
+    def attend(cache_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        tokens, heads, dim = q.shape
+
+        def split(x: torch.Tensor) -> torch.Tensor:
+            return x.view(batch, rows, x.shape[1], dim).transpose(1, 2)
+
+        keys.append(split(k))
+        values.append(split(v))
+        if step == 0:
+            out = F.scaled_dot_product_attention(
+                split(q), keys[0], values[0], is_causal=True, enable_gqa=True
+            )
+        else:
+            mask = torch.cat([tril] + [eye] * step, dim=1)
+            out = F.scaled_dot_product_attention(
+                split(q),
+                torch.cat(keys, dim=2),
+                torch.cat(values, dim=2),
+                attn_mask=mask,
+                enable_gqa=True,
+            )
+        return out.transpose(1, 2).reshape(tokens, heads, dim)
+
+    return attend
+
+
 def run_target(target: LlamaForCausalLM, ids: torch.Tensor) -> TargetOut:
     out = target.forward_train(ids)
     return TargetOut(F.log_softmax(out.logits, dim=-1), out.hidden_states)
@@ -76,36 +112,10 @@ def eagle_losses(
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     base = torch.arange(rows)
-    tril = torch.ones(rows, rows, dtype=torch.bool).tril()
-    eye = torch.eye(rows, dtype=torch.bool)
     hidden = teacher.hidden[:, :rows].reshape(batch * rows, -1)
     losses, agree = [], []
     for s in range(depth):
-
-        def attend(
-            cache_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: int = s
-        ) -> torch.Tensor:
-            tokens, heads, dim = q.shape
-
-            def split(x: torch.Tensor) -> torch.Tensor:
-                return x.view(batch, rows, x.shape[1], dim).transpose(1, 2)
-
-            keys.append(split(k))
-            values.append(split(v))
-            if s == 0:
-                out = F.scaled_dot_product_attention(
-                    split(q), keys[0], values[0], is_causal=True, enable_gqa=True
-                )
-            else:
-                mask = torch.cat([tril] + [eye] * s, dim=1)
-                out = F.scaled_dot_product_attention(
-                    split(q),
-                    torch.cat(keys, dim=2),
-                    torch.cat(values, dim=2),
-                    attn_mask=mask,
-                    enable_gqa=True,
-                )
-            return out.transpose(1, 2).reshape(tokens, heads, dim)
+        attend = ttt_attend(keys, values, batch, rows, s)
 
         tokens = _shift(ids, 1 + s, rows).reshape(-1)
         positions = (base + s).repeat(batch)
