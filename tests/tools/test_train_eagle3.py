@@ -73,6 +73,34 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(
     assert torch.equal(load_file(str(tmp_path / "head" / "model.safetensors"))["d2t"], first)
 
 
+@pytest.mark.parametrize("target", ["toy", "smollm2"])
+def test_init_starts_from_a_stored_head_and_keeps_its_vocabulary(
+    tmp_path: Path, target: str
+) -> None:
+    _run(tmp_path / "first", "--target", target, "--steps", "2")
+    stored = tmp_path / "first" / "head"
+    before = load_file(str(stored / "model.safetensors"))
+    log = _run(
+        tmp_path / "second",
+        "--target",
+        target,
+        "--steps",
+        "1",
+        "--seed",
+        "7",
+        "--init",
+        str(stored),
+    )
+    assert log["init"]["from"] == str(stored) and len(log["init"]["model_sha256"]) == 64
+    after = load_file(str(tmp_path / "second" / "head" / "model.safetensors"))
+    assert torch.equal(after["d2t"], before["d2t"])
+    # One small step from the stored weights, not from a fresh init: close, not equal.
+    delta = (after["fc.weight"].float() - before["fc.weight"].float()).abs().max()
+    assert 0 < float(delta) < 0.05
+    if target == "smollm2":
+        assert f"Started from the head stored at `{stored}`" in smollm2_card(log)
+
+
 def test_the_training_time_test_loss_decreases() -> None:
     torch.manual_seed(0)
     target = random_model(TINY, seed=0).requires_grad_(False)

@@ -139,6 +139,14 @@ def smollm2_card(log: dict[str, Any]) -> str:
         f"- Split: {split['train']} training, {split['heldout']} held-out examples "
         f"({split['rule']}); at most {log['max_len']} tokens an example; only answer "
         "positions are scored.",
+        *(
+            [
+                f"- Started from the head stored at `{log['init']['from']}` (model.safetensors "
+                f"SHA-256 `{log['init']['model_sha256']}`): {log['init']['rule']}.",
+            ]
+            if log.get("init")
+            else []
+        ),
         f"- Target features: one float32 dense forward per example, autograd off, stored in "
         f"bfloat16. Share of the target's argmax tokens (answer positions) each draft "
         f"vocabulary size would hold: {coverage}.",

@@ -38,9 +38,9 @@ from relayc.tools.train.eagle3 import (
 from relayc.tools.train.eagle3_measure import MeasureRun, measure_runs
 from relayc.tools.train.eagle3_run import (
     NUM_STEPS,
-    build_head,
+    init_record,
     model_entry,
-    resumed_vocabulary,
+    starting_head,
     store,
     train_head,
 )
@@ -156,8 +156,9 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
     counts = torch.zeros(target.config.vocab_size, dtype=torch.int64)
     for r in train:
         counts += torch.bincount(r["ids"][int(r["prompt_len"]) :].long(), minlength=counts.numel())
-    vocab = resumed_vocabulary(Path(args.work), choose_vocabulary(counts, args.draft_vocab))
-    head = build_head(target, vocab, None, args.seed + 1)
+    head, vocab = starting_head(
+        args, target, choose_vocabulary(counts, args.draft_vocab), None, args.seed + 1
+    )
     batch = 2 if args.smoke else args.batch
     eval_batches = [
         collate(target, heldout[i : i + batch], vocab) for i in range(0, len(heldout), batch)
@@ -182,6 +183,7 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
             "rule": f"example i % {HOLDOUT_EVERY} == {HOLDOUT_EVERY - 1}",
         },
         "batch": batch,
+        "init": init_record(args),
         "max_len": MAX_LEN,
         "draft_vocab": {
             "size": args.draft_vocab,

@@ -39,9 +39,9 @@ from relayc.tools.train.eagle3_chat import run_smollm2
 from relayc.tools.train.eagle3_measure import MeasureRun, measure_runs
 from relayc.tools.train.eagle3_run import (
     NUM_STEPS,
-    build_head,
+    init_record,
     model_entry,
-    resumed_vocabulary,
+    starting_head,
     store,
     train_head,
 )
@@ -69,8 +69,9 @@ def run_toy(args: argparse.Namespace) -> dict[str, Any]:
     target.requires_grad_(False)
     target.eval()
     counts = torch.bincount(corpus.train.long(), minlength=target.config.vocab_size)
-    vocab = resumed_vocabulary(Path(args.work), choose_vocabulary(counts, vocab_size))
-    head = build_head(target, vocab, layer_ids, args.seed + 1)
+    head, vocab = starting_head(
+        args, target, choose_vocabulary(counts, vocab_size), layer_ids, args.seed + 1
+    )
     data_gen = torch.Generator().manual_seed(args.seed)
     eval_gen = torch.Generator().manual_seed(args.seed + 1000)
     windows = sample_batch(corpus.heldout, corpus.heldout_line_starts, 2 * batch, seq, eval_gen)
@@ -84,6 +85,7 @@ def run_toy(args: argparse.Namespace) -> dict[str, Any]:
         "target": "smoke (random)" if args.smoke else "relayc/assets/demo/target",
         "corpus": corpus.info,
         "batch": batch,
+        "init": init_record(args),
         "seq": seq,
         "draft_vocab": {
             "size": vocab_size,
@@ -156,6 +158,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--measure-dtype", choices=("float32", "bfloat16"), default=None)
     p.add_argument("--new-tokens", type=int_in(1), default=64)
     p.add_argument("--no-measure", action="store_true")
+    p.add_argument(
+        "--init",
+        default=None,
+        help="start from this stored head (its weights and draft vocabulary) instead of a "
+        "fresh one; a fresh optimizer and schedule fine-tune it (ignored when --work resumes)",
+    )
     p.add_argument(
         "--features-only", action="store_true", help="smollm2: compute the features, then stop"
     )

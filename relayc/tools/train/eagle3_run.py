@@ -4,6 +4,7 @@ building the warm-started head, the resumable training loop, storing and describ
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,13 @@ import torch
 
 from relayc.engine.draft.eagle3 import Eagle3Head, capture_layers
 from relayc.engine.model import LlamaForCausalLM
+from relayc.tools.train.chat_corpus import file_sha256
 from relayc.tools.train.eagle3 import eagle3_eval, eagle3_losses, warm_start
 from relayc.tools.train.loop import Checkpoint, train_loop
 from relayc.tools.train.losses import weighted
 from relayc.tools.train.plan import count_params, dir_bytes, init_for_training, store_half
 
+INIT_RECORD = "init.json"  # in --work: the stored head a run started from (--init)
 NUM_STEPS = 3  # the engine's num_steps for the measured runs (topk 4, 8 draft tokens)
 
 
@@ -33,6 +36,53 @@ def build_head(
     head.set_vocabulary(vocab)
     warm_start(head, target)
     return head
+
+
+def starting_head(
+    args: argparse.Namespace,
+    target: LlamaForCausalLM,
+    chosen: torch.Tensor,
+    layer_ids: tuple[int, ...] | None,
+    seed: int,
+) -> tuple[Eagle3Head, torch.Tensor]:
+    """The head a run trains and its draft vocabulary (target ids).
+
+    A run resuming ``--work``'s checkpoint keeps the checkpoint's vocabulary (the loop then
+    restores its weights); a new run with ``--init DIR`` starts from a stored head (its
+    weights in float32, its vocabulary and captured layers: a fresh optimizer and schedule
+    fine-tune it, e.g. on more data); otherwise a fresh warm-started head over ``chosen``.
+    """
+    work = Path(args.work)
+    init = getattr(args, "init", None)
+    if init is not None and not (work / "checkpoint.pt").is_file():
+        head = Eagle3Head.load(init, target).float()
+        if layer_ids is not None and tuple(head.capture) != capture_layers(
+            target.config.num_layers, layer_ids
+        ):
+            raise SystemExit(
+                f"--init {init}: the head captures layers {list(head.capture)}, this run "
+                f"{list(capture_layers(target.config.num_layers, layer_ids))}"
+            )
+        vocab = head.to_target_ids(torch.arange(head.draft_vocab_size, device=head.device))
+        work.mkdir(parents=True, exist_ok=True)
+        weights = Path(init) / "model.safetensors"
+        record = {
+            "from": str(init),
+            "model_sha256": file_sha256(weights) if weights.is_file() else None,
+            "rule": "weights, draft vocabulary and captured layers of the stored head; "
+            "a fresh optimizer and learning-rate schedule",
+        }
+        (work / INIT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+        return head, vocab.cpu()
+    vocab = resumed_vocabulary(work, chosen)
+    return build_head(target, vocab, layer_ids, seed), vocab
+
+
+def init_record(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Where the head in ``--work`` started (``--init``), kept across resumed invocations;
+    None for a fresh head."""
+    path = Path(args.work) / INIT_RECORD
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def resumed_vocabulary(work: Path, chosen: torch.Tensor) -> torch.Tensor:
