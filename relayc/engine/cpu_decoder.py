@@ -16,16 +16,20 @@ weights    decoder layers                            final norm + LM head
 =========  ========================================  =======================================
 float32    native: uniform batches of <= 64 tokens;  native: <= 64 rows; else eager (MKL)
            else TorchScript (MKL)
-bfloat16   native: uniform batches of <= 64 tokens;  native: <= 64 rows; else eager
+bfloat16   native: decodes and verifies of any       the same rule
+           size, uniform prefills of <= 64 tokens;
            else eager (oneDNN bf16)
 other      eager                                     eager
 =========  ========================================  =======================================
 
 The native paths are the ones whose rows do not depend on the batch (a token's logits are
 the same bits decoded alone or inside a verify), which speculative greedy decoding needs
-to equal plain greedy decoding exactly; the engine's default verify (4 tokens a request)
-stays native up to 16 requests, an 8-token verify up to 8. Above the limits (a prompt's
-prefill, a large batch) the forward is compute-bound and the library GEMMs are faster.
+to equal plain greedy decoding exactly. In float32 the engine's default verify (4 tokens a
+request) stays native up to 16 requests, an 8-token verify up to 8; above that (a prompt's
+prefill, a large batch) the forward is compute-bound and MKL's GEMMs are faster, and their
+rounding differences (about 2^-24 of a logit) rarely flip a token. In bfloat16 they flip
+tokens often, so decodes and verifies stay native at any size
+(``NATIVE_MAX_DECODE_ROWS_BF16``) and only prefills above 64 tokens go to oneDNN.
 
 The native bfloat16 GEMMs round their input activations to bfloat16 and sum the exact
 products in float32, with the best kernel the CPU has, one per process (decoder.c's
@@ -46,6 +50,7 @@ import torch
 
 from relayc.engine import native, scripted
 from relayc.engine.attention import PagedAttend
+from relayc.engine.forward_batch import ForwardMode
 
 if TYPE_CHECKING:
     from relayc.engine.model import Linear, LlamaDecoderLayer, RMSNorm, RopeTables
@@ -56,29 +61,40 @@ NATIVE_MAX_TOKENS = 64
 # The same for bfloat16 weights: 64 at least, whatever oneDNN's speed, since only the native
 # rows are batch-independent, which lossless batched speculation needs (module docstring).
 NATIVE_MAX_TOKENS_BF16 = 64
+# bfloat16 decode and verify forwards (every row a request's next token or a drafted one)
+# run natively up to this many rows: any batch the engine forms. The library GEMM rounds a
+# row differently with other rows beside it, and in bfloat16 that flips greedy tokens
+# often (11 of 24 chat prompts at 64 tokens each when 24 requests verified 8 tokens
+# together), so speculation would stop equalling `none`; the native rows cost 1.1-1.2x
+# oneDNN's time at 128-256 rows.
+NATIVE_MAX_DECODE_ROWS_BF16 = 4096
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def native_max_tokens(dtype: torch.dtype) -> int:
+def native_max_tokens(dtype: torch.dtype, decode: bool = False) -> int:
     """The most tokens (rows) a forward with ``dtype`` weights runs natively -- layers and
-    LM head alike; 0: never (no native kernel for that dtype). See the module docstring."""
+    LM head alike; 0: never (no native kernel for that dtype). ``decode``: a decode or
+    verify forward (not a prefill). See the module docstring."""
     if dtype == torch.float32:
         return NATIVE_MAX_TOKENS
     if dtype == torch.bfloat16:
-        return NATIVE_MAX_TOKENS_BF16
+        return NATIVE_MAX_DECODE_ROWS_BF16 if decode else NATIVE_MAX_TOKENS_BF16
     return 0
 
 
-def native_head_library(hidden: torch.Tensor, dtype: torch.dtype) -> ctypes.CDLL | None:
+def native_head_library(
+    hidden: torch.Tensor, dtype: torch.dtype, decode: bool = False
+) -> ctypes.CDLL | None:
     """The native library when the rows of ``hidden [..., width]`` can go through a
     :class:`NativeHead` with ``dtype`` weights -- on the CPU, autograd off, ``hidden`` in
-    that dtype, at most :func:`native_max_tokens` rows -- else None (the library GEMM)."""
+    that dtype, at most :func:`native_max_tokens` rows (``decode``: of a decode or verify
+    forward) -- else None (the library GEMM)."""
     if (
         hidden.dim() >= 1
         and hidden.device.type == "cpu"
         and hidden.dtype == dtype
         and not torch.is_grad_enabled()
-        and hidden.shape[:-1].numel() <= native_max_tokens(dtype)
+        and hidden.shape[:-1].numel() <= native_max_tokens(dtype, decode)
     ):
         return native.native_decoder()
     return None
@@ -207,7 +223,7 @@ class ScriptedLayers:
         if (
             self._native is not None
             and meta.padded_index is None
-            and x.shape[0] <= native_max_tokens(self._dtype)
+            and x.shape[0] <= native_max_tokens(self._dtype, _decoding(attend))
         ):
             lib = native.native_decoder()
             if lib is not None:
@@ -243,6 +259,11 @@ class ScriptedLayers:
             )
         finally:
             torch._C._set_graph_executor_optimize(optimize)
+
+
+def _decoding(attend: PagedAttend) -> bool:
+    """A decode or verify forward (not a prefill): :func:`native_max_tokens`'s ``decode``."""
+    return attend.batch.mode is not ForwardMode.EXTEND
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -353,7 +374,11 @@ class _NativeWeights:
         attend: PagedAttend,
         k_cache: list[torch.Tensor],
         v_cache: list[torch.Tensor],
+        attn_in: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The layers over ``x`` (float32 inside); ``attn_in [T, K]`` (float32): the first
+        layer's attention reads it instead of its input norm of ``x`` (decoder.c's
+        ``relayc_decoder_in``: EAGLE-3's draft layer)."""
         meta = attend.meta
         # float32 activations, rotary tables and mask in the call, whatever the weights'
         # dtype: the residual stream stays float32 across the layers of one call.
@@ -388,7 +413,19 @@ class _NativeWeights:
         layers = len(k_cache)
         k_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in k_cache))
         v_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in v_cache))
-        decoder = lib.relayc_decoder if self.dtype == torch.float32 else lib.relayc_decoder_bf16
+        extra: tuple[Any, ...] = ()
+        if attn_in is None:
+            f32 = self.dtype == torch.float32
+            decoder = lib.relayc_decoder if f32 else lib.relayc_decoder_bf16
+        else:
+            attn_in = attn_in.to(torch.float32).contiguous()
+            if attn_in.dim() != 2 or attn_in.shape[0] != tokens:
+                raise ValueError(
+                    f"native decoder: attn_in is {list(attn_in.shape)}, expected [{tokens}, K]"
+                )
+            f32 = self.dtype == torch.float32
+            decoder = lib.relayc_decoder_in if f32 else lib.relayc_decoder_bf16_in
+            extra = (attn_in.data_ptr(), attn_in.shape[1])
         code = decoder(
             tokens,
             out.shape[1],
@@ -411,6 +448,7 @@ class _NativeWeights:
             k_ptrs,
             v_ptrs,
             min(c.shape[0] for c in caches),
+            *extra,
         )
         if code in (-3, -4):
             what = "out_cache_loc" if code == -3 else "a request's KV slots (req_to_token)"
@@ -420,3 +458,101 @@ class _NativeWeights:
         if code != 0:
             raise RuntimeError(f"the native decoder failed (code {code})")
         return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+class NativeDraftLayer:
+    """An EAGLE-3 draft layer (``relayc.engine.draft.eagle3.Eagle3Layer``) in one native
+    call: its q/k/v read ``[input_layernorm(embed); hidden_norm(hidden)]`` (computed by the
+    caller, ``attn_in``) and ``hidden`` is the residual (decoder.c's ``relayc_decoder_in``).
+
+    The eager layer costs about five native forwards' worth of small library GEMMs per
+    draft step on the CPU; the packed weights are rebuilt when a parameter changes (a
+    training step, a load), as :class:`ScriptedLayers` does."""
+
+    def __init__(self, layer: Any) -> None:
+        native.enabled()
+        self.layer = layer
+        self._weights: _NativeWeights | None = None
+        self._args: dict[str, Any] | None = None
+        self._checks: list[tuple[dict[str, Any], torch.Tensor, tuple[int, int]]] = []
+
+    def _modules(self) -> list[Any]:
+        attn, mlp = self.layer.self_attn, self.layer.mlp
+        return [self.layer.hidden_norm, self.layer.post_attention_layernorm, attn.q_proj,
+                attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                mlp.down_proj]  # fmt: skip
+
+    def _current(self) -> bool:
+        return bool(self._checks) and all(
+            params["weight"] is weight and _stamp(weight) == stamp
+            for params, weight, stamp in self._checks
+        )
+
+    def _build(self) -> None:
+        self._weights, self._args, self._checks = None, None, []
+        modules = self._modules()
+        weights = [m._parameters["weight"] for m in modules]
+        if any(w is None or w.device.type != "cpu" for w in weights):
+            return
+        self._checks = [
+            (m._parameters, w, _stamp(w)) for m, w in zip(modules, weights, strict=True)
+        ]
+        dtypes = {w.dtype for w in weights}
+        if len(dtypes) != 1 or next(iter(dtypes)) not in NATIVE_DTYPES:
+            return
+        (dtype,) = dtypes
+        attn, mlp, layer = self.layer.self_attn, self.layer.mlp, self.layer
+        with torch.no_grad():
+            qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        params: dict[str, list[torch.Tensor | None]] = {
+            # ln1 is not read (attn_in replaces the input norm); the shape check wants hidden
+            "ln1": [layer.hidden_norm.weight.detach()],
+            "w_qkv": [qkv],
+            "w_o": [attn.o_proj.weight.detach()],
+            "ln2": [layer.post_attention_layernorm.weight.detach()],
+            "w_gate_up": [gate_up],
+            "w_down": [mlp.down_proj.weight.detach()],
+        }
+        if any(t.shape[0] % 16 for n in ("w_qkv", "w_o", "w_gate_up", "w_down")
+               for t in params[n] if t is not None):  # fmt: skip
+            return
+        eps = [float(layer.post_attention_layernorm.eps)]
+        self._weights = _NativeWeights(params, eps, eps, dtype)
+        self._args = {
+            "heads": attn.num_heads,
+            "kv_heads": attn.num_kv_heads,
+            "head_dim": attn.head_dim,
+            "intermediate": mlp.gate_proj.weight.shape[0],
+        }
+
+    def __call__(
+        self, attn_in: torch.Tensor, hidden: torch.Tensor, rope: RopeTables, attend: object
+    ) -> torch.Tensor | None:
+        """The layer's output ``[T, hidden]`` in ``hidden``'s dtype, or None: run it eagerly
+        (not the CPU, autograd on, not paged attention, too many tokens, no library)."""
+        if (
+            not isinstance(attend, PagedAttend)
+            or hidden.device.type != "cpu"
+            or torch.is_grad_enabled()
+            or attend.meta.padded_index is not None
+        ):
+            return None
+        if not self._current():
+            self._build()
+        weights = self._weights
+        if weights is None or self._args is None:
+            return None
+        cache = attend.batch.kv_cache
+        if (
+            hidden.dtype != weights.dtype
+            or cache.k[0].dtype != weights.dtype
+            or hidden.shape[0] > native_max_tokens(weights.dtype)
+        ):
+            return None
+        lib = native.native_decoder()
+        if lib is None:
+            return None
+        return weights.run(
+            lib, self._args, hidden, rope, attend, [cache.k[0]], [cache.v[0]], attn_in=attn_in
+        )

@@ -628,7 +628,7 @@ static int decode_layers(
     const float *mask, int B, int Q, int S, const float *const *ln1, const void *const *w_qkv,
     const void *const *w_o, const float *const *ln2, const void *const *w_gate_up,
     const void *const *w_down, const float *eps1, const float *eps2, void *const *k_cache,
-    void *const *v_cache, int64_t cache_rows, int bf16
+    void *const *v_cache, int64_t cache_rows, int bf16, const float *attn_in, int in_width
 ) {
     if (T != B * Q || heads % kv_heads != 0 || hidden % 16 != 0 || inter % 8 != 0 ||
         (heads + 2 * kv_heads) * head_dim % 16 != 0)
@@ -650,6 +650,7 @@ static int decode_layers(
     const int kernel = bf16 ? relayc_bf16_kernel(-1) : -1;
     int widest = hidden > heads * D ? hidden : heads * D;
     widest = widest > inter ? widest : inter;
+    if (attn_in != NULL) widest = widest > in_width ? widest : in_width;
     const size_t halves = bf16 ? (size_t)padded_rows(T) * padded_k(widest) : 0;
     float *buffer = (float *)malloc(sizeof(float) * floats);
     uint16_t *xb = (uint16_t *)malloc(sizeof(uint16_t) * (halves + 1));
@@ -666,8 +667,12 @@ static int decode_layers(
     const float **keys = rows_kv, **values = rows_kv + S;
 
     for (int l = 0; l < layers; l++) {
-        rms_norm(x, T, hidden, ln1[l], eps1[l], h);
-        gemm_any(h, T, hidden, w_qkv[l], qkv_width, qkv, 0, kernel, xb);
+        if (l == 0 && attn_in != NULL) /* the first layer's attention reads attn_in as is */
+            gemm_any(attn_in, T, in_width, w_qkv[0], qkv_width, qkv, 0, kernel, xb);
+        else {
+            rms_norm(x, T, hidden, ln1[l], eps1[l], h);
+            gemm_any(h, T, hidden, w_qkv[l], qkv_width, qkv, 0, kernel, xb);
+        }
         for (int t = 0; t < T; t++) {
             float *qt = qkv + (size_t)t * qkv_width;
             const float *c = cos_table + (size_t)t * D, *s = sin_table + (size_t)t * D;
@@ -762,12 +767,27 @@ static int decode_layers(
         (void *const *)k_cache, (void *const *)v_cache, cache_rows
 
 /* float32 weights (16-column panels) and K/V cache. */
-int relayc_decoder(DECODER_PARAMS(float, float)) { return decode_layers(DECODER_ARGS, 0); }
+int relayc_decoder(DECODER_PARAMS(float, float)) {
+    return decode_layers(DECODER_ARGS, 0, NULL, 0);
+}
 
 /* bfloat16 weights (16-column panels of k pairs, see gemm_bf16) and K/V cache; norm
  * weights, x, the rotary tables and the mask float32. */
 int relayc_decoder_bf16(DECODER_PARAMS(uint16_t, uint16_t)) {
-    return decode_layers(DECODER_ARGS, 1);
+    return decode_layers(DECODER_ARGS, 1, NULL, 0);
+}
+
+/* The same layers, the first one's attention reading attn_in [T, in_width] (float32, taken
+ * as already normalised) instead of its input norm of x: EAGLE-3's draft layer, whose
+ * q/k/v read [norm(embed); hidden_norm(hidden)] while x (the hidden input) stays the
+ * residual. ln1[0] and eps1[0] are not read. */
+int relayc_decoder_in(DECODER_PARAMS(float, float), const float *attn_in, int in_width) {
+    return decode_layers(DECODER_ARGS, 0, attn_in, in_width);
+}
+
+int relayc_decoder_bf16_in(DECODER_PARAMS(uint16_t, uint16_t), const float *attn_in,
+                           int in_width) {
+    return decode_layers(DECODER_ARGS, 1, attn_in, in_width);
 }
 
 /* The final RMSNorm and the LM head over T rows: logits [T, vocab_padded] (the packed

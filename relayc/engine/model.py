@@ -407,14 +407,15 @@ class LlamaForCausalLM(nn.Module):
             self._segments[(start, stop)] = segment
         return segment
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _logits(self, hidden: torch.Tensor, decode: bool = False) -> torch.Tensor:
         """Logits ``[..., vocab]`` float32 of ``hidden [..., hidden_size]``: ``[T, H]`` from
-        the paged and dense forwards, ``[B, S, H]`` from ``forward_train``."""
+        the paged and dense forwards, ``[B, S, H]`` from ``forward_train``; ``decode``: the
+        rows of a decode or verify forward (``native_max_tokens``)."""
         dtype = self.lm_head.weight.dtype
         if self.scripted is not None and self.model.norm.weight.dtype == dtype:
             # The native decoder's rows do not depend on the batch; the head's must not
             # either (MKL's GEMM gives a row other bits at 4+ rows than alone).
-            lib = native_head_library(hidden, dtype)
+            lib = native_head_library(hidden, dtype, decode)
             if lib is not None:
                 head = self._native_head
                 if head is None or not head.current(self.model.norm, self.lm_head):
@@ -444,7 +445,8 @@ class LlamaForCausalLM(nn.Module):
         if batch.mode is ForwardMode.EXTEND and not batch.return_all_logits:
             last = torch.cumsum(batch.extend_lens, 0) - 1
             return ForwardOutput(self._logits(hidden[last]), hidden, aux)
-        return ForwardOutput(self._logits(hidden), hidden, aux)
+        decode = batch.mode is not ForwardMode.EXTEND
+        return ForwardOutput(self._logits(hidden, decode), hidden, aux)
 
     @torch.no_grad()
     def forward_dense(self, input_ids: torch.Tensor) -> ForwardOutput:

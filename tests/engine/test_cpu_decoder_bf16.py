@@ -114,6 +114,33 @@ def test_bf16_rows_do_not_depend_on_the_batch(
     assert torch.equal(decoded, verified)
 
 
+@pytest.mark.parametrize("requests", [12])  # 12 x 8 = 96 rows: above the prefill limit
+def test_bf16_large_verify_rows_do_not_depend_on_the_batch(
+    requests: int, native_calls: list[tuple[int, torch.dtype]]
+) -> None:
+    """A verify of more rows than a prefill runs natively (``native_max_tokens(bf16,
+    decode=True)``) still runs natively: each request's rows are the bits it gets verified
+    alone. The library GEMM's rows depend on the rows beside them, which in bfloat16 made
+    ``eagle3`` differ from ``none`` on 11 of 24 chat prompts verified together."""
+    model = random_model(BF16, seed=5)
+    use_cpu_matmul_layout(model)
+    chains = [[(7 * r + 13 * i) % 250 + 1 for i in range(8)] for r in range(requests)]
+    causal = torch.ones(requests, 8, 8, dtype=torch.bool).tril()
+    depths = [list(range(8))] * requests
+    crowd = PagedDriver(model, kv_size=4096, req_slots=requests + 1)
+    reqs = [crowd.new_request() for _ in range(requests)]
+    for r, req in enumerate(reqs):  # one prefill each: the prompts' K/V as alone
+        crowd.extend([req], [_tokens(5 + r, seed=r)])
+    together = crowd.verify(reqs, chains, depths, causal)
+    assert (8 * requests, torch.bfloat16) in native_calls
+    for r in range(requests):
+        alone = PagedDriver(model, kv_size=4096, req_slots=2)
+        req = alone.new_request()
+        alone.extend([req], [_tokens(5 + r, seed=r)])
+        rows = alone.verify([req], chains[r : r + 1], depths[:1], causal[:1])
+        assert torch.equal(rows, together[8 * r : 8 * (r + 1)]), r
+
+
 def test_bf16_greedy_ngram_equals_none(native_calls: list[tuple[int, torch.dtype]]) -> None:
     """Speculative greedy decoding on a bfloat16 model gives plain greedy decoding's tokens:
     its verifies run natively, row for row the bits of a decode."""

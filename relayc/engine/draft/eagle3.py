@@ -41,7 +41,7 @@ from torch import nn
 
 from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
-from relayc.engine.cpu_decoder import NativeHead, native_head_library
+from relayc.engine.cpu_decoder import NativeDraftLayer, NativeHead, native_head_library
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.layers import TargetParts, check_head_config
 from relayc.engine.draft.paged import (
@@ -120,6 +120,7 @@ class Eagle3Layer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
+        self.native = NativeDraftLayer(self)
 
     def forward(
         self,
@@ -130,8 +131,13 @@ class Eagle3Layer(nn.Module):
         attend: AttendFn,
     ) -> torch.Tensor:
         hidden = hidden.to(embeds.dtype)
-        rope = rotary.tables(positions, embeds.dtype)
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        # On the CPU with paged attention and autograd off: one native call (float32 rotary
+        # tables, as the target's native layers take them); else the modules.
+        out = self.native(x, hidden, rotary.tables(positions, torch.float32), attend)
+        if out is not None:
+            return out
+        rope = rotary.tables(positions, embeds.dtype)
         residual = hidden + self.self_attn(x, rope, 0, attend)
         return residual + self.mlp(self.post_attention_layernorm(residual))
 

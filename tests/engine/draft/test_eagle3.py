@@ -242,3 +242,59 @@ def test_native_draft_logits_match_the_modules(dtype: torch.dtype) -> None:
     tolerance = 1e-4 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
     assert got.shape == (5, 200) and (got - expected).abs().max().item() < tolerance
     assert torch.equal(alone, got[:1])  # rows do not depend on the batch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_draft_layer_matches_the_modules(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU the head's layer runs as one native call (decoder.c's relayc_decoder_in:
+    q/k/v read [norm(embed); hidden_norm(hidden)], the hidden input the residual); draft
+    extend gives what the modules give, up to the kernels' summation order."""
+    from relayc.engine import native
+    from relayc.engine.cpu_decoder import NativeDraftLayer
+
+    if native.native_decoder() is None:
+        pytest.skip("no C compiler: the native decoder is not built (the modules run)")
+    target = random_model(SMALL.replace(num_layers=4, dtype=dtype), seed=1)
+    head = Eagle3Head.random(target, seed=2, draft_vocab_size=DRAFT_VOCAB, layer_ids=[0, 1, 2])
+    pre = Prefilled(target, head.capture)
+    calls: list[bool] = []
+    real = NativeDraftLayer.__call__
+
+    def counted(self: NativeDraftLayer, *args: object) -> torch.Tensor | None:
+        out = real(self, *args)  # type: ignore[arg-type]
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(NativeDraftLayer, "__call__", counted)
+    kv_native, got = extend(head, pre, topk=3)
+    assert calls == [True]  # it ran natively
+    monkeypatch.setattr(native, "native_decoder", lambda: None)
+    kv_eager, expected = extend(head, pre, topk=3)
+    assert calls == [True, False]
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.05}
+    torch.testing.assert_close(got.hidden_states.float(), expected.hidden_states.float(), **tol)
+    torch.testing.assert_close(got.topk_p, expected.topk_p, **tol)
+    torch.testing.assert_close(kv_native.k[0].float(), kv_eager.k[0].float(), **tol)
+    if dtype == torch.float32:
+        assert torch.equal(got.topk_index, expected.topk_index)
+
+
+def test_native_draft_layer_follows_changed_weights() -> None:
+    """A parameter changed in place (a training step) repacks the native weights."""
+    from relayc.engine import native
+
+    if native.native_decoder() is None:
+        pytest.skip("no C compiler: the native decoder is not built (the modules run)")
+    target = random_model(SMALL.replace(num_layers=4), seed=1)
+    head = Eagle3Head.random(target, seed=2, draft_vocab_size=DRAFT_VOCAB, layer_ids=[0, 1, 2])
+    pre = Prefilled(target, head.capture)
+    _, before = extend(head, pre, topk=3)
+    with torch.no_grad():
+        head.midlayer.mlp.down_proj.weight.mul_(0.5)
+    _, after = extend(head, pre, topk=3)
+    for b, ids in enumerate(pre.ids):
+        _, g = head.forward_dense(torch.tensor(ids), pre.features[b])
+        torch.testing.assert_close(g[-1], after.hidden_states[b])
+    assert not torch.allclose(before.hidden_states, after.hidden_states)
