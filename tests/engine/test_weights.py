@@ -122,7 +122,7 @@ def test_hf_config_both_rope_layouts_and_rejections() -> None:
 
 def test_cpu_matmul_layout_keeps_values_ties_and_outputs(tmp_path: Path) -> None:
     from relayc.engine import Engine
-    from relayc.engine.model import Linear, use_cpu_matmul_layout
+    from relayc.engine.model import Embedding, Linear, use_cpu_matmul_layout
 
     model = random_model(TINY_CONFIG.replace(tie_word_embeddings=True), seed=3)
     ids = torch.tensor([256, 5, 9, 14, 200])
@@ -130,8 +130,10 @@ def test_cpu_matmul_layout_keeps_values_ties_and_outputs(tmp_path: Path) -> None
     snapshot = {k: v.clone() for k, v in model.state_dict().items()}
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert use_cpu_matmul_layout(model) == len(linears)
-    # Column-major; q/k/v and gate/up are column blocks of one fused weight each.
-    assert all(m.weight.stride(0) == 1 for m in linears)
+    # Column-major; q/k/v and gate/up are column blocks of one fused weight each. The tied
+    # LM head keeps the embedding's row-major layout (contiguous rows for the lookups).
+    assert all(m.weight.stride(0) == 1 for m in linears if m is not model.lm_head)
+    assert model.model.embed_tokens.weight.is_contiguous()
     layer = model.model.layers[0]
     qkv = layer.self_attn.qkv
     assert qkv is not None and qkv.get() is None  # autograd is on: the fused path is off
@@ -142,14 +144,20 @@ def test_cpu_matmul_layout_keeps_values_ties_and_outputs(tmp_path: Path) -> None
     assert all(torch.equal(v, snapshot[k]) for k, v in model.state_dict().items())
     assert torch.allclose(model.forward_dense(ids).logits, before, atol=1e-5)
     use_cpu_matmul_layout(model)  # idempotent
-    assert all(m.weight.stride(0) == 1 for m in linears)
+    assert all(m.weight.stride(0) == 1 for m in linears if m is not model.lm_head)
+    assert model.model.embed_tokens.weight.is_contiguous()
     assert layer.self_attn.qkv is qkv
     save_checkpoint(model, tmp_path / "m")  # saving makes the tensors contiguous again
     assert _same_weights(load_checkpoint(tmp_path / "m"), model)
     # The engine lays out the target and the draft model this way on the CPU.
     engine = Engine("random", algorithm="eagle", overlap=False)
     for module in (engine.model, *engine.algorithm.draft_modules()):
-        assert all(m.weight.stride(0) == 1 for m in module.modules() if isinstance(m, Linear))
+        tied = {id(m.weight) for m in module.modules() if isinstance(m, Embedding)}
+        assert all(
+            m.weight.stride(0) == 1
+            for m in module.modules()
+            if isinstance(m, Linear) and id(m.weight) not in tied
+        )
     assert engine.algorithm.draft_modules()
     engine.close()
 
