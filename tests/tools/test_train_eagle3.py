@@ -101,6 +101,31 @@ def test_init_starts_from_a_stored_head_and_keeps_its_vocabulary(
         assert f"Started from the head stored at `{stored}`" in smollm2_card(log)
 
 
+def test_revocab_keeps_the_stored_head_over_a_new_vocabulary() -> None:
+    from relayc.tools.train.eagle3_run import revocabulary
+
+    target = random_model(TINY, seed=0)
+    stored = Eagle3Head.random(target, seed=1, draft_vocab_size=6, layer_ids=[0, 1, 2])
+    stored.set_vocabulary([3, 5, 7, 9, 11, 13])
+    new_vocab = torch.tensor([1, 5, 9, 13, 20, 40, 41, 50])
+    head, kept = revocabulary(stored, target, new_vocab, seed=2)
+    assert kept == 3 and head.draft_vocab_size == 8 and head.capture == stored.capture
+    assert torch.equal(head.to_target_ids(torch.arange(8)), new_vocab)
+    for new_row, old_row in ((1, 1), (2, 3), (3, 5)):  # target ids 5, 9, 13
+        assert torch.equal(head.lm_head.weight[new_row], stored.lm_head.weight[old_row])
+    for new_row, token in ((0, 1), (4, 20), (7, 50)):  # new ids: the target's rows
+        assert torch.equal(head.lm_head.weight[new_row], target.lm_head.weight[token])
+    for name in ("fc", "midlayer", "norm"):
+        ours, theirs = getattr(head, name).state_dict(), getattr(stored, name).state_dict()
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_revocab_needs_init(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _run(tmp_path, "--target", "toy", "--revocab")
+    assert "--revocab re-chooses the vocabulary of an --init head" in capsys.readouterr().err
+
+
 def test_the_training_time_test_loss_decreases() -> None:
     torch.manual_seed(0)
     target = random_model(TINY, seed=0).requires_grad_(False)

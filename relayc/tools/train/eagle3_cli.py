@@ -165,6 +165,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "fresh one; a fresh optimizer and schedule fine-tune it (ignored when --work resumes)",
     )
     p.add_argument(
+        "--revocab",
+        action="store_true",
+        help="with --init: choose the draft vocabulary from this run's data (--draft-vocab "
+        "ids) and keep the stored head's LM-head rows for the ids it already had",
+    )
+    p.add_argument(
         "--features-only", action="store_true", help="smollm2: compute the features, then stop"
     )
     args = p.parse_args(argv)
@@ -173,6 +179,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.draft_vocab = 32
         args.steps = args.steps or 6
+    if args.revocab and args.init is None:
+        p.error("--revocab re-chooses the vocabulary of an --init head: give --init DIR")
     if args.target == "smollm2" and args.data is None and not args.smoke:
         p.error("--target smollm2 needs --data DIR (a relayc chat corpus: examples.jsonl)")
     return args

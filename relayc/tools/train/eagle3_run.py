@@ -64,18 +64,54 @@ def starting_head(
                 f"{list(capture_layers(target.config.num_layers, layer_ids))}"
             )
         vocab = head.to_target_ids(torch.arange(head.draft_vocab_size, device=head.device))
+        rule = (
+            "weights, draft vocabulary and captured layers of the stored head; "
+            "a fresh optimizer and learning-rate schedule"
+        )
+        kept = None
+        if getattr(args, "revocab", False):
+            head, kept = revocabulary(head, target, chosen, seed)
+            vocab = chosen
+            rule = (
+                "weights and captured layers of the stored head over a draft vocabulary "
+                f"chosen from this run's data ({kept} of its {chosen.numel()} ids were the "
+                "stored head's, their LM-head rows kept; the others start as the target's); "
+                "a fresh optimizer and learning-rate schedule"
+            )
         work.mkdir(parents=True, exist_ok=True)
         weights = Path(init) / "model.safetensors"
         record = {
             "from": str(init),
             "model_sha256": file_sha256(weights) if weights.is_file() else None,
-            "rule": "weights, draft vocabulary and captured layers of the stored head; "
-            "a fresh optimizer and learning-rate schedule",
+            "rule": rule,
         }
         (work / INIT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
         return head, vocab.cpu()
     vocab = resumed_vocabulary(work, chosen)
     return build_head(target, vocab, layer_ids, seed), vocab
+
+
+def revocabulary(
+    stored: Eagle3Head, target: LlamaForCausalLM, vocab: torch.Tensor, seed: int
+) -> tuple[Eagle3Head, int]:
+    """``stored`` over the draft vocabulary ``vocab`` (target ids): its fc, layer and norm,
+    and the LM-head rows of the ids both vocabularies hold; a new id's row is the target's
+    (:func:`build_head`'s warm start). Returns the head and how many ids were kept. A head
+    whose vocabulary was chosen from little data misses tokens the target often predicts."""
+    # capture_layers reads ids as "the output of layer id": the input of id + 1
+    head = build_head(target, vocab, tuple(c - 1 for c in stored.capture), seed)
+    old_ids = stored.to_target_ids(torch.arange(stored.draft_vocab_size))
+    row_of = {int(t): i for i, t in enumerate(old_ids.tolist())}
+    with torch.no_grad():
+        for name in ("fc", "midlayer", "norm"):
+            getattr(head, name).load_state_dict(getattr(stored, name).state_dict())
+        pairs = [(i, row_of[t]) for i, t in enumerate(vocab.tolist()) if t in row_of]
+        if pairs:
+            new_rows, old_rows = (torch.tensor(x) for x in zip(*pairs, strict=True))
+            head.lm_head.weight[new_rows] = stored.lm_head.weight[old_rows].to(
+                head.lm_head.weight.dtype
+            )
+    return head, len(pairs)
 
 
 def init_record(args: argparse.Namespace) -> dict[str, Any] | None:
