@@ -201,9 +201,18 @@ class ScriptedLayers:
         return self._args
 
     def __call__(
-        self, x: torch.Tensor, rope: RopeTables, cache_layers: Sequence[int], attend: object
+        self,
+        x: torch.Tensor,
+        rope: RopeTables,
+        cache_layers: Sequence[int],
+        attend: object,
+        capture: Sequence[int] = (),
+        captured: list[torch.Tensor] | None = None,
     ) -> torch.Tensor | None:
-        """The layers over ``x``, or None when this call must run eagerly."""
+        """The layers over ``x``, or None when this call must run eagerly. ``capture``
+        (indices into these layers): natively, the input of each is appended to
+        ``captured``; a call with ``capture`` that cannot run natively returns None (the
+        caller runs the layers in segments)."""
         if not isinstance(attend, PagedAttend) or x.device.type != "cpu" or torch.is_grad_enabled():
             return None
         args = self.args()
@@ -227,8 +236,10 @@ class ScriptedLayers:
         ):
             lib = native.native_decoder()
             if lib is not None:
-                return self._native.run(lib, args, x, rope, attend, k_cache, v_cache)
-        if self._dtype != torch.float32:
+                return self._native.run(
+                    lib, args, x, rope, attend, k_cache, v_cache, None, capture, captured
+                )
+        if capture or self._dtype != torch.float32:
             # The TorchScript layers are the float32 eager ops; bfloat16's eager RMSNorm
             # rounds differently, so other dtypes run the eager modules.
             return None
@@ -375,10 +386,16 @@ class _NativeWeights:
         k_cache: list[torch.Tensor],
         v_cache: list[torch.Tensor],
         attn_in: torch.Tensor | None = None,
+        capture: Sequence[int] = (),
+        captured: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The layers over ``x`` (float32 inside); ``attn_in [T, K]`` (float32): the first
-        layer's attention reads it instead of its input norm of ``x`` (decoder.c's
-        ``relayc_decoder_in``: EAGLE-3's draft layer)."""
+        layer's attention reads it instead of its input norm of ``x`` (EAGLE-3's draft
+        layer); ``capture`` (indices into these layers): the input of each is appended to
+        ``captured`` in ``x``'s dtype (EAGLE-3's target features) -- decoder.c's
+        ``relayc_decoder_ex``."""
+        if capture and captured is None:
+            raise ValueError("capture needs a list to append the captured states to")
         meta = attend.meta
         # float32 activations, rotary tables and mask in the call, whatever the weights'
         # dtype: the residual stream stays float32 across the layers of one call.
@@ -413,19 +430,26 @@ class _NativeWeights:
         layers = len(k_cache)
         k_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in k_cache))
         v_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in v_cache))
+        f32 = self.dtype == torch.float32
         extra: tuple[Any, ...] = ()
-        if attn_in is None:
-            f32 = self.dtype == torch.float32
+        if attn_in is None and not capture:
             decoder = lib.relayc_decoder if f32 else lib.relayc_decoder_bf16
         else:
-            attn_in = attn_in.to(torch.float32).contiguous()
-            if attn_in.dim() != 2 or attn_in.shape[0] != tokens:
-                raise ValueError(
-                    f"native decoder: attn_in is {list(attn_in.shape)}, expected [{tokens}, K]"
-                )
-            f32 = self.dtype == torch.float32
-            decoder = lib.relayc_decoder_in if f32 else lib.relayc_decoder_bf16_in
-            extra = (attn_in.data_ptr(), attn_in.shape[1])
+            decoder = lib.relayc_decoder_ex if f32 else lib.relayc_decoder_bf16_ex
+            in_ptr, in_width = None, 0
+            if attn_in is not None:
+                attn_in = attn_in.to(torch.float32).contiguous()
+                if attn_in.dim() != 2 or attn_in.shape[0] != tokens:
+                    raise ValueError(
+                        f"native decoder: attn_in is {list(attn_in.shape)}, expected [{tokens}, K]"
+                    )
+                in_ptr, in_width = attn_in.data_ptr(), attn_in.shape[1]
+            layer_ids = list(capture)
+            if any(not 0 <= i < layers for i in layer_ids):
+                raise ValueError(f"native decoder: capture {layer_ids} outside 0..{layers - 1}")
+            aux = out.new_empty(tokens, len(layer_ids) * out.shape[1])
+            ids = (ctypes.c_int * max(len(layer_ids), 1))(*layer_ids)
+            extra = (in_ptr, in_width, ids, len(layer_ids), aux.data_ptr())
         code = decoder(
             tokens,
             out.shape[1],
@@ -457,13 +481,18 @@ class _NativeWeights:
             )
         if code != 0:
             raise RuntimeError(f"the native decoder failed (code {code})")
+        if captured is not None:
+            width = out.shape[1]
+            for c in range(len(capture)):
+                part = aux[:, c * width : (c + 1) * width]
+                captured.append(part if x.dtype == torch.float32 else part.to(x.dtype))
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 class NativeDraftLayer:
     """An EAGLE-3 draft layer (``relayc.engine.draft.eagle3.Eagle3Layer``) in one native
     call: its q/k/v read ``[input_layernorm(embed); hidden_norm(hidden)]`` (computed by the
-    caller, ``attn_in``) and ``hidden`` is the residual (decoder.c's ``relayc_decoder_in``).
+    caller, ``attn_in``) and ``hidden`` is the residual (decoder.c's ``relayc_decoder_ex``).
 
     The eager layer costs about five native forwards' worth of small library GEMMs per
     draft step on the CPU; the packed weights are rebuilt when a parameter changes (a

@@ -628,7 +628,8 @@ static int decode_layers(
     const float *mask, int B, int Q, int S, const float *const *ln1, const void *const *w_qkv,
     const void *const *w_o, const float *const *ln2, const void *const *w_gate_up,
     const void *const *w_down, const float *eps1, const float *eps2, void *const *k_cache,
-    void *const *v_cache, int64_t cache_rows, int bf16, const float *attn_in, int in_width
+    void *const *v_cache, int64_t cache_rows, int bf16, const float *attn_in, int in_width,
+    const int *capture, int n_capture, float *aux
 ) {
     if (T != B * Q || heads % kv_heads != 0 || hidden % 16 != 0 || inter % 8 != 0 ||
         (heads + 2 * kv_heads) * head_dim % 16 != 0)
@@ -667,6 +668,13 @@ static int decode_layers(
     const float **keys = rows_kv, **values = rows_kv + S;
 
     for (int l = 0; l < layers; l++) {
+        /* the residual stream entering layer l, for each capture naming it: aux[t] holds
+           the captured layers' inputs side by side (EAGLE-3's features) */
+        for (int c = 0; c < n_capture; c++)
+            if (capture[c] == l)
+                for (int t = 0; t < T; t++)
+                    memcpy(aux + ((size_t)t * n_capture + c) * hidden, x + (size_t)t * hidden,
+                           sizeof(float) * (size_t)hidden);
         if (l == 0 && attn_in != NULL) /* the first layer's attention reads attn_in as is */
             gemm_any(attn_in, T, in_width, w_qkv[0], qkv_width, qkv, 0, kernel, xb);
         else {
@@ -768,26 +776,30 @@ static int decode_layers(
 
 /* float32 weights (16-column panels) and K/V cache. */
 int relayc_decoder(DECODER_PARAMS(float, float)) {
-    return decode_layers(DECODER_ARGS, 0, NULL, 0);
+    return decode_layers(DECODER_ARGS, 0, NULL, 0, NULL, 0, NULL);
 }
 
 /* bfloat16 weights (16-column panels of k pairs, see gemm_bf16) and K/V cache; norm
  * weights, x, the rotary tables and the mask float32. */
 int relayc_decoder_bf16(DECODER_PARAMS(uint16_t, uint16_t)) {
-    return decode_layers(DECODER_ARGS, 1, NULL, 0);
+    return decode_layers(DECODER_ARGS, 1, NULL, 0, NULL, 0, NULL);
 }
 
-/* The same layers, the first one's attention reading attn_in [T, in_width] (float32, taken
- * as already normalised) instead of its input norm of x: EAGLE-3's draft layer, whose
- * q/k/v read [norm(embed); hidden_norm(hidden)] while x (the hidden input) stays the
- * residual. ln1[0] and eps1[0] are not read. */
-int relayc_decoder_in(DECODER_PARAMS(float, float), const float *attn_in, int in_width) {
-    return decode_layers(DECODER_ARGS, 0, attn_in, in_width);
+/* The same layers with two options. attn_in [T, in_width] (float32, taken as already
+ * normalised; NULL: none): the first layer's attention reads it instead of its input norm
+ * of x -- EAGLE-3's draft layer, whose q/k/v read [norm(embed); hidden_norm(hidden)] while x
+ * (the hidden input) stays the residual; ln1[0] and eps1[0] are then not read. capture
+ * [n_capture] (layer indices; 0: none): the input of each of those layers is copied into
+ * aux [T, n_capture * hidden], in capture's order -- EAGLE-3's target features, in the
+ * forward's one call. */
+int relayc_decoder_ex(DECODER_PARAMS(float, float), const float *attn_in, int in_width,
+                      const int *capture, int n_capture, float *aux) {
+    return decode_layers(DECODER_ARGS, 0, attn_in, in_width, capture, n_capture, aux);
 }
 
-int relayc_decoder_bf16_in(DECODER_PARAMS(uint16_t, uint16_t), const float *attn_in,
-                           int in_width) {
-    return decode_layers(DECODER_ARGS, 1, attn_in, in_width);
+int relayc_decoder_bf16_ex(DECODER_PARAMS(uint16_t, uint16_t), const float *attn_in,
+                           int in_width, const int *capture, int n_capture, float *aux) {
+    return decode_layers(DECODER_ARGS, 1, attn_in, in_width, capture, n_capture, aux);
 }
 
 /* The final RMSNorm and the LM head over T rows: logits [T, vocab_padded] (the packed

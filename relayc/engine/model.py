@@ -375,6 +375,12 @@ class LlamaForCausalLM(nn.Module):
         # the eager layers get them in x's dtype (_layers), the same values
         # tables(positions, dtype) gives.
         rope = self.rotary.tables(positions, torch.float32)
+        if capture and self.scripted is not None:
+            # The whole stack in one native call that copies out the captured inputs.
+            assert captured is not None, "capture needs a list to append to"
+            out = self.scripted(x, rope, range(len(self.model.layers)), attend, capture, captured)
+            if out is not None:
+                return out
         start = 0
         for stop in capture:
             x = self._layers(x, rope, start, stop, attend)

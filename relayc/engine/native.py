@@ -142,8 +142,8 @@ def _load(path: Path) -> ctypes.CDLL:
     for fn in (lib.relayc_decoder, lib.relayc_decoder_bf16):
         fn.argtypes = [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64]
         fn.restype = i
-    for fn in (lib.relayc_decoder_in, lib.relayc_decoder_bf16_in):
-        fn.argtypes = [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64, p, i]
+    for fn in (lib.relayc_decoder_ex, lib.relayc_decoder_bf16_ex):
+        fn.argtypes = [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64, p, i, p, i, p]
         fn.restype = i
     for head in (lib.relayc_head, lib.relayc_head_bf16):
         head.argtypes = [i, i, i, p, p, ctypes.c_float, p, p]

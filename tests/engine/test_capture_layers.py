@@ -96,8 +96,38 @@ def test_captured_forward_keeps_its_outputs_and_returns_the_layer_inputs(
         scale = float(expected.abs().max())
         torch.testing.assert_close(captured.aux_hidden_states, expected, rtol=0, atol=1e-5 * scale)
     if path == "native" and 2 * width <= cpu_module.NATIVE_MAX_TOKENS:
-        # Segments [0, 1), [1, 2), [2, 4), [4, 5): four native calls, none eager.
-        assert len(native_runs) - runs_before == 4
+        # The whole stack in one native call that copies the captured inputs out.
+        assert len(native_runs) - runs_before == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_native_call_captures_what_the_segments_do(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The captured forward's one native call (decoder.c copies each captured layer's input
+    out) gives the bits of running the layers in native segments, the captured states
+    included; a call that cannot capture natively falls back to the segments."""
+    assert native_module.native_decoder() is not None, "the native decoder should build here"
+    model = random_model(CONFIG.replace(dtype=dtype), seed=4)
+    use_cpu_matmul_layout(model)
+    driver = PagedDriver(model, kv_size=512, req_slots=4, max_context=128, shuffle_seed=2)
+    batch = _batch(driver, model, 3)
+    one = model(batch, capture=CAPTURE)
+    calls: list[int] = []
+    real = cpu_module.ScriptedLayers.__call__
+
+    def segments_only(self: Any, *args: Any) -> torch.Tensor | None:
+        calls.append(len(args))
+        return None if len(args) > 4 and args[4] else real(self, *args)
+
+    monkeypatch.setattr(cpu_module.ScriptedLayers, "__call__", segments_only)
+    segmented = model(batch, capture=CAPTURE)
+    assert len(calls) == 1 + 4  # the refused one-call capture, then four segments
+    assert one.aux_hidden_states is not None and segmented.aux_hidden_states is not None
+    assert one.aux_hidden_states.dtype == dtype
+    assert torch.equal(one.aux_hidden_states, segmented.aux_hidden_states)
+    assert torch.equal(one.logits, segmented.logits)
+    assert torch.equal(one.hidden_states, segmented.hidden_states)
 
 
 def test_capture_names_distinct_layers_of_the_model() -> None:
