@@ -98,7 +98,7 @@ def test_init_starts_from_a_stored_head_and_keeps_its_vocabulary(
     delta = (after["fc.weight"].float() - before["fc.weight"].float()).abs().max()
     assert 0 < float(delta) < 0.05
     if target == "smollm2":
-        assert f"Started from the head stored at `{stored}`" in smollm2_card(log)
+        assert f"Started from the head then stored at `{stored}`" in smollm2_card(log)
 
 
 def test_revocab_keeps_the_stored_head_over_a_new_vocabulary() -> None:

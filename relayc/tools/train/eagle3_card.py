@@ -141,8 +141,10 @@ def smollm2_card(log: dict[str, Any]) -> str:
         "positions are scored.",
         *(
             [
-                f"- Started from the head stored at `{log['init']['from']}` (model.safetensors "
-                f"SHA-256 `{log['init']['model_sha256']}`): {log['init']['rule']}.",
+                f"- Started from the head then stored at `{log['init']['from']}` "
+                f"(model.safetensors SHA-256 `{log['init']['model_sha256']}`; a shipped "
+                f"head's earlier versions are in the repository's history): "
+                f"{log['init']['rule']}.",
             ]
             if log.get("init")
             else []
