@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,6 +256,81 @@ def llama_cpp_peer(max_new_tokens: int, threads: int, workdir: Path) -> Peer | N
     return Peer("llama.cpp greedy", run, 1)
 
 
+def _llama_without_extra_bufts(llama_cpp: Any, path: Path, threads: int) -> Any:
+    """``llama_cpp.Llama`` on ``path`` with the CPU backend's extra buffer types off
+    (``use_extra_bufts = False``): llama-cpp-python 0.3.36 has no argument for that model
+    parameter, so its default-parameters function is wrapped while the model loads."""
+    low = llama_cpp.llama_cpp
+    default = low.llama_model_default_params
+
+    def params() -> Any:
+        value = default()
+        value.use_extra_bufts = False
+        return value
+
+    low.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(
+            str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False
+        )
+    finally:
+        low.llama_model_default_params = default
+
+
+def llama_cpp_real_peers(
+    max_new_tokens: int, threads: int, dtype: str, workdir: Path
+) -> list[Peer]:
+    """llama.cpp greedy on SmolLM2, or none when ``llama_cpp`` (llama-cpp-python) is not
+    installed: on the shipped Q4_1 file as llama.cpp users run it, and on a GGUF of the
+    weights relayc computes with at ``dtype`` (the Q4_1 tensors dequantized: F32, or BF16
+    -- the bits relayc's bfloat16 rounds them to), written with ``gguf``, so both sides read
+    the same numbers. Both with the CPU backend's extra buffer types off: with them (weights
+    repacked for its own kernels) llama-cpp-python 0.3.36 crashed in ``decode`` on the Q4_1
+    file on this machine (the real-model speed issue); without them it reads the file's own
+    layout. Prompts go in as relayc's token ids; a request stops at the file's
+    end-of-generation tokens (kept, as relayc keeps them) or after ``max_new_tokens``."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return []
+    from relayc.engine.checkpoints.gguf import copy_tokenizer_fields, open_gguf, save_gguf
+    from relayc.engine.checkpoints.loader import load_model
+    from relayc.engine.checkpoints.named import named_model_file
+    from relayc.engine.text.tokenizer import tokenizer_from_gguf
+
+    source = named_model_file("smollm2")
+    eog = set(tokenizer_from_gguf(open_gguf(source)).eog_ids)
+    same = workdir / f"smollm2-{dtype}.gguf"
+    if not same.is_file():
+        model = load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32).model
+        tensor_type = "F32" if dtype == "float32" else "BF16"
+        save_gguf(
+            model, same, tensor_type=tensor_type, tokenizer=copy_tokenizer_fields(open_gguf(source))
+        )
+    peers = []
+    for label, path in (
+        (f"llama.cpp greedy Q4_1 {dtype}", source),
+        (f"llama.cpp greedy {dtype}", same),
+    ):
+        llm = _llama_without_extra_bufts(llama_cpp, path, threads)
+
+        def run(
+            prompts: list[list[int]], group: int, llm: Any = llm
+        ) -> tuple[list[list[int]], list[float]]:
+            outputs = []
+            for prompt in prompts:
+                tokens: list[int] = []
+                for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+                    tokens.append(int(token))
+                    if int(token) in eog or len(tokens) == max_new_tokens:
+                        break
+                outputs.append(tokens)
+            return outputs, []
+
+        peers.append(Peer(label, run, 1, llm.close))
+    return peers
+
+
 # -- measurement ----------------------------------------------------------------------------
 
 
@@ -429,6 +505,7 @@ def real_model_main(args: argparse.Namespace) -> None:
     from relayc.tools.peers import HFTarget
 
     chats = chat_prompts()[: args.prompts]
+    workdir = Path(tempfile.mkdtemp(prefix="relayc-peers-"))
     by_batch: dict[str, dict[str, float]] = {}
     by_batch_cpu: dict[str, dict[str, float]] = {}
     for dtype in args.dtypes.split(","):
@@ -438,6 +515,11 @@ def real_model_main(args: argparse.Namespace) -> None:
         hf_rows = [hf.greedy(), hf.prompt_lookup(args.prompt_lookup_tokens)]
         for peer in hf_rows:
             peer.label = f"{peer.label} {dtype}"
+        if not args.no_llama_cpp:
+            llama_rows = llama_cpp_real_peers(args.max_new_tokens, args.threads, dtype, workdir)
+            if not llama_rows:
+                print("llama.cpp skipped: `pip install llama-cpp-python` to compare with it")
+            hf_rows += llama_rows
         try:
             for group in (int(b) for b in args.batch_sizes.split(",")):
                 reference = peers[0].run(prompts, 1)[0]
@@ -451,7 +533,7 @@ def real_model_main(args: argparse.Namespace) -> None:
                 )
                 results = measure(batch_peers, prompts, group, args.repeats, None)
                 for result in results:
-                    if result.label.startswith("hf"):
+                    if result.label.startswith(("hf", "llama.cpp")):
                         share = teacher_forced_agreement(reference_engine, prompts, result.outputs)
                         print(
                             f"  {result.label}: {share:.1%} of its tokens are relayc's argmax "
@@ -474,6 +556,7 @@ def real_model_main(args: argparse.Namespace) -> None:
         none, greedy = tps.get(f"relayc none {dtype}"), tps.get(f"{HF_GREEDY} {dtype}")
         ours = {k: v for k, v in tps.items() if k.startswith("relayc") and "none" not in k}
         theirs = {k: v for k, v in tps.items() if k.startswith("hf")}
+        llama = {k: v for k, v in tps.items() if k.startswith("llama.cpp")}
         line = [key]
         if none and greedy:
             line.append(f"none / hf greedy = {none / greedy:.2f}x (target 1.5x)")
@@ -488,6 +571,11 @@ def real_model_main(args: argparse.Namespace) -> None:
                 f"relayc best / hf best = {everything[best_ours] / theirs[best_theirs]:.2f}x "
                 "(target 2.5x)"
             )
+        if llama and (ours or none):
+            everything = {**ours, **({"relayc none": none} if none else {})}
+            best_ours = max(everything, key=everything.get)  # type: ignore[arg-type]
+            for label, rate in llama.items():
+                line.append(f"relayc best / {label} = {everything[best_ours] / rate:.2f}x")
         print("  " + "; ".join(line))
     if args.json:
         Path(args.json).write_text(
@@ -502,12 +590,17 @@ def report_real(
     same answers, transformers' up to near-ties), against `none` at the same precision."""
     from relayc.specs.explain import table
 
+    def count(r: Result) -> int:
+        # llama.cpp on the Q4_1 file computes other numbers: its answers have their own
+        # lengths, so its rate counts its own tokens (every other row emits `none`'s).
+        return sum(map(len, r.outputs)) if r.label.startswith("llama.cpp") else tokens
+
     tps = {}
     for r in results:
         best = r.best(min_share)
         if best is not None:
-            tps[r.label] = tokens / best.wall
-    per_cpu = {r.label: tokens / r.least_cpu() for r in results}
+            tps[r.label] = count(r) / best.wall
+    per_cpu = {r.label: count(r) / r.least_cpu() for r in results}
     none = tps.get(f"relayc none {dtype}")
     rows = []
     for r in results:
@@ -522,7 +615,7 @@ def report_real(
                 " ".join(f"{t.share:.2f}" + ("*" if t.share < min_share else "") for t in r.runs),
                 "yes"
                 if r.outputs == reference
-                else ("teacher-forced" if r.label.startswith("hf") else "NO"),
+                else ("teacher-forced" if r.label.startswith(("hf", "llama.cpp")) else "NO"),
             ]
         )
     print(
@@ -586,8 +679,6 @@ def main() -> None:
     peers = relayc_peers(args.max_new_tokens, not args.no_overlap)
     peers += hf_peers(args.max_new_tokens, args.prompt_lookup_tokens)
     if not args.no_llama_cpp:
-        import tempfile
-
         workdir = Path(tempfile.mkdtemp(prefix="relayc-peers-"))
         llama = llama_cpp_peer(args.max_new_tokens, args.threads, workdir)
         if llama is not None:
