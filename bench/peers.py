@@ -523,8 +523,17 @@ def real_model_main(args: argparse.Namespace) -> None:
                 print("llama.cpp skipped: `pip install llama-cpp-python` to compare with it")
             hf_rows += llama_rows
         try:
+            alone = peers[0].run(prompts, 1)[0]
             for group in (int(b) for b in args.batch_sizes.split(",")):
-                reference = peers[0].run(prompts, 1)[0]
+                # Speculation must equal `none` decoding the same batch: the reference.
+                reference = alone if group == 1 else peers[0].run(prompts, group)[0]
+                if reference != alone:
+                    differ = sum(a != b for a, b in zip(reference, alone, strict=True))
+                    print(
+                        f"  relayc none, {group} at a time, differs from one at a time on "
+                        f"{differ} of {len(prompts)} prompts (a prefill of prompts of mixed "
+                        "lengths runs through the library GEMMs, whose rows depend on the batch)"
+                    )
                 batch_peers = [p for p in [*peers, *hf_rows] if p.max_batch >= group]
                 total = sum(len(r) for r in reference)
                 print(

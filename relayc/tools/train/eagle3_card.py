@@ -32,8 +32,13 @@ def head_section(log: dict[str, Any], heading: str, reproduce: str) -> str:
         f"- Training: seed {log['seed']}, torch {log['torch']}, CPU threads: {log['threads']} "
         f"(on a machine shared with other jobs), {model['minutes']} min, {model['steps']} "
         f"steps of batch "
-        f"{log['batch']}; AdamW, warmup then cosine (`relayc.tools.train.loop`). Start: the "
-        "target's LM-head rows and final norm, `fc` passing the last captured layer through.",
+        f"{log['batch']}; AdamW, warmup then cosine (`relayc.tools.train.loop`). Start: "
+        + (
+            "the stored head named under Corpus (`--init`)."
+            if log.get("init")
+            else "the target's LM-head rows and final norm, `fc` passing the last captured "
+            "layer through."
+        ),
         "- Loss: EAGLE's training-time test as `extend` + `draft_tree` feed the head (pass 0 "
         "reads `fc` of the three captured layers, passes 1-2 the head's own output), "
         "KL(target || head) over the draft vocabulary with the target's distribution "
