@@ -100,6 +100,10 @@ def native_head_library(
     return None
 
 
+# (a module's parameters, its weight, the weight's _stamp) per weight checked
+_Stamps = list[tuple[dict[str, Any], torch.Tensor, tuple[int, int]]]
+
+
 def _stamp(weight: torch.Tensor) -> tuple[int, int]:
     """What changes when a parameter's values may have: its storage or its version counter
     (bumped by every in-place op through it)."""
@@ -119,28 +123,28 @@ class ScriptedLayers:
         self._native: _NativeWeights | None = None
         self._dtype = torch.float32  # the weights' dtype, once built
         self._built = False
-        self._checks: list[tuple[dict[str, Any], torch.Tensor, tuple[int, int]]] = []
+        self._checks: _Stamps = []
 
     def _build(self) -> dict[str, Any] | None:
         layers = self.layers
         self._native = None
-        checks: list[tuple[dict[str, Any], torch.Tensor, tuple[int, int]]] = []
-        for layer in layers:
-            for module in (
-                layer.input_layernorm,
-                layer.post_attention_layernorm,
-                layer.self_attn.o_proj,
-                layer.self_attn.q_proj,
-                layer.self_attn.k_proj,
-                layer.self_attn.v_proj,
-                layer.mlp.gate_proj,
-                layer.mlp.up_proj,
-                layer.mlp.down_proj,
-            ):
-                weight = module._parameters["weight"]
-                assert weight is not None
-                checks.append((module._parameters, weight, _stamp(weight)))
-        self._checks = checks
+        self._checks = _stamps(
+            [
+                module
+                for layer in layers
+                for module in (
+                    layer.input_layernorm,
+                    layer.post_attention_layernorm,
+                    layer.self_attn.o_proj,
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                    layer.mlp.gate_proj,
+                    layer.mlp.up_proj,
+                    layer.mlp.down_proj,
+                )
+            ]
+        )
         fused = [(layer.self_attn.qkv, layer.mlp.gate_up) for layer in layers]
         qkv = [f.weight if f is not None and f.current() else None for f, _ in fused]
         gate_up = [f.weight if f is not None and f.current() else None for _, f in fused]
@@ -188,10 +192,7 @@ class ScriptedLayers:
         }
 
     def _current(self) -> bool:
-        return all(
-            params["weight"] is weight and _stamp(weight) == stamp
-            for params, weight, stamp in self._checks
-        )
+        return _unchanged(self._checks)
 
     def args(self) -> dict[str, Any] | None:
         """The weight arguments, rebuilt when a parameter changed; None: not eligible."""
@@ -270,6 +271,24 @@ class ScriptedLayers:
             )
         finally:
             torch._C._set_graph_executor_optimize(optimize)
+
+
+def _stamps(modules: Sequence[Any]) -> _Stamps:
+    """What :func:`_unchanged` checks of each module's ``weight`` parameter."""
+    stamps: _Stamps = []
+    for module in modules:
+        weight = module._parameters["weight"]
+        assert weight is not None
+        stamps.append((module._parameters, weight, _stamp(weight)))
+    return stamps
+
+
+def _unchanged(stamps: _Stamps) -> bool:
+    """Every stamped parameter is still the module's and unchanged (a replaced parameter or
+    an in-place update means a repack)."""
+    return all(
+        params["weight"] is weight and _stamp(weight) == stamp for params, weight, stamp in stamps
+    )
 
 
 def _decoding(attend: PagedAttend) -> bool:
@@ -503,7 +522,7 @@ class NativeDraftLayer:
         self.layer = layer
         self._weights: _NativeWeights | None = None
         self._args: dict[str, Any] | None = None
-        self._checks: list[tuple[dict[str, Any], torch.Tensor, tuple[int, int]]] = []
+        self._checks: _Stamps = []
 
     def _modules(self) -> list[Any]:
         attn, mlp = self.layer.self_attn, self.layer.mlp
@@ -512,10 +531,7 @@ class NativeDraftLayer:
                 mlp.down_proj]  # fmt: skip
 
     def _current(self) -> bool:
-        return bool(self._checks) and all(
-            params["weight"] is weight and _stamp(weight) == stamp
-            for params, weight, stamp in self._checks
-        )
+        return bool(self._checks) and _unchanged(self._checks)
 
     def _build(self) -> None:
         self._weights, self._args, self._checks = None, None, []
@@ -523,9 +539,7 @@ class NativeDraftLayer:
         weights = [m._parameters["weight"] for m in modules]
         if any(w is None or w.device.type != "cpu" for w in weights):
             return
-        self._checks = [
-            (m._parameters, w, _stamp(w)) for m, w in zip(modules, weights, strict=True)
-        ]
+        self._checks = _stamps(modules)
         dtypes = {w.dtype for w in weights}
         if len(dtypes) != 1 or next(iter(dtypes)) not in NATIVE_DTYPES:
             return

@@ -42,6 +42,7 @@ from relayc.tools.train.plan import (
     dir_bytes,
     full_plan,
     init_for_training,
+    model_record,
     smoke_plan,
     store_half,
 )
@@ -178,14 +179,7 @@ def run_training(args: argparse.Namespace) -> dict[str, Any]:
         log["models"][name] = {
             "loader": loader,
             "architecture": architecture,
-            "params": count_params(module),
-            "bytes": dir_bytes(out / name),
-            "steps": record["steps"],
-            "minutes": record["minutes"],
-            "final_train_loss": record["final_train_loss"],
-            "final_heldout_loss": final["loss"],
-            "heldout_kl_per_step": final["kl_per_step"],
-            "heldout_top1_agree_per_step": final["top1_agree_per_step"],
+            **model_record(module, out / name, record, final),
         }
 
     # 2. the EAGLE head

@@ -25,24 +25,21 @@ from typing import Any
 
 import torch
 
-from relayc.engine.draft.eagle3 import Eagle3Head, capture_layers
+from relayc.engine.draft.eagle3 import capture_layers
 from relayc.engine.model import LlamaForCausalLM
 from relayc.tools.train.eagle3 import (
     Eagle3Teacher,
     choose_vocabulary,
     coverage,
     draft_logp,
-    eagle3_eval,
-    out_of_vocab_rate,
 )
 from relayc.tools.train.eagle3_measure import MeasureRun, measure_runs
 from relayc.tools.train.eagle3_run import (
     NUM_STEPS,
+    heldout_outside,
     init_record,
-    model_entry,
     starting_head,
-    store,
-    train_head,
+    train_and_store,
 )
 
 HOLDOUT_EVERY = 50
@@ -193,26 +190,20 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
                 str(size): round(coverage(all_counts, choose_vocabulary(counts, size)), 6)
                 for size in (4096, 8192, 16384, 32768)
             },
-            "heldout_target_argmax_outside": round(
-                sum(out_of_vocab_rate(head, t) for _, t in eval_batches) / len(eval_batches), 6
-            ),
+            "heldout_target_argmax_outside": heldout_outside(head, eval_batches),
         },
         "curves": {},
     }
     print(f"draft vocabulary: {log['draft_vocab']}", flush=True)
-    record = train_head(
+    out = train_and_store(
         args,
         target,
         head,
         sample,
         (lambda: {"gen": gen.get_state()}, lambda s: gen.set_state(s["gen"])),
         eval_batches,
-        log["curves"],
+        log,
     )
-    out = store(head, Path(args.out))
-    reloaded = Eagle3Head.load(out, target)
-    final = eagle3_eval(reloaded, eval_batches)
-    log["model"] = model_entry(head, out, record, final)
     if not (args.smoke or args.no_measure):
         log["acceptance"] = measure_chat(args, out, NUM_STEPS)
     return log

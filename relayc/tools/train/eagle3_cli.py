@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from relayc.engine.config import ModelConfig
-from relayc.engine.draft.eagle3 import Eagle3Head
 from relayc.engine.shipped import heldout_prompts, shipped_target
 from relayc.engine.weights import load_checkpoint, random_model
 from relayc.specs.errors import OneLineParser
@@ -30,8 +29,6 @@ from relayc.tools.train.corpus import assemble_corpus, sample_batch
 from relayc.tools.train.eagle3 import (
     choose_vocabulary,
     coverage,
-    eagle3_eval,
-    out_of_vocab_rate,
     run_teacher,
 )
 from relayc.tools.train.eagle3_card import smollm2_card, update_demo_card
@@ -39,11 +36,10 @@ from relayc.tools.train.eagle3_chat import run_smollm2
 from relayc.tools.train.eagle3_measure import MeasureRun, measure_runs
 from relayc.tools.train.eagle3_run import (
     NUM_STEPS,
+    heldout_outside,
     init_record,
-    model_entry,
     starting_head,
-    store,
-    train_head,
+    train_and_store,
 )
 from relayc.tools.train.plan import dir_bytes
 
@@ -91,25 +87,19 @@ def run_toy(args: argparse.Namespace) -> dict[str, Any]:
             "size": vocab_size,
             "rule": "most frequent training bytes",
             "train_token_coverage": round(coverage(counts, vocab), 6),
-            "heldout_target_argmax_outside": round(
-                sum(out_of_vocab_rate(head, t) for _, t in eval_batches) / len(eval_batches), 6
-            ),
+            "heldout_target_argmax_outside": heldout_outside(head, eval_batches),
         },
         "curves": {},
     }
-    record = train_head(
+    out = train_and_store(
         args,
         target,
         head,
         sample,
         (lambda: {"data_gen": data_gen.get_state()}, lambda s: data_gen.set_state(s["data_gen"])),
         eval_batches,
-        log["curves"],
+        log,
     )
-    out = store(head, Path(args.out))
-    reloaded = Eagle3Head.load(out, target)
-    final = eagle3_eval(reloaded, eval_batches)
-    log["model"] = model_entry(head, out, record, final)
     if not (args.smoke or args.no_measure):
         prompts = heldout_prompts()
         runs: list[MeasureRun] = [

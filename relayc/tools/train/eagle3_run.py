@@ -13,10 +13,10 @@ import torch
 from relayc.engine.draft.eagle3 import Eagle3Head, capture_layers
 from relayc.engine.model import LlamaForCausalLM
 from relayc.tools.train.chat_corpus import file_sha256
-from relayc.tools.train.eagle3 import eagle3_eval, eagle3_losses, warm_start
+from relayc.tools.train.eagle3 import eagle3_eval, eagle3_losses, out_of_vocab_rate, warm_start
 from relayc.tools.train.loop import Checkpoint, train_loop
 from relayc.tools.train.losses import weighted
-from relayc.tools.train.plan import count_params, dir_bytes, init_for_training, store_half
+from relayc.tools.train.plan import init_for_training, model_record, store_half
 
 INIT_RECORD = "init.json"  # in --work: the stored head a run started from (--init)
 NUM_STEPS = 3  # the engine's num_steps for the measured runs (topk 4, 8 draft tokens)
@@ -184,12 +184,28 @@ def model_entry(
         "architecture": "EAGLE-3 head: fc(3h->h) + 1 decoder layer over [embed; hidden] "
         "(target's layer shape) + norm + lm_head over the draft vocabulary",
         "capture": list(head.capture),
-        "params": count_params(head),
-        "bytes": dir_bytes(out),
-        "steps": record["steps"],
-        "minutes": record["minutes"],
-        "final_train_loss": record["final_train_loss"],
-        "final_heldout_loss": final["loss"],
-        "heldout_kl_per_step": final["kl_per_step"],
-        "heldout_top1_agree_per_step": final["top1_agree_per_step"],
+        **model_record(head, out, record, final),
     }
+
+
+def heldout_outside(head: Eagle3Head, eval_batches: list[tuple[torch.Tensor, Any]]) -> float:
+    """The held-out positions whose target argmax the head's draft vocabulary lacks."""
+    return round(sum(out_of_vocab_rate(head, t) for _, t in eval_batches) / len(eval_batches), 6)
+
+
+def train_and_store(
+    args: argparse.Namespace,
+    target: LlamaForCausalLM,
+    head: Eagle3Head,
+    sample: Any,
+    sampler_state: tuple[Any, Any],
+    eval_batches: list[tuple[torch.Tensor, Any]],
+    log: dict[str, Any],
+) -> Path:
+    """Train (``train_head``, curves into ``log["curves"]``), store the head in ``--out``,
+    reload it and log its entry with the reloaded head's held-out evaluation."""
+    record = train_head(args, target, head, sample, sampler_state, eval_batches, log["curves"])
+    out = store(head, Path(args.out))
+    final = eagle3_eval(Eagle3Head.load(out, target), eval_batches)
+    log["model"] = model_entry(head, out, record, final)
+    return out

@@ -121,6 +121,23 @@ def init_for_training(module: nn.Module, seed: int, num_layers: int, std: float 
             param.copy_(torch.randn(param.shape, generator=generator) * scale)
 
 
+def model_record(
+    module: nn.Module, folder: Path, record: dict[str, Any], final: dict[str, Any]
+) -> dict[str, Any]:
+    """A trained drafter's log entry: its size, the training run's ``record`` (from
+    ``loop.train_loop``) and the reloaded model's held-out evaluation ``final``."""
+    return {
+        "params": count_params(module),
+        "bytes": dir_bytes(folder),
+        "steps": record["steps"],
+        "minutes": record["minutes"],
+        "final_train_loss": record["final_train_loss"],
+        "final_heldout_loss": final["loss"],
+        "heldout_kl_per_step": final["kl_per_step"],
+        "heldout_top1_agree_per_step": final["top1_agree_per_step"],
+    }
+
+
 def count_params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
