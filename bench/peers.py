@@ -7,7 +7,9 @@
 ``--model smollm2``: the real model, SmolLM2-135M-Instruct, from the one GGUF file both
 read (relayc's loader and transformers' own GGUF loader), on the held-out chat prompts
 (relayc/assets/chat), at each of ``--dtypes``: relayc none / ngram / eagle3 (when a head
-ships for it) against transformers' greedy ``generate`` and prompt lookup at the same
+ships for it) -- in float32 reading the file's Q4_1 / Q8_0 blocks, plus ``none`` over float32
+panels (the same bits, the bytes of float32 weights) -- against transformers' greedy
+``generate`` and prompt lookup at the same
 precision (no draft model shares SmolLM2's tokenizer, so no assisted generation), and
 llama.cpp greedy on the same file when llama-cpp-python is installed. Requests stop at the
 model's end-of-generation tokens, as a chat user's do. relayc's rows must equal relayc's
@@ -480,6 +482,14 @@ def real_relayc_peers(max_new_tokens: int, dtype: str, overlap: bool) -> tuple[l
             print(f"{label} skipped: {exc}")
             continue
         peers.append(engine_peer(f"{label} {dtype}", engine, params))
+    if dtype == "float32" and first is not None:
+        # The file's Q4_1 / Q8_0 blocks are what float32 reads natively; the same model
+        # over float32 panels (the same bits, four bytes a weight) shows what they buy.
+        from relayc.engine.checkpoints.blocks import forget_blocks
+
+        panels = Engine("smollm2", dtype=dtype, overlap=overlap)
+        forget_blocks(panels.model)  # before its first forward packs the weights
+        peers.insert(1, engine_peer("relayc none (float32 panels) float32", panels, params))
     return peers, first
 
 

@@ -4,15 +4,17 @@
                                        [--iters 10] [--threads 1] [--paths all]
 
 Times ``LlamaForCausalLM.forward`` over a cached context of ``--prefix`` tokens: width 1
-is a one-token decode, wider a chain verify of that many tokens. Paths: ``f32-native``
-(decoder.c, float32 weights), ``f32-scripted`` (the TorchScript layers, MKL), ``f32-eager``,
+is a one-token decode, wider a chain verify of that many tokens. Paths: ``f32-blocks``
+(decoder.c over the file's Q4_1 / Q8_0 blocks, the engine's float32 default for this file:
+relayc.engine.checkpoints.blocks), ``f32-native`` (decoder.c, float32 panels: the same
+bits), ``f32-scripted`` (the TorchScript layers, MKL), ``f32-eager``,
 ``bf16-amx``, ``bf16-avx512bf16``, ``bf16-portable`` (decoder.c, bfloat16 weights, with
 that GEMM kernel: relayc.engine.native.BF16_KERNELS; those the CPU lacks are left out),
 ``bf16-eager`` (torch's bfloat16 ops, oneDNN). Every (path, width) is timed round robin,
 best of ``--iters``; the wall time and the process CPU time of that best run are printed,
 so a run that was starved of the CPU (cpu/wall well under 1 with one thread) is visible.
 Each cell's ``xN`` is its time over the engine's default path for its dtype
-(``f32-native``; for bfloat16 the kernel the machine picks, marked ``*``).
+(``f32-blocks``; for bfloat16 the kernel the machine picks, marked ``*``).
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from collections.abc import Callable
 import torch
 
 import relayc.engine.native as native_module
+from relayc.engine.checkpoints.blocks import forget_blocks
 from relayc.engine.checkpoints.loader import load_model
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 
 KERNEL_PATHS = tuple(f"bf16-{name}" for name in native_module.BF16_KERNELS)
-PATHS = ("f32-native", "f32-scripted", "f32-eager", *KERNEL_PATHS, "bf16-eager")
+PATHS = ("f32-blocks", "f32-native", "f32-scripted", "f32-eager", *KERNEL_PATHS, "bf16-eager")
 
 
 def _no_native() -> None:
@@ -89,14 +92,26 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",")]
     torch.set_num_threads(args.threads)
     cpu = torch.device("cpu")
-    models: dict[torch.dtype, LlamaForCausalLM] = {}
-    steps: dict[torch.dtype, dict[int, ForwardBatch]] = {}
-    for dtype, prefix in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
-        if any(p.startswith(prefix + "-") for p in paths):
+    # one model per weight layout: "blocks" (float32 over the file's blocks), "f32", "bf16"
+    models: dict[str, LlamaForCausalLM] = {}
+    steps: dict[str, dict[int, ForwardBatch]] = {}
+    needed = {
+        "blocks": "f32-blocks" in paths,
+        "f32": any(p.startswith("f32-") and p != "f32-blocks" for p in paths),
+        "bf16": any(p.startswith("bf16-") for p in paths),
+    }
+    for layout, dtype in (
+        ("blocks", torch.float32),
+        ("f32", torch.float32),
+        ("bf16", torch.bfloat16),
+    ):
+        if needed[layout]:
             model = load_model("smollm2", device=cpu, dtype=dtype).model
+            if layout == "f32":
+                forget_blocks(model)  # float32 panels
             use_cpu_matmul_layout(model)
-            models[dtype] = model
-            steps[dtype] = paged_steps(model, args.prefix, widths)
+            models[layout] = model
+            steps[layout] = paged_steps(model, args.prefix, widths)
     real_native = native_module.native_decoder
     lib = real_native()
     assert lib is not None, "the native decoder did not build"
@@ -109,8 +124,8 @@ def main() -> None:
         paths = [p for p in paths if p not in missing]
 
     def run(path: str, width: int) -> Callable[[], None]:
-        dtype = torch.float32 if path.startswith("f32") else torch.bfloat16
-        model, scripted, step = models[dtype], models[dtype].scripted, steps[dtype][width]
+        layout = "blocks" if path == "f32-blocks" else path.split("-")[0]
+        model, scripted, step = models[layout], models[layout].scripted, steps[layout][width]
 
         eager, native = path.endswith("eager"), not path.endswith(("eager", "scripted"))
 
@@ -138,7 +153,7 @@ def main() -> None:
     )
     print(f"{'path':<17}" + "".join(f"{f'{w} row' + ('s' if w > 1 else ''):>20}" for w in widths))
     for path in paths:
-        default = "f32-native" if path.startswith("f32") else machine
+        default = "f32-blocks" if path.startswith("f32") else machine
         cells = []
         for width in widths:
             wall, used = best[(path, width)]

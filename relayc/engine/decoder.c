@@ -14,8 +14,13 @@
  * the GEMMs stream each weight once for up to six rows at a time (eight with
  * AVX512-BF16, sixteen with AMX), which is what a small-batch forward is bound by.
  *
- * Two weight types, one entry point each, the same layer code:
+ * Three weight types, the same layer code:
  *   relayc_decoder       float32 weights and K/V cache.
+ *   relayc_decoder_blocks_ex
+ *                        a GGUF file's Q4_1 / Q4_0 / Q8_0 blocks, rebuilt to float32 in
+ *                        registers (see gemm_blocks): the bits of relayc_decoder over the
+ *                        dequantized weights, at a sixth (Q4) or a quarter (Q8) of the
+ *                        bytes. float32 activations and K/V cache.
  *   relayc_decoder_bf16  bfloat16 weights and K/V cache (half the bytes to stream). Each
  *                        GEMM rounds its input activations to bfloat16 and sums exact
  *                        bfloat16 products in float32 (as torch's bf16 matmul does), with
@@ -50,6 +55,17 @@ static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 
 static inline v8 splat(float s) { return (v8){s, s, s, s, s, s, s, s}; }
 
+/* acc + a * b rounded once (a fused multiply-add) wherever the CPU has one, else rounded
+ * twice: every float32 GEMM of one build sums the same way, so its rows agree bit for bit
+ * across row counts and weight formats (float32 panels or GGUF blocks). */
+static inline v8 fma8(v8 acc, v8 a, v8 b) {
+#if defined(__FMA__)
+    return (v8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)acc);
+#else
+    return acc + a * b;
+#endif
+}
+
 /* Weights come packed in panels of 16 columns: panel p holds w[k, 16p .. 16p + 16) for
  * k = 0..K-1, contiguous, so each panel is one sequential stream (a [K, N] row-major
  * weight read 16 columns at a time would touch a new page per k).
@@ -72,8 +88,8 @@ static inline v8 splat(float s) { return (v8){s, s, s, s, s, s, s, s}; }
             for (int m = 0; m < MB; m++) {                                                 \
                 v8 s = splat(x[(size_t)m * K + k]);                                        \
                 for (int j = 0; j < P; j++) {                                              \
-                    acc[m][j][0] += s * w0[j];                                             \
-                    acc[m][j][1] += s * w1[j];                                             \
+                    acc[m][j][0] = fma8(acc[m][j][0], s, w0[j]);                           \
+                    acc[m][j][1] = fma8(acc[m][j][1], s, w1[j]);                           \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
@@ -528,12 +544,238 @@ static void gemm_bf16(const float *x, int M, int K, const uint16_t *w, int N, fl
     walk_bf16(&portable_blocks, xb, M, Kp, w, N, out, add);
 }
 
-/* out[M, N] (+)= x @ w, w packed as float32 (kernel < 0) or bfloat16 panels (kernel: which
- * bf16 kernel; xb its scratch). */
+/* The block-quantized GEMMs: float32 activations, weights as a GGUF file stores them.
+ *
+ * llama.cpp's Q4_1, Q4_0 and Q8_0 types keep a weight row in blocks of 32 along k (the
+ * reduction): Q4_1 a float16 scale d, a float16 offset m and 32 four-bit q, the weight
+ * d * q + m; Q4_0 d * (q - 8), kept here as Q4_1 with m = -8d; Q8_0 d * q, q eight-bit
+ * signed. Every such weight is a float32 number exactly: d * q is exact (11 + 8 bits), and
+ * the one rounding of + m is what the `gguf` package's dequantize does. These kernels
+ * rebuild each weight in registers that way and then run gemm's float32 arithmetic -- one
+ * accumulator per output, acc = fma(x, w, acc) over k in order (fma8) -- so a forward over
+ * the packed blocks gives the same bits as the float32 forward over the dequantized
+ * weights, while streaming 0.625 (Q4) or 1.0625 (Q8) bytes a weight instead of four.
+ *
+ * Panels of 16 output columns, as gemm's, each a run of K / 32 blocks (K a multiple of 32):
+ *   BLOCKS_Q4 (320 bytes): d[16], m[16] (float16 bits), then 16 rows of 16 bytes; row r,
+ *                          byte c: q[2r] of column c in its low nibble, q[2r + 1] high.
+ *   BLOCKS_Q8 (544 bytes): d[16], then 32 rows of 16 signed bytes, q[k] of column c.
+ * (relayc.engine.checkpoints.blocks packs them from a GGUF file's tensors.) */
+enum { BLOCKS_NONE = 0, BLOCKS_Q4 = 1, BLOCKS_Q8 = 2 };
+enum { Q4_BYTES = 320, Q8_BYTES = 544 };
+
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+/* 16 float16 bit patterns -> float32, exactly (zeros, subnormals and normals; the packer
+ * refuses infinities and NaNs): the magnitude moved into float32's exponent and mantissa
+ * fields reads as 2^-112 of the value, so one exact multiply by 2^112 rebuilds it. */
+static inline v16 half16(const uint8_t *p) {
+    u16x16 raw;
+    memcpy(&raw, p, sizeof raw);
+    const u32x16 h = __builtin_convertvector(raw, u32x16);
+    const u32x16 mag = (h & 0x7fffu) << 13, sign = (h & 0x8000u) << 16;
+    v16 f;
+    memcpy(&f, &mag, sizeof f);
+    f = f * splat16(0x1p112f);
+    u32x16 bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits |= sign;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* 16 signed bytes -> float32; 16 bytes' low and high nibbles -> float32 (one instruction
+ * each way with AVX-512: compilers turn the generic conversion into scalar ones). */
+static inline v16 signed16(const uint8_t *p) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#else
+    i8x16 bytes;
+    memcpy(&bytes, p, sizeof bytes);
+    return __builtin_convertvector(__builtin_convertvector(bytes, i32x16), v16);
+#endif
+}
+
+static inline void nibbles16(const uint8_t *p, v16 *lo, v16 *hi) {
+#if defined(__AVX512F__)
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    *lo = (v16)_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15)));
+    *hi = (v16)_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
+#else
+    u8x16 bytes;
+    memcpy(&bytes, p, sizeof bytes);
+    const i32x16 q = __builtin_convertvector(bytes, i32x16);
+    *lo = __builtin_convertvector(q & 15, v16);
+    *hi = __builtin_convertvector(q >> 4, v16);
+#endif
+}
+
+/* acc + a * b as gemm's fma8 computes it, sixteen lanes at a time (the same bits). */
+static inline v16 fma16(v16 acc, v16 a, v16 b) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
+#else
+    v8 halves[3][2];
+    memcpy(halves[0], &acc, sizeof acc);
+    memcpy(halves[1], &a, sizeof a);
+    memcpy(halves[2], &b, sizeof b);
+    for (int h = 0; h < 2; h++) halves[0][h] = fma8(halves[0][h], halves[1][h], halves[2][h]);
+    memcpy(&acc, halves[0], sizeof acc);
+    return acc;
+#endif
+}
+
+/* A Q4 block's weights d * q + m: one fused multiply-add where the CPU has AVX-512, else a
+ * multiply and an add; the same bits either way, d * q being exact. */
+static inline v16 rebuild16(v16 d, v16 q, v16 m) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_fmadd_ps((__m512)d, (__m512)q, (__m512)m);
+#else
+    return d * q + m;
+#endif
+}
+
+/* q4_MB_P / q8_MB_P: out[m, 16*p0 .. 16*(p0 + P)) (+)= x[m, :] @ panels p0 .. p0 + P. */
+#define Q4_BLOCK(MB, P)                                                                    \
+    static void q4_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,       \
+                              float *out, int add) {                                       \
+        const int nb = K / 32;                                                             \
+        v16 acc[MB][P];                                                                    \
+        const uint8_t *panel[P];                                                           \
+        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * Q4_BYTES;       \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
+        for (int b = 0; b < nb; b++) {                                                     \
+            v16 d[P], mn[P];                                                               \
+            for (int j = 0; j < P; j++) {                                                  \
+                const uint8_t *blk = panel[j] + (size_t)b * Q4_BYTES;                      \
+                d[j] = half16(blk);                                                        \
+                mn[j] = half16(blk + 32);                                                  \
+            }                                                                              \
+            for (int r = 0; r < 16; r++) {                                                 \
+                v16 lo[P], hi[P];                                                          \
+                for (int j = 0; j < P; j++) {                                              \
+                    nibbles16(panel[j] + (size_t)b * Q4_BYTES + 64 + 16 * r, &lo[j], &hi[j]); \
+                    lo[j] = rebuild16(d[j], lo[j], mn[j]);                                 \
+                    hi[j] = rebuild16(d[j], hi[j], mn[j]);                                 \
+                }                                                                          \
+                for (int m = 0; m < MB; m++) {                                             \
+                    const float *xk = x + (size_t)m * K + (size_t)b * 32 + 2 * r;          \
+                    const v16 s0 = splat16(xk[0]), s1 = splat16(xk[1]);                    \
+                    for (int j = 0; j < P; j++) {                                          \
+                        acc[m][j] = fma16(acc[m][j], s0, lo[j]);                           \
+                        acc[m][j] = fma16(acc[m][j], s1, hi[j]);                           \
+                    }                                                                      \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++)                                                    \
+                store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
+    }
+
+#define Q8_BLOCK(MB, P)                                                                    \
+    static void q8_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,       \
+                              float *out, int add) {                                       \
+        const int nb = K / 32;                                                             \
+        v16 acc[MB][P];                                                                    \
+        const uint8_t *panel[P];                                                           \
+        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * Q8_BYTES;       \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
+        for (int b = 0; b < nb; b++) {                                                     \
+            v16 d[P];                                                                      \
+            for (int j = 0; j < P; j++) d[j] = half16(panel[j] + (size_t)b * Q8_BYTES);    \
+            for (int k = 0; k < 32; k++) {                                                 \
+                v16 wk[P];                                                                 \
+                for (int j = 0; j < P; j++)                                                \
+                    wk[j] = d[j] * signed16(panel[j] + (size_t)b * Q8_BYTES + 32 + 16 * k);  \
+                for (int m = 0; m < MB; m++) {                                             \
+                    const v16 s = splat16(x[(size_t)m * K + (size_t)b * 32 + k]);          \
+                    for (int j = 0; j < P; j++) acc[m][j] = fma16(acc[m][j], s, wk[j]);    \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++)                                                    \
+                store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
+    }
+
+Q4_BLOCK(1, 4)
+Q4_BLOCK(1, 1)
+Q4_BLOCK(2, 2)
+Q4_BLOCK(2, 1)
+Q4_BLOCK(3, 2)
+Q4_BLOCK(3, 1)
+Q4_BLOCK(4, 2)
+Q4_BLOCK(4, 1)
+Q4_BLOCK(5, 1)
+Q4_BLOCK(6, 1)
+Q4_BLOCK(7, 1)
+Q4_BLOCK(8, 1)
+Q8_BLOCK(1, 4)
+Q8_BLOCK(1, 1)
+Q8_BLOCK(2, 2)
+Q8_BLOCK(2, 1)
+Q8_BLOCK(3, 2)
+Q8_BLOCK(3, 1)
+Q8_BLOCK(4, 2)
+Q8_BLOCK(4, 1)
+Q8_BLOCK(5, 1)
+Q8_BLOCK(6, 1)
+Q8_BLOCK(7, 1)
+Q8_BLOCK(8, 1)
+
+typedef void (*quant_block_fn)(const float *, int, const uint8_t *, int, int, float *, int);
+
+struct quant_blocks {
+    quant_block_fn wide[9], narrow[9];
+    int width[9];
+};
+
+static const struct quant_blocks q4_blocks = {
+    {0, q4_1_4, q4_2_2, q4_3_2, q4_4_2, q4_5_1, q4_6_1, q4_7_1, q4_8_1},
+    {0, q4_1_1, q4_2_1, q4_3_1, q4_4_1, q4_5_1, q4_6_1, q4_7_1, q4_8_1},
+    {0, 4, 2, 2, 2, 1, 1, 1, 1},
+};
+
+static const struct quant_blocks q8_blocks = {
+    {0, q8_1_4, q8_2_2, q8_3_2, q8_4_2, q8_5_1, q8_6_1, q8_7_1, q8_8_1},
+    {0, q8_1_1, q8_2_1, q8_3_1, q8_4_1, q8_5_1, q8_6_1, q8_7_1, q8_8_1},
+    {0, 4, 2, 2, 2, 1, 1, 1, 1},
+};
+
+/* out[M, N] (+)= x[M, K] @ w (block panels of `format`): four panels at a time, every block
+ * of up to eight rows over them while they sit in L1/L2, so each block is read from memory
+ * and rebuilt once per eight rows. */
+static void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, float *out,
+                        int add, int format) {
+    const struct quant_blocks *b = format == BLOCKS_Q4 ? &q4_blocks : &q8_blocks;
+    const int panels = N / 16;
+    for (int g = 0; g < panels; g += 4) {
+        const int end = g + 4 < panels ? g + 4 : panels;
+        for (int m0 = 0, mb; m0 < M; m0 += mb) {
+            mb = M - m0 >= 8 ? 8 : M - m0;
+            const float *xr = x + (size_t)m0 * K;
+            float *orow = out + (size_t)m0 * N;
+            int p = g;
+            for (; p + b->width[mb] <= end; p += b->width[mb]) b->wide[mb](xr, K, w, p, N, orow, add);
+            for (; p < end; p++) b->narrow[mb](xr, K, w, p, N, orow, add);
+        }
+    }
+}
+
+/* out[M, N] (+)= x @ w, w packed as float32 (kernel -1), bfloat16 panels (kernel >= 0: which
+ * bf16 kernel; xb its scratch) or block panels (kernel -1 - format: gemm_blocks). */
 static void gemm_any(const float *x, int M, int K, const void *w, int N, float *out, int add,
                      int kernel, uint16_t *xb) {
     if (kernel >= 0)
         gemm_bf16(x, M, K, (const uint16_t *)w, N, out, add, kernel, xb);
+    else if (kernel < -1)
+        gemm_blocks(x, M, K, (const uint8_t *)w, N, out, add, -1 - kernel);
     else
         gemm(x, M, K, (const float *)w, N, out, add);
 }
@@ -628,11 +870,15 @@ static int decode_layers(
     const float *mask, int B, int Q, int S, const float *const *ln1, const void *const *w_qkv,
     const void *const *w_o, const float *const *ln2, const void *const *w_gate_up,
     const void *const *w_down, const float *eps1, const float *eps2, void *const *k_cache,
-    void *const *v_cache, int64_t cache_rows, int bf16, const float *attn_in, int in_width,
-    const int *capture, int n_capture, float *aux
+    void *const *v_cache, int64_t cache_rows, int bf16, int blocks, const float *attn_in,
+    int in_width, const int *capture, int n_capture, float *aux
 ) {
     if (T != B * Q || heads % kv_heads != 0 || hidden % 16 != 0 || inter % 8 != 0 ||
         (heads + 2 * kv_heads) * head_dim % 16 != 0)
+        return -2;
+    /* block panels: every GEMM's K (hidden, heads * head_dim, inter, in_width) whole blocks */
+    if (blocks && (hidden % 32 || heads * head_dim % 32 || inter % 32 ||
+                   (attn_in != NULL && in_width % 32)))
         return -2; /* every GEMM's output width a whole number of 16-column panels */
     /* Every slot this call writes or reads lies inside the cache: a bad index is an error
        the caller reports, never a write past the buffer. */
@@ -648,7 +894,7 @@ static int decode_layers(
     size_t floats = (size_t)T * hidden + (size_t)T * qkv_width + (size_t)T * heads * D +
                     (size_t)T * 2 * inter + (size_t)T * inter + (size_t)S + (size_t)D + widened;
     /* bf16: one kernel for the whole call, and each GEMM's rounded input (the widest K) */
-    const int kernel = bf16 ? relayc_bf16_kernel(-1) : -1;
+    const int kernel = bf16 ? relayc_bf16_kernel(-1) : blocks ? -1 - blocks : -1;
     int widest = hidden > heads * D ? hidden : heads * D;
     widest = widest > inter ? widest : inter;
     if (attn_in != NULL) widest = widest > in_width ? widest : in_width;
@@ -776,13 +1022,13 @@ static int decode_layers(
 
 /* float32 weights (16-column panels) and K/V cache. */
 int relayc_decoder(DECODER_PARAMS(float, float)) {
-    return decode_layers(DECODER_ARGS, 0, NULL, 0, NULL, 0, NULL);
+    return decode_layers(DECODER_ARGS, 0, 0, NULL, 0, NULL, 0, NULL);
 }
 
 /* bfloat16 weights (16-column panels of k pairs, see gemm_bf16) and K/V cache; norm
  * weights, x, the rotary tables and the mask float32. */
 int relayc_decoder_bf16(DECODER_PARAMS(uint16_t, uint16_t)) {
-    return decode_layers(DECODER_ARGS, 1, NULL, 0, NULL, 0, NULL);
+    return decode_layers(DECODER_ARGS, 1, 0, NULL, 0, NULL, 0, NULL);
 }
 
 /* The same layers with two options. attn_in [T, in_width] (float32, taken as already
@@ -794,21 +1040,31 @@ int relayc_decoder_bf16(DECODER_PARAMS(uint16_t, uint16_t)) {
  * forward's one call. */
 int relayc_decoder_ex(DECODER_PARAMS(float, float), const float *attn_in, int in_width,
                       const int *capture, int n_capture, float *aux) {
-    return decode_layers(DECODER_ARGS, 0, attn_in, in_width, capture, n_capture, aux);
+    return decode_layers(DECODER_ARGS, 0, 0, attn_in, in_width, capture, n_capture, aux);
 }
 
 int relayc_decoder_bf16_ex(DECODER_PARAMS(uint16_t, uint16_t), const float *attn_in,
                            int in_width, const int *capture, int n_capture, float *aux) {
-    return decode_layers(DECODER_ARGS, 1, attn_in, in_width, capture, n_capture, aux);
+    return decode_layers(DECODER_ARGS, 1, 0, attn_in, in_width, capture, n_capture, aux);
+}
+
+/* The float32 layers (float32 K/V cache) over block-quantized weights: `format` BLOCKS_Q4 or
+ * BLOCKS_Q8 panels (see gemm_blocks) for every matrix; the same bits as relayc_decoder_ex
+ * over the dequantized weights. */
+int relayc_decoder_blocks_ex(DECODER_PARAMS(uint8_t, float), int format, const float *attn_in,
+                             int in_width, const int *capture, int n_capture, float *aux) {
+    if (format != BLOCKS_Q4 && format != BLOCKS_Q8) return -2;
+    return decode_layers(DECODER_ARGS, 0, format, attn_in, in_width, capture, n_capture, aux);
 }
 
 /* The final RMSNorm and the LM head over T rows: logits [T, vocab_padded] (the packed
  * head's columns past the vocabulary are zero). */
 static int head_any(int T, int hidden, int vocab_padded, const float *x,
                     const float *norm_weight, float eps, const void *head, float *logits,
-                    int bf16) {
+                    int bf16, int blocks) {
     if (vocab_padded % 16 != 0) return -2; /* hidden is the reduction: any size */
-    const int kernel = bf16 ? relayc_bf16_kernel(-1) : -1;
+    if (blocks && (hidden % 32 || (blocks != BLOCKS_Q4 && blocks != BLOCKS_Q8))) return -2;
+    const int kernel = bf16 ? relayc_bf16_kernel(-1) : blocks ? -1 - blocks : -1;
     const size_t halves = bf16 ? (size_t)padded_rows(T) * padded_k(hidden) : 0;
     float *h = (float *)malloc(sizeof(float) * (size_t)T * hidden);
     uint16_t *xb = (uint16_t *)malloc(sizeof(uint16_t) * (halves + 1));
@@ -826,11 +1082,18 @@ static int head_any(int T, int hidden, int vocab_padded, const float *x,
 
 int relayc_head(int T, int hidden, int vocab_padded, const float *x, const float *norm_weight,
                 float eps, const float *head, float *logits) {
-    return head_any(T, hidden, vocab_padded, x, norm_weight, eps, head, logits, 0);
+    return head_any(T, hidden, vocab_padded, x, norm_weight, eps, head, logits, 0, 0);
+}
+
+/* The head as block panels of `format` (BLOCKS_Q4 or BLOCKS_Q8); hidden a multiple of 32. */
+int relayc_head_blocks(int T, int hidden, int vocab_padded, const float *x,
+                       const float *norm_weight, float eps, const uint8_t *head, float *logits,
+                       int format) {
+    return head_any(T, hidden, vocab_padded, x, norm_weight, eps, head, logits, 0, format);
 }
 
 /* x, the norm weight and the logits float32; the head bfloat16 panels. */
 int relayc_head_bf16(int T, int hidden, int vocab_padded, const float *x,
                      const float *norm_weight, float eps, const uint16_t *head, float *logits) {
-    return head_any(T, hidden, vocab_padded, x, norm_weight, eps, head, logits, 1);
+    return head_any(T, hidden, vocab_padded, x, norm_weight, eps, head, logits, 1, 0);
 }

@@ -145,9 +145,16 @@ def _load(path: Path) -> ctypes.CDLL:
     for fn in (lib.relayc_decoder_ex, lib.relayc_decoder_bf16_ex):
         fn.argtypes = [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64, p, i, p, i, p]
         fn.restype = i
+    # float32 layers over GGUF block panels: the _ex parameters with the panel format first
+    lib.relayc_decoder_blocks_ex.argtypes = (
+        [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64, i, p, i, p, i, p]
+    )
+    lib.relayc_decoder_blocks_ex.restype = i
     for head in (lib.relayc_head, lib.relayc_head_bf16):
         head.argtypes = [i, i, i, p, p, ctypes.c_float, p, p]
         head.restype = i
+    lib.relayc_head_blocks.argtypes = [i, i, i, p, p, ctypes.c_float, p, p, i]
+    lib.relayc_head_blocks.restype = i
     lib.relayc_bf16_kernels.argtypes = []
     lib.relayc_bf16_kernels.restype = i
     lib.relayc_bf16_kernel.argtypes = [i]

@@ -5,6 +5,10 @@ dequantized on its own (``gguf.quants.dequantize``, F32 / F16 / BF16 / Q8_0 / Q4
 Q5_0 / Q5_1 / Q2_K..Q6_K and the rest it knows) straight into the model's parameter, so the
 file is never copied whole and at most one dequantized tensor is alive besides the model.
 
+A float32 model also keeps each Q4_1 / Q4_0 / Q8_0 matrix's blocks, attached to its
+parameter (``relayc.engine.checkpoints.blocks``): float32 holds those weights exactly, and
+the native decoder reads the blocks instead of four bytes a weight.
+
 llama.cpp's converter (``convert_hf_to_gguf.py``) permutes the rows of q_proj and k_proj
 (for its interleaved-pair RoPE); they are permuted back here, so the weights are the
 Hugging Face layout this model and transformers use.
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from relayc.engine.checkpoints.blocks import BLOCK, BLOCK_TYPES, BlockWeight, attach
 from relayc.engine.config import ModelConfig
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.weights import CheckpointError, expected_tensors
@@ -219,6 +224,20 @@ def _dequantize(file: GGUFFile, tensor: Any) -> np.ndarray:
         ) from exc
 
 
+def _raw_blocks(tensor: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """A matrix's bytes ``[rows, row bytes]`` when its type is one the native decoder reads
+    as blocks (``BLOCK_TYPES``), else None."""
+    import numpy as np
+
+    kind = getattr(tensor.tensor_type, "name", "")
+    if kind not in BLOCK_TYPES or len(shape) != 2 or shape[1] % BLOCK:
+        return None
+    data = np.asarray(tensor.data)
+    if data.dtype != np.uint8 or data.size != shape[0] * shape[1] // BLOCK * BLOCK_TYPES[kind][0]:
+        return None
+    return torch.from_numpy(data.reshape(shape[0], -1).copy())
+
+
 def load_gguf_model(
     file: GGUFFile, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> LlamaForCausalLM:
@@ -249,11 +268,20 @@ def load_gguf_model(
                     f"metadata's model needs {list(want)} (for `{name}`)"
                 )
             values = torch.from_numpy(_dequantize(file, tensor).copy()).reshape(want)
+            raw = _raw_blocks(tensor, want)
             if name.endswith("q_proj.weight"):
                 values = unpermute_rope_rows(values, config.num_heads)
+                raw = None if raw is None else unpermute_rope_rows(raw, config.num_heads)
             elif name.endswith("k_proj.weight"):
                 values = unpermute_rope_rows(values, config.num_kv_heads)
+                raw = None if raw is None else unpermute_rope_rows(raw, config.num_kv_heads)
             target.copy_(values)
+            if raw is not None and target.dtype == torch.float32:
+                # float32 holds these weights exactly: the native decoder may read the
+                # blocks instead (relayc.engine.checkpoints.blocks)
+                attach(
+                    model.get_parameter(name), BlockWeight(tensor.tensor_type.name, raw, want[1])
+                )
             loaded.add(name)
     missing = sorted(set(expected) - loaded)
     if missing:

@@ -1,0 +1,181 @@
+"""A GGUF file's Q4_0 / Q4_1 / Q8_0 matrices read as blocks by the native decoder: kept on
+the parameters they load into, laid out as decoder.c reads them, and a forward over them
+gives the same bits as the float32 forward over the dequantized weights -- until a weight
+changes, after which it runs the current weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from relayc.engine.checkpoints.blocks import (
+    BLOCK_TYPES,
+    PANEL_BYTES,
+    BlockWeight,
+    attach,
+    blocks_of,
+    forget_blocks,
+)
+from relayc.engine.checkpoints.gguf import load_gguf_model, open_gguf, save_gguf
+from relayc.engine.config import ModelConfig
+from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.native import native_decoder
+from relayc.engine.weights import random_model
+from tests.engine.test_cpu_decoder import _session
+
+# Every matrix width a whole number of 32-weight blocks.
+CONFIG = ModelConfig(
+    hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64
+)
+KINDS = ["Q4_0", "Q4_1", "Q8_0"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    model = random_model(CONFIG, seed=3)
+    folder = tmp_path_factory.mktemp("blocks")
+    return {kind: save_gguf(model, folder / f"{kind}.gguf", tensor_type=kind) for kind in KINDS}
+
+
+def _load(path: Path, dtype: torch.dtype | None = None) -> LlamaForCausalLM:
+    return load_gguf_model(open_gguf(path), dtype=dtype)
+
+
+def _matrices(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    return {
+        name: param
+        for name, param in model.named_parameters()
+        if param.dim() == 2  # every Linear and the (tied) embedding
+    }
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_matrix_keeps_its_blocks(files: dict[str, Path], kind: str) -> None:
+    model = _load(files[kind])
+    matrices = _matrices(model)
+    assert len(matrices) == 1 + CONFIG.num_layers * 7  # the tied head is the embedding
+    for name, weight in matrices.items():
+        blocks = blocks_of(weight)
+        assert blocks is not None, name
+        assert blocks.qtype == kind
+        assert torch.equal(blocks.dequantize(), weight.detach())  # the file's values exactly
+    # re-laid out in memory for the CPU (column-major, fused q/k/v): the values, so the
+    # blocks, are unchanged
+    use_cpu_matmul_layout(model)
+    assert all(blocks_of(w) is not None for w in _matrices(model).values())
+
+
+def test_a_bfloat16_model_has_no_blocks(files: dict[str, Path]) -> None:
+    model = _load(files["Q4_1"], dtype=torch.bfloat16)
+    assert all(blocks_of(w) is None for w in _matrices(model).values())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_native_forward_over_blocks_is_bit_identical_to_float32(
+    files: dict[str, Path], kind: str
+) -> None:
+    """Prefill, chunked prefill, decodes and a tree verify: the same logits, bit for bit, as
+    the same model reading float32 panels."""
+    assert native_decoder() is not None, "the native decoder should build here"
+    blocks, dense = _load(files[kind]), _load(files[kind])
+    assert forget_blocks(dense) == len(_matrices(dense))
+    use_cpu_matmul_layout(blocks)
+    use_cpu_matmul_layout(dense)
+    got, expected = _session(blocks), _session(dense)
+    assert blocks.scripted is not None and blocks.scripted._native is not None
+    assert dense.scripted is not None and dense.scripted._native is not None
+    assert blocks.scripted._native.format == BLOCK_TYPES[kind][1]
+    assert dense.scripted._native.format == 0
+    assert blocks._native_head is not None and blocks._native_head.format != 0
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_an_edited_weight_runs_its_new_values(files: dict[str, Path]) -> None:
+    blocks, dense = _load(files["Q4_1"]), _load(files["Q4_1"])
+    forget_blocks(dense)
+    use_cpu_matmul_layout(blocks)
+    use_cpu_matmul_layout(dense)
+    _session(blocks)
+    with torch.no_grad():
+        for model in (blocks, dense):
+            model.model.layers[1].self_attn.k_proj.weight.mul_(1.5)  # a view of fused q/k/v
+            model.lm_head.weight.add_(0.01)
+    assert blocks_of(blocks.model.layers[1].self_attn.k_proj.weight) is None
+    assert blocks_of(blocks.model.layers[0].self_attn.k_proj.weight) is not None
+    got, expected = _session(blocks), _session(dense)
+    assert blocks.scripted is not None and blocks.scripted._native is not None
+    assert blocks.scripted._native.format == 0  # one stale matrix: float32 panels throughout
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+
+
+def _q4_1(d: torch.Tensor, m: torch.Tensor, q: torch.Tensor) -> BlockWeight:
+    """Q4_1 blocks of ``q [rows, cols]`` (0..15) with per-block ``d``, ``m [rows, cols / 32]``,
+    in GGUF's byte order (q[j] low nibble, q[j + 16] high)."""
+    rows, cols = q.shape
+    blocks = q.reshape(rows, cols // 32, 32).to(torch.uint8)
+    nibbles = blocks[..., :16] | (blocks[..., 16:] << 4)
+    halves = torch.stack([d.half(), m.half()], dim=-1).contiguous().view(torch.uint8)
+    data = torch.cat([halves, nibbles], dim=-1).reshape(rows, -1).contiguous()
+    return BlockWeight("Q4_1", data, cols)
+
+
+def test_panel_layout() -> None:
+    """decoder.c's Q4 panel: d[16], m[16] as float16, then byte (r, c) = column c's
+    q[2r] | q[2r + 1] << 4; panels of 16 rows (the matrix's rows: output columns)."""
+    rows, cols = 20, 64  # two panels (the second padded with zero rows), two blocks
+    q = (torch.arange(rows)[:, None] * 3 + torch.arange(cols)[None]) % 16
+    d = torch.arange(1, rows * 2 + 1, dtype=torch.float32).reshape(rows, 2) / 8
+    m = -torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) / 4
+    weight = _q4_1(d, m, q)
+    expected = d.repeat_interleave(32, dim=1) * q.float() + m.repeat_interleave(32, dim=1)
+    assert torch.equal(weight.dequantize(), expected)
+    panels = weight.panels()
+    assert panels.numel() == 2 * 2 * PANEL_BYTES[weight.format]
+    for p in range(2):
+        for b in range(2):
+            start = (p * 2 + b) * 320
+            chunk = panels[start : start + 320]
+            got_d = chunk[:32].view(torch.float16).float()
+            got_m = chunk[32:64].view(torch.float16).float()
+            body = chunk[64:].reshape(16, 16).long()
+            for c in range(16):
+                row = p * 16 + c
+                if row >= rows:  # padding: zero weights
+                    assert got_d[c] == 0 and got_m[c] == 0 and int(body[:, c].sum()) == 0
+                    continue
+                assert got_d[c] == d[row, b] and got_m[c] == m[row, b]
+                k = b * 32 + 2 * torch.arange(16)
+                assert torch.equal(body[:, c] & 15, q[row, k])
+                assert torch.equal(body[:, c] >> 4, q[row, k + 1])
+
+
+def test_q4_0_and_q4_1_stack_as_q4_1() -> None:
+    q = torch.randint(0, 16, (16, 32), generator=torch.Generator().manual_seed(0))
+    d = torch.full((16, 1), 0.25)
+    q4_1 = _q4_1(d, -d, q)
+    nibbles = q.to(torch.uint8)[:, :16] | (q.to(torch.uint8)[:, 16:] << 4)
+    q4_0 = BlockWeight("Q4_0", torch.cat([d.half().view(torch.uint8), nibbles], dim=1), 32)
+    assert torch.equal(q4_0.dequantize(), 0.25 * (q.float() - 8))
+    stacked = BlockWeight.cat([q4_1, q4_0])
+    assert stacked is not None and stacked.qtype == "Q4_1"
+    assert torch.equal(stacked.dequantize(), torch.cat([q4_1.dequantize(), q4_0.dequantize()]))
+    q8 = BlockWeight("Q8_0", torch.zeros(16, 34, dtype=torch.uint8), 32)
+    assert BlockWeight.cat([q4_1, q8]) is None  # two panel formats: float32 panels instead
+
+
+def test_blocks_that_do_not_fit_are_refused() -> None:
+    q = torch.zeros(16, 32, dtype=torch.long)
+    weight = _q4_1(torch.full((16, 1), float("inf")), torch.zeros(16, 1), q)
+    param = torch.nn.Parameter(weight.dequantize())
+    attach(param, weight)
+    assert blocks_of(param) is None  # decoder.c's float16 conversion takes finite scales
+    with pytest.raises(ValueError, match="cannot back"):
+        attach(torch.nn.Parameter(torch.zeros(16, 64)), weight)
+    with pytest.raises(ValueError, match="whole blocks of 32 columns, not 48"):
+        BlockWeight("Q4_1", torch.zeros(16, 20, dtype=torch.uint8), 48)
+    with pytest.raises(ValueError, match=r"are \[rows, 40\] uint8, got \[16, 20\]"):
+        BlockWeight("Q4_1", torch.zeros(16, 20, dtype=torch.uint8), 64)
