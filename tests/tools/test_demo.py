@@ -87,7 +87,7 @@ def test_demo_shows_the_real_model_answering_and_its_table(
     out = capsys.readouterr().out
     question = chat_prompts(quoting=True)[0].messages[0]["content"]
     assert f"> {question.splitlines()[0]}" in out  # an answer is printed under its prompt
-    assert "SmolLM2-135M-Instruct (bfloat16)" in out
+    assert "SmolLM2-135M-Instruct (float32)" in out
     for label in ("none ", "ngram ", "eagle3 (topk 4)"):
         assert _row(out, label).split()[-2] == "yes"
     _row(out, HF_GREEDY_ROW)

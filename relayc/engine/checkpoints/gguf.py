@@ -276,9 +276,9 @@ def load_gguf_model(
                 values = unpermute_rope_rows(values, config.num_kv_heads)
                 raw = None if raw is None else unpermute_rope_rows(raw, config.num_kv_heads)
             target.copy_(values)
-            if raw is not None and target.dtype == torch.float32:
-                # float32 holds these weights exactly: the native decoder may read the
-                # blocks instead (relayc.engine.checkpoints.blocks)
+            if raw is not None and target.dtype == torch.float32 and target.device.type == "cpu":
+                # float32 holds these weights exactly: the native (CPU) decoder may read
+                # the blocks instead (relayc.engine.checkpoints.blocks)
                 attach(
                     model.get_parameter(name), BlockWeight(tensor.tensor_type.name, raw, want[1])
                 )
