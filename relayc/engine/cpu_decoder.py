@@ -16,9 +16,9 @@ weights    decoder layers                            final norm + LM head
 =========  ========================================  =======================================
 float32    native: uniform batches of <= 64 tokens;  native: <= 64 rows; else eager (MKL)
            else TorchScript (MKL)
-GGUF       float32, the native calls reading the     the same, when the head is Q8_0 / Q4
-blocks     file's Q4_1 / Q4_0 / Q8_0 blocks (same
-           bits, a sixth of the bytes for Q4)
+GGUF       float32, the native calls reading each    the same, when the head is Q8_0 / Q4
+blocks     matrix's Q4_1 / Q4_0 / Q4_K / Q8_0 blocks
+           (same bits, a sixth of the bytes for Q4)
 bfloat16   native: decodes and verifies of any       the same rule
            size, uniform prefills of <= 64 tokens;
            else eager (oneDNN bf16)
@@ -26,9 +26,10 @@ other      eager                                     eager
 =========  ========================================  =======================================
 
 A model loaded from a GGUF file keeps its block-quantized matrices beside the float32
-weights (relayc.engine.checkpoints.blocks); while every layer matrix still holds its
-blocks' values, the native layers read the blocks (decoder.c's ``gemm_blocks``), and the
-same for the LM head. On SmolLM2's Q4_1 file that is what makes float32 decoding faster than
+weights (relayc.engine.checkpoints.blocks); each matrix that still holds its blocks'
+values is read as those blocks by the native layers (decoder.c's ``gemm_blocks``), the
+others as float32 panels (a Q4_K_M file's Q6_K matrices, a weight edited since loading),
+and the same for the LM head. On SmolLM2's Q4_1 file that is what makes float32 decoding faster than
 bfloat16: a one-token decode streams 96 MB instead of 540 (270 in bfloat16).
 
 The native paths are the ones whose rows do not depend on the batch (a token's logits are
@@ -302,11 +303,17 @@ def _unchanged(stamps: _Stamps) -> bool:
     )
 
 
-def _layer_blocks(layers: Sequence[LlamaDecoderLayer]) -> dict[str, list[BlockWeight]] | None:
-    """Every matrix of ``layers`` as GGUF blocks of one panel format (q/k/v and gate/up
-    stacked as the fused weights are), when each still holds its loaded blocks' values
-    (relayc.engine.checkpoints.blocks); else None: the float32 panels."""
-    found: dict[str, list[BlockWeight]] = {"w_qkv": [], "w_o": [], "w_gate_up": [], "w_down": []}
+_MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")  # decoder.c's formats[4 * l + i] order
+
+
+def _layer_blocks(
+    layers: Sequence[LlamaDecoderLayer],
+) -> dict[str, list[BlockWeight | None]] | None:
+    """Each matrix of ``layers`` (q/k/v and gate/up stacked as the fused weights are) as
+    GGUF blocks when its parts still hold their loaded blocks' values in one panel format
+    (relayc.engine.checkpoints.blocks), else None for that matrix: its float32 panels (a
+    Q4_K_M file's Q6_K matrices, a weight edited since loading). None: no blocks at all."""
+    found: dict[str, list[BlockWeight | None]] = {name: [] for name in _MATRICES}
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         groups = {
@@ -317,13 +324,11 @@ def _layer_blocks(layers: Sequence[LlamaDecoderLayer]) -> dict[str, list[BlockWe
         }
         for name, modules in groups.items():
             parts = [blocks_of(m._parameters["weight"]) for m in modules]
-            if any(p is None for p in parts):
-                return None
-            stacked = BlockWeight.cat([p for p in parts if p is not None])
-            if stacked is None:
-                return None
+            stacked = None
+            if all(p is not None for p in parts):
+                stacked = BlockWeight.cat([p for p in parts if p is not None])
             found[name].append(stacked)
-    if len({b.format for values in found.values() for b in values}) != 1:
+    if all(b is None for values in found.values() for b in values):
         return None
     return found
 
@@ -363,10 +368,8 @@ class NativeHead:
         self.weight = norm.weight.detach().float().contiguous()
         # a GGUF file's Q8_0 / Q4 head read as its blocks: the same logits, fewer bytes
         blocks = blocks_of(lm_head._parameters["weight"])
-        self.format = blocks.format if blocks is not None and blocks.cols % 32 == 0 else 0
-        self.packed = (
-            blocks.panels() if blocks is not None and self.format else _pack(lm_head.weight)
-        )
+        self.format = blocks.format if blocks is not None else 0
+        self.packed = blocks.panels() if blocks is not None else _pack(lm_head.weight)
         self.vocab, self.width = lm_head.weight.shape
         self.padded = -(-self.vocab // 16) * 16
 
@@ -425,23 +428,31 @@ class _NativeWeights:
         eps1: list[float],
         eps2: list[float],
         dtype: torch.dtype,
-        blocks: dict[str, list[BlockWeight]] | None = None,
+        blocks: dict[str, list[BlockWeight | None]] | None = None,
     ) -> None:
-        """``blocks`` (float32 only): the matrices as GGUF blocks of one panel format, read
-        instead of float32 panels (decoder.c's ``relayc_decoder_blocks_ex``: same bits)."""
+        """``blocks`` (float32 only): per matrix, GGUF blocks read instead of its float32
+        panels, or None (decoder.c's ``relayc_decoder_blocks_ex``: the same bits)."""
         self.dtype = dtype
-        self.format = 0
         tensors: dict[str, list[torch.Tensor]] = {}
+        # each layer's q/k/v, o, gate/up and down: 0 (float32 panels) or a block format
+        formats = [[0] * len(_MATRICES) for _ in params["ln1"]]
         for name, values in params.items():
             weights = [t for t in values if t is not None]
-            if blocks is not None and name in blocks:
-                tensors[name] = [b.panels() for b in blocks[name]]
-                self.format = blocks[name][0].format
-            else:
+            if not name.startswith("w_"):
                 # the norm weights float32 whatever the dtype: the norms run in float32
-                tensors[name] = [
-                    _pack(t) if name.startswith("w_") else t.float().contiguous() for t in weights
-                ]
+                tensors[name] = [t.float().contiguous() for t in weights]
+                continue
+            parts = blocks[name] if blocks is not None else [None] * len(weights)
+            tensors[name] = []
+            for layer, (weight, block) in enumerate(zip(weights, parts, strict=True)):
+                if block is None:
+                    tensors[name].append(_pack(weight))
+                else:
+                    tensors[name].append(block.panels())
+                    formats[layer][_MATRICES.index(name)] = block.format
+        self.formats = [f for layer in formats for f in layer]
+        self._formats = (ctypes.c_int * len(self.formats))(*self.formats)
+        self.blocks = any(self.formats)
         # Kept alive here: the pointer arrays point into these tensors.
         self.tensors = tensors
         self.arrays = [
@@ -506,11 +517,11 @@ class _NativeWeights:
         v_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in v_cache))
         f32 = self.dtype == torch.float32
         extra: tuple[Any, ...] = ()
-        if attn_in is None and not capture and not self.format:
+        if attn_in is None and not capture and not self.blocks:
             decoder = lib.relayc_decoder if f32 else lib.relayc_decoder_bf16
         else:
-            if self.format:
-                decoder, extra = lib.relayc_decoder_blocks_ex, (self.format,)
+            if self.blocks:
+                decoder, extra = lib.relayc_decoder_blocks_ex, (self._formats,)
             else:
                 decoder = lib.relayc_decoder_ex if f32 else lib.relayc_decoder_bf16_ex
             in_ptr, in_width = None, 0

@@ -17,7 +17,8 @@
  * Three weight types, the same layer code:
  *   relayc_decoder       float32 weights and K/V cache.
  *   relayc_decoder_blocks_ex
- *                        a GGUF file's Q4_1 / Q4_0 / Q8_0 blocks, rebuilt to float32 in
+ *                        a GGUF file's Q4_1 / Q4_0 / Q4_K / Q8_0 blocks (each weight its
+ *                        own format, or float32 panels), rebuilt to float32 in
  *                        registers (see gemm_blocks): the bits of relayc_decoder over the
  *                        dequantized weights, at a sixth (Q4) or a quarter (Q8) of the
  *                        bytes. float32 activations and K/V cache.
@@ -560,9 +561,16 @@ static void gemm_bf16(const float *x, int M, int K, const uint16_t *w, int N, fl
  *   BLOCKS_Q4 (320 bytes): d[16], m[16] (float16 bits), then 16 rows of 16 bytes; row r,
  *                          byte c: q[2r] of column c in its low nibble, q[2r + 1] high.
  *   BLOCKS_Q8 (544 bytes): d[16], then 32 rows of 16 signed bytes, q[k] of column c.
+ *   BLOCKS_Q4F (384 bytes): BLOCKS_Q4 with float32 d[16] and m[16] -- Q4_K, whose weight
+ *                          is (d * sc) * q - dmin * m with 6-bit sc and m per 32 weights:
+ *                          both products exact in float32, one rounding, as gguf's.
  * (relayc.engine.checkpoints.blocks packs them from a GGUF file's tensors.) */
-enum { BLOCKS_NONE = 0, BLOCKS_Q4 = 1, BLOCKS_Q8 = 2 };
-enum { Q4_BYTES = 320, Q8_BYTES = 544 };
+enum { BLOCKS_NONE = 0, BLOCKS_Q4 = 1, BLOCKS_Q8 = 2, BLOCKS_Q4F = 3 };
+enum { Q4_BYTES = 320, Q8_BYTES = 544, Q4F_BYTES = 384 };
+
+static inline int block_format(int format) {
+    return format == BLOCKS_Q4 || format == BLOCKS_Q8 || format == BLOCKS_Q4F;
+}
 
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
@@ -638,27 +646,27 @@ static inline v16 rebuild16(v16 d, v16 q, v16 m) {
 #endif
 }
 
-/* q4_MB_P / q8_MB_P: out[m, 16*p0 .. 16*(p0 + P)) (+)= x[m, :] @ panels p0 .. p0 + P. */
-#define Q4_BLOCK(MB, P)                                                                    \
-    static void q4_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,       \
-                              float *out, int add) {                                       \
+/* NAME_MB_P: out[m, 16*p0 .. 16*(p0 + P)) (+)= x[m, :] @ panels p0 .. p0 + P, for the
+ * four-bit formats: BYTES a block, its scale and offset read by SCALES(block, j) into d[j]
+ * and mn[j], its 16 rows of nibbles from byte BODY. */
+#define NIBBLE_BLOCK(NAME, BYTES, BODY, SCALES, MB, P)                                     \
+    static void NAME##_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,   \
+                                  float *out, int add) {                                   \
         const int nb = K / 32;                                                             \
         v16 acc[MB][P];                                                                    \
         const uint8_t *panel[P];                                                           \
-        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * Q4_BYTES;       \
+        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * BYTES;       \
         for (int m = 0; m < MB; m++)                                                       \
             for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
         for (int b = 0; b < nb; b++) {                                                     \
             v16 d[P], mn[P];                                                               \
             for (int j = 0; j < P; j++) {                                                  \
-                const uint8_t *blk = panel[j] + (size_t)b * Q4_BYTES;                      \
-                d[j] = half16(blk);                                                        \
-                mn[j] = half16(blk + 32);                                                  \
+                SCALES(panel[j] + (size_t)b * BYTES, j);                                   \
             }                                                                              \
             for (int r = 0; r < 16; r++) {                                                 \
                 v16 lo[P], hi[P];                                                          \
                 for (int j = 0; j < P; j++) {                                              \
-                    nibbles16(panel[j] + (size_t)b * Q4_BYTES + 64 + 16 * r, &lo[j], &hi[j]); \
+                    nibbles16(panel[j] + (size_t)b * BYTES + BODY + 16 * r, &lo[j], &hi[j]);  \
                     lo[j] = rebuild16(d[j], lo[j], mn[j]);                                 \
                     hi[j] = rebuild16(d[j], hi[j], mn[j]);                                 \
                 }                                                                          \
@@ -677,6 +685,13 @@ static inline v16 rebuild16(v16 d, v16 q, v16 m) {
                 store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
     }
 
+/* Q4: float16 d[16], m[16]; Q4F: float32 d[16], m[16]. */
+#define HALF_SCALES(blk, j) (d[j] = half16(blk), mn[j] = half16((blk) + 32))
+#define FLOAT_SCALES(blk, j) (memcpy(&d[j], (blk), 64), memcpy(&mn[j], (blk) + 64, 64))
+#define Q4_BLOCK(MB, P) NIBBLE_BLOCK(q4, Q4_BYTES, 64, HALF_SCALES, MB, P)
+#define Q4F_BLOCK(MB, P) NIBBLE_BLOCK(q4f, Q4F_BYTES, 128, FLOAT_SCALES, MB, P)
+
+/* q8_MB_P: the same for BLOCKS_Q8. */
 #define Q8_BLOCK(MB, P)                                                                    \
     static void q8_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,       \
                               float *out, int add) {                                       \
@@ -716,6 +731,18 @@ Q4_BLOCK(5, 1)
 Q4_BLOCK(6, 1)
 Q4_BLOCK(7, 1)
 Q4_BLOCK(8, 1)
+Q4F_BLOCK(1, 4)
+Q4F_BLOCK(1, 1)
+Q4F_BLOCK(2, 2)
+Q4F_BLOCK(2, 1)
+Q4F_BLOCK(3, 2)
+Q4F_BLOCK(3, 1)
+Q4F_BLOCK(4, 2)
+Q4F_BLOCK(4, 1)
+Q4F_BLOCK(5, 1)
+Q4F_BLOCK(6, 1)
+Q4F_BLOCK(7, 1)
+Q4F_BLOCK(8, 1)
 Q8_BLOCK(1, 4)
 Q8_BLOCK(1, 1)
 Q8_BLOCK(2, 2)
@@ -742,6 +769,12 @@ static const struct quant_blocks q4_blocks = {
     {0, 4, 2, 2, 2, 1, 1, 1, 1},
 };
 
+static const struct quant_blocks q4f_blocks = {
+    {0, q4f_1_4, q4f_2_2, q4f_3_2, q4f_4_2, q4f_5_1, q4f_6_1, q4f_7_1, q4f_8_1},
+    {0, q4f_1_1, q4f_2_1, q4f_3_1, q4f_4_1, q4f_5_1, q4f_6_1, q4f_7_1, q4f_8_1},
+    {0, 4, 2, 2, 2, 1, 1, 1, 1},
+};
+
 static const struct quant_blocks q8_blocks = {
     {0, q8_1_4, q8_2_2, q8_3_2, q8_4_2, q8_5_1, q8_6_1, q8_7_1, q8_8_1},
     {0, q8_1_1, q8_2_1, q8_3_1, q8_4_1, q8_5_1, q8_6_1, q8_7_1, q8_8_1},
@@ -753,7 +786,9 @@ static const struct quant_blocks q8_blocks = {
  * and rebuilt once per eight rows. */
 static void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, float *out,
                         int add, int format) {
-    const struct quant_blocks *b = format == BLOCKS_Q4 ? &q4_blocks : &q8_blocks;
+    const struct quant_blocks *b = format == BLOCKS_Q4    ? &q4_blocks
+                                   : format == BLOCKS_Q4F ? &q4f_blocks
+                                                          : &q8_blocks;
     const int panels = N / 16;
     for (int g = 0; g < panels; g += 4) {
         const int end = g + 4 < panels ? g + 4 : panels;
@@ -870,16 +905,25 @@ static int decode_layers(
     const float *mask, int B, int Q, int S, const float *const *ln1, const void *const *w_qkv,
     const void *const *w_o, const float *const *ln2, const void *const *w_gate_up,
     const void *const *w_down, const float *eps1, const float *eps2, void *const *k_cache,
-    void *const *v_cache, int64_t cache_rows, int bf16, int blocks, const float *attn_in,
-    int in_width, const int *capture, int n_capture, float *aux
+    void *const *v_cache, int64_t cache_rows, int bf16, const int *formats,
+    const float *attn_in, int in_width, const int *capture, int n_capture, float *aux
 ) {
     if (T != B * Q || heads % kv_heads != 0 || hidden % 16 != 0 || inter % 8 != 0 ||
         (heads + 2 * kv_heads) * head_dim % 16 != 0)
         return -2;
-    /* block panels: every GEMM's K (hidden, heads * head_dim, inter, in_width) whole blocks */
-    if (blocks && (hidden % 32 || heads * head_dim % 32 || inter % 32 ||
-                   (attn_in != NULL && in_width % 32)))
-        return -2; /* every GEMM's output width a whole number of 16-column panels */
+    /* formats (NULL: none): each layer's q/k/v, o, gate/up and down weights as float32
+       panels (0) or block panels of that format, whose K is then whole blocks of 32 */
+    if (formats != NULL) {
+        if (bf16) return -2;
+        for (int l = 0; l < layers; l++) {
+            const int k_of[4] = {l == 0 && attn_in != NULL ? in_width : hidden, heads * head_dim,
+                                 hidden, inter};
+            for (int i = 0; i < 4; i++) {
+                const int f = formats[4 * l + i];
+                if (f != BLOCKS_NONE && (!block_format(f) || k_of[i] % 32)) return -2;
+            }
+        }
+    } /* every GEMM's output width a whole number of 16-column panels */
     /* Every slot this call writes or reads lies inside the cache: a bad index is an error
        the caller reports, never a write past the buffer. */
     for (int t = 0; t < T; t++)
@@ -894,7 +938,7 @@ static int decode_layers(
     size_t floats = (size_t)T * hidden + (size_t)T * qkv_width + (size_t)T * heads * D +
                     (size_t)T * 2 * inter + (size_t)T * inter + (size_t)S + (size_t)D + widened;
     /* bf16: one kernel for the whole call, and each GEMM's rounded input (the widest K) */
-    const int kernel = bf16 ? relayc_bf16_kernel(-1) : blocks ? -1 - blocks : -1;
+    const int kernel = bf16 ? relayc_bf16_kernel(-1) : -1;
     int widest = hidden > heads * D ? hidden : heads * D;
     widest = widest > inter ? widest : inter;
     if (attn_in != NULL) widest = widest > in_width ? widest : in_width;
@@ -914,6 +958,10 @@ static int decode_layers(
     const float **keys = rows_kv, **values = rows_kv + S;
 
     for (int l = 0; l < layers; l++) {
+        /* each weight's kernel: bf16's, float32 panels' (-1) or its blocks' (-1 - format) */
+        int kern[4];
+        for (int i = 0; i < 4; i++)
+            kern[i] = formats != NULL && formats[4 * l + i] ? -1 - formats[4 * l + i] : kernel;
         /* the residual stream entering layer l, for each capture naming it: aux[t] holds
            the captured layers' inputs side by side (EAGLE-3's features) */
         for (int c = 0; c < n_capture; c++)
@@ -922,10 +970,10 @@ static int decode_layers(
                     memcpy(aux + ((size_t)t * n_capture + c) * hidden, x + (size_t)t * hidden,
                            sizeof(float) * (size_t)hidden);
         if (l == 0 && attn_in != NULL) /* the first layer's attention reads attn_in as is */
-            gemm_any(attn_in, T, in_width, w_qkv[0], qkv_width, qkv, 0, kernel, xb);
+            gemm_any(attn_in, T, in_width, w_qkv[0], qkv_width, qkv, 0, kern[0], xb);
         else {
             rms_norm(x, T, hidden, ln1[l], eps1[l], h);
-            gemm_any(h, T, hidden, w_qkv[l], qkv_width, qkv, 0, kernel, xb);
+            gemm_any(h, T, hidden, w_qkv[l], qkv_width, qkv, 0, kern[0], xb);
         }
         for (int t = 0; t < T; t++) {
             float *qt = qkv + (size_t)t * qkv_width;
@@ -979,15 +1027,15 @@ static int decode_layers(
                 }
             }
         }
-        gemm_any(attn, T, heads * D, w_o[l], hidden, x, 1, kernel, xb);
+        gemm_any(attn, T, heads * D, w_o[l], hidden, x, 1, kern[1], xb);
         rms_norm(x, T, hidden, ln2[l], eps2[l], h);
-        gemm_any(h, T, hidden, w_gate_up[l], 2 * inter, gate_up, 0, kernel, xb);
+        gemm_any(h, T, hidden, w_gate_up[l], 2 * inter, gate_up, 0, kern[2], xb);
         for (int t = 0; t < T; t++) {
             const float *g = gate_up + (size_t)t * 2 * inter, *u = g + inter;
             float *a = act + (size_t)t * inter;
             for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
         }
-        gemm_any(act, T, inter, w_down[l], hidden, x, 1, kernel, xb);
+        gemm_any(act, T, inter, w_down[l], hidden, x, 1, kern[3], xb);
         /* bf16: the residual stream leaves every layer rounded to bfloat16, as the eager
          * bfloat16 layers keep it, so running the layers in segments (a forward that
          * captures some layers' inputs, EAGLE-3's) gives the bits of one call. */
@@ -1022,13 +1070,13 @@ static int decode_layers(
 
 /* float32 weights (16-column panels) and K/V cache. */
 int relayc_decoder(DECODER_PARAMS(float, float)) {
-    return decode_layers(DECODER_ARGS, 0, 0, NULL, 0, NULL, 0, NULL);
+    return decode_layers(DECODER_ARGS, 0, NULL, NULL, 0, NULL, 0, NULL);
 }
 
 /* bfloat16 weights (16-column panels of k pairs, see gemm_bf16) and K/V cache; norm
  * weights, x, the rotary tables and the mask float32. */
 int relayc_decoder_bf16(DECODER_PARAMS(uint16_t, uint16_t)) {
-    return decode_layers(DECODER_ARGS, 1, 0, NULL, 0, NULL, 0, NULL);
+    return decode_layers(DECODER_ARGS, 1, NULL, NULL, 0, NULL, 0, NULL);
 }
 
 /* The same layers with two options. attn_in [T, in_width] (float32, taken as already
@@ -1040,21 +1088,23 @@ int relayc_decoder_bf16(DECODER_PARAMS(uint16_t, uint16_t)) {
  * forward's one call. */
 int relayc_decoder_ex(DECODER_PARAMS(float, float), const float *attn_in, int in_width,
                       const int *capture, int n_capture, float *aux) {
-    return decode_layers(DECODER_ARGS, 0, 0, attn_in, in_width, capture, n_capture, aux);
+    return decode_layers(DECODER_ARGS, 0, NULL, attn_in, in_width, capture, n_capture, aux);
 }
 
 int relayc_decoder_bf16_ex(DECODER_PARAMS(uint16_t, uint16_t), const float *attn_in,
                            int in_width, const int *capture, int n_capture, float *aux) {
-    return decode_layers(DECODER_ARGS, 1, 0, attn_in, in_width, capture, n_capture, aux);
+    return decode_layers(DECODER_ARGS, 1, NULL, attn_in, in_width, capture, n_capture, aux);
 }
 
-/* The float32 layers (float32 K/V cache) over block-quantized weights: `format` BLOCKS_Q4 or
- * BLOCKS_Q8 panels (see gemm_blocks) for every matrix; the same bits as relayc_decoder_ex
- * over the dequantized weights. */
-int relayc_decoder_blocks_ex(DECODER_PARAMS(uint8_t, float), int format, const float *attn_in,
-                             int in_width, const int *capture, int n_capture, float *aux) {
-    if (format != BLOCKS_Q4 && format != BLOCKS_Q8) return -2;
-    return decode_layers(DECODER_ARGS, 0, format, attn_in, in_width, capture, n_capture, aux);
+/* The float32 layers (float32 K/V cache) with block-quantized weights: formats[4 * l + i]
+ * is layer l's q/k/v (i = 0), o (1), gate/up (2) and down (3) weight's format -- 0 for
+ * float32 panels, else BLOCKS_Q4 / BLOCKS_Q8 / BLOCKS_Q4F panels (see gemm_blocks). The
+ * same bits as relayc_decoder_ex over the dequantized weights. */
+int relayc_decoder_blocks_ex(DECODER_PARAMS(uint8_t, float), const int *formats,
+                             const float *attn_in, int in_width, const int *capture,
+                             int n_capture, float *aux) {
+    if (formats == NULL) return -2;
+    return decode_layers(DECODER_ARGS, 0, formats, attn_in, in_width, capture, n_capture, aux);
 }
 
 /* The final RMSNorm and the LM head over T rows: logits [T, vocab_padded] (the packed
@@ -1063,7 +1113,7 @@ static int head_any(int T, int hidden, int vocab_padded, const float *x,
                     const float *norm_weight, float eps, const void *head, float *logits,
                     int bf16, int blocks) {
     if (vocab_padded % 16 != 0) return -2; /* hidden is the reduction: any size */
-    if (blocks && (hidden % 32 || (blocks != BLOCKS_Q4 && blocks != BLOCKS_Q8))) return -2;
+    if (blocks && (hidden % 32 || !block_format(blocks))) return -2;
     const int kernel = bf16 ? relayc_bf16_kernel(-1) : blocks ? -1 - blocks : -1;
     const size_t halves = bf16 ? (size_t)padded_rows(T) * padded_k(hidden) : 0;
     float *h = (float *)malloc(sizeof(float) * (size_t)T * hidden);
@@ -1085,7 +1135,8 @@ int relayc_head(int T, int hidden, int vocab_padded, const float *x, const float
     return head_any(T, hidden, vocab_padded, x, norm_weight, eps, head, logits, 0, 0);
 }
 
-/* The head as block panels of `format` (BLOCKS_Q4 or BLOCKS_Q8); hidden a multiple of 32. */
+/* The head as block panels of `format` (BLOCKS_Q4, BLOCKS_Q8 or BLOCKS_Q4F); hidden a
+ * multiple of 32. */
 int relayc_head_blocks(int T, int hidden, int vocab_padded, const float *x,
                        const float *norm_weight, float eps, const uint8_t *head, float *logits,
                        int format) {

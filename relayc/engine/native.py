@@ -145,9 +145,9 @@ def _load(path: Path) -> ctypes.CDLL:
     for fn in (lib.relayc_decoder_ex, lib.relayc_decoder_bf16_ex):
         fn.argtypes = [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64, p, i, p, i, p]
         fn.restype = i
-    # float32 layers over GGUF block panels: the _ex parameters with the panel format first
+    # float32 layers over GGUF block panels: the _ex parameters, each weight's format first
     lib.relayc_decoder_blocks_ex.argtypes = (
-        [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64, i, p, i, p, i, p]
+        [i] * 7 + [p] * 6 + [i] * 3 + [p] * 10 + [ctypes.c_int64, p, p, i, p, i, p]
     )
     lib.relayc_decoder_blocks_ex.restype = i
     for head in (lib.relayc_head, lib.relayc_head_bf16):

@@ -5,7 +5,7 @@ dequantized on its own (``gguf.quants.dequantize``, F32 / F16 / BF16 / Q8_0 / Q4
 Q5_0 / Q5_1 / Q2_K..Q6_K and the rest it knows) straight into the model's parameter, so the
 file is never copied whole and at most one dequantized tensor is alive besides the model.
 
-A float32 model also keeps each Q4_1 / Q4_0 / Q8_0 matrix's blocks, attached to its
+A float32 model also keeps each Q4_1 / Q4_0 / Q4_K / Q8_0 matrix's blocks, attached to its
 parameter (``relayc.engine.checkpoints.blocks``): float32 holds those weights exactly, and
 the native decoder reads the blocks instead of four bytes a weight.
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relayc.engine.checkpoints.blocks import BLOCK, BLOCK_TYPES, BlockWeight, attach
+from relayc.engine.checkpoints.blocks import BLOCK_TYPES, BlockWeight, attach
 from relayc.engine.config import ModelConfig
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.weights import CheckpointError, expected_tensors
@@ -230,10 +230,15 @@ def _raw_blocks(tensor: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
     import numpy as np
 
     kind = getattr(tensor.tensor_type, "name", "")
-    if kind not in BLOCK_TYPES or len(shape) != 2 or shape[1] % BLOCK:
+    if kind not in BLOCK_TYPES or len(shape) != 2:
         return None
+    block, size, _ = BLOCK_TYPES[kind]
     data = np.asarray(tensor.data)
-    if data.dtype != np.uint8 or data.size != shape[0] * shape[1] // BLOCK * BLOCK_TYPES[kind][0]:
+    if (
+        shape[1] % block
+        or data.dtype != np.uint8
+        or data.size != shape[0] * shape[1] // block * size
+    ):
         return None
     return torch.from_numpy(data.reshape(shape[0], -1).copy())
 

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 
 from relayc.engine.checkpoints.blocks import (
     BLOCK_TYPES,
+    BLOCKS_Q4,
+    BLOCKS_Q4F,
     PANEL_BYTES,
     BlockWeight,
     attach,
@@ -23,6 +27,7 @@ from relayc.engine.config import ModelConfig
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.native import native_decoder
 from relayc.engine.weights import random_model
+from tests.engine.checkpoints.test_gguf import _write_raw
 from tests.engine.test_cpu_decoder import _session
 
 # Every matrix width a whole number of 32-weight blocks.
@@ -86,8 +91,8 @@ def test_native_forward_over_blocks_is_bit_identical_to_float32(
     got, expected = _session(blocks), _session(dense)
     assert blocks.scripted is not None and blocks.scripted._native is not None
     assert dense.scripted is not None and dense.scripted._native is not None
-    assert blocks.scripted._native.format == BLOCK_TYPES[kind][1]
-    assert dense.scripted._native.format == 0
+    assert set(blocks.scripted._native.formats) == {BLOCK_TYPES[kind][2]}
+    assert set(dense.scripted._native.formats) == {0}
     assert blocks._native_head is not None and blocks._native_head.format != 0
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a, b)
@@ -107,7 +112,8 @@ def test_an_edited_weight_runs_its_new_values(files: dict[str, Path]) -> None:
     assert blocks_of(blocks.model.layers[0].self_attn.k_proj.weight) is not None
     got, expected = _session(blocks), _session(dense)
     assert blocks.scripted is not None and blocks.scripted._native is not None
-    assert blocks.scripted._native.format == 0  # one stale matrix: float32 panels throughout
+    # the stale matrix (layer 1's q/k/v) reads float32 panels, every other one its blocks
+    assert blocks.scripted._native.formats == [BLOCKS_Q4] * 4 + [0] + [BLOCKS_Q4] * 3
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a, b)
 
@@ -179,3 +185,56 @@ def test_blocks_that_do_not_fit_are_refused() -> None:
         BlockWeight("Q4_1", torch.zeros(16, 20, dtype=torch.uint8), 48)
     with pytest.raises(ValueError, match=r"are \[rows, 40\] uint8, got \[16, 20\]"):
         BlockWeight("Q4_1", torch.zeros(16, 20, dtype=torch.uint8), 64)
+
+
+def _q4_k(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random Q4_K super-blocks (the `gguf` package cannot write K-quants) whose float16
+    ``d`` and ``dmin`` are 2^-12: weights of a few tenths, a forward that stays finite."""
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_K]
+    data = np.random.default_rng(seed).integers(0, 256, (rows, cols // block * size), np.uint8)
+    scale = np.array([0x0C00], dtype=np.uint16).view(np.uint8)
+    for start in range(0, data.shape[1], size):
+        data[:, start : start + 2] = scale
+        data[:, start + 2 : start + 4] = scale
+    return data
+
+
+def test_q4_k_matrices_mixed_with_float32_ones(tmp_path: Path) -> None:
+    """A Q4_K_M-like file: most matrices Q4_K, two float32 (as Q4_K_M keeps some in Q6_K).
+    Each matrix reads its blocks if it has them -- q/k/v only when all three do -- and the
+    forward is bit-identical to float32 panels throughout."""
+    model = random_model(CONFIG, seed=4)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    raw = {}
+    for layer in range(CONFIG.num_layers):
+        for gguf_name, name in (
+            ("attn_q", "self_attn.q_proj"),
+            ("attn_k", "self_attn.k_proj"),
+            ("attn_v", "self_attn.v_proj"),
+            ("attn_output", "self_attn.o_proj"),
+            ("ffn_gate", "mlp.gate_proj"),
+            ("ffn_up", "mlp.up_proj"),
+            ("ffn_down", "mlp.down_proj"),
+        ):
+            if (layer, gguf_name) in ((1, "attn_v"), (0, "ffn_down")):
+                continue  # stays float32
+            rows, cols = shapes[f"model.layers.{layer}.{name}.weight"]
+            data = _q4_k(rows, cols, seed=len(raw))
+            raw[f"blk.{layer}.{gguf_name}.weight"] = (data, gguf.GGMLQuantizationType.Q4_K)
+    path = tmp_path / "q4_k.gguf"
+    _write_raw(path, model, raw)
+    blocks, dense = _load(path), _load(path)
+    q = blocks.model.layers[0].self_attn.q_proj.weight
+    found = blocks_of(q)  # the parse of the super-blocks equals gguf's dequantize exactly
+    assert found is not None and found.qtype == "Q4_K"
+    assert blocks_of(blocks.model.layers[1].self_attn.v_proj.weight) is None
+    forget_blocks(dense)
+    use_cpu_matmul_layout(blocks)
+    use_cpu_matmul_layout(dense)
+    got, expected = _session(blocks), _session(dense)
+    assert blocks.scripted is not None and blocks.scripted._native is not None
+    # layer 0: q/k/v, o, gate/up in Q4_K blocks, down float32; layer 1: q/k/v float32
+    assert blocks.scripted._native.formats == [BLOCKS_Q4F] * 3 + [0, 0] + [BLOCKS_Q4F] * 3
+    for a, b in zip(got, expected, strict=True):
+        assert torch.isfinite(a).all()
+        assert torch.equal(a, b)
