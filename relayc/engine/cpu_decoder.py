@@ -16,8 +16,8 @@ weights    decoder layers                            final norm + LM head
 =========  ========================================  =======================================
 float32    native: uniform batches of <= 64 tokens;  native: <= 64 rows; else eager (MKL)
            else TorchScript (MKL)
-GGUF       float32, the native calls reading each    the same, when the head is Q8_0 / Q4
-blocks     matrix's Q4_1 / Q4_0 / Q4_K / Q8_0 blocks
+GGUF       float32, the native calls reading each    the same, when the head has blocks
+blocks     matrix's Q4/Q5/Q8, Q4_K-Q6_K blocks
            (same bits, a sixth of the bytes for Q4)
 bfloat16   native: decodes and verifies of any       the same rule
            size, uniform prefills of <= 64 tokens;
@@ -28,7 +28,7 @@ other      eager                                     eager
 A model loaded from a GGUF file keeps its block-quantized matrices beside the float32
 weights (relayc.engine.checkpoints.blocks); each matrix that still holds its blocks'
 values is read as those blocks by the native layers (decoder.c's ``gemm_blocks``), the
-others as float32 panels (a Q4_K_M file's Q6_K matrices, a weight edited since loading),
+others as float32 panels (a weight edited since loading, a type with no block kernel),
 and the same for the LM head. On SmolLM2's Q4_1 file that is what makes float32 decoding faster than
 bfloat16: a one-token decode streams 96 MB instead of 540 (270 in bfloat16).
 
@@ -60,7 +60,7 @@ import torch
 
 from relayc.engine import native, scripted
 from relayc.engine.attention import PagedAttend
-from relayc.engine.checkpoints.blocks import BlockWeight, blocks_of
+from relayc.engine.checkpoints.blocks import BlockStack, BlockWeight, blocks_of
 from relayc.engine.forward_batch import ForwardMode
 
 if TYPE_CHECKING:
@@ -308,12 +308,12 @@ _MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")  # decoder.c's formats[4 * l
 
 def _layer_blocks(
     layers: Sequence[LlamaDecoderLayer],
-) -> dict[str, list[BlockWeight | None]] | None:
+) -> dict[str, list[BlockStack | None]] | None:
     """Each matrix of ``layers`` (q/k/v and gate/up stacked as the fused weights are) as
-    GGUF blocks when its parts still hold their loaded blocks' values in one panel format
+    GGUF blocks when every part still holds its loaded blocks' values
     (relayc.engine.checkpoints.blocks), else None for that matrix: its float32 panels (a
-    Q4_K_M file's Q6_K matrices, a weight edited since loading). None: no blocks at all."""
-    found: dict[str, list[BlockWeight | None]] = {name: [] for name in _MATRICES}
+    weight edited since loading, a type with no block kernel). None: no blocks at all."""
+    found: dict[str, list[BlockStack | None]] = {name: [] for name in _MATRICES}
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         groups = {
@@ -428,7 +428,7 @@ class _NativeWeights:
         eps1: list[float],
         eps2: list[float],
         dtype: torch.dtype,
-        blocks: dict[str, list[BlockWeight | None]] | None = None,
+        blocks: dict[str, list[BlockStack | None]] | None = None,
     ) -> None:
         """``blocks`` (float32 only): per matrix, GGUF blocks read instead of its float32
         panels, or None (decoder.c's ``relayc_decoder_blocks_ex``: the same bits)."""

@@ -17,7 +17,7 @@
  * Three weight types, the same layer code:
  *   relayc_decoder       float32 weights and K/V cache.
  *   relayc_decoder_blocks_ex
- *                        a GGUF file's Q4_1 / Q4_0 / Q4_K / Q8_0 blocks (each weight its
+ *                        a GGUF file's Q4/Q5/Q8 and Q4_K-Q6_K blocks (each weight its
  *                        own format, or float32 panels), rebuilt to float32 in
  *                        registers (see gemm_blocks): the bits of relayc_decoder over the
  *                        dequantized weights, at a sixth (Q4) or a quarter (Q8) of the
@@ -564,12 +564,16 @@ static void gemm_bf16(const float *x, int M, int K, const uint16_t *w, int N, fl
  *   BLOCKS_Q4F (384 bytes): BLOCKS_Q4 with float32 d[16] and m[16] -- Q4_K, whose weight
  *                          is (d * sc) * q - dmin * m with 6-bit sc and m per 32 weights:
  *                          both products exact in float32, one rounding, as gguf's.
+ *   BLOCKS_I8F (768 bytes): float32 d[16], m[16] for k 0-15, the same for k 16-31, then 32
+ *                          rows of 16 signed bytes -- Q6_K (d * sc per 16 weights, m = 0),
+ *                          Q5_0, Q5_1, Q5_K, and any stack of matrices in different
+ *                          formats (a Q4_K_M file's q/k in Q4_K beside its v in Q6_K).
  * (relayc.engine.checkpoints.blocks packs them from a GGUF file's tensors.) */
-enum { BLOCKS_NONE = 0, BLOCKS_Q4 = 1, BLOCKS_Q8 = 2, BLOCKS_Q4F = 3 };
-enum { Q4_BYTES = 320, Q8_BYTES = 544, Q4F_BYTES = 384 };
+enum { BLOCKS_NONE = 0, BLOCKS_Q4 = 1, BLOCKS_Q8 = 2, BLOCKS_Q4F = 3, BLOCKS_I8F = 4 };
+enum { Q4_BYTES = 320, Q8_BYTES = 544, Q4F_BYTES = 384, I8F_BYTES = 768 };
 
 static inline int block_format(int format) {
-    return format == BLOCKS_Q4 || format == BLOCKS_Q8 || format == BLOCKS_Q4F;
+    return format >= BLOCKS_Q4 && format <= BLOCKS_I8F;
 }
 
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
@@ -719,6 +723,55 @@ static inline v16 rebuild16(v16 d, v16 q, v16 m) {
                 store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
     }
 
+/* i8f_MB_P: the same for BLOCKS_I8F: float32 d and m for k 0-15, again for k 16-31, then
+ * 32 rows of 16 signed bytes; each weight rebuilt as fma(d, q, m) (Q6_K: m = 0, one
+ * rounding of d * q, as gguf's). */
+#define I8F_BLOCK(MB, P)                                                                   \
+    static void i8f_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,      \
+                               float *out, int add) {                                      \
+        const int nb = K / 32;                                                             \
+        v16 acc[MB][P];                                                                    \
+        const uint8_t *panel[P];                                                           \
+        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * I8F_BYTES;      \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
+        for (int b = 0; b < nb; b++)                                                       \
+            for (int half = 0; half < 2; half++) {                                         \
+                v16 d[P], mn[P];                                                           \
+                for (int j = 0; j < P; j++) {                                              \
+                    const uint8_t *blk = panel[j] + (size_t)b * I8F_BYTES + 128 * half;    \
+                    memcpy(&d[j], blk, 64);                                                \
+                    memcpy(&mn[j], blk + 64, 64);                                          \
+                }                                                                          \
+                for (int k = 16 * half; k < 16 * half + 16; k++) {                         \
+                    v16 wk[P];                                                             \
+                    for (int j = 0; j < P; j++)                                            \
+                        wk[j] = rebuild16(                                                 \
+                            d[j], signed16(panel[j] + (size_t)b * I8F_BYTES + 256 + 16 * k), \
+                            mn[j]);                                                        \
+                    for (int m = 0; m < MB; m++) {                                         \
+                        const v16 s = splat16(x[(size_t)m * K + (size_t)b * 32 + k]);      \
+                        for (int j = 0; j < P; j++) acc[m][j] = fma16(acc[m][j], s, wk[j]); \
+                    }                                                                      \
+                }                                                                          \
+            }                                                                              \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++)                                                    \
+                store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
+    }
+
+I8F_BLOCK(1, 4)
+I8F_BLOCK(1, 1)
+I8F_BLOCK(2, 2)
+I8F_BLOCK(2, 1)
+I8F_BLOCK(3, 2)
+I8F_BLOCK(3, 1)
+I8F_BLOCK(4, 2)
+I8F_BLOCK(4, 1)
+I8F_BLOCK(5, 1)
+I8F_BLOCK(6, 1)
+I8F_BLOCK(7, 1)
+I8F_BLOCK(8, 1)
 Q4_BLOCK(1, 4)
 Q4_BLOCK(1, 1)
 Q4_BLOCK(2, 2)
@@ -775,6 +828,12 @@ static const struct quant_blocks q4f_blocks = {
     {0, 4, 2, 2, 2, 1, 1, 1, 1},
 };
 
+static const struct quant_blocks i8f_blocks = {
+    {0, i8f_1_4, i8f_2_2, i8f_3_2, i8f_4_2, i8f_5_1, i8f_6_1, i8f_7_1, i8f_8_1},
+    {0, i8f_1_1, i8f_2_1, i8f_3_1, i8f_4_1, i8f_5_1, i8f_6_1, i8f_7_1, i8f_8_1},
+    {0, 4, 2, 2, 2, 1, 1, 1, 1},
+};
+
 static const struct quant_blocks q8_blocks = {
     {0, q8_1_4, q8_2_2, q8_3_2, q8_4_2, q8_5_1, q8_6_1, q8_7_1, q8_8_1},
     {0, q8_1_1, q8_2_1, q8_3_1, q8_4_1, q8_5_1, q8_6_1, q8_7_1, q8_8_1},
@@ -788,6 +847,7 @@ static void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, f
                         int add, int format) {
     const struct quant_blocks *b = format == BLOCKS_Q4    ? &q4_blocks
                                    : format == BLOCKS_Q4F ? &q4f_blocks
+                                   : format == BLOCKS_I8F ? &i8f_blocks
                                                           : &q8_blocks;
     const int panels = N / 16;
     for (int g = 0; g < panels; g += 4) {
@@ -1098,7 +1158,7 @@ int relayc_decoder_bf16_ex(DECODER_PARAMS(uint16_t, uint16_t), const float *attn
 
 /* The float32 layers (float32 K/V cache) with block-quantized weights: formats[4 * l + i]
  * is layer l's q/k/v (i = 0), o (1), gate/up (2) and down (3) weight's format -- 0 for
- * float32 panels, else BLOCKS_Q4 / BLOCKS_Q8 / BLOCKS_Q4F panels (see gemm_blocks). The
+ * float32 panels, else BLOCKS_* panels of that format (see gemm_blocks). The
  * same bits as relayc_decoder_ex over the dequantized weights. */
 int relayc_decoder_blocks_ex(DECODER_PARAMS(uint8_t, float), const int *formats,
                              const float *attn_in, int in_width, const int *capture,
@@ -1135,8 +1195,7 @@ int relayc_head(int T, int hidden, int vocab_padded, const float *x, const float
     return head_any(T, hidden, vocab_padded, x, norm_weight, eps, head, logits, 0, 0);
 }
 
-/* The head as block panels of `format` (BLOCKS_Q4, BLOCKS_Q8 or BLOCKS_Q4F); hidden a
- * multiple of 32. */
+/* The head as block panels of `format` (any BLOCKS_*); hidden a multiple of 32. */
 int relayc_head_blocks(int T, int hidden, int vocab_padded, const float *x,
                        const float *norm_weight, float eps, const uint8_t *head, float *logits,
                        int format) {

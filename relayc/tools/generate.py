@@ -121,8 +121,9 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     p.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
-        help="the weights' precision (default: float32 for GGUF files, the checkpoint's own "
-        "else); bfloat16 reads half the bytes per token",
+        help="the weights' precision (default: float32 for GGUF files, whose quantized "
+        "matrices the CPU decoder then reads as stored; the checkpoint's own else); bfloat16 "
+        "rounds the weights, and reads half the bytes of float32 weights",
     )
     p.add_argument(
         "--draft-model",

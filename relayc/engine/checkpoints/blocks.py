@@ -6,7 +6,11 @@ then 32 small integers ``q``. A weight is ``d * q + m`` (Q4_1), ``d * (q - 8)`` 
 ``d * q`` (Q8_0, ``q`` signed), and each is a float32 number exactly (``d * q`` has at most
 19 significant bits; ``+ m`` rounds once, as the ``gguf`` package's dequantize does). Q4_K
 (most of a Q4_K_M file) is the same with ``d`` and ``m`` themselves products -- a float16
-super-block scale times a 6-bit sub-block scale, each 32 weights -- exact in float32 too. So the
+super-block scale times a 6-bit sub-block scale, each 32 weights -- exact in float32 too;
+Q6_K (the rest of it) is ``(d * sc) * q`` with an 8-bit ``sc`` per 16 weights and a signed
+6-bit ``q``: ``d * sc`` exact, the product rounded once, as ``gguf`` rounds it. Q5_0, Q5_1
+and Q5_K are Q4_0, Q4_1 and Q4_K with a fifth bit. The 4-bit types keep their own panel
+formats; Q6_K, the 5-bit ones and stacks of mixed types use an 8-bit one. So the
 float32 model a GGUF loads into holds exactly these values, and a kernel that rebuilds them
 in registers computes the float32 model's forward while reading 0.625 (Q4) or 1.0625 (Q8)
 bytes a weight instead of four -- decoder.c's ``gemm_blocks``, the same bits as its float32
@@ -27,15 +31,20 @@ from dataclasses import dataclass
 import torch
 
 # decoder.c's panel formats and their bytes per 16 columns x 32 k: BLOCKS_Q4 (float16 d, m;
-# 4-bit q), BLOCKS_Q8 (float16 d; 8-bit q), BLOCKS_Q4F (float32 d, m; 4-bit q).
-BLOCKS_Q4, BLOCKS_Q8, BLOCKS_Q4F = 1, 2, 3
-PANEL_BYTES = {BLOCKS_Q4: 320, BLOCKS_Q8: 544, BLOCKS_Q4F: 384}
+# 4-bit q), BLOCKS_Q8 (float16 d; 8-bit q), BLOCKS_Q4F (float32 d, m; 4-bit q), BLOCKS_I8F
+# (float32 d, m per 16 k; 8-bit q: any type, and stacks of mixed types).
+BLOCKS_Q4, BLOCKS_Q8, BLOCKS_Q4F, BLOCKS_I8F = 1, 2, 3, 4
+PANEL_BYTES = {BLOCKS_Q4: 320, BLOCKS_Q8: 544, BLOCKS_Q4F: 384, BLOCKS_I8F: 768}
 # GGUF type -> (weights a block, bytes a block, decoder.c's panel format)
 BLOCK_TYPES = {
     "Q4_0": (32, 18, BLOCKS_Q4),
     "Q4_1": (32, 20, BLOCKS_Q4),
     "Q8_0": (32, 34, BLOCKS_Q8),
     "Q4_K": (256, 144, BLOCKS_Q4F),
+    "Q6_K": (256, 210, BLOCKS_I8F),
+    "Q5_0": (32, 22, BLOCKS_I8F),
+    "Q5_1": (32, 24, BLOCKS_I8F),
+    "Q5_K": (256, 176, BLOCKS_I8F),
 }
 BLOCK = 32  # the panels' block: every type's block is a whole number of them
 _ATTRIBUTE = "_relayc_blocks"
@@ -78,25 +87,32 @@ class BlockWeight:
         return BLOCK_TYPES[self.qtype][2]
 
     def _fields(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Per 32 weights ``d`` and ``m`` ``[rows, cols / 32]`` (float16; float32 for Q4_K;
-        ``m`` None for Q8_0) and ``q`` as int16 ``[rows, cols / 32, 32]`` in k order: each
-        weight is ``d * q + m`` (Q4_0's ``q - 8`` folded into ``m = -8d``)."""
+        """``d`` and ``m`` per 16 weights, ``[rows, cols / 32, 2]`` (float16; float32 for the
+        K-quants; ``m`` None where it is 0) and ``q`` as int16 ``[rows, cols / 32, 32]`` in k
+        order: each weight is ``d * q + m`` (Q4_0's ``q - 8`` folded into ``m = -8d``). Every
+        type but Q6_K has one ``d`` and ``m`` per 32 weights (the pair holds it twice)."""
         size = BLOCK_TYPES[self.qtype][1]
         blocks = self.data.reshape(self.rows, -1, size)
-        if self.qtype == "Q4_K":
-            return _q4_k_fields(blocks)
-        d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0]
-        if self.qtype == "Q8_0":
-            q = blocks[..., 2:].contiguous().view(torch.int8).to(torch.int16)
-            return d, None, q
-        packed = blocks[..., 4:] if self.qtype == "Q4_1" else blocks[..., 2:]
-        # a block's 16 bytes hold q[j] in the low nibble and q[j + 16] in the high one
-        q = torch.cat([packed & 15, packed >> 4], dim=-1).to(torch.int16)
-        if self.qtype == "Q4_1":
-            m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0]
+        if self.qtype == "Q6_K":
+            return _q6_k_fields(blocks)
+        if self.qtype in ("Q5_0", "Q5_1"):
+            d, m, q = _q5_fields(blocks, self.qtype == "Q5_1")
+            return _pairs(d), None if m is None else _pairs(m), q
+        if self.qtype in ("Q4_K", "Q5_K"):
+            d, m, q = _k_fields(blocks, fifth_bit=self.qtype == "Q5_K")
         else:
-            m = d * -8  # exact in float16 (a power of two) unless it overflows: finite() checks
-        return d, m, q
+            d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0]
+            if self.qtype == "Q8_0":
+                q = blocks[..., 2:].contiguous().view(torch.int8).to(torch.int16)
+                return _pairs(d), None, q
+            packed = blocks[..., 4:] if self.qtype == "Q4_1" else blocks[..., 2:]
+            # a block's 16 bytes hold q[j] in the low nibble and q[j + 16] in the high one
+            q = torch.cat([packed & 15, packed >> 4], dim=-1).to(torch.int16)
+            if self.qtype == "Q4_1":
+                m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0]
+            else:
+                m = d * -8  # exact in float16 (a power of two) unless it overflows: finite()
+        return _pairs(d), _pairs(m), q
 
     def finite(self) -> bool:
         """Every scale and offset finite (decoder.c's float16 conversion handles no others)."""
@@ -106,71 +122,114 @@ class BlockWeight:
     def dequantize(self) -> torch.Tensor:
         """The float32 ``[rows, cols]`` matrix: ``d * q (+ m)``, rounded once, as ``gguf``."""
         d, m, q = self._fields()
-        w = d.float()[..., None] * q.float()
+        w = d.float().repeat_interleave(16, dim=-1) * q.float()
         if m is not None:
-            w = w + m.float()[..., None]
+            w = w + m.float().repeat_interleave(16, dim=-1)
         return w.reshape(self.rows, self.cols)
 
-    def panels(self) -> torch.Tensor:
+    def panels(self, format: int | None = None) -> torch.Tensor:
         """The blocks as decoder.c's panels of 16 output columns (rows padded with zero
         blocks to a multiple of 16), flat uint8: panel p, then block b, :data:`PANEL_BYTES`
-        each -- Q4: ``d[16]``, ``m[16]`` (float16), 16 rows of 16 bytes (row r, byte c:
-        column c's ``q[2r]`` low nibble, ``q[2r + 1]`` high); Q8: ``d[16]``, 32 rows of 16
-        signed bytes."""
+        each, in this type's own format or ``format`` (only BLOCKS_I8F, which every type
+        fits) -- Q4: ``d[16]``, ``m[16]`` (float16), 16 rows of 16 bytes (row r, byte c:
+        column c's ``q[2r]`` low nibble, ``q[2r + 1]`` high); Q4F: the same with float32
+        ``d`` and ``m``; Q8: ``d[16]`` (float16), 32 rows of 16 signed bytes; I8F: float32
+        ``d[16]``, ``m[16]`` for k 0-15, again for k 16-31, 32 rows of 16 signed bytes."""
+        format = self.format if format is None else format
+        if format not in (self.format, BLOCKS_I8F):
+            raise ValueError(f"{self.qtype} blocks have no panel format {format}")
         d, m, q = self._fields()
-        rows, nb = d.shape
+        rows, nb = d.shape[:2]
+        if format == BLOCKS_I8F:
+            d = d.float()
+            m = d.new_zeros(d.shape) if m is None else m.float()
         pad = -rows % 16
         if pad:
-            d = torch.cat([d, d.new_zeros(pad, nb)])
+            d = torch.cat([d, d.new_zeros(pad, nb, 2)])
             q = torch.cat([q, q.new_zeros(pad, nb, BLOCK)])
             if m is not None:
-                m = torch.cat([m, m.new_zeros(pad, nb)])
+                m = torch.cat([m, m.new_zeros(pad, nb, 2)])
         panels = (rows + pad) // 16
 
-        def halves(t: torch.Tensor) -> torch.Tensor:  # [rows, nb] -> [P, nb, 16 x 2 or 4 bytes]
+        def lanes(t: torch.Tensor) -> torch.Tensor:  # [rows, nb] -> [P, nb, 16 values' bytes]
             return t.reshape(panels, 16, nb).transpose(1, 2).contiguous().view(torch.uint8)
 
         # q [P, 16 columns, nb, 32 k] -> [P, nb, 32 k, 16 columns]
         q = q.reshape(panels, 16, nb, BLOCK).permute(0, 2, 3, 1)
-        if m is None:
-            body = q.to(torch.int8).contiguous().view(torch.uint8).reshape(panels, nb, -1)
-            parts = [halves(d), body]
+        signed = q.to(torch.int8).contiguous().view(torch.uint8).reshape(panels, nb, -1)
+        if format == BLOCKS_I8F:
+            assert m is not None
+            halves = [lanes(t[..., h]) for h in range(2) for t in (d, m)]
+            parts = [*halves, signed]
+        elif m is None:
+            parts = [lanes(d[..., 0]), signed]
         else:
             pairs = q.reshape(panels, nb, BLOCK // 2, 2, 16)
             body = (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).to(torch.uint8)
-            parts = [halves(d), halves(m), body.reshape(panels, nb, -1)]
+            parts = [lanes(d[..., 0]), lanes(m[..., 0]), body.reshape(panels, nb, -1)]
         out = torch.cat(parts, dim=-1)
-        assert out.shape[-1] == PANEL_BYTES[self.format]
+        assert out.shape[-1] == PANEL_BYTES[format]
         return out.reshape(-1).contiguous()
 
     @staticmethod
-    def cat(parts: Sequence[BlockWeight]) -> BlockWeight | None:
-        """The matrices stacked by rows (a fused q/k/v or gate/up), or None when they do not
-        share one panel format and width (Q4_0 and Q4_1 mix: Q4_0 rows become Q4_1's)."""
-        if not parts or len({(p.format, p.cols) for p in parts}) != 1:
+    def cat(parts: Sequence[BlockWeight]) -> BlockStack | None:
+        """The matrices stacked by rows (a fused q/k/v or gate/up): in their panel format
+        when they share one (Q4_0 and Q4_1 do), else in BLOCKS_I8F, which every type fits;
+        None when their widths differ, or a part but the last has rows that would leave a
+        panel half filled."""
+        if not parts or len({p.cols for p in parts}) != 1:
             return None
-        if len({p.qtype for p in parts}) == 1:
-            return BlockWeight(parts[0].qtype, torch.cat([p.data for p in parts]), parts[0].cols)
-        return BlockWeight("Q4_1", torch.cat([p.as_q4_1().data for p in parts]), parts[0].cols)
-
-    def as_q4_1(self) -> BlockWeight:
-        """Q4_0 blocks rewritten as Q4_1 (``m = -8d``; the same weights); Q4_1 unchanged."""
-        if self.qtype == "Q4_1":
-            return self
-        if self.qtype != "Q4_0":
-            raise ValueError(f"{self.qtype} blocks have no Q4_1 form")
-        blocks = self.data.reshape(self.rows, -1, 18)
-        d = blocks[..., 0:2]
-        m = (d.contiguous().view(torch.float16) * -8).view(torch.uint8)
-        data = torch.cat([d, m, blocks[..., 2:]], dim=-1).reshape(self.rows, -1)
-        return BlockWeight("Q4_1", data.contiguous(), self.cols)
+        if any(p.rows % 16 for p in parts[:-1]):
+            return None
+        formats = {p.format for p in parts}
+        return BlockStack(tuple(parts), formats.pop() if len(formats) == 1 else BLOCKS_I8F)
 
 
-def _q4_k_fields(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_K super-blocks ``[rows, n, 144]`` -> per 32 weights float32 ``d * sc`` and
-    ``-(dmin * m)`` and the 4-bit ``q``. A super-block: float16 ``d`` and ``dmin``, 12 bytes
-    of eight 6-bit ``sc`` and eight 6-bit ``m`` (bytes 0-3: sc 0-3 low six bits, their top
-    two bits sc 4-7's; bytes 4-7 the same for m; bytes 8-11: sc 4-7 low nibble, m 4-7 high),
+@dataclass(frozen=True)
+class BlockStack:
+    """Matrices stacked by rows, laid out in one panel ``format``."""
+
+    parts: tuple[BlockWeight, ...]
+    format: int
+
+    def panels(self) -> torch.Tensor:
+        return torch.cat([p.panels(self.format) for p in self.parts])
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+
+def _pairs(t: torch.Tensor) -> torch.Tensor:
+    """One value per 32 weights ``[rows, nb]`` -> per 16 ``[rows, nb, 2]`` (twice each)."""
+    return t[..., None].expand(*t.shape, 2)
+
+
+def _q6_k_fields(blocks: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
+    """Q6_K super-blocks ``[rows, n, 210]`` -> per 16 weights float32 ``d * sc`` and the
+    signed 6-bit ``q``. A super-block: 128 bytes of low nibbles (two runs of 64: run h's
+    low nibbles weights 128h + 0..63, high ones 128h + 64..127), 64 bytes of high bit pairs
+    (two runs of 32: bits 2i..2i+1 of byte j of run h are weight 128h + 32i + j's), 16 int8
+    ``sc`` (one per 16 weights), a float16 ``d``; ``q`` is the 6-bit value minus 32.
+    ``d * sc`` is exact in float32; ``(d * sc) * q`` rounds once, as ``gguf`` does."""
+    rows, n, _ = blocks.shape
+    low = blocks[..., 0:128].reshape(rows, n, 2, 1, 64)
+    low = torch.cat([low & 15, low >> 4], dim=3).reshape(rows, n, 256).long()
+    high = blocks[..., 128:192].reshape(rows, n, 2, 1, 32).long()
+    high = torch.cat([(high >> s) & 3 for s in (0, 2, 4, 6)], dim=3).reshape(rows, n, 256)
+    q = ((low | (high << 4)) - 32).reshape(rows, n * 8, 32).to(torch.int16)
+    sc = blocks[..., 192:208].contiguous().view(torch.int8).float()  # [rows, n, 16]
+    d = blocks[..., 208:210].contiguous().view(torch.float16).float()  # [rows, n, 1]
+    return (d * sc).reshape(rows, n * 8, 2), None, q
+
+
+def _k_fields(
+    blocks: torch.Tensor, fifth_bit: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K super-blocks ``[rows, n, 144 or 176]`` -> per 32 weights float32 ``d * sc``
+    and ``-(dmin * m)`` and the 4- or 5-bit ``q``. A super-block: float16 ``d`` and
+    ``dmin``, 12 bytes of eight 6-bit ``sc`` and eight 6-bit ``m`` (bytes 0-3: sc 0-3 low
+    six bits, their top two bits sc 4-7's; bytes 4-7 the same for m; bytes 8-11: sc 4-7 low
+    nibble, m 4-7 high); Q5_K then 32 bytes of fifth bits (bit i of byte j: weight 32i + j);
     then 128 bytes: four runs of 32, run c's low nibbles sub-block 2c, high ones 2c + 1.
     Both products are exact in float32, so ``d * q + m`` rounds once, as ``gguf`` does."""
     rows, n, _ = blocks.shape
@@ -180,11 +239,32 @@ def _q4_k_fields(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     low, mid, high = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
     sc = torch.cat([low & 63, (high & 15) | ((low >> 2) & 0x30)], dim=-1)
     mins = torch.cat([mid & 63, (high >> 4) | ((mid >> 2) & 0x30)], dim=-1)
-    runs = blocks[..., 16:].reshape(rows, n, 4, 1, 32)
-    q = torch.cat([runs & 15, runs >> 4], dim=3).reshape(rows, n * 8, 32).to(torch.int16)
+    start = 48 if fifth_bit else 16
+    runs = blocks[..., start:].reshape(rows, n, 4, 1, 32)
+    q = torch.cat([runs & 15, runs >> 4], dim=3).reshape(rows, n, 8, 32).long()
+    if fifth_bit:
+        bits = blocks[..., 16:48].long()  # [rows, n, 32]
+        q = q | torch.stack([((bits >> i) & 1) << 4 for i in range(8)], dim=2)
     scale = (d * sc.float()).reshape(rows, n * 8)
     offset = -(dmin * mins.float()).reshape(rows, n * 8)
-    return scale, offset, q
+    return scale, offset, q.reshape(rows, n * 8, 32).to(torch.int16)
+
+
+def _q5_fields(
+    blocks: torch.Tensor, offset: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Q5_0 / Q5_1 blocks ``[rows, nb, 22 or 24]`` -> float16 ``d`` (and Q5_1's ``m``)
+    ``[rows, nb]`` and ``q``: float16 ``d`` (``m``), four bytes whose bit i (little-endian)
+    is weight i's fifth bit, 16 bytes of nibbles (byte j: weight j low, j + 16 high). Q5_0's
+    weight is ``d * (q - 16)``, Q5_1's ``d * q + m``: exact, or rounded once by ``+ m``."""
+    d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0]
+    m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0] if offset else None
+    start = 4 if offset else 2
+    high = blocks[..., start : start + 4].long()
+    fifth = torch.cat([(high[..., i // 8 : i // 8 + 1] >> (i % 8)) & 1 for i in range(32)], -1)
+    nibbles = blocks[..., start + 4 : start + 20].long()
+    q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1) | (fifth << 4)
+    return d, m, (q if offset else q - 16).to(torch.int16)
 
 
 def attach(weight: torch.Tensor, blocks: BlockWeight) -> None:

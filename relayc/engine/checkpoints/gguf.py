@@ -5,7 +5,7 @@ dequantized on its own (``gguf.quants.dequantize``, F32 / F16 / BF16 / Q8_0 / Q4
 Q5_0 / Q5_1 / Q2_K..Q6_K and the rest it knows) straight into the model's parameter, so the
 file is never copied whole and at most one dequantized tensor is alive besides the model.
 
-A float32 model also keeps each Q4_1 / Q4_0 / Q4_K / Q8_0 matrix's blocks, attached to its
+A float32 model also keeps each Q4/Q5/Q8 and Q4_K-Q6_K matrix's blocks, attached to its
 parameter (``relayc.engine.checkpoints.blocks``): float32 holds those weights exactly, and
 the native decoder reads the blocks instead of four bytes a weight.
 

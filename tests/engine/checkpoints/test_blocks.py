@@ -14,6 +14,7 @@ import torch
 
 from relayc.engine.checkpoints.blocks import (
     BLOCK_TYPES,
+    BLOCKS_I8F,
     BLOCKS_Q4,
     BLOCKS_Q4F,
     PANEL_BYTES,
@@ -34,7 +35,7 @@ from tests.engine.test_cpu_decoder import _session
 CONFIG = ModelConfig(
     hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64
 )
-KINDS = ["Q4_0", "Q4_1", "Q8_0"]
+KINDS = ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"]  # the types the `gguf` package can write
 
 
 @pytest.fixture(scope="module")
@@ -159,18 +160,24 @@ def test_panel_layout() -> None:
                 assert torch.equal(body[:, c] >> 4, q[row, k + 1])
 
 
-def test_q4_0_and_q4_1_stack_as_q4_1() -> None:
+def test_stacks_keep_a_shared_format_else_take_the_8_bit_one() -> None:
     q = torch.randint(0, 16, (16, 32), generator=torch.Generator().manual_seed(0))
     d = torch.full((16, 1), 0.25)
     q4_1 = _q4_1(d, -d, q)
     nibbles = q.to(torch.uint8)[:, :16] | (q.to(torch.uint8)[:, 16:] << 4)
     q4_0 = BlockWeight("Q4_0", torch.cat([d.half().view(torch.uint8), nibbles], dim=1), 32)
     assert torch.equal(q4_0.dequantize(), 0.25 * (q.float() - 8))
-    stacked = BlockWeight.cat([q4_1, q4_0])
-    assert stacked is not None and stacked.qtype == "Q4_1"
+    stacked = BlockWeight.cat([q4_1, q4_0])  # Q4_0 is Q4_1 with m = -8d: one format
+    assert stacked is not None and stacked.format == BLOCKS_Q4
     assert torch.equal(stacked.dequantize(), torch.cat([q4_1.dequantize(), q4_0.dequantize()]))
+    assert torch.equal(stacked.panels(), torch.cat([q4_1.panels(), q4_0.panels()]))
     q8 = BlockWeight("Q8_0", torch.zeros(16, 34, dtype=torch.uint8), 32)
-    assert BlockWeight.cat([q4_1, q8]) is None  # two panel formats: float32 panels instead
+    mixed = BlockWeight.cat([q4_1, q8])
+    assert mixed is not None and mixed.format == BLOCKS_I8F
+    assert mixed.panels().numel() == 2 * PANEL_BYTES[BLOCKS_I8F]
+    odd = BlockWeight("Q8_0", torch.zeros(8, 34, dtype=torch.uint8), 32)
+    assert BlockWeight.cat([odd, q8]) is None  # a part would end mid-panel
+    assert BlockWeight.cat([q8, odd]) is not None  # the last part may
 
 
 def test_blocks_that_do_not_fit_are_refused() -> None:
@@ -199,10 +206,32 @@ def _q4_k(rows: int, cols: int, seed: int) -> np.ndarray:
     return data
 
 
-def test_q4_k_matrices_mixed_with_float32_ones(tmp_path: Path) -> None:
-    """A Q4_K_M-like file: most matrices Q4_K, two float32 (as Q4_K_M keeps some in Q6_K).
-    Each matrix reads its blocks if it has them -- q/k/v only when all three do -- and the
-    forward is bit-identical to float32 panels throughout."""
+def _q5_k(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random Q5_K super-blocks whose float16 ``d`` and ``dmin`` are 2^-13."""
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q5_K]
+    data = np.random.default_rng(seed).integers(0, 256, (rows, cols // block * size), np.uint8)
+    scale = np.array([0x0800], dtype=np.uint16).view(np.uint8)
+    for start in range(0, data.shape[1], size):
+        data[:, start : start + 2] = scale
+        data[:, start + 2 : start + 4] = scale
+    return data
+
+
+def _q6_k(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random Q6_K super-blocks with a float16 ``d`` of 2^-14."""
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q6_K]
+    data = np.random.default_rng(seed).integers(0, 256, (rows, cols // block * size), np.uint8)
+    scale = np.array([0x0400], dtype=np.uint16).view(np.uint8)
+    for start in range(0, data.shape[1], size):
+        data[:, start + size - 2 : start + size] = scale
+    return data
+
+
+def test_k_quant_matrices_mixed_with_each_other_and_float32(tmp_path: Path) -> None:
+    """A Q4_K_M-like file: most matrices Q4_K, some Q6_K (layer 0's v, layer 1's down, the
+    tied embedding and LM head), one Q5_K (layer 1's gate), one float32 (layer 1's v). Each matrix reads its blocks -- a stack of Q4_K and Q6_K parts in
+    the 8-bit format, q/k/v only when all three have blocks -- and the forward is
+    bit-identical to float32 panels throughout."""
     model = random_model(CONFIG, seed=4)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     raw = {}
@@ -216,25 +245,43 @@ def test_q4_k_matrices_mixed_with_float32_ones(tmp_path: Path) -> None:
             ("ffn_up", "mlp.up_proj"),
             ("ffn_down", "mlp.down_proj"),
         ):
-            if (layer, gguf_name) in ((1, "attn_v"), (0, "ffn_down")):
+            if (layer, gguf_name) == (1, "attn_v"):
                 continue  # stays float32
             rows, cols = shapes[f"model.layers.{layer}.{name}.weight"]
-            data = _q4_k(rows, cols, seed=len(raw))
-            raw[f"blk.{layer}.{gguf_name}.weight"] = (data, gguf.GGMLQuantizationType.Q4_K)
+            if (layer, gguf_name) in ((0, "attn_v"), (1, "ffn_down")):
+                kind = gguf.GGMLQuantizationType.Q6_K
+                data = _q6_k(rows, cols, seed=len(raw))
+            elif (layer, gguf_name) == (1, "ffn_gate"):
+                kind = gguf.GGMLQuantizationType.Q5_K
+                data = _q5_k(rows, cols, seed=len(raw))
+            else:
+                kind, data = gguf.GGMLQuantizationType.Q4_K, _q4_k(rows, cols, seed=len(raw))
+            raw[f"blk.{layer}.{gguf_name}.weight"] = (data, kind)
+    vocab, hidden = shapes["model.embed_tokens.weight"]  # the tied head: Q6_K, as Q4_K_M's
+    raw["token_embd.weight"] = (_q6_k(vocab, hidden, seed=99), gguf.GGMLQuantizationType.Q6_K)
     path = tmp_path / "q4_k.gguf"
     _write_raw(path, model, raw)
     blocks, dense = _load(path), _load(path)
     q = blocks.model.layers[0].self_attn.q_proj.weight
     found = blocks_of(q)  # the parse of the super-blocks equals gguf's dequantize exactly
     assert found is not None and found.qtype == "Q4_K"
+    found = blocks_of(blocks.model.layers[0].self_attn.v_proj.weight)
+    assert found is not None and found.qtype == "Q6_K"
     assert blocks_of(blocks.model.layers[1].self_attn.v_proj.weight) is None
     forget_blocks(dense)
     use_cpu_matmul_layout(blocks)
     use_cpu_matmul_layout(dense)
     got, expected = _session(blocks), _session(dense)
     assert blocks.scripted is not None and blocks.scripted._native is not None
-    # layer 0: q/k/v, o, gate/up in Q4_K blocks, down float32; layer 1: q/k/v float32
-    assert blocks.scripted._native.formats == [BLOCKS_Q4F] * 3 + [0, 0] + [BLOCKS_Q4F] * 3
+    # layer 0: q/k/v mixed (the 8-bit format), o, gate/up and down Q4_K; layer 1: q/k/v
+    # float32, o Q4_K, gate/up mixed (Q5_K gate) and down Q6_K (the 8-bit format)
+    assert blocks.scripted._native.formats == [
+        *(BLOCKS_I8F, BLOCKS_Q4F, BLOCKS_Q4F, BLOCKS_Q4F),
+        *(0, BLOCKS_Q4F, BLOCKS_I8F, BLOCKS_I8F),
+    ]
+    found = blocks_of(blocks.model.layers[1].mlp.gate_proj.weight)
+    assert found is not None and found.qtype == "Q5_K"
+    assert blocks._native_head is not None and blocks._native_head.format == BLOCKS_I8F
     for a, b in zip(got, expected, strict=True):
         assert torch.isfinite(a).all()
         assert torch.equal(a, b)
