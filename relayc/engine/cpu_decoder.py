@@ -29,8 +29,8 @@ A model loaded from a GGUF file keeps its block-quantized matrices beside the fl
 weights (relayc.engine.checkpoints.blocks); each matrix that still holds its blocks'
 values is read as those blocks by the native layers (decoder.c's ``gemm_blocks``), the
 others as float32 panels (a weight edited since loading, a type with no block kernel),
-and the same for the LM head. On SmolLM2's Q4_1 file that is what makes float32 decoding faster than
-bfloat16: a one-token decode streams 96 MB instead of 540 (270 in bfloat16).
+and the same for the LM head. On SmolLM2's Q4_1 file that is what makes float32 decoding
+faster than bfloat16: a one-token decode streams 96 MB instead of 540 (270 in bfloat16).
 
 The native paths are the ones whose rows do not depend on the batch (a token's logits are
 the same bits decoded alone or inside a verify), which speculative greedy decoding needs
@@ -366,7 +366,8 @@ class NativeHead:
         self.stamps = [_stamp(p) for p in self.params]
         self.dtype = lm_head.weight.dtype
         self.weight = norm.weight.detach().float().contiguous()
-        # a GGUF file's Q8_0 / Q4 head read as its blocks: the same logits, fewer bytes
+        # a GGUF file's quantized head (SmolLM2's is Q8_0) read as its blocks: the same
+        # logits, fewer bytes
         blocks = blocks_of(lm_head._parameters["weight"])
         self.format = blocks.format if blocks is not None else 0
         self.packed = blocks.panels() if blocks is not None else _pack(lm_head.weight)

@@ -1,0 +1,136 @@
+"""decoder.c's GEMM per weight format, on a 1B Llama's matrix shapes: float32 panels
+against each GGUF block format the native decoder reads.
+
+    python bench/block_kernels.py [--rows 1,4,8] [--iters 20] [--threads 1]
+
+Each format is timed on the same random weights, written in GGUF's own bytes for its type
+(random blocks with small finite scales; the `gguf` package cannot write the K-quants) and
+packed as the engine packs them (relayc.engine.checkpoints.blocks), through the native LM
+head entry (an RMSNorm, then the GEMM) over two layers of TinyLlama-1.1B's shapes (hidden
+2048, 4 KV heads of 64, intermediate 5632: every width a whole number of the K-quants'
+256-weight super-blocks, which SmolLM2's 576 is not): each layer's fused q/k/v, o, fused
+gate/up and down, one after another -- 88M weights, 352 MB as float32, so they stream from
+memory as in a forward. Every (format, rows) is timed round robin, best of ``--iters``;
+wall ms per pass, the weights read a second (G/s), and the process CPU time over the wall
+time of that best pass. Each format's output is checked bit for bit against float32 panels
+over the dequantized weights first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from relayc.engine.checkpoints.blocks import BLOCK_TYPES, PANEL_BYTES, BlockWeight
+from relayc.engine.cpu_decoder import _pack
+from relayc.engine.native import native_decoder
+
+# TinyLlama-1.1B's layer matrices [out, in], fused as the engine fuses them
+SHAPES = [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
+LAYERS = 2
+TYPES = ("Q4_1", "Q4_K", "Q8_0", "Q5_K", "Q6_K")
+BASELINE = "float32 panels"
+
+
+def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> BlockWeight:
+    """Random GGUF blocks of ``qtype`` whose float16 scales (and offsets) are 2^-12."""
+    block, size, _ = BLOCK_TYPES[qtype]
+    data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    half = np.array([0x0C00], dtype=np.uint16).view(np.uint8)
+    # where each type keeps its float16 scale (and min): the first bytes, Q6_K's last two
+    spots = {"Q6_K": [size - 2], "Q4_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2]}
+    for start in spots.get(qtype, [0]):
+        data[..., start : start + 2] = half
+    return BlockWeight(qtype, torch.from_numpy(data.reshape(rows, -1)), cols)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,4,8")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    lib = native_decoder()
+    if lib is None:
+        raise SystemExit("the native decoder did not build")
+    rows_list = [int(r) for r in args.rows.split(",")]
+    rng = np.random.default_rng(0)
+    # per format, LAYERS layers of matrices (distinct copies: they stream from memory)
+    layers: dict[str, list[list[tuple[torch.Tensor, int, int, int]]]] = {}
+    blocks: dict[str, list[BlockWeight]] = {}
+    for qtype in TYPES:
+        blocks[qtype] = [random_blocks(qtype, n, k, rng) for n, k in SHAPES]
+        layers[qtype] = [
+            [(w.panels(), w.format, n, k) for w, (n, k) in zip(blocks[qtype], SHAPES, strict=True)]
+            for _ in range(LAYERS)
+        ]
+    layers[BASELINE] = [
+        [(_pack(w.dequantize()), 0, n, k) for w, (n, k) in zip(blocks["Q4_1"], SHAPES, strict=True)]
+        for _ in range(LAYERS)
+    ]
+    ones = {k: torch.ones(k) for _, k in SHAPES}
+
+    def gemm(packed: torch.Tensor, fmt: int, n: int, k: int, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], n)
+        args_ = (x.shape[0], k, n, x.data_ptr(), ones[k].data_ptr(), 1e-6, packed.data_ptr())
+        if fmt:
+            code = lib.relayc_head_blocks(*args_, out.data_ptr(), fmt)
+        else:
+            code = lib.relayc_head(*args_, out.data_ptr())
+        assert code == 0, code
+        return out
+
+    inputs = {(r, k): torch.randn(r, k) for r in rows_list for _, k in SHAPES}
+    for qtype in TYPES:  # the same bits as float32 panels over the dequantized weights
+        for w, (packed, fmt, n, k) in zip(blocks[qtype], layers[qtype][0], strict=True):
+            x = inputs[(rows_list[-1], k)]
+            dense = gemm(_pack(w.dequantize()), 0, n, k, x)
+            assert torch.equal(gemm(packed, fmt, n, k, x), dense), qtype
+
+    def run(name: str, rows: int) -> Callable[[], None]:
+        def one_pass() -> None:
+            for layer in layers[name]:
+                for packed, fmt, n, k in layer:
+                    gemm(packed, fmt, n, k, inputs[(rows, k)])
+
+        return one_pass
+
+    names = [*TYPES, BASELINE]
+    runs = {(name, r): run(name, r) for name in names for r in rows_list}
+    for fn in runs.values():
+        fn()
+    best = {key: (float("inf"), 0.0) for key in runs}
+    for _ in range(args.iters):
+        for key, fn in runs.items():
+            start, cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall, used = time.perf_counter() - start, time.process_time() - cpu
+            if wall < best[key][0]:
+                best[key] = (wall, used)
+    weights = LAYERS * sum(n * k for n, k in SHAPES)
+    print(
+        f"{LAYERS} layers of TinyLlama-1.1B's matrices ({weights / 1e6:.0f}M weights), "
+        f"{args.threads} thread(s), best of {args.iters}: wall ms (G weights/s, cpu/wall)"
+    )
+    print(f"{'format':<24}{'bytes/weight':>13}" + "".join(f"{f'{r} rows':>26}" for r in rows_list))
+    for name in names:
+        fmt = BLOCK_TYPES[name][2] if name in BLOCK_TYPES else 0
+        per = PANEL_BYTES[fmt] / 512 if fmt else 4.0
+        cells = []
+        for r in rows_list:
+            wall, used = best[(name, r)]
+            ratio = wall / best[(BASELINE, r)][0]
+            cells.append(
+                f"{wall * 1e3:7.2f} ({weights / wall / 1e9:5.1f}, {used / wall:.2f}) x{ratio:.2f}"
+            )
+        print(f"{name:<24}{per:>13.3f}" + "".join(f"{c:>26}" for c in cells))
+    print("xN: time over float32 panels; every format's output equals float32 panels' bits")
+
+
+if __name__ == "__main__":
+    main()
