@@ -19,13 +19,12 @@ over the dequantized weights first.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
+from real_model_forward import _time as round_robin_best  # bench/, this script's folder
 
-from relayc.engine.checkpoints.blocks import BLOCK_TYPES, PANEL_BYTES, BlockWeight
+from relayc.engine.checkpoints.blocks import BLOCK_TYPES, PANEL_BYTES, BlockWeight, random_blocks
 from relayc.engine.cpu_decoder import _pack
 from relayc.engine.native import native_decoder
 
@@ -34,18 +33,6 @@ SHAPES = [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
 LAYERS = 2
 TYPES = ("Q4_1", "Q4_K", "Q8_0", "Q5_K", "Q6_K")
 BASELINE = "float32 panels"
-
-
-def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> BlockWeight:
-    """Random GGUF blocks of ``qtype`` whose float16 scales (and offsets) are 2^-12."""
-    block, size, _ = BLOCK_TYPES[qtype]
-    data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    half = np.array([0x0C00], dtype=np.uint16).view(np.uint8)
-    # where each type keeps its float16 scale (and min): the first bytes, Q6_K's last two
-    spots = {"Q6_K": [size - 2], "Q4_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2]}
-    for start in spots.get(qtype, [0]):
-        data[..., start : start + 2] = half
-    return BlockWeight(qtype, torch.from_numpy(data.reshape(rows, -1)), cols)
 
 
 def main() -> None:
@@ -59,12 +46,11 @@ def main() -> None:
     if lib is None:
         raise SystemExit("the native decoder did not build")
     rows_list = [int(r) for r in args.rows.split(",")]
-    rng = np.random.default_rng(0)
     # per format, LAYERS layers of matrices (distinct copies: they stream from memory)
     layers: dict[str, list[list[tuple[torch.Tensor, int, int, int]]]] = {}
     blocks: dict[str, list[BlockWeight]] = {}
     for qtype in TYPES:
-        blocks[qtype] = [random_blocks(qtype, n, k, rng) for n, k in SHAPES]
+        blocks[qtype] = [random_blocks(qtype, n, k, seed) for seed, (n, k) in enumerate(SHAPES)]
         layers[qtype] = [
             [(w.panels(), w.format, n, k) for w, (n, k) in zip(blocks[qtype], SHAPES, strict=True)]
             for _ in range(LAYERS)
@@ -102,16 +88,7 @@ def main() -> None:
 
     names = [*TYPES, BASELINE]
     runs = {(name, r): run(name, r) for name in names for r in rows_list}
-    for fn in runs.values():
-        fn()
-    best = {key: (float("inf"), 0.0) for key in runs}
-    for _ in range(args.iters):
-        for key, fn in runs.items():
-            start, cpu = time.perf_counter(), time.process_time()
-            fn()
-            wall, used = time.perf_counter() - start, time.process_time() - cpu
-            if wall < best[key][0]:
-                best[key] = (wall, used)
+    best = round_robin_best(runs, args.iters)
     weights = LAYERS * sum(n * k for n, k in SHAPES)
     print(
         f"{LAYERS} layers of TinyLlama-1.1B's matrices ({weights / 1e6:.0f}M weights), "

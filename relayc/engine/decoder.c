@@ -205,13 +205,20 @@ typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 static inline v16 splat16(float s) { return (v16){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
 
-/* acc + a * b: one fused multiply-add where the CPU has AVX-512, else a multiply and an
- * add; the same bits either way, a * b being exact (bfloat16 times bfloat16). */
-static inline v16 madd16(v16 acc, v16 a, v16 b) {
+/* acc + a * b as gemm's fma8 computes it (one rounding wherever the CPU fuses), sixteen
+ * lanes at a time. The bf16 kernels' products are exact (bfloat16 times bfloat16), so for
+ * them a fused and an unfused multiply-add give the same bits anyway. */
+static inline v16 fma16(v16 acc, v16 a, v16 b) {
 #if defined(__AVX512F__)
     return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
 #else
-    return acc + a * b;
+    v8 halves[3][2];
+    memcpy(halves[0], &acc, sizeof acc);
+    memcpy(halves[1], &a, sizeof a);
+    memcpy(halves[2], &b, sizeof b);
+    for (int h = 0; h < 2; h++) halves[0][h] = fma8(halves[0][h], halves[1][h], halves[2][h]);
+    memcpy(&acc, halves[0], sizeof acc);
+    return acc;
 #endif
 }
 
@@ -251,8 +258,8 @@ static inline void store16(float *o, v16 r, int add) {
                 const v16 s0 = splat16(from_bf16(x[(size_t)m * Kp + 2 * i]));              \
                 const v16 s1 = splat16(from_bf16(x[(size_t)m * Kp + 2 * i + 1]));          \
                 for (int j = 0; j < P; j++) {                                              \
-                    acc[m][j] = madd16(acc[m][j], s1, odd[j]);                             \
-                    acc[m][j] = madd16(acc[m][j], s0, even[j]);                            \
+                    acc[m][j] = fma16(acc[m][j], s1, odd[j]);                              \
+                    acc[m][j] = fma16(acc[m][j], s0, even[j]);                             \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
@@ -625,54 +632,29 @@ static inline void nibbles16(const uint8_t *p, v16 *lo, v16 *hi) {
 #endif
 }
 
-/* acc + a * b as gemm's fma8 computes it, sixteen lanes at a time (the same bits). */
-static inline v16 fma16(v16 acc, v16 a, v16 b) {
-#if defined(__AVX512F__)
-    return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
-#else
-    v8 halves[3][2];
-    memcpy(halves[0], &acc, sizeof acc);
-    memcpy(halves[1], &a, sizeof a);
-    memcpy(halves[2], &b, sizeof b);
-    for (int h = 0; h < 2; h++) halves[0][h] = fma8(halves[0][h], halves[1][h], halves[2][h]);
-    memcpy(&acc, halves[0], sizeof acc);
-    return acc;
-#endif
-}
-
-/* A Q4 block's weights d * q + m: one fused multiply-add where the CPU has AVX-512, else a
- * multiply and an add; the same bits either way, d * q being exact. */
-static inline v16 rebuild16(v16 d, v16 q, v16 m) {
-#if defined(__AVX512F__)
-    return (v16)_mm512_fmadd_ps((__m512)d, (__m512)q, (__m512)m);
-#else
-    return d * q + m;
-#endif
-}
-
-/* NAME_MB_P: out[m, 16*p0 .. 16*(p0 + P)) (+)= x[m, :] @ panels p0 .. p0 + P, for the
- * four-bit formats: BYTES a block, its scale and offset read by SCALES(block, j) into d[j]
- * and mn[j], its 16 rows of nibbles from byte BODY. */
+/* NIBBLE_BLOCK / BYTE_BLOCK (NAME_MB_P): out[m, 16*p0 .. 16*(p0 + P)) (+)= x[m, :] @ panels
+ * p0 .. p0 + P. A block of 32 k is BYTES long; SCALES(block, half, j) reads the scale d[j]
+ * and offset mn[j] of its k 16 * half .. 16 * half + 15; its q start at byte BODY: 16 rows
+ * of 16 nibble pairs (the 4-bit formats) or 32 rows of 16 signed bytes. REBUILD(d, q, m)
+ * makes each weight, exactly as gguf's dequantize rounds it; the rows accumulate as gemm. */
 #define NIBBLE_BLOCK(NAME, BYTES, BODY, SCALES, MB, P)                                     \
     static void NAME##_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,   \
                                   float *out, int add) {                                   \
         const int nb = K / 32;                                                             \
         v16 acc[MB][P];                                                                    \
         const uint8_t *panel[P];                                                           \
-        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * BYTES;       \
+        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * BYTES;          \
         for (int m = 0; m < MB; m++)                                                       \
             for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
         for (int b = 0; b < nb; b++) {                                                     \
             v16 d[P], mn[P];                                                               \
-            for (int j = 0; j < P; j++) {                                                  \
-                SCALES(panel[j] + (size_t)b * BYTES, j);                                   \
-            }                                                                              \
+            for (int j = 0; j < P; j++) SCALES(panel[j] + (size_t)b * BYTES, 0, j);        \
             for (int r = 0; r < 16; r++) {                                                 \
                 v16 lo[P], hi[P];                                                          \
                 for (int j = 0; j < P; j++) {                                              \
                     nibbles16(panel[j] + (size_t)b * BYTES + BODY + 16 * r, &lo[j], &hi[j]);  \
-                    lo[j] = rebuild16(d[j], lo[j], mn[j]);                                 \
-                    hi[j] = rebuild16(d[j], hi[j], mn[j]);                                 \
+                    lo[j] = fma16(mn[j], d[j], lo[j]); /* d * q exact: one rounding */     \
+                    hi[j] = fma16(mn[j], d[j], hi[j]);                                     \
                 }                                                                          \
                 for (int m = 0; m < MB; m++) {                                             \
                     const float *xk = x + (size_t)m * K + (size_t)b * 32 + 2 * r;          \
@@ -689,66 +671,25 @@ static inline v16 rebuild16(v16 d, v16 q, v16 m) {
                 store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
     }
 
-/* Q4: float16 d[16], m[16]; Q4F: float32 d[16], m[16]. */
-#define HALF_SCALES(blk, j) (d[j] = half16(blk), mn[j] = half16((blk) + 32))
-#define FLOAT_SCALES(blk, j) (memcpy(&d[j], (blk), 64), memcpy(&mn[j], (blk) + 64, 64))
-#define Q4_BLOCK(MB, P) NIBBLE_BLOCK(q4, Q4_BYTES, 64, HALF_SCALES, MB, P)
-#define Q4F_BLOCK(MB, P) NIBBLE_BLOCK(q4f, Q4F_BYTES, 128, FLOAT_SCALES, MB, P)
-
-/* q8_MB_P: the same for BLOCKS_Q8. */
-#define Q8_BLOCK(MB, P)                                                                    \
-    static void q8_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,       \
-                              float *out, int add) {                                       \
+#define BYTE_BLOCK(NAME, BYTES, BODY, SCALES, REBUILD, MB, P)                              \
+    static void NAME##_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,   \
+                                  float *out, int add) {                                   \
         const int nb = K / 32;                                                             \
         v16 acc[MB][P];                                                                    \
         const uint8_t *panel[P];                                                           \
-        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * Q8_BYTES;       \
-        for (int m = 0; m < MB; m++)                                                       \
-            for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
-        for (int b = 0; b < nb; b++) {                                                     \
-            v16 d[P];                                                                      \
-            for (int j = 0; j < P; j++) d[j] = half16(panel[j] + (size_t)b * Q8_BYTES);    \
-            for (int k = 0; k < 32; k++) {                                                 \
-                v16 wk[P];                                                                 \
-                for (int j = 0; j < P; j++)                                                \
-                    wk[j] = d[j] * signed16(panel[j] + (size_t)b * Q8_BYTES + 32 + 16 * k);  \
-                for (int m = 0; m < MB; m++) {                                             \
-                    const v16 s = splat16(x[(size_t)m * K + (size_t)b * 32 + k]);          \
-                    for (int j = 0; j < P; j++) acc[m][j] = fma16(acc[m][j], s, wk[j]);    \
-                }                                                                          \
-            }                                                                              \
-        }                                                                                  \
-        for (int m = 0; m < MB; m++)                                                       \
-            for (int j = 0; j < P; j++)                                                    \
-                store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
-    }
-
-/* i8f_MB_P: the same for BLOCKS_I8F: float32 d and m for k 0-15, again for k 16-31, then
- * 32 rows of 16 signed bytes; each weight rebuilt as fma(d, q, m) (Q6_K: m = 0, one
- * rounding of d * q, as gguf's). */
-#define I8F_BLOCK(MB, P)                                                                   \
-    static void i8f_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,      \
-                               float *out, int add) {                                      \
-        const int nb = K / 32;                                                             \
-        v16 acc[MB][P];                                                                    \
-        const uint8_t *panel[P];                                                           \
-        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * I8F_BYTES;      \
+        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * BYTES;          \
         for (int m = 0; m < MB; m++)                                                       \
             for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
         for (int b = 0; b < nb; b++)                                                       \
             for (int half = 0; half < 2; half++) {                                         \
                 v16 d[P], mn[P];                                                           \
-                for (int j = 0; j < P; j++) {                                              \
-                    const uint8_t *blk = panel[j] + (size_t)b * I8F_BYTES + 128 * half;    \
-                    memcpy(&d[j], blk, 64);                                                \
-                    memcpy(&mn[j], blk + 64, 64);                                          \
-                }                                                                          \
+                for (int j = 0; j < P; j++) SCALES(panel[j] + (size_t)b * BYTES, half, j); \
                 for (int k = 16 * half; k < 16 * half + 16; k++) {                         \
                     v16 wk[P];                                                             \
-                    for (int j = 0; j < P; j++)                                            \
-                        wk[j] = rebuild16(                                                 \
-                            d[j], signed16(panel[j] + (size_t)b * I8F_BYTES + 256 + 16 * k), \
-                            mn[j]);                                                        \
+                    for (int j = 0; j < P; j++) {                                          \
+                        const v16 q = signed16(panel[j] + (size_t)b * BYTES + BODY + 16 * k); \
+                        wk[j] = REBUILD(d[j], q, mn[j]);                                   \
+                    }                                                                      \
                     for (int m = 0; m < MB; m++) {                                         \
                         const v16 s = splat16(x[(size_t)m * K + (size_t)b * 32 + k]);      \
                         for (int j = 0; j < P; j++) acc[m][j] = fma16(acc[m][j], s, wk[j]); \
@@ -760,54 +701,21 @@ static inline v16 rebuild16(v16 d, v16 q, v16 m) {
                 store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
     }
 
-I8F_BLOCK(1, 4)
-I8F_BLOCK(1, 1)
-I8F_BLOCK(2, 2)
-I8F_BLOCK(2, 1)
-I8F_BLOCK(3, 2)
-I8F_BLOCK(3, 1)
-I8F_BLOCK(4, 2)
-I8F_BLOCK(4, 1)
-I8F_BLOCK(5, 1)
-I8F_BLOCK(6, 1)
-I8F_BLOCK(7, 1)
-I8F_BLOCK(8, 1)
-Q4_BLOCK(1, 4)
-Q4_BLOCK(1, 1)
-Q4_BLOCK(2, 2)
-Q4_BLOCK(2, 1)
-Q4_BLOCK(3, 2)
-Q4_BLOCK(3, 1)
-Q4_BLOCK(4, 2)
-Q4_BLOCK(4, 1)
-Q4_BLOCK(5, 1)
-Q4_BLOCK(6, 1)
-Q4_BLOCK(7, 1)
-Q4_BLOCK(8, 1)
-Q4F_BLOCK(1, 4)
-Q4F_BLOCK(1, 1)
-Q4F_BLOCK(2, 2)
-Q4F_BLOCK(2, 1)
-Q4F_BLOCK(3, 2)
-Q4F_BLOCK(3, 1)
-Q4F_BLOCK(4, 2)
-Q4F_BLOCK(4, 1)
-Q4F_BLOCK(5, 1)
-Q4F_BLOCK(6, 1)
-Q4F_BLOCK(7, 1)
-Q4F_BLOCK(8, 1)
-Q8_BLOCK(1, 4)
-Q8_BLOCK(1, 1)
-Q8_BLOCK(2, 2)
-Q8_BLOCK(2, 1)
-Q8_BLOCK(3, 2)
-Q8_BLOCK(3, 1)
-Q8_BLOCK(4, 2)
-Q8_BLOCK(4, 1)
-Q8_BLOCK(5, 1)
-Q8_BLOCK(6, 1)
-Q8_BLOCK(7, 1)
-Q8_BLOCK(8, 1)
+/* Where each format keeps its scales: Q4 float16 d[16], m[16]; Q4F float32 d[16], m[16];
+ * Q8 float16 d[16] (no offset); I8F float32 d[16], m[16] per half. */
+#define Q4_SCALES(blk, half, j) (d[j] = half16(blk), mn[j] = half16((blk) + 32))
+#define Q4F_SCALES(blk, half, j) (memcpy(&d[j], (blk), 64), memcpy(&mn[j], (blk) + 64, 64))
+#define Q8_SCALES(blk, half, j) (d[j] = half16(blk), mn[j] = d[j])
+#define I8F_SCALES(blk, half, j)                                                           \
+    (memcpy(&d[j], (blk) + 128 * (half), 64), memcpy(&mn[j], (blk) + 128 * (half) + 64, 64))
+/* Q8_0's weight is d * q, exact: no offset (an fma with m = 0 would turn -0 into +0). */
+#define Q8_REBUILD(d, q, m) ((void)(m), (d) * (q))
+#define I8F_REBUILD(d, q, m) fma16((m), (d), (q))
+
+#define Q4_BLOCK(MB, P) NIBBLE_BLOCK(q4, Q4_BYTES, 64, Q4_SCALES, MB, P)
+#define Q4F_BLOCK(MB, P) NIBBLE_BLOCK(q4f, Q4F_BYTES, 128, Q4F_SCALES, MB, P)
+#define Q8_BLOCK(MB, P) BYTE_BLOCK(q8, Q8_BYTES, 32, Q8_SCALES, Q8_REBUILD, MB, P)
+#define I8F_BLOCK(MB, P) BYTE_BLOCK(i8f, I8F_BYTES, 256, I8F_SCALES, I8F_REBUILD, MB, P)
 
 typedef void (*quant_block_fn)(const float *, int, const uint8_t *, int, int, float *, int);
 
@@ -816,29 +724,22 @@ struct quant_blocks {
     int width[9];
 };
 
-static const struct quant_blocks q4_blocks = {
-    {0, q4_1_4, q4_2_2, q4_3_2, q4_4_2, q4_5_1, q4_6_1, q4_7_1, q4_8_1},
-    {0, q4_1_1, q4_2_1, q4_3_1, q4_4_1, q4_5_1, q4_6_1, q4_7_1, q4_8_1},
-    {0, 4, 2, 2, 2, 1, 1, 1, 1},
-};
+/* A format's kernels, 1-8 rows (one to four panels at a time), and their table. */
+#define QUANT_KERNELS(NAME, BLOCK)                                                         \
+    BLOCK(1, 4) BLOCK(1, 1) BLOCK(2, 2) BLOCK(2, 1) BLOCK(3, 2) BLOCK(3, 1) BLOCK(4, 2)     \
+    BLOCK(4, 1) BLOCK(5, 1) BLOCK(6, 1) BLOCK(7, 1) BLOCK(8, 1)                             \
+    static const struct quant_blocks NAME##_blocks = {                                     \
+        {0, NAME##_1_4, NAME##_2_2, NAME##_3_2, NAME##_4_2, NAME##_5_1, NAME##_6_1,         \
+         NAME##_7_1, NAME##_8_1},                                                          \
+        {0, NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1, NAME##_5_1, NAME##_6_1,         \
+         NAME##_7_1, NAME##_8_1},                                                          \
+        {0, 4, 2, 2, 2, 1, 1, 1, 1},                                                       \
+    };
 
-static const struct quant_blocks q4f_blocks = {
-    {0, q4f_1_4, q4f_2_2, q4f_3_2, q4f_4_2, q4f_5_1, q4f_6_1, q4f_7_1, q4f_8_1},
-    {0, q4f_1_1, q4f_2_1, q4f_3_1, q4f_4_1, q4f_5_1, q4f_6_1, q4f_7_1, q4f_8_1},
-    {0, 4, 2, 2, 2, 1, 1, 1, 1},
-};
-
-static const struct quant_blocks i8f_blocks = {
-    {0, i8f_1_4, i8f_2_2, i8f_3_2, i8f_4_2, i8f_5_1, i8f_6_1, i8f_7_1, i8f_8_1},
-    {0, i8f_1_1, i8f_2_1, i8f_3_1, i8f_4_1, i8f_5_1, i8f_6_1, i8f_7_1, i8f_8_1},
-    {0, 4, 2, 2, 2, 1, 1, 1, 1},
-};
-
-static const struct quant_blocks q8_blocks = {
-    {0, q8_1_4, q8_2_2, q8_3_2, q8_4_2, q8_5_1, q8_6_1, q8_7_1, q8_8_1},
-    {0, q8_1_1, q8_2_1, q8_3_1, q8_4_1, q8_5_1, q8_6_1, q8_7_1, q8_8_1},
-    {0, 4, 2, 2, 2, 1, 1, 1, 1},
-};
+QUANT_KERNELS(q4, Q4_BLOCK)
+QUANT_KERNELS(q4f, Q4F_BLOCK)
+QUANT_KERNELS(q8, Q8_BLOCK)
+QUANT_KERNELS(i8f, I8F_BLOCK)
 
 /* out[M, N] (+)= x[M, K] @ w (block panels of `format`): four panels at a time, every block
  * of up to eight rows over them while they sit in L1/L2, so each block is read from memory

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 # decoder.c's panel formats and their bytes per 16 columns x 32 k: BLOCKS_Q4 (float16 d, m;
@@ -111,13 +112,8 @@ class BlockWeight:
             if self.qtype == "Q4_1":
                 m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0]
             else:
-                m = d * -8  # exact in float16 (a power of two) unless it overflows: finite()
+                m = d * -8  # exact in float16 (a power of two) unless it overflows to inf
         return _pairs(d), _pairs(m), q
-
-    def finite(self) -> bool:
-        """Every scale and offset finite (decoder.c's float16 conversion handles no others)."""
-        d, m, _ = self._fields()
-        return bool(torch.isfinite(d).all()) and (m is None or bool(torch.isfinite(m).all()))
 
     def dequantize(self) -> torch.Tensor:
         """The float32 ``[rows, cols]`` matrix: ``d * q (+ m)``, rounded once, as ``gguf``."""
@@ -288,7 +284,10 @@ def blocks_of(weight: torch.Tensor | None) -> BlockWeight | None:
     blocks = getattr(weight, _ATTRIBUTE, None)
     if not isinstance(blocks, BlockWeight) or tuple(weight.shape) != (blocks.rows, blocks.cols):
         return None
-    if not blocks.finite() or not torch.equal(blocks.dequantize(), weight.detach()):
+    values = blocks.dequantize()
+    # decoder.c's float16 conversion takes finite scales only; a non-finite scale or offset
+    # makes every weight of its block non-finite
+    if not torch.isfinite(values).all() or not torch.equal(values, weight.detach()):
         return None
     return blocks
 
@@ -303,3 +302,19 @@ def forget_blocks(module: torch.nn.Module) -> int:
             delattr(param, _ATTRIBUTE)
             count += 1
     return count
+
+
+def random_blocks(
+    qtype: str, rows: int, cols: int, seed: int, scale: float = 2**-12
+) -> BlockWeight:
+    """Random ``qtype`` blocks for tests and benchmarks (the ``gguf`` package cannot write
+    the K-quants): random bytes, but every float16 scale (and offset) set to ``scale``, so
+    the weights stay small and finite. The same seed gives the same bytes."""
+    block, size, _ = BLOCK_TYPES[qtype]
+    data = np.random.default_rng(seed).integers(0, 256, (rows, cols // block, size), np.uint8)
+    word = np.array([scale], dtype=np.float16).view(np.uint8)
+    # where each type keeps its float16 scale (and offset): first, but Q6_K's last
+    offsets = {"Q6_K": [size - 2], "Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2]}
+    for start in offsets.get(qtype, [0]):
+        data[..., start : start + 2] = word
+    return BlockWeight(qtype, torch.from_numpy(data.reshape(rows, -1)), cols)

@@ -22,6 +22,7 @@ from relayc.engine.checkpoints.blocks import (
     attach,
     blocks_of,
     forget_blocks,
+    random_blocks,
 )
 from relayc.engine.checkpoints.gguf import load_gguf_model, open_gguf, save_gguf
 from relayc.engine.config import ModelConfig
@@ -194,37 +195,10 @@ def test_blocks_that_do_not_fit_are_refused() -> None:
         BlockWeight("Q4_1", torch.zeros(16, 20, dtype=torch.uint8), 64)
 
 
-def _q4_k(rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random Q4_K super-blocks (the `gguf` package cannot write K-quants) whose float16
-    ``d`` and ``dmin`` are 2^-12: weights of a few tenths, a forward that stays finite."""
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_K]
-    data = np.random.default_rng(seed).integers(0, 256, (rows, cols // block * size), np.uint8)
-    scale = np.array([0x0C00], dtype=np.uint16).view(np.uint8)
-    for start in range(0, data.shape[1], size):
-        data[:, start : start + 2] = scale
-        data[:, start + 2 : start + 4] = scale
-    return data
-
-
-def _q5_k(rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random Q5_K super-blocks whose float16 ``d`` and ``dmin`` are 2^-13."""
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q5_K]
-    data = np.random.default_rng(seed).integers(0, 256, (rows, cols // block * size), np.uint8)
-    scale = np.array([0x0800], dtype=np.uint16).view(np.uint8)
-    for start in range(0, data.shape[1], size):
-        data[:, start : start + 2] = scale
-        data[:, start + 2 : start + 4] = scale
-    return data
-
-
-def _q6_k(rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random Q6_K super-blocks with a float16 ``d`` of 2^-14."""
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q6_K]
-    data = np.random.default_rng(seed).integers(0, 256, (rows, cols // block * size), np.uint8)
-    scale = np.array([0x0400], dtype=np.uint16).view(np.uint8)
-    for start in range(0, data.shape[1], size):
-        data[:, start + size - 2 : start + size] = scale
-    return data
+def _k_quant(kind: str, rows: int, cols: int, seed: int, scale: float) -> tuple[np.ndarray, int]:
+    """Random ``kind`` blocks as ``_write_raw`` takes them: (bytes, type)."""
+    data = random_blocks(kind, rows, cols, seed, scale).data.numpy()
+    return data, gguf.GGMLQuantizationType[kind]
 
 
 def test_k_quant_matrices_mixed_with_each_other_and_float32(tmp_path: Path) -> None:
@@ -248,17 +222,16 @@ def test_k_quant_matrices_mixed_with_each_other_and_float32(tmp_path: Path) -> N
             if (layer, gguf_name) == (1, "attn_v"):
                 continue  # stays float32
             rows, cols = shapes[f"model.layers.{layer}.{name}.weight"]
+            # small float16 scales keep the random weights' forward finite
             if (layer, gguf_name) in ((0, "attn_v"), (1, "ffn_down")):
-                kind = gguf.GGMLQuantizationType.Q6_K
-                data = _q6_k(rows, cols, seed=len(raw))
+                entry = _k_quant("Q6_K", rows, cols, len(raw), 2**-14)
             elif (layer, gguf_name) == (1, "ffn_gate"):
-                kind = gguf.GGMLQuantizationType.Q5_K
-                data = _q5_k(rows, cols, seed=len(raw))
+                entry = _k_quant("Q5_K", rows, cols, len(raw), 2**-13)
             else:
-                kind, data = gguf.GGMLQuantizationType.Q4_K, _q4_k(rows, cols, seed=len(raw))
-            raw[f"blk.{layer}.{gguf_name}.weight"] = (data, kind)
+                entry = _k_quant("Q4_K", rows, cols, len(raw), 2**-12)
+            raw[f"blk.{layer}.{gguf_name}.weight"] = entry
     vocab, hidden = shapes["model.embed_tokens.weight"]  # the tied head: Q6_K, as Q4_K_M's
-    raw["token_embd.weight"] = (_q6_k(vocab, hidden, seed=99), gguf.GGMLQuantizationType.Q6_K)
+    raw["token_embd.weight"] = _k_quant("Q6_K", vocab, hidden, 99, 2**-14)
     path = tmp_path / "q4_k.gguf"
     _write_raw(path, model, raw)
     blocks, dense = _load(path), _load(path)
