@@ -1108,3 +1108,62 @@ int relayc_head_bf16(int T, int hidden, int vocab_padded, const float *x,
                      const float *norm_weight, float eps, const uint16_t *head, float *logits) {
     return head_any(T, hidden, vocab_padded, x, norm_weight, eps, head, logits, 1, 0);
 }
+
+/* out[r] = the first index of row r's maximum in x[rows, n] (row-major), NaN counting as
+ * the maximum (the first NaN): torch.argmax's rule, and its indices. One pass for the
+ * maximum (and any NaN), one for its first position; the greedy token of every decode and
+ * verify row, where ATen's argmax is a scalar loop. Returns 0, or -2 for n < 1. */
+int relayc_argmax(const float *x, int64_t rows, int64_t n, int64_t *out) {
+    if (n < 1) return -2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        float top = row[0];
+        int nan = top != top;
+        int64_t i = 1;
+#if defined(__AVX512F__)
+        /* four independent maxima: one would wait on each max's latency */
+        __m512 best[4] = {_mm512_set1_ps(top), _mm512_set1_ps(top), _mm512_set1_ps(top),
+                          _mm512_set1_ps(top)};
+        __mmask16 unordered = 0;
+        for (; i + 64 <= n; i += 64)
+            for (int u = 0; u < 4; u++) {
+                const __m512 v = _mm512_loadu_ps(row + i + 16 * u);
+                unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                best[u] = _mm512_max_ps(best[u], v);
+            }
+        for (; i + 16 <= n; i += 16) {
+            const __m512 v = _mm512_loadu_ps(row + i);
+            unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            best[0] = _mm512_max_ps(best[0], v);
+        }
+        nan |= unordered != 0;
+        if (!nan)
+            top = _mm512_reduce_max_ps(
+                _mm512_max_ps(_mm512_max_ps(best[0], best[1]), _mm512_max_ps(best[2], best[3])));
+#endif
+        for (; i < n && !nan; i++) {
+            if (row[i] != row[i]) nan = 1;
+            else if (row[i] > top) top = row[i];
+        }
+        int64_t at = 0;
+#if defined(__AVX512F__)
+        const __m512 want = _mm512_set1_ps(top);
+        for (; at + 16 <= n; at += 16) {
+            const __m512 v = _mm512_loadu_ps(row + at);
+            const __mmask16 hit = nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)
+                                      : _mm512_cmp_ps_mask(v, want, _CMP_EQ_OQ);
+            if (hit) {
+                at += __builtin_ctz(hit);
+                break;
+            }
+        }
+#endif
+        if (nan) {
+            while (row[at] == row[at]) at++;
+        } else {
+            while (row[at] != top) at++;
+        }
+        out[r] = at;
+    }
+    return 0;
+}

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 
 import torch
 
+from relayc.engine import native
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.registry import implements
 from relayc.engine.sampling import sample
 
-# Vocabulary chunk of `greedy_tokens`' CPU path (measured on 2 CPU cores, SmolLM2's 49152
+# Vocabulary chunk of `greedy_tokens`' torch path (measured on 2 CPU cores, SmolLM2's 49152
 # tokens: 1024, 512 and 2048 within 15% of each other).
 _ARGMAX_CHUNK = 1024
 
@@ -25,18 +26,28 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """``torch.argmax(logits, dim=-1)``, the same indices, faster on the CPU for wide rows.
 
     ATen's CPU argmax is a scalar loop (about 0.55 ns per element here: 220 us for a verify
-    of 8 rows of a 49152-token vocabulary, more than the rest of the tree bookkeeping);
-    ``amax`` is vectorised. So a row is cut into chunks of ``_ARGMAX_CHUNK``: the argmax of
-    the chunk maxima is the first chunk holding the row's maximum, and the argmax inside
-    it the first maximum there -- torch's rule (the first maximal index, NaN counting as
-    the maximum: ``amax`` propagates it, and the first chunk with a NaN holds the first
-    NaN). Fixed shapes, no host reads: graph-safe. Other devices and narrow or indivisible
-    rows take ``torch.argmax`` itself.
+    of 8 rows of a 49152-token vocabulary, more than the rest of the tree bookkeeping).
+    float32 CPU logits go to the native library's ``relayc_argmax`` (one vectorised pass
+    for the maximum, one for its first index: torch's rule, the first maximal index, NaN
+    counting as the maximum). Without the library, a row is cut into chunks of
+    ``_ARGMAX_CHUNK``: the argmax of the chunk maxima (``amax`` is vectorised) is the first
+    chunk holding the row's maximum, and the argmax inside it the first maximum there
+    (``amax`` propagates NaN, and the first chunk with a NaN holds the first NaN). Fixed
+    shapes, no host reads: graph-safe. Other devices and narrow or indivisible rows take
+    ``torch.argmax`` itself.
     """
     vocab = logits.shape[-1]
+    lead = logits.shape[:-1]
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and vocab > 0:
+        lib = native.native_decoder()
+        if lib is not None:
+            rows = logits.reshape(-1, vocab).contiguous()
+            out = torch.empty(rows.shape[0], dtype=torch.int64)
+            if lib.relayc_argmax(rows.data_ptr(), rows.shape[0], vocab, out.data_ptr()) != 0:
+                raise RuntimeError(f"relayc_argmax refused logits {list(logits.shape)}")
+            return out.view(lead)
     if logits.device.type != "cpu" or vocab % _ARGMAX_CHUNK or vocab < 4 * _ARGMAX_CHUNK:
         return torch.argmax(logits, dim=-1)
-    lead = logits.shape[:-1]
     chunks = logits.reshape(-1, vocab // _ARGMAX_CHUNK, _ARGMAX_CHUNK)
     first = chunks.amax(dim=-1).argmax(dim=-1)  # [R] the first chunk holding the maximum
     rows = torch.arange(chunks.shape[0], device=logits.device)
