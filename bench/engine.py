@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import random
 import statistics
@@ -112,6 +113,48 @@ class ForwardTimer:
     def snapshot(self) -> tuple[float, float, int, int]:
         s, c = self.seconds, self.calls
         return s["target"], s["draft"], c["target"], c["draft"]
+
+
+class StepTimer:
+    """Wall time of each decode-step op outside the forwards (``--steps``).
+
+    Wraps the generated decode step's op callables (``DecodeStep.OPS``) and its relay's
+    ``resolve`` / ``publish`` / ``stash`` on the instance; an op's time is its wall time
+    minus the forward time ``timer`` counted inside it. ``rest`` (in the report) is the
+    job's between-time no op accounts for: the step's own code, the graph runner, the
+    scheduler's job wrapper.
+    """
+
+    def __init__(self, timer: ForwardTimer) -> None:
+        self.timer = timer
+        self.seconds: dict[str, float] = {}
+
+    def _wrap(self, owner: Any, attr: str, name: str) -> None:
+        inner = getattr(owner, attr)
+        self.seconds[name] = 0.0
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            forwards = self.timer.seconds["target"] + self.timer.seconds["draft"]
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                wall = time.perf_counter() - start
+                inside = self.timer.seconds["target"] + self.timer.seconds["draft"] - forwards
+                self.seconds[name] += wall - inside
+
+        setattr(owner, attr, timed)
+
+    def attach(self, engine: Engine) -> None:
+        step = engine.algorithm.decode_step
+        for op in step.OPS:
+            self._wrap(step, f"_{op}", op)
+        for method in ("resolve", "publish", "stash"):
+            if hasattr(step.relay, method):
+                self._wrap(step.relay, method, f"relay.{method}")
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.seconds)
 
 
 class ForwardFreeClock:
@@ -232,6 +275,8 @@ def profiled(timer: ForwardTimer, top: int) -> Iterator[None]:
     stats = pstats.Stats(profile)
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
+    if callees := os.environ.get("RELAYC_PROFILE_CALLEES"):
+        stats.print_callees(*callees.split(","))
 
 
 def main() -> None:
@@ -254,6 +299,9 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true", help="where non-forward time goes")
     parser.add_argument("--profile-top", type=int, default=30)
+    parser.add_argument(
+        "--steps", action="store_true", help="per-op time outside the forwards (overlap off)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     prompts: list[Prompt]
@@ -361,6 +409,20 @@ def main() -> None:
             f"{run.per_iter_ms(run.between_s + run.host_s):>8.3f} {calls:>10.1f} "
             f"{run.cpu_s / run.wall_s:>9.2f}"
         )
+    if args.steps:
+        steps = StepTimer(timers[False])
+        steps.attach(engines[False])
+        run = run_once(engines[False], timers[False], prompts, params, concurrency)
+        ops = steps.snapshot()
+        print("\nper decode-step op, outside the forwards (overlap off, one run, us/iter):")
+        between = run.per_iter_ms(run.between_s) * 1e3
+        for name, seconds in sorted(ops.items(), key=lambda kv: -kv[1]):
+            print(f"  {name:<24} {run.per_iter_ms(seconds) * 1e3:>8.0f}")
+        print(
+            f"  {'rest of the job':<24} {between - run.per_iter_ms(sum(ops.values())) * 1e3:>8.0f}"
+        )
+        print(f"  {'between (all)':<24} {between:>8.0f}")
+        print(f"  {'host':<24} {run.per_iter_ms(run.host_s) * 1e3:>8.0f}")
     if args.profile:
         print("\nprofile (overlap off; self time outside the target's and drafter's forwards):")
         with profiled(timers[False], args.profile_top):

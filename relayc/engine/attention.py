@@ -86,7 +86,7 @@ class PagedAttentionMetadata:
         # Every row sees at least its own token, so no row is all -inf.
         return cls(
             kv_loc,
-            _additive(mask, batch.kv_cache.k[0].dtype),
+            additive_mask(mask, batch.kv_cache.k[0].dtype),
             bs,
             q_max,
             padded_index,
@@ -101,10 +101,12 @@ class PagedAttentionMetadata:
         """``Q`` new tokens per request, request-major, over key slots ``kv_loc [B, S]``;
         ``mask [B, Q, S]`` bool, True = attend."""
         bs, q_max, _ = mask.shape
-        return cls(kv_loc.reshape(-1).long(), _additive(mask, dtype), bs, q_max, None, None, None)
+        return cls(
+            kv_loc.reshape(-1).long(), additive_mask(mask, dtype), bs, q_max, None, None, None
+        )
 
 
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``mask [B, Q, S]`` bool -> ``[B, 1, Q, S]``: 0 where True, -inf where False."""
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return zeros.masked_fill_(~mask, float("-inf"))[:, None]

@@ -31,12 +31,12 @@ from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
 from relayc.engine.draft.layers import DraftLayer, TargetParts, check_head_config
 from relayc.engine.draft.paged import (
+    ScratchAttention,
     first_column_sampled,
     last_rows,
     padded_extend_batch,
     padding_rows_zeroed,
     sample_from,
-    scratch_attention,
     top_k_probs,
 )
 from relayc.engine.draft.tree import (
@@ -234,6 +234,15 @@ class EagleHead(nn.Module):
         ancestors = torch.zeros(batch_size, topk, width, dtype=torch.bool, device=device)
         beams = torch.arange(topk, device=device)
         columns = torch.arange(width, device=device)
+        scratch = ScratchAttention(
+            kv_cache,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            max_prefix_len,
+            scratch_cache_loc,
+            queries=topk,
+        )
         for step in range(num_steps - 1):
             parent = level.parent_beam  # [B, topk]
             hidden = torch.gather(
@@ -243,16 +252,7 @@ class EagleHead(nn.Module):
             ).reshape(batch_size * topk, -1)
             ancestors = torch.gather(ancestors, 1, parent[:, :, None].expand(-1, -1, width))
             ancestors = ancestors | (columns[None, :] == step * topk + beams[:, None])
-            attend = scratch_attention(
-                kv_cache,
-                req_to_token,
-                req_pool_indices,
-                seq_lens,
-                max_prefix_len,
-                scratch_cache_loc,
-                ancestors,
-                scratch_cache_loc[:, step * topk : (step + 1) * topk],
-            )
+            attend = scratch.step(ancestors, scratch_cache_loc[:, step * topk : (step + 1) * topk])
             positions = (seq_lens + step).repeat_interleave(topk)
             logits, hidden = self.step(level.input_ids, hidden, positions, attend)
             probs, tokens, _ = top_k_probs(logits, topk)
@@ -294,14 +294,17 @@ class EagleHead(nn.Module):
             )
         columns = torch.arange(width, device=topk_index.device)
         tokens, probs, hidden = [topk_index[:, 0]], [draft_probs], hidden_states
+        scratch = ScratchAttention(
+            kv_cache,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            max_prefix_len,
+            scratch_cache_loc,
+            queries=1,
+        )
         for step in range(width):
-            attend = scratch_attention(
-                kv_cache,
-                req_to_token,
-                req_pool_indices,
-                seq_lens,
-                max_prefix_len,
-                scratch_cache_loc,
+            attend = scratch.step(
                 (columns <= step).expand(batch_size, 1, width),
                 scratch_cache_loc[:, step : step + 1],
             )

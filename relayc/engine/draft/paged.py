@@ -10,7 +10,7 @@ Two kinds of forward, both with shapes fixed by host ints only (no ``.item()``):
   first ``lens[b]`` real. Rows past ``lens`` write their K/V to the padding slot 0
   and come after the real rows, so causal attention keeps them out of every real
   row; their outputs are dropped. This is draft extend over accepted tokens.
-* **scratch steps** (:func:`scratch_attention`): ``Q`` new tokens per request that
+* **scratch steps** (:class:`ScratchAttention`): ``Q`` new tokens per request that
   attend the cached prefix plus a caller-chosen subset of ``scratch_cache_loc``,
   slots that hold earlier draft steps' K/V and are discarded after drafting (the
   EAGLE tree: each beam sees its ancestors; a chain: every earlier step).
@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from relayc.engine.attention import PagedAttend, PagedAttentionMetadata
+from relayc.engine.attention import PagedAttend, PagedAttentionMetadata, additive_mask
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.kv_cache import KVCache
-from relayc.engine.model import AttendFn
 
 
 def extend_cache_loc(
@@ -101,46 +100,73 @@ def last_rows(lens: torch.Tensor, width: int) -> torch.Tensor:
     return torch.arange(batch, device=lens.device) * width + (lens - 1).clamp(min=0)
 
 
-def scratch_attention(
-    kv_cache: KVCache,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    max_prefix_len: int,
-    scratch_cache_loc: torch.Tensor,
-    visible: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-) -> AttendFn:
-    """Attention for ``Q`` new tokens per request over prefix + visible scratch slots.
+class ScratchAttention:
+    """Attention for ``Q`` new tokens per request over the cached prefix plus a chosen
+    subset of the scratch slots ``scratch_cache_loc [B, S]``, for every step of one
+    drafting run. New tokens lie request-major: token ``b*Q + q``.
 
-    ``scratch_cache_loc [B, S]`` are the scratch KV slots, ``visible [B, Q, S]``
-    which of them each new token sees (its own slot included), ``out_cache_loc
-    [B, Q]`` where the new tokens' K/V go (a subset of the scratch slots). New
-    tokens lie request-major: token ``b*Q + q``.
+    The key slots (the cached prefix, then ``scratch_cache_loc [B, S]``) and the
+    prefix's part of the mask are the same at every step; only which scratch slots a
+    new token sees and where its K/V go change. Built once per drafting run, each
+    :meth:`step` then costs a handful of small ops (every op between two forwards runs
+    with cold caches).
     """
-    batch, queries, _ = visible.shape
-    device = scratch_cache_loc.device
-    prefix_loc = req_to_token[req_pool_indices, :max_prefix_len].long()  # [B, P]
-    see_prefix = torch.arange(max_prefix_len, device=device)[None, :] < prefix_lens[:, None]
-    mask = torch.cat([see_prefix[:, None, :].expand(batch, queries, -1), visible], dim=2)
-    meta = PagedAttentionMetadata.uniform(
-        torch.cat([prefix_loc, scratch_cache_loc.long()], dim=1), mask, kv_cache.k[0].dtype
-    )
-    # paged_attention reads only the cache and the write slots off the batch.
-    batch_view = ForwardBatch(
-        mode=ForwardMode.DECODE,
-        input_ids=out_cache_loc.reshape(-1),
-        positions=out_cache_loc.reshape(-1),
-        out_cache_loc=out_cache_loc.reshape(-1).long(),
-        req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens,
-        extend_lens=torch.full((batch,), queries, dtype=torch.int64, device=device),
-        max_prefix_len=max_prefix_len,
-        max_extend_len=queries,
-        req_to_token=req_to_token,
-        kv_cache=kv_cache,
-    )
-    return PagedAttend(batch_view, meta)
+
+    def __init__(
+        self,
+        kv_cache: KVCache,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        max_prefix_len: int,
+        scratch_cache_loc: torch.Tensor,
+        *,
+        queries: int,
+    ) -> None:
+        batch = scratch_cache_loc.shape[0]
+        device = scratch_cache_loc.device
+        self.dtype = kv_cache.k[0].dtype
+        prefix_loc = req_to_token[req_pool_indices, :max_prefix_len].long()  # [B, P]
+        self.kv_loc = torch.cat([prefix_loc, scratch_cache_loc.long()], dim=1).reshape(-1)
+        see_prefix = torch.arange(max_prefix_len, device=device)[None, :] < prefix_lens[:, None]
+        self.prefix_mask = additive_mask(
+            see_prefix[:, None, :].expand(batch, queries, -1), self.dtype
+        )
+        self.batch, self.queries = batch, queries
+        # paged_attention reads only the cache and the write slots off the batch.
+        self.req_pool_indices, self.prefix_lens = req_pool_indices, prefix_lens
+        self.max_prefix_len, self.req_to_token, self.kv_cache = (
+            max_prefix_len,
+            req_to_token,
+            kv_cache,
+        )
+        self.extend_lens = torch.full((batch,), queries, dtype=torch.int64, device=device)
+
+    def step(self, visible: torch.Tensor, out_cache_loc: torch.Tensor) -> PagedAttend:
+        """``visible [B, Q, S]``: which scratch slots each new token sees (its own
+        included); ``out_cache_loc [B, Q]``: where the new tokens' K/V go."""
+        if tuple(visible.shape[:2]) != (self.batch, self.queries):
+            raise ValueError(
+                f"`visible` must be [B, Q, S] = [{self.batch}, {self.queries}, S]; "
+                f"got {list(visible.shape)}"
+            )
+        mask = torch.cat([self.prefix_mask, additive_mask(visible, self.dtype)], dim=3)
+        slots = out_cache_loc.reshape(-1).long()
+        meta = PagedAttentionMetadata(self.kv_loc, mask, self.batch, self.queries, None, None, None)
+        batch_view = ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=slots,
+            positions=slots,
+            out_cache_loc=slots,
+            req_pool_indices=self.req_pool_indices,
+            prefix_lens=self.prefix_lens,
+            extend_lens=self.extend_lens,
+            max_prefix_len=self.max_prefix_len,
+            max_extend_len=self.queries,
+            req_to_token=self.req_to_token,
+            kv_cache=self.kv_cache,
+        )
+        return PagedAttend(batch_view, meta)
 
 
 def top_k_probs(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
