@@ -486,9 +486,12 @@ def real_relayc_peers(max_new_tokens: int, dtype: str, overlap: bool) -> tuple[l
         # The file's Q4_1 / Q8_0 blocks are what float32 reads natively; the same model
         # over float32 panels (the same bits, four bytes a weight) shows what they buy.
         from relayc.engine.checkpoints.blocks import forget_blocks
+        from relayc.engine.model import prepare_cpu_decoders, use_cpu_matmul_layout
 
         panels = Engine("smollm2", dtype=dtype, overlap=overlap)
-        forget_blocks(panels.model)  # before its first forward packs the weights
+        forget_blocks(panels.model)
+        use_cpu_matmul_layout(panels.model)  # the Engine packed the blocks: pack again
+        prepare_cpu_decoders(panels.model)
         peers.insert(1, engine_peer("relayc none (float32 panels) float32", panels, params))
     return peers, first
 

@@ -374,6 +374,11 @@ class NativeHead:
         self.vocab, self.width = lm_head.weight.shape
         self.padded = -(-self.vocab // 16) * 16
 
+    @classmethod
+    def reuse(cls, head: NativeHead | None, norm: RMSNorm, lm_head: Linear) -> NativeHead:
+        """``head`` while it still holds ``norm`` and ``lm_head``, else a new pack of them."""
+        return head if head is not None and head.current(norm, lm_head) else cls(norm, lm_head)
+
     def current(self, norm: RMSNorm, lm_head: Linear) -> bool:
         """Still what ``norm`` and ``lm_head`` hold: the same parameters, unchanged."""
         return (
@@ -639,6 +644,13 @@ class NativeDraftLayer:
             "intermediate": mlp.gate_proj.weight.shape[0],
         }
 
+    def prepare(self) -> bool:
+        """Pack the weights now (else the first call does); False: the layer cannot run
+        natively (not on the CPU, another dtype, a shape the kernels do not take)."""
+        if not self._current():
+            self._build()
+        return self._weights is not None and native.native_decoder() is not None
+
     def __call__(
         self, attn_in: torch.Tensor, hidden: torch.Tensor, rope: RopeTables, attend: object
     ) -> torch.Tensor | None:
@@ -669,3 +681,15 @@ class NativeDraftLayer:
         return weights.run(
             lib, self._args, hidden, rope, attend, [cache.k[0]], [cache.v[0]], attn_in=attn_in
         )
+
+
+def native_head_eligible(norm: RMSNorm, lm_head: Linear) -> bool:
+    """Whether ``lm_head`` (after ``norm``) can run as a :class:`NativeHead` at all: CPU
+    weights of a dtype the native decoder takes, and the library built."""
+    weight = lm_head.weight
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype in NATIVE_DTYPES
+        and norm.weight.dtype == weight.dtype
+        and native.native_decoder() is not None
+    )

@@ -28,7 +28,12 @@ from torch import nn
 
 from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
-from relayc.engine.cpu_decoder import NativeHead, ScriptedLayers, native_head_library
+from relayc.engine.cpu_decoder import (
+    NativeHead,
+    ScriptedLayers,
+    native_head_eligible,
+    native_head_library,
+)
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 
 # (layer index, q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, H, D]
@@ -132,6 +137,33 @@ def use_cpu_matmul_layout(module: nn.Module, scripted: bool = True) -> int:
                         sub.weight.data = sub.weight.data.contiguous()
                 elif sub.weight.stride(0) != 1:
                     sub.weight.data = _column_major(sub.weight.data)
+                count += 1
+    return count
+
+
+def prepare_cpu_decoders(module: nn.Module) -> int:
+    """Build now what the native CPU decoder would build at its first forward; returns how
+    many layer stacks and LM heads it packed.
+
+    After ``use_cpu_matmul_layout`` the native decoder packs each stack's weights and each
+    LM head lazily, at the first forward that runs them -- with a GGUF file's blocks that
+    includes checking every matrix's blocks against its loaded values (about 2 s for
+    SmolLM2 on this machine). ``Engine`` calls this while it loads, so that cost is loading
+    time, and the first request runs at the speed of the rest. The packs stay valid as long
+    as the weights do (a changed weight is repacked at its next forward, as before). A no-op
+    where the native library is off or cannot be built."""
+    from relayc.engine import native
+
+    if native.native_decoder() is None:
+        return 0
+    count = 0
+    with torch.no_grad():
+        for sub in module.modules():
+            scripted = getattr(sub, "scripted", None)
+            if isinstance(scripted, ScriptedLayers) and scripted.args() is not None:
+                count += 1
+            prepare = getattr(sub, "prepare_native", None)
+            if callable(prepare) and prepare():
                 count += 1
     return count
 
@@ -432,11 +464,19 @@ class LlamaForCausalLM(nn.Module):
             # either (MKL's GEMM gives a row other bits at 4+ rows than alone).
             lib = native_head_library(hidden, dtype, decode)
             if lib is not None:
-                head = self._native_head
-                if head is None or not head.current(self.model.norm, self.lm_head):
-                    head = self._native_head = NativeHead(self.model.norm, self.lm_head)
+                head = self._native_head = NativeHead.reuse(
+                    self._native_head, self.model.norm, self.lm_head
+                )
                 return head.logits(lib, hidden)
         return self.lm_head(self.model.norm(hidden)).float()
+
+    def prepare_native(self) -> bool:
+        """Pack the LM head for the native decoder now rather than at the first forward
+        (``prepare_cpu_decoders``); False where it would not run natively."""
+        if self.scripted is None or not native_head_eligible(self.model.norm, self.lm_head):
+            return False
+        self._native_head = NativeHead.reuse(self._native_head, self.model.norm, self.lm_head)
+        return True
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, capture: Sequence[int] = ()) -> ForwardOutput:

@@ -97,7 +97,8 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     p.add_argument(
         "--algorithm",
         default="none",
-        help="none (default: one token per step), eagle, eagle_multilayer, ngram or standalone",
+        help="none (default: one token per step), eagle, eagle3, eagle_multilayer, ngram or "
+        "standalone",
     )
     p.add_argument("--num-steps", type=int_in(1), default=3, help="draft steps (EAGLE; default 3)")
     p.add_argument("--topk", type=int_in(1), default=1, help="draft branching per step (default 1)")
@@ -185,23 +186,34 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             prompt = args.prompt if args.prompt is not None else args.prompt_ids
         start = time.perf_counter()
-        tokens, finish = _stream(engine, prompt, params)
+        tokens, finish, first = _stream(engine, prompt, params)
         elapsed = time.perf_counter() - start
     overlap = "off" if args.no_overlap else "on"
     accept = engine.scheduler.stats.mean_accept_length
+    # The first token waits for the prompt's prefill; the rest is the decoding speed.
+    after = (
+        f", then {(tokens - 1) / (elapsed - first):.1f} tokens/s"
+        if first is not None and tokens > 1 and elapsed > first
+        else ""
+    )
+    ttft = f"first token after {first:.2f} s{after}; " if first is not None else ""
     print(
         f"{tokens} tokens in {elapsed:.2f} s, {tokens / elapsed:.1f} tokens/s "
-        f"(finish: {finish}, overlap {overlap}), algorithm {args.algorithm}, "
+        f"({ttft}finish: {finish}, overlap {overlap}), algorithm {args.algorithm}, "
         f"mean accept length {accept:.2f}",
         file=sys.stderr,
     )
     return EXIT_OK
 
 
-def _stream(engine: Engine, prompt: Prompt, params: SamplingParams) -> tuple[int, str]:
+def _stream(
+    engine: Engine, prompt: Prompt, params: SamplingParams
+) -> tuple[int, str, float | None]:
     """Write the completion to stdout as it arrives: its text, or its token ids when the
-    model has no tokenizer. Returns the token count and the finish reason."""
-    tokens, finish = 0, None
+    model has no tokenizer. Returns the token count, the finish reason and the seconds
+    until the first token arrived (None: none did)."""
+    tokens, finish, first = 0, None, None
+    start = time.perf_counter()
     try:
         with closing(engine.stream([prompt], params)) as deltas:
             for delta in deltas:
@@ -214,9 +226,11 @@ def _stream(engine: Engine, prompt: Prompt, params: SamplingParams) -> tuple[int
                     text = f" {text}" if tokens and text else text
                 sys.stdout.write(_printable(text))
                 sys.stdout.flush()
+                if first is None and delta.token_ids:
+                    first = time.perf_counter() - start
                 tokens += len(delta.token_ids)
                 finish = delta.finish_reason or finish
     finally:
         if tokens:  # end the streamed line, also when cut short (Ctrl-C, an error)
             sys.stdout.write("\n")
-    return tokens, str(finish)
+    return tokens, str(finish), first

@@ -142,3 +142,32 @@ def test_bfloat16_eagle3_equals_plain_decoding(tmp_path: Path) -> None:
         for name, extra in (("none", {}), ("eagle3", {"draft_model": head_dir, **SIZES["tree"]}))
     }  # fmt: skip
     assert outs["eagle3"] == outs["none"]
+
+
+def test_the_engine_packs_the_native_weights_while_it_loads(
+    model: LlamaForCausalLM, head_dir: Path
+) -> None:
+    """``Engine(...)`` packs what the native CPU decoder runs -- the target's layers and LM
+    head, the head's layer and LM head -- before its first request (a GGUF model's block
+    checks are loading time, not the first request's), and requests reuse those packs."""
+    from relayc.engine.native import native_decoder
+
+    if native_decoder() is None:
+        pytest.skip("the native library does not build here")
+    engine = Engine(model, algorithm="eagle3", draft_model=head_dir, overlap=False)
+    head = engine.algorithm.drafter
+    assert isinstance(head, Eagle3Head) and engine.model.scripted is not None
+
+    def packs() -> tuple[object, ...]:
+        return (
+            engine.model.scripted._native,  # type: ignore[union-attr]
+            engine.model._native_head,
+            head.midlayer.native._weights,
+            head._native_head,
+        )
+
+    before = packs()
+    assert all(p is not None for p in before)
+    engine.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=6))
+    assert all(a is b for a, b in zip(before, packs(), strict=True))
+    engine.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -127,7 +128,9 @@ def test_relayc_generate_streams_text_and_a_summary(capsys: pytest.CaptureFixtur
         (out,) = engine.generate(["Hello"], SamplingParams(max_new_tokens=6, seed=0))
     code, stdout, stderr = _generate_cli(["--prompt", "Hello", "--max-new-tokens", "6"], capsys)
     assert code == 0 and stdout == _printable(out.text) + "\n"
-    assert "6 tokens in " in stderr and "tokens/s (finish: length, overlap on)" in stderr
+    assert "6 tokens in " in stderr and "finish: length, overlap on)" in stderr
+    # the prefill's wait apart from the decoding speed
+    assert re.search(r"\(first token after \d+\.\d\d s, then \d+\.\d tokens/s; ", stderr)
     assert stderr.rstrip().endswith("algorithm none, mean accept length 1.00")
     code, _, stderr = _generate_cli(["--prompt", "x", "--algorithm", "beam"], capsys)
     assert code == 2 and "unknown algorithm `beam`" in stderr

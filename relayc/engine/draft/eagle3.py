@@ -41,7 +41,12 @@ from torch import nn
 
 from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
-from relayc.engine.cpu_decoder import NativeDraftLayer, NativeHead, native_head_library
+from relayc.engine.cpu_decoder import (
+    NativeDraftLayer,
+    NativeHead,
+    native_head_eligible,
+    native_head_library,
+)
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.layers import TargetParts, check_head_config
 from relayc.engine.draft.paged import (
@@ -121,6 +126,10 @@ class Eagle3Layer(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
         self.native = NativeDraftLayer(self)
+
+    def prepare_native(self) -> bool:
+        """Pack the layer for the native decoder now (``prepare_cpu_decoders``)."""
+        return self.native.prepare()
 
     def forward(
         self,
@@ -297,11 +306,18 @@ class Eagle3Head(EagleHead):
         several times slower on the few rows drafting has), else the modules."""
         lib = native_head_library(g, self.lm_head.weight.dtype)
         if lib is not None:
-            head = self._native_head
-            if head is None or not head.current(self.norm, self.lm_head):
-                head = self._native_head = NativeHead(self.norm, self.lm_head)
+            head = self._native_head = NativeHead.reuse(self._native_head, self.norm, self.lm_head)
             return head.logits(lib, g)
         return self.lm_head(self.norm(g)).float()
+
+    def prepare_native(self) -> bool:
+        """Pack the head's LM head for the native decoder now rather than at the first
+        draft (``relayc.engine.model.prepare_cpu_decoders``); False where it would not run
+        natively."""
+        if not native_head_eligible(self.norm, self.lm_head):
+            return False
+        self._native_head = NativeHead.reuse(self._native_head, self.norm, self.lm_head)
+        return True
 
     @torch.no_grad()
     def extend(  # type: ignore[override]

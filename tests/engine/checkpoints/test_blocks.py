@@ -187,6 +187,12 @@ def test_blocks_that_do_not_fit_are_refused() -> None:
     param = torch.nn.Parameter(weight.dequantize())
     attach(param, weight)
     assert blocks_of(param) is None  # decoder.c's float16 conversion takes finite scales
+    # infinite weights equal to the parameter's (inf * 1 + 0): refused all the same
+    infinite = _q4_1(torch.full((16, 1), float("inf")), torch.zeros(16, 1), q + 1)
+    param = torch.nn.Parameter(infinite.dequantize())
+    assert torch.isinf(param).all()
+    attach(param, infinite)
+    assert blocks_of(param) is None
     with pytest.raises(ValueError, match="cannot back"):
         attach(torch.nn.Parameter(torch.zeros(16, 64)), weight)
     with pytest.raises(ValueError, match="whole blocks of 32 columns, not 48"):
