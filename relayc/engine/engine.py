@@ -210,8 +210,15 @@ class Engine:
         )
         model_dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
+        reported: list[str] = []  # the loader's progress lines (a model file's)
+
+        def report(line: str) -> None:
+            reported.append(line)
+            if progress is not None:
+                progress(line)
+
         loaded = load_model(
-            model, device=self.device, dtype=model_dtype, seed=seed, progress=progress
+            model, device=self.device, dtype=model_dtype, seed=seed, progress=report
         )
         self.model, self.device = loaded.model, loaded.model.device
         if loaded.shipped and draft_model is None and isinstance(algorithm, str):
@@ -277,7 +284,7 @@ class Engine:
             # `relayc generate` the bulk of its time).
             start = time.perf_counter()
             packed = sum(prepare_cpu_decoders(module) for module in modules)
-            if progress is not None and packed:
+            if progress is not None and packed and reported:  # reported as the load was
                 progress(
                     f"packed the weights for the native CPU decoder "
                     f"({time.perf_counter() - start:.1f} s)"
