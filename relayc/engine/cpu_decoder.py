@@ -60,7 +60,7 @@ import torch
 
 from relayc.engine import native, scripted
 from relayc.engine.attention import PagedAttend
-from relayc.engine.checkpoints.blocks import BlockStack, BlockWeight, blocks_of
+from relayc.engine.checkpoints.blocks import BlockStack, BlockWeight, native_blocks
 from relayc.engine.forward_batch import ForwardMode
 
 if TYPE_CHECKING:
@@ -307,12 +307,14 @@ _MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")  # decoder.c's formats[4 * l
 
 
 def _layer_blocks(
-    layers: Sequence[LlamaDecoderLayer],
+    layers: Sequence[Any],
 ) -> dict[str, list[BlockStack | None]] | None:
     """Each matrix of ``layers`` (q/k/v and gate/up stacked as the fused weights are) as
-    GGUF blocks when every part still holds its loaded blocks' values
-    (relayc.engine.checkpoints.blocks), else None for that matrix: its float32 panels (a
-    weight edited since loading, a type with no block kernel). None: no blocks at all."""
+    the blocks the native decoder reads instead of float32 panels when every part has them
+    (relayc.engine.checkpoints.blocks.native_blocks: a GGUF file's blocks while the weight
+    still holds their values, or the bfloat16 words of an exactly-bfloat16 weight), else
+    None for that matrix: its float32 panels (a weight edited since loading, a type with no
+    block kernel). None: no blocks at all."""
     found: dict[str, list[BlockStack | None]] = {name: [] for name in _MATRICES}
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -323,7 +325,7 @@ def _layer_blocks(
             "w_down": (mlp.down_proj,),
         }
         for name, modules in groups.items():
-            parts = [blocks_of(m._parameters["weight"]) for m in modules]
+            parts = [native_blocks(m._parameters["weight"]) for m in modules]
             stacked = None
             if all(p is not None for p in parts):
                 stacked = BlockWeight.cat([p for p in parts if p is not None])
@@ -368,7 +370,7 @@ class NativeHead:
         self.weight = norm.weight.detach().float().contiguous()
         # a GGUF file's quantized head (SmolLM2's is Q8_0) read as its blocks: the same
         # logits, fewer bytes
-        blocks = blocks_of(lm_head._parameters["weight"])
+        blocks = native_blocks(lm_head._parameters["weight"])
         self.format = blocks.format if blocks is not None else 0
         self.packed = blocks.panels() if blocks is not None else _pack(lm_head.weight)
         self.vocab, self.width = lm_head.weight.shape
@@ -636,7 +638,9 @@ class NativeDraftLayer:
                for t in params[n] if t is not None):  # fmt: skip
             return
         eps = [float(layer.post_attention_layernorm.eps)]
-        self._weights = _NativeWeights(params, eps, eps, dtype)
+        # a bfloat16 head loaded as float32 (the shipped heads) reads its words: same bits
+        blocks = _layer_blocks([layer]) if dtype == torch.float32 else None
+        self._weights = _NativeWeights(params, eps, eps, dtype, blocks)
         self._args = {
             "heads": attn.num_heads,
             "kv_heads": attn.num_kv_heads,

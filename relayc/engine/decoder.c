@@ -575,12 +575,17 @@ static void gemm_bf16(const float *x, int M, int K, const uint16_t *w, int N, fl
  *                          rows of 16 signed bytes -- Q6_K (d * sc per 16 weights, m = 0),
  *                          Q5_0, Q5_1, Q5_K, and any stack of matrices in different
  *                          formats (a Q4_K_M file's q/k in Q4_K beside its v in Q6_K).
+ *   BLOCKS_BF16, BLOCKS_F16 (1024 bytes): 32 rows of 16 bfloat16 or float16 weights -- a
+ *                          float32 weight that is exactly such a number (a bf16 or fp16
+ *                          checkpoint loaded as float32, the shipped EAGLE-3 heads),
+ *                          widened exactly: half the bytes, the same bits.
  * (relayc.engine.checkpoints.blocks packs them from a GGUF file's tensors.) */
-enum { BLOCKS_NONE = 0, BLOCKS_Q4 = 1, BLOCKS_Q8 = 2, BLOCKS_Q4F = 3, BLOCKS_I8F = 4 };
-enum { Q4_BYTES = 320, Q8_BYTES = 544, Q4F_BYTES = 384, I8F_BYTES = 768 };
+enum { BLOCKS_NONE = 0, BLOCKS_Q4 = 1, BLOCKS_Q8 = 2, BLOCKS_Q4F = 3, BLOCKS_I8F = 4,
+       BLOCKS_BF16 = 5, BLOCKS_F16 = 6 };
+enum { Q4_BYTES = 320, Q8_BYTES = 544, Q4F_BYTES = 384, I8F_BYTES = 768, WORD_BYTES = 1024 };
 
 static inline int block_format(int format) {
-    return format >= BLOCKS_Q4 && format <= BLOCKS_I8F;
+    return format >= BLOCKS_Q4 && format <= BLOCKS_F16;
 }
 
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
@@ -592,6 +597,10 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
  * refuses infinities and NaNs): the magnitude moved into float32's exponent and mantissa
  * fields reads as 2^-112 of the value, so one exact multiply by 2^112 rebuilds it. */
 static inline v16 half16(const uint8_t *p) {
+#if defined(__AVX512F__)
+    /* vcvtph2ps: the same exact conversion in one instruction */
+    return (v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
     u16x16 raw;
     memcpy(&raw, p, sizeof raw);
     const u32x16 h = __builtin_convertvector(raw, u32x16);
@@ -604,6 +613,7 @@ static inline v16 half16(const uint8_t *p) {
     bits |= sign;
     memcpy(&f, &bits, sizeof f);
     return f;
+#endif
 }
 
 /* 16 signed bytes -> float32; 16 bytes' low and high nibbles -> float32 (one instruction
@@ -701,6 +711,47 @@ static inline void nibbles16(const uint8_t *p, v16 *lo, v16 *hi) {
                 store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
     }
 
+/* 16 bfloat16 bit patterns -> float32, exactly (the top half of each float32). */
+static inline v16 widen16(const uint8_t *p) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)),
+                                  16);
+#else
+    u16x16 raw;
+    memcpy(&raw, p, sizeof raw);
+    const u32x16 bits = __builtin_convertvector(raw, u32x16) << 16;
+    v16 f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+#endif
+}
+
+/* WORD_BLOCK (NAME_MB_P): BYTE_BLOCK's loop for BLOCKS_BF16 / BLOCKS_F16: no scales, each
+ * weight widened exactly by WIDEN (widen16, half16), then the rows accumulate as gemm. */
+#define WORD_BLOCK(NAME, WIDEN, MB, P)                                                     \
+    static void NAME##_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,   \
+                                  float *out, int add) {                                   \
+        const int nb = K / 32;                                                             \
+        v16 acc[MB][P];                                                                    \
+        const uint8_t *panel[P];                                                           \
+        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * WORD_BYTES;     \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
+        for (int b = 0; b < nb; b++)                                                       \
+            for (int k = 0; k < 32; k++) {                                                 \
+                v16 wk[P];                                                                 \
+                for (int j = 0; j < P; j++)                                                \
+                    wk[j] = WIDEN(panel[j] + (size_t)b * WORD_BYTES + 32 * k);             \
+                for (int m = 0; m < MB; m++) {                                             \
+                    const v16 s = splat16(x[(size_t)m * K + (size_t)b * 32 + k]);          \
+                    for (int j = 0; j < P; j++) acc[m][j] = fma16(acc[m][j], s, wk[j]);     \
+                }                                                                          \
+            }                                                                              \
+        for (int m = 0; m < MB; m++)                                                       \
+            for (int j = 0; j < P; j++)                                                    \
+                store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
+    }
+
 /* Where each format keeps its scales: Q4 float16 d[16], m[16]; Q4F float32 d[16], m[16];
  * Q8 float16 d[16] (no offset); I8F float32 d[16], m[16] per half. */
 #define Q4_SCALES(blk, half, j) (d[j] = half16(blk), mn[j] = half16((blk) + 32))
@@ -716,6 +767,8 @@ static inline void nibbles16(const uint8_t *p, v16 *lo, v16 *hi) {
 #define Q4F_BLOCK(MB, P) NIBBLE_BLOCK(q4f, Q4F_BYTES, 128, Q4F_SCALES, MB, P)
 #define Q8_BLOCK(MB, P) BYTE_BLOCK(q8, Q8_BYTES, 32, Q8_SCALES, Q8_REBUILD, MB, P)
 #define I8F_BLOCK(MB, P) BYTE_BLOCK(i8f, I8F_BYTES, 256, I8F_SCALES, I8F_REBUILD, MB, P)
+#define BF16_BLOCK(MB, P) WORD_BLOCK(bf16, widen16, MB, P)
+#define F16_BLOCK(MB, P) WORD_BLOCK(f16, half16, MB, P)
 
 typedef void (*quant_block_fn)(const float *, int, const uint8_t *, int, int, float *, int);
 
@@ -740,6 +793,8 @@ QUANT_KERNELS(q4, Q4_BLOCK)
 QUANT_KERNELS(q4f, Q4F_BLOCK)
 QUANT_KERNELS(q8, Q8_BLOCK)
 QUANT_KERNELS(i8f, I8F_BLOCK)
+QUANT_KERNELS(bf16, BF16_BLOCK)
+QUANT_KERNELS(f16, F16_BLOCK)
 
 /* out[M, N] (+)= x[M, K] @ w (block panels of `format`): four panels at a time, every block
  * of up to eight rows over them while they sit in L1/L2, so each block is read from memory
@@ -749,6 +804,8 @@ static void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, f
     const struct quant_blocks *b = format == BLOCKS_Q4    ? &q4_blocks
                                    : format == BLOCKS_Q4F ? &q4f_blocks
                                    : format == BLOCKS_I8F ? &i8f_blocks
+                                   : format == BLOCKS_BF16 ? &bf16_blocks
+                                   : format == BLOCKS_F16  ? &f16_blocks
                                                           : &q8_blocks;
     const int panels = N / 16;
     for (int g = 0; g < panels; g += 4) {

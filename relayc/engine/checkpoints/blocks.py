@@ -34,8 +34,16 @@ import torch
 # decoder.c's panel formats and their bytes per 16 columns x 32 k: BLOCKS_Q4 (float16 d, m;
 # 4-bit q), BLOCKS_Q8 (float16 d; 8-bit q), BLOCKS_Q4F (float32 d, m; 4-bit q), BLOCKS_I8F
 # (float32 d, m per 16 k; 8-bit q: any type, and stacks of mixed types).
-BLOCKS_Q4, BLOCKS_Q8, BLOCKS_Q4F, BLOCKS_I8F = 1, 2, 3, 4
-PANEL_BYTES = {BLOCKS_Q4: 320, BLOCKS_Q8: 544, BLOCKS_Q4F: 384, BLOCKS_I8F: 768}
+BLOCKS_Q4, BLOCKS_Q8, BLOCKS_Q4F, BLOCKS_I8F, BLOCKS_BF16, BLOCKS_F16 = 1, 2, 3, 4, 5, 6
+PANEL_BYTES = {
+    BLOCKS_Q4: 320,
+    BLOCKS_Q8: 544,
+    BLOCKS_Q4F: 384,
+    BLOCKS_I8F: 768,
+    BLOCKS_BF16: 1024,
+    BLOCKS_F16: 1024,
+}
+_WORDS = (BLOCKS_BF16, BLOCKS_F16)  # two-byte words widened exactly, no scales
 # GGUF type -> (weights a block, bytes a block, decoder.c's panel format)
 BLOCK_TYPES = {
     "Q4_0": (32, 18, BLOCKS_Q4),
@@ -46,9 +54,15 @@ BLOCK_TYPES = {
     "Q5_0": (32, 22, BLOCKS_I8F),
     "Q5_1": (32, 24, BLOCKS_I8F),
     "Q5_K": (256, 176, BLOCKS_I8F),
+    # bfloat16 / float16 words, two bytes a weight: a GGUF BF16 tensor, or any float32
+    # weight that is exactly such a number (exact_word_blocks). Counted in blocks of 32
+    # weights, the panels' block; BLOCKS_BF16 / BLOCKS_F16 widen each exactly.
+    "BF16": (32, 64, BLOCKS_BF16),
+    "F16": (32, 64, BLOCKS_F16),
 }
 BLOCK = 32  # the panels' block: every type's block is a whole number of them
 _ATTRIBUTE = "_relayc_blocks"
+_PANELS_ONLY = "_relayc_panels_only"  # forget_blocks: float32 panels, whatever the values
 
 
 @dataclass(frozen=True)
@@ -115,8 +129,17 @@ class BlockWeight:
                 m = d * -8  # exact in float16 (a power of two) unless it overflows to inf
         return _pairs(d), _pairs(m), q
 
+    def _words(self) -> torch.Tensor:
+        """BF16 / F16: the ``[rows, cols]`` two-byte words, as int16."""
+        return self.data.contiguous().view(torch.int16).reshape(self.rows, self.cols)
+
     def dequantize(self) -> torch.Tensor:
-        """The float32 ``[rows, cols]`` matrix: ``d * q (+ m)``, rounded once, as ``gguf``."""
+        """The float32 ``[rows, cols]`` matrix: ``d * q (+ m)``, rounded once, as ``gguf``
+        (BF16 / F16: each word widened, exactly)."""
+        if self.qtype == "BF16":
+            return ((self._words().to(torch.int32) & 0xFFFF) << 16).view(torch.float32)
+        if self.qtype == "F16":
+            return self._words().view(torch.float16).float()
         d, m, q = self._fields()
         w = d.float().repeat_interleave(16, dim=-1) * q.float()
         if m is not None:
@@ -132,8 +155,17 @@ class BlockWeight:
         ``d`` and ``m``; Q8: ``d[16]`` (float16), 32 rows of 16 signed bytes; I8F: float32
         ``d[16]``, ``m[16]`` for k 0-15, again for k 16-31, 32 rows of 16 signed bytes."""
         format = self.format if format is None else format
-        if format not in (self.format, BLOCKS_I8F):
+        if format not in (self.format, BLOCKS_I8F) or (format != self.format in _WORDS):
             raise ValueError(f"{self.qtype} blocks have no panel format {format}")
+        if format in _WORDS:
+            # BF16 / F16: [P, nb, 32 k, 16 columns] words, rows padded with zero words
+            words = self._words()
+            pad = -self.rows % 16
+            if pad:
+                words = torch.cat([words, words.new_zeros(pad, self.cols)])
+            panels, nb = words.shape[0] // 16, self.cols // BLOCK
+            laid = words.reshape(panels, 16, nb, BLOCK).permute(0, 2, 3, 1).contiguous()
+            return laid.view(torch.uint8).reshape(-1)
         d, m, q = self._fields()
         rows, nb = d.shape[:2]
         if format == BLOCKS_I8F:
@@ -178,6 +210,8 @@ class BlockWeight:
         if any(p.rows % 16 for p in parts[:-1]):
             return None
         formats = {p.format for p in parts}
+        if len(formats) > 1 and formats & set(_WORDS):
+            return None  # two-byte words fit no other format: float32 panels for the stack
         return BlockStack(tuple(parts), formats.pop() if len(formats) == 1 else BLOCKS_I8F)
 
 
@@ -296,12 +330,48 @@ def blocks_of(weight: torch.Tensor | None) -> BlockWeight | None:
     return blocks
 
 
+def exact_word_blocks(weight: torch.Tensor | None) -> BlockWeight | None:
+    """``weight`` as BF16 (else F16) blocks when it is a float32 CPU matrix whose every
+    value is a finite bfloat16 (float16) number -- a checkpoint stored at that precision and
+    loaded as float32, such as the shipped EAGLE-3 heads -- and its width is whole blocks
+    of 32, else None. Such a weight is read from two bytes instead of four, with the same
+    bits (decoder.c's BLOCKS_BF16 / BLOCKS_F16)."""
+    if (
+        weight is None
+        or weight.dtype != torch.float32
+        or weight.device.type != "cpu"
+        or weight.dim() != 2
+        or weight.shape[1] % BLOCK
+        or weight.numel() == 0
+        or getattr(weight, _PANELS_ONLY, False)
+    ):
+        return None
+    values = weight.detach()
+    if not torch.isfinite(values.sum()):  # finite values cannot sum to inf here (< 2^128)
+        return None
+    for qtype, dtype in (("BF16", torch.bfloat16), ("F16", torch.float16)):
+        words = values.to(dtype)
+        if torch.equal(words.float(), values):
+            raw = words.contiguous().view(torch.uint8).reshape(values.shape[0], -1)
+            return BlockWeight(qtype, raw, int(values.shape[1]))
+    return None
+
+
+def native_blocks(weight: torch.Tensor | None) -> BlockWeight | None:
+    """What the native decoder reads ``weight`` as: its GGUF blocks (:func:`blocks_of`),
+    else its two-byte words when it is exactly bfloat16 or float16
+    (:func:`exact_word_blocks`), else None (float32 panels)."""
+    return blocks_of(weight) or exact_word_blocks(weight)
+
+
 def forget_blocks(module: torch.nn.Module) -> int:
-    """Drop the blocks recorded on ``module``'s parameters (returns how many): the native
-    decoder then reads float32 panels -- the same bits, four bytes a weight; a benchmark's
+    """Drop the blocks recorded on ``module``'s parameters (returns how many) and keep
+    exactly-bfloat16 weights from being read as such: the native decoder then reads
+    float32 panels -- the same bits, four bytes a weight; a benchmark's and a test's
     baseline. Takes effect when the weights are next packed (``use_cpu_matmul_layout``)."""
     count = 0
     for param in module.parameters():
+        setattr(param, _PANELS_ONLY, True)
         if hasattr(param, _ATTRIBUTE):
             delattr(param, _ATTRIBUTE)
             count += 1

@@ -21,6 +21,7 @@ from relayc.engine.checkpoints.blocks import (
     BlockWeight,
     attach,
     blocks_of,
+    exact_word_blocks,
     forget_blocks,
     random_blocks,
 )
@@ -264,3 +265,53 @@ def test_k_quant_matrices_mixed_with_each_other_and_float32(tmp_path: Path) -> N
     for a, b in zip(got, expected, strict=True):
         assert torch.isfinite(a).all()
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("word", ["BF16", "F16"])
+def test_exactly_bfloat16_or_float16_weights_read_their_words(word: str) -> None:
+    """A float32 model whose weights are all bfloat16 (float16) numbers -- a checkpoint
+    stored at that precision, loaded as float32 -- runs over their two-byte words, with the
+    same bits as over float32 panels (prefill, chunked prefill, decodes, tree verify)."""
+    assert native_decoder() is not None, "the native decoder should build here"
+    dtype = torch.bfloat16 if word == "BF16" else torch.float16
+
+    def rounded() -> LlamaForCausalLM:
+        model = random_model(CONFIG, seed=5)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.copy_(param.to(dtype).float())
+        return model
+
+    words, dense = rounded(), rounded()
+    forget_blocks(dense)
+    use_cpu_matmul_layout(words)
+    use_cpu_matmul_layout(dense)
+    got, expected = _session(words), _session(dense)
+    format = BLOCK_TYPES[word][2]
+    assert words.scripted is not None and words.scripted._native is not None
+    assert dense.scripted is not None and dense.scripted._native is not None
+    assert set(words.scripted._native.formats) == {format}
+    assert set(dense.scripted._native.formats) == {0}
+    assert words._native_head is not None and words._native_head.format == format
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_word_blocks_only_for_exact_finite_float32_matrices() -> None:
+    weight = torch.randn(16, 64).bfloat16().float()
+    blocks = exact_word_blocks(weight)
+    assert blocks is not None and blocks.qtype == "BF16"
+    assert torch.equal(blocks.dequantize(), weight)
+    half = torch.randn(16, 64).half().float()
+    half[0, :4] = torch.tensor([1.0, 3.0, 1023.0, -5.0]) * 2**-24  # float16 subnormals
+    blocks = exact_word_blocks(half)
+    assert blocks is not None and blocks.qtype == "F16"
+    assert torch.equal(blocks.dequantize(), half)
+    assert exact_word_blocks(torch.randn(16, 64)) is None  # float32 values
+    assert exact_word_blocks(torch.randn(16, 48).bfloat16().float()) is None  # not 32-wide
+    assert exact_word_blocks(weight.bfloat16()) is None  # bfloat16 models run their own
+    weight[3, 5] = float("inf")
+    assert exact_word_blocks(weight) is None
+    # mixed with another format, the words fit none: the stack is float32 panels
+    q8 = BlockWeight("Q8_0", torch.zeros(16, 68, dtype=torch.uint8), 64)
+    assert BlockWeight.cat([q8, exact_word_blocks(half)]) is None  # type: ignore[list-item]
