@@ -1,5 +1,6 @@
 """decoder.c's GEMM per weight format, on a 1B Llama's matrix shapes: float32 panels
-against each GGUF block format the native decoder reads.
+against each GGUF block format the native decoder reads, and the bfloat16 / float16 words
+it reads for float32 weights that are exactly such numbers.
 
     python bench/block_kernels.py [--rows 1,4,8] [--iters 20] [--threads 1]
 
@@ -31,7 +32,7 @@ from relayc.engine.native import native_decoder
 # TinyLlama-1.1B's layer matrices [out, in], fused as the engine fuses them
 SHAPES = [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
 LAYERS = 2
-TYPES = ("Q4_1", "Q4_K", "Q8_0", "Q5_K", "Q6_K")
+TYPES = ("Q4_1", "Q4_K", "Q8_0", "Q5_K", "Q6_K", "BF16", "F16")
 BASELINE = "float32 panels"
 
 

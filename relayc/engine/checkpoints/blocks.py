@@ -385,6 +385,11 @@ def random_blocks(
     the K-quants): random bytes, but every float16 scale (and offset) set to ``scale``, so
     the weights stay small and finite. The same seed gives the same bytes."""
     block, size, _ = BLOCK_TYPES[qtype]
+    if qtype in ("BF16", "F16"):  # words: normal values of about `scale * 2^12`
+        values = np.random.default_rng(seed).standard_normal((rows, cols), np.float32)
+        words = torch.from_numpy(values * np.float32(scale * 2**12))
+        words = words.to(torch.bfloat16 if qtype == "BF16" else torch.float16)
+        return BlockWeight(qtype, words.contiguous().view(torch.uint8).reshape(rows, -1), cols)
     data = np.random.default_rng(seed).integers(0, 256, (rows, cols // block, size), np.uint8)
     word = np.array([scale], dtype=np.float16).view(np.uint8)
     # where each type keeps its float16 scale (and offset): first, but Q6_K's last
