@@ -312,7 +312,8 @@ def _layer_blocks(
     """Each matrix of ``layers`` (q/k/v and gate/up stacked as the fused weights are) as
     the blocks the native decoder reads instead of float32 panels when every part has them
     (relayc.engine.checkpoints.blocks.native_blocks: a GGUF file's blocks while the weight
-    still holds their values, or the bfloat16 words of an exactly-bfloat16 weight), else
+    still holds their values, or the two-byte words of a weight that is exactly bfloat16 or
+    float16: an EAGLE-3 head's layer as well as a model's), else
     None for that matrix: its float32 panels (a weight edited since loading, a type with no
     block kernel). None: no blocks at all."""
     found: dict[str, list[BlockStack | None]] = {name: [] for name in _MATRICES}
@@ -368,8 +369,8 @@ class NativeHead:
         self.stamps = [_stamp(p) for p in self.params]
         self.dtype = lm_head.weight.dtype
         self.weight = norm.weight.detach().float().contiguous()
-        # a GGUF file's quantized head (SmolLM2's is Q8_0) read as its blocks: the same
-        # logits, fewer bytes
+        # a GGUF file's quantized head (SmolLM2's is Q8_0) read as its blocks, an exactly
+        # bfloat16 or float16 one as its words: the same logits, fewer bytes
         blocks = native_blocks(lm_head._parameters["weight"])
         self.format = blocks.format if blocks is not None else 0
         self.packed = blocks.panels() if blocks is not None else _pack(lm_head.weight)
@@ -638,7 +639,8 @@ class NativeDraftLayer:
                for t in params[n] if t is not None):  # fmt: skip
             return
         eps = [float(layer.post_attention_layernorm.eps)]
-        # a bfloat16 head loaded as float32 (the shipped heads) reads its words: same bits
+        # a bfloat16 or float16 head loaded as float32 (the shipped heads are float16) reads
+        # its two-byte words: the same bits
         blocks = _layer_blocks([layer]) if dtype == torch.float32 else None
         self._weights = _NativeWeights(params, eps, eps, dtype, blocks)
         self._args = {

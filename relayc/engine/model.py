@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from relayc.engine import native
 from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
 from relayc.engine.cpu_decoder import (
@@ -152,8 +153,6 @@ def prepare_cpu_decoders(module: nn.Module) -> int:
     time, and the first request runs at the speed of the rest. The packs stay valid as long
     as the weights do (a changed weight is repacked at its next forward, as before). A no-op
     where the native library is off or cannot be built."""
-    from relayc.engine import native
-
     if native.native_decoder() is None:
         return 0
     count = 0

@@ -203,3 +203,28 @@ def test_engine_takes_a_gguf_path_and_errors_are_checkpoint_errors(
     bad.write_bytes(f32_file.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match=r"bad\.gguf"):
         Engine(model=bad)
+
+
+def test_the_faster_reader_reads_what_gguf_reads(model: torch.nn.Module, tmp_path: Path) -> None:
+    """open_gguf's reader (gguf's, its reads plain ndarray views of the memory map) gives
+    every metadata value and tensor gguf's own reader gives: strings, arrays of strings and
+    numbers, and each tensor's type, shape and bytes."""
+    from relayc.engine.checkpoints.gguf import _reader_class
+
+    def tokenizer(writer: gguf.GGUFWriter) -> None:
+        writer.add_array("tokenizer.ggml.tokens", ["<s>", "a", "bé", "ü" * 40, ""])
+        writer.add_array("tokenizer.ggml.scores", [0.5, -1.0, 2.25, 0.0, 1e-3])
+        writer.add_string("tokenizer.chat_template", "{{ messages }}")
+        writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+
+    path = save_gguf(model, tmp_path / "q8.gguf", tensor_type="Q8_0", tokenizer=tokenizer)
+    ours, theirs = _reader_class(gguf.GGUFReader)(path), gguf.GGUFReader(path)
+    assert type(ours) is not gguf.GGUFReader  # the override applies to this gguf version
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        assert ours.fields[key].contents() == field.contents(), key
+        assert ours.fields[key].types == field.types, key
+    assert len(ours.tensors) == len(theirs.tensors) > 0
+    for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (a.name, a.tensor_type, list(a.shape)) == (b.name, b.tensor_type, list(b.shape))
+        assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data)
