@@ -454,6 +454,9 @@ REAL_RELAYC: list[tuple[str, str, dict[str, int]]] = [
     ("relayc eagle3", "eagle3", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
     # A chain verifies 4 rows instead of 8: on this CPU a verify's cost grows with its rows.
     ("relayc eagle3 chain", "eagle3", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
+    # Shorter chains: fewer verify rows and head steps for fewer tokens a verify.
+    ("relayc eagle3 chain 3", "eagle3", {"num_steps": 2, "topk": 1, "num_draft_tokens": 3}),
+    ("relayc eagle3 chain 2", "eagle3", {"num_steps": 1, "topk": 1, "num_draft_tokens": 2}),
 ]
 
 

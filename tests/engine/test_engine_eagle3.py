@@ -32,6 +32,8 @@ DRAFT_VOCAB = 10
 SIZES = {
     "chain": {"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
     "tree": {"num_steps": 3, "topk": 3, "num_draft_tokens": 6},
+    # one draft step: the tree's parent list is the root's -1 alone
+    "one step": {"num_steps": 1, "topk": 2, "num_draft_tokens": 2},
 }
 
 

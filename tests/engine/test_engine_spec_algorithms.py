@@ -29,6 +29,7 @@ from tests.engine.engine_helpers import (
 CONFIGS = [
     ("eagle", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
     ("eagle", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
+    ("eagle", {"num_steps": 1, "topk": 2, "num_draft_tokens": 3}),  # one draft step
     ("eagle_multilayer", {"num_steps": 3, "topk": 2, "num_draft_tokens": 6}),
     ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 5}),
     ("standalone", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),

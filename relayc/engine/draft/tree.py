@@ -35,7 +35,7 @@ from relayc.kernels._backend import host_loops
 class DraftTree(NamedTuple):
     """What ``build_tree`` takes besides the root token and the sequence lengths."""
 
-    parent_list: torch.Tensor  # [B, topk*(num_steps-1)+1] int64; [B, 0] when num_steps == 1
+    parent_list: torch.Tensor  # [B, topk*(num_steps-1)+1] int64 (one step: the root's -1)
     top_scores_index: torch.Tensor  # [B, N-1] int64, ascending
     draft_tokens: torch.Tensor  # [B, N-1] int64
 
@@ -111,7 +111,6 @@ def select_level(
 
 def organize_draft_results(levels: list[BeamLevel], num_draft_tokens: int) -> DraftTree:
     """Keep the best ``num_draft_tokens - 1`` candidates of all levels (SGLang's function)."""
-    batch = levels[0].scores.shape[0]
     all_scores = torch.cat([lv.level_scores.flatten(1) for lv in levels], dim=1)
     all_tokens = torch.cat([lv.level_tokens for lv in levels], dim=1)
     if not 1 <= num_draft_tokens <= all_scores.shape[1] + 1:
@@ -123,7 +122,9 @@ def organize_draft_results(levels: list[BeamLevel], num_draft_tokens: int) -> Dr
     if len(levels) > 1:
         parent_list = torch.cat([lv.level_parents for lv in levels[:-1]], dim=1)
     else:
-        parent_list = torch.empty(batch, 0, dtype=torch.int64, device=all_scores.device)
+        # One step: only the root's -1, what the declared [B, topk*(num_steps-1)+1] holds
+        # (SGLang passes [B, 0], which build_tree reads as this; the relay wants the shape).
+        parent_list = levels[0].level_parents[:, :1]
     return DraftTree(
         parent_list=parent_list.contiguous(),
         top_scores_index=top_scores_index,

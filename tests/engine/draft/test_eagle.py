@@ -139,7 +139,7 @@ def brute_force_tree(
             parents += [c[0] for c in beams]
         candidates += level_candidates
     best = sorted(sorted(candidates, key=lambda x: (-x[1], x[0]))[: n - 1])
-    return (parents if num_steps > 1 else []), [c[0] for c in best], [c[2] for c in best]
+    return (parents if num_steps > 1 else [-1]), [c[0] for c in best], [c[2] for c in best]
 
 
 def draft(
@@ -189,7 +189,7 @@ def test_tree_drafting_matches_brute_force_beam_search(
 ) -> None:
     pre = prefill(target, PROMPTS[:2], shuffle_seed=topk)
     tree = draft(head, pre, topk, num_steps, n)
-    assert tree.parent_list.shape == (2, topk * (num_steps - 1) + 1 if num_steps > 1 else 0)
+    assert tree.parent_list.shape == (2, topk * (num_steps - 1) + 1)
     assert tree.top_scores_index.shape == tree.draft_tokens.shape == (2, n - 1)
     for b in range(2):
         ids = [*pre.prompts[b][1:], pre.next_tokens[b]]

@@ -72,7 +72,7 @@ def draft_reference(
             candidates += level_candidates
         best = sorted(candidates, key=lambda x: (-x[1], x[0]))[: num_draft_tokens - 1]
         best.sort()
-        parent_lists.append(parents if len(levels_probs) > 1 else [])
+        parent_lists.append(parents if len(levels_probs) > 1 else [-1])
         selections.append([flat for flat, _, _ in best])
         token_lists.append([token for _, _, token in best])
     return parent_lists, selections, token_lists
@@ -129,7 +129,7 @@ def test_beam_selection_matches_plain_loops(case: tuple[int, int, int, int]) -> 
         with NoHostSync():
             tree = draft_with_levels(levels, topk, n)
         parents, selected, tokens = draft_reference(levels, topk, n)
-        assert tree.parent_list.shape == (batch, topk * (num_steps - 1) + 1 if num_steps > 1 else 0)
+        assert tree.parent_list.shape == (batch, topk * (num_steps - 1) + 1)
         assert tree.parent_list.tolist() == parents
         assert tree.top_scores_index.tolist() == selected
         assert tree.draft_tokens.tolist() == tokens
