@@ -642,11 +642,12 @@ static inline void nibbles16(const uint8_t *p, v16 *lo, v16 *hi) {
 #endif
 }
 
-/* NIBBLE_BLOCK / BYTE_BLOCK (NAME_MB_P): out[m, 16*p0 .. 16*(p0 + P)) (+)= x[m, :] @ panels
+/* NIBBLE_BLOCK / ROW_BLOCK (NAME_MB_P): out[m, 16*p0 .. 16*(p0 + P)) (+)= x[m, :] @ panels
  * p0 .. p0 + P. A block of 32 k is BYTES long; SCALES(block, half, j) reads the scale d[j]
- * and offset mn[j] of its k 16 * half .. 16 * half + 15; its q start at byte BODY: 16 rows
- * of 16 nibble pairs (the 4-bit formats) or 32 rows of 16 signed bytes. REBUILD(d, q, m)
- * makes each weight, exactly as gguf's dequantize rounds it; the rows accumulate as gemm. */
+ * and offset mn[j] of its k 16 * half .. 16 * half + 15. NIBBLE_BLOCK: its q start at byte
+ * BODY, 16 rows of 16 nibble pairs (the 4-bit formats); ROW_BLOCK: LOAD(block, k) reads
+ * row k's 16 q (signed bytes, or two-byte words). REBUILD(d, q, m) makes each weight,
+ * exactly as gguf's dequantize rounds it; the rows accumulate as gemm. */
 #define NIBBLE_BLOCK(NAME, BYTES, BODY, SCALES, MB, P)                                     \
     static void NAME##_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,   \
                                   float *out, int add) {                                   \
@@ -681,7 +682,7 @@ static inline void nibbles16(const uint8_t *p, v16 *lo, v16 *hi) {
                 store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
     }
 
-#define BYTE_BLOCK(NAME, BYTES, BODY, SCALES, REBUILD, MB, P)                              \
+#define ROW_BLOCK(NAME, BYTES, SCALES, LOAD, REBUILD, MB, P)                              \
     static void NAME##_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,   \
                                   float *out, int add) {                                   \
         const int nb = K / 32;                                                             \
@@ -697,7 +698,7 @@ static inline void nibbles16(const uint8_t *p, v16 *lo, v16 *hi) {
                 for (int k = 16 * half; k < 16 * half + 16; k++) {                         \
                     v16 wk[P];                                                             \
                     for (int j = 0; j < P; j++) {                                          \
-                        const v16 q = signed16(panel[j] + (size_t)b * BYTES + BODY + 16 * k); \
+                        const v16 q = LOAD(panel[j] + (size_t)b * BYTES, k);               \
                         wk[j] = REBUILD(d[j], q, mn[j]);                                   \
                     }                                                                      \
                     for (int m = 0; m < MB; m++) {                                         \
@@ -726,32 +727,6 @@ static inline v16 widen16(const uint8_t *p) {
 #endif
 }
 
-/* WORD_BLOCK (NAME_MB_P): BYTE_BLOCK's loop for BLOCKS_BF16 / BLOCKS_F16: no scales, each
- * weight widened exactly by WIDEN (widen16, half16), then the rows accumulate as gemm. */
-#define WORD_BLOCK(NAME, WIDEN, MB, P)                                                     \
-    static void NAME##_##MB##_##P(const float *x, int K, const uint8_t *w, int p0, int N,   \
-                                  float *out, int add) {                                   \
-        const int nb = K / 32;                                                             \
-        v16 acc[MB][P];                                                                    \
-        const uint8_t *panel[P];                                                           \
-        for (int j = 0; j < P; j++) panel[j] = w + (size_t)(p0 + j) * nb * WORD_BYTES;     \
-        for (int m = 0; m < MB; m++)                                                       \
-            for (int j = 0; j < P; j++) acc[m][j] = splat16(0.0f);                         \
-        for (int b = 0; b < nb; b++)                                                       \
-            for (int k = 0; k < 32; k++) {                                                 \
-                v16 wk[P];                                                                 \
-                for (int j = 0; j < P; j++)                                                \
-                    wk[j] = WIDEN(panel[j] + (size_t)b * WORD_BYTES + 32 * k);             \
-                for (int m = 0; m < MB; m++) {                                             \
-                    const v16 s = splat16(x[(size_t)m * K + (size_t)b * 32 + k]);          \
-                    for (int j = 0; j < P; j++) acc[m][j] = fma16(acc[m][j], s, wk[j]);     \
-                }                                                                          \
-            }                                                                              \
-        for (int m = 0; m < MB; m++)                                                       \
-            for (int j = 0; j < P; j++)                                                    \
-                store16(out + (size_t)m * N + (size_t)(p0 + j) * 16, acc[m][j], add);      \
-    }
-
 /* Where each format keeps its scales: Q4 float16 d[16], m[16]; Q4F float32 d[16], m[16];
  * Q8 float16 d[16] (no offset); I8F float32 d[16], m[16] per half. */
 #define Q4_SCALES(blk, half, j) (d[j] = half16(blk), mn[j] = half16((blk) + 32))
@@ -762,13 +737,21 @@ static inline v16 widen16(const uint8_t *p) {
 /* Q8_0's weight is d * q, exact: no offset (an fma with m = 0 would turn -0 into +0). */
 #define Q8_REBUILD(d, q, m) ((void)(m), (d) * (q))
 #define I8F_REBUILD(d, q, m) fma16((m), (d), (q))
+/* Row k of a block: 16 signed bytes after the scales (Q8 at byte 32, I8F at 256), or 16
+ * two-byte words widened exactly (BF16, F16: no scales; the weight is the word). */
+#define Q8_LOAD(blk, k) signed16((blk) + 32 + 16 * (k))
+#define I8F_LOAD(blk, k) signed16((blk) + 256 + 16 * (k))
+#define BF16_LOAD(blk, k) widen16((blk) + 32 * (k))
+#define F16_LOAD(blk, k) half16((blk) + 32 * (k))
+#define NO_SCALES(blk, half, j) ((void)(blk), d[j] = mn[j] = splat16(0.0f))
+#define WORD_REBUILD(d, q, m) ((void)(d), (void)(m), (q))
 
 #define Q4_BLOCK(MB, P) NIBBLE_BLOCK(q4, Q4_BYTES, 64, Q4_SCALES, MB, P)
 #define Q4F_BLOCK(MB, P) NIBBLE_BLOCK(q4f, Q4F_BYTES, 128, Q4F_SCALES, MB, P)
-#define Q8_BLOCK(MB, P) BYTE_BLOCK(q8, Q8_BYTES, 32, Q8_SCALES, Q8_REBUILD, MB, P)
-#define I8F_BLOCK(MB, P) BYTE_BLOCK(i8f, I8F_BYTES, 256, I8F_SCALES, I8F_REBUILD, MB, P)
-#define BF16_BLOCK(MB, P) WORD_BLOCK(bf16, widen16, MB, P)
-#define F16_BLOCK(MB, P) WORD_BLOCK(f16, half16, MB, P)
+#define Q8_BLOCK(MB, P) ROW_BLOCK(q8, Q8_BYTES, Q8_SCALES, Q8_LOAD, Q8_REBUILD, MB, P)
+#define I8F_BLOCK(MB, P) ROW_BLOCK(i8f, I8F_BYTES, I8F_SCALES, I8F_LOAD, I8F_REBUILD, MB, P)
+#define BF16_BLOCK(MB, P) ROW_BLOCK(bf16, WORD_BYTES, NO_SCALES, BF16_LOAD, WORD_REBUILD, MB, P)
+#define F16_BLOCK(MB, P) ROW_BLOCK(f16, WORD_BYTES, NO_SCALES, F16_LOAD, WORD_REBUILD, MB, P)
 
 typedef void (*quant_block_fn)(const float *, int, const uint8_t *, int, int, float *, int);
 

@@ -21,6 +21,7 @@ Every problem -- not a GGUF file, a truncated one, another architecture, a tenso
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
     return GGUFFile(path, reader, metadata)
 
 
+@functools.cache
 def _reader_class(base: type[GGUFReader]) -> type[GGUFReader]:
     """``gguf``'s reader, each of its reads a plain ndarray view of the memory map.
 
