@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relayc.engine import native, scripted
+from relayc.engine import head_argmax, native, scripted
 from relayc.engine.attention import PagedAttend
 from relayc.engine.checkpoints.blocks import BlockStack, BlockWeight, native_blocks
 from relayc.engine.forward_batch import ForwardMode
@@ -407,13 +407,7 @@ class NativeHead:
         hidden = hidden.reshape(-1, width).float().contiguous()
         rows = hidden.shape[0]
         out = hidden.new_empty(rows, self.padded)
-        extra: tuple[int, ...] = ()
-        if self.format:
-            head, extra = lib.relayc_head_blocks, (self.format,)
-        else:
-            head = lib.relayc_head if self.dtype == torch.float32 else lib.relayc_head_bf16
-        code = head(
-            rows,
+        args = (
             width,
             out.shape[1],
             hidden.data_ptr(),
@@ -421,11 +415,27 @@ class NativeHead:
             float(self.norm.eps),
             self.packed.data_ptr(),
             out.data_ptr(),
-            *extra,
         )
+        if rows <= head_argmax.MAX_ROWS:
+            # the greedy token of each row comes with its logits (see relayc.engine.head_argmax)
+            argmax = torch.empty(rows, dtype=torch.int64)
+            kind = self.format or (0 if self.dtype == torch.float32 else -1)
+            code = lib.relayc_head_argmax(
+                rows, *args[:2], self.vocab, *args[2:], kind, argmax.data_ptr()
+            )
+        elif self.format:
+            argmax, code = None, lib.relayc_head_blocks(rows, *args, self.format)
+        else:
+            head = lib.relayc_head if self.dtype == torch.float32 else lib.relayc_head_bf16
+            argmax, code = None, head(rows, *args)
         if code != 0:
             raise RuntimeError(f"the native LM head failed (code {code})")
-        return out[:, : self.vocab].contiguous().view(*leading, self.vocab)
+        logits = out[:, : self.vocab].contiguous().view(*leading, self.vocab)
+        if argmax is None:
+            head_argmax.forget()
+        else:
+            head_argmax.remember(logits, argmax.view(leading))
+        return logits
 
 
 class _NativeWeights:

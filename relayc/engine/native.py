@@ -155,6 +155,8 @@ def _load(path: Path) -> ctypes.CDLL:
         head.restype = i
     lib.relayc_head_blocks.argtypes = [i, i, i, p, p, ctypes.c_float, p, p, i]
     lib.relayc_head_blocks.restype = i
+    lib.relayc_head_argmax.argtypes = [i, i, i, i, p, p, ctypes.c_float, p, p, i, p]
+    lib.relayc_head_argmax.restype = i
     lib.relayc_argmax.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p]
     lib.relayc_argmax.restype = i
     lib.relayc_bf16_kernels.argtypes = []

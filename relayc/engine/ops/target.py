@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from relayc.engine import native
+from relayc.engine import head_argmax, native
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.registry import implements
 from relayc.engine.sampling import sample
@@ -25,9 +25,11 @@ _ARGMAX_CHUNK = 1024
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """``torch.argmax(logits, dim=-1)``, the same indices, faster on the CPU for wide rows.
 
-    ATen's CPU argmax is a scalar loop (about 0.55 ns per element here: 220 us for a verify
-    of 8 rows of a 49152-token vocabulary, more than the rest of the tree bookkeeping).
-    float32 CPU logits go to the native library's ``relayc_argmax`` (one vectorised pass
+    Logits the native LM head has just made come with their argmax, taken as it made them
+    (:mod:`relayc.engine.head_argmax`): that is returned as is. ATen's CPU argmax is a
+    scalar loop (about 0.55 ns per element here: 220 us for a verify of 8 rows of a
+    49152-token vocabulary, more than the rest of the tree bookkeeping). Other float32 CPU
+    logits go to the native library's ``relayc_argmax`` (one vectorised pass
     for the maximum, one for its first index: torch's rule, the first maximal index, NaN
     counting as the maximum). Without the library, a row is cut into chunks of
     ``_ARGMAX_CHUNK``: the argmax of the chunk maxima (``amax`` is vectorised) is the first
@@ -36,6 +38,9 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     shapes, no host reads: graph-safe. Other devices and narrow or indivisible rows take
     ``torch.argmax`` itself.
     """
+    known = head_argmax.lookup(logits)
+    if known is not None:  # the native LM head took it as it made these logits
+        return known
     vocab = logits.shape[-1]
     lead = logits.shape[:-1]
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and vocab > 0:
