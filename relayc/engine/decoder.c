@@ -1291,3 +1291,87 @@ int relayc_argmax(const float *x, int64_t rows, int64_t n, int64_t *out) {
     }
     return 0;
 }
+
+/* GGUF's simplest block types read straight from a file's bytes: the loader's dequantize
+ * (the `gguf` package's NumPy loops took most of a model's load) and the packer's check
+ * that a parameter still holds its blocks' values. Types (GGUF_*): Q4_0 (18 bytes: float16
+ * d, 16 bytes of nibbles; weight d * (q - 8)), Q4_1 (20 bytes: d, m, 16 bytes of nibbles;
+ * d * q + m), Q8_0 (34 bytes: d, 32 signed bytes; d * q). Nibbles: byte j holds weight j
+ * in its low half and weight j + 16 in its high half. Each weight is computed as the
+ * `gguf` package computes it: every product is exact, so the one rounding is its. */
+enum { GGUF_Q4_0 = 1, GGUF_Q4_1 = 2, GGUF_Q8_0 = 3 };
+
+/* One float16 bit pattern -> float32, exactly (infinities and NaNs too). */
+static inline float half1(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t bits;
+    float f;
+    if ((h & 0x7c00u) == 0x7c00u) { /* infinity or NaN: keep the payload */
+        bits = sign | 0x7f800000u | ((uint32_t)(h & 0x3ffu) << 13);
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    const uint32_t mag = (uint32_t)(h & 0x7fffu) << 13;
+    memcpy(&f, &mag, sizeof f);
+    f *= 0x1p112f; /* exact: normals and subnormals alike */
+    memcpy(&bits, &f, sizeof bits);
+    bits |= sign;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* The 32 weights of one block. */
+static inline void gguf_block(const uint8_t *blk, int type, float *w) {
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    const float d = half1(h);
+    if (type == GGUF_Q8_0) {
+        for (int j = 0; j < 32; j++) w[j] = d * (float)(int8_t)blk[2 + j];
+        return;
+    }
+    if (type == GGUF_Q4_0) {
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * (float)((int)(blk[2 + j] & 15) - 8);
+            w[j + 16] = d * (float)((int)(blk[2 + j] >> 4) - 8);
+        }
+        return;
+    }
+    memcpy(&h, blk + 2, sizeof h);
+    const float m = half1(h);
+    for (int j = 0; j < 16; j++) {
+        w[j] = d * (float)(blk[4 + j] & 15) + m;
+        w[j + 16] = d * (float)(blk[4 + j] >> 4) + m;
+    }
+}
+
+static inline int gguf_block_bytes(int type) {
+    return type == GGUF_Q4_0 ? 18 : type == GGUF_Q4_1 ? 20 : type == GGUF_Q8_0 ? 34 : 0;
+}
+
+/* out[rows, cols] (row-major float32) = the weights of raw[rows, cols / 32 blocks].
+ * Returns 0, or -2 for an unknown type or cols not whole blocks. */
+int relayc_gguf_dequantize(const uint8_t *raw, int type, int64_t rows, int64_t cols,
+                           float *out) {
+    const int bytes = gguf_block_bytes(type);
+    if (bytes == 0 || cols % 32 || rows < 0) return -2;
+    const int64_t blocks = rows * (cols / 32);
+    for (int64_t b = 0; b < blocks; b++) gguf_block(raw + b * bytes, type, out + b * 32);
+    return 0;
+}
+
+/* 1 when weight[rows, cols] (row-major float32) equals the weights of raw (value for value,
+ * as torch.equal compares) and every one is finite; else 0 (-2 as relayc_gguf_dequantize). */
+int relayc_gguf_matches(const uint8_t *raw, int type, int64_t rows, int64_t cols,
+                        const float *weight) {
+    const int bytes = gguf_block_bytes(type);
+    if (bytes == 0 || cols % 32 || rows < 0) return -2;
+    const int64_t blocks = rows * (cols / 32);
+    float w[32];
+    for (int64_t b = 0; b < blocks; b++) {
+        gguf_block(raw + b * bytes, type, w);
+        const float *have = weight + b * 32;
+        for (int j = 0; j < 32; j++)
+            if (!(w[j] == have[j]) || !isfinite(w[j])) return 0;
+    }
+    return 1;
+}

@@ -157,6 +157,9 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_head_blocks.restype = i
     lib.relayc_head_argmax.argtypes = [i, i, i, i, p, p, ctypes.c_float, p, p, i, p]
     lib.relayc_head_argmax.restype = i
+    for fn in (lib.relayc_gguf_dequantize, lib.relayc_gguf_matches):
+        fn.argtypes = [p, i, ctypes.c_int64, ctypes.c_int64, p]
+        fn.restype = i
     lib.relayc_argmax.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p]
     lib.relayc_argmax.restype = i
     lib.relayc_bf16_kernels.argtypes = []

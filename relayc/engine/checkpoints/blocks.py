@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -308,6 +309,39 @@ def attach(weight: torch.Tensor, blocks: BlockWeight) -> None:
     setattr(weight, _ATTRIBUTE, blocks)
 
 
+# The types decoder.c reads straight from a file's bytes (its GGUF_* codes): dequantized
+# and compared there, not by NumPy's or torch's passes over the whole matrix.
+NATIVE_GGUF_TYPES = {"Q4_0": 1, "Q4_1": 2, "Q8_0": 3}
+
+
+def native_gguf(raw: torch.Tensor, qtype: str, rows: int, cols: int) -> Any:
+    """``(library, type code, contiguous raw bytes)`` when decoder.c reads ``qtype``'s bytes
+    ``raw [rows, row bytes]`` itself (:data:`NATIVE_GGUF_TYPES`, the library built), else
+    None."""
+    code = NATIVE_GGUF_TYPES.get(qtype)
+    if code is None or cols % BLOCK or raw.dtype != torch.uint8 or raw.device.type != "cpu":
+        return None
+    if raw.numel() != rows * (cols // BLOCK) * BLOCK_TYPES[qtype][1]:
+        return None
+    from relayc.engine import native  # the checkpoint formats load without the library
+
+    lib = native.native_decoder()
+    return None if lib is None else (lib, code, raw.contiguous())
+
+
+def dequantize_gguf(raw: torch.Tensor, qtype: str, rows: int, cols: int) -> torch.Tensor | None:
+    """The float32 ``[rows, cols]`` weights of GGUF bytes ``raw`` -- the `gguf` package's
+    values, bit for bit -- computed by decoder.c, or None where it does not read ``qtype``."""
+    found = native_gguf(raw, qtype, rows, cols)
+    if found is None:
+        return None
+    lib, code, raw = found
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    if lib.relayc_gguf_dequantize(raw.data_ptr(), code, rows, cols, out.data_ptr()) != 0:
+        return None
+    return out
+
+
 def blocks_of(weight: torch.Tensor | None) -> BlockWeight | None:
     """``weight``'s blocks while it is float32 and still holds exactly their values, else
     None. The values are compared (a fraction of a second for a 135M model, once per
@@ -318,6 +352,14 @@ def blocks_of(weight: torch.Tensor | None) -> BlockWeight | None:
     blocks = getattr(weight, _ATTRIBUTE, None)
     if not isinstance(blocks, BlockWeight) or tuple(weight.shape) != (blocks.rows, blocks.cols):
         return None
+    found = native_gguf(blocks.data, blocks.qtype, blocks.rows, blocks.cols)
+    if found is not None:  # one pass over the bytes and the weight, no float32 copy
+        lib, code, raw = found
+        values = weight.detach().contiguous()
+        matches = lib.relayc_gguf_matches(
+            raw.data_ptr(), code, blocks.rows, blocks.cols, values.data_ptr()
+        )
+        return blocks if matches == 1 else None
     values = blocks.dequantize()
     if not torch.equal(values, weight.detach()):
         return None

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relayc.engine.checkpoints.blocks import BLOCK_TYPES, BlockWeight, attach
+from relayc.engine.checkpoints.blocks import BLOCK_TYPES, BlockWeight, attach, dequantize_gguf
 from relayc.engine.config import ModelConfig
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.weights import CheckpointError, expected_tensors
@@ -305,8 +305,12 @@ def load_gguf_model(
                     f"{file.path}: tensor `{tensor.name}` has shape {list(got)}, the "
                     f"metadata's model needs {list(want)} (for `{name}`)"
                 )
-            values = torch.from_numpy(_dequantize(file, tensor).copy()).reshape(want)
             raw = _raw_blocks(tensor, want)
+            values = None
+            if raw is not None and len(want) == 2:
+                values = dequantize_gguf(raw, tensor.tensor_type.name, want[0], want[1])
+            if values is None:
+                values = torch.from_numpy(_dequantize(file, tensor).copy()).reshape(want)
             if name.endswith("q_proj.weight"):
                 values = unpermute_rope_rows(values, config.num_heads)
                 raw = None if raw is None else unpermute_rope_rows(raw, config.num_heads)

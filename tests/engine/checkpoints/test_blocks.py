@@ -315,3 +315,82 @@ def test_word_blocks_only_for_exact_finite_float32_matrices() -> None:
     # mixed with another format, the words fit none: the stack is float32 panels
     q8 = BlockWeight("Q8_0", torch.zeros(16, 68, dtype=torch.uint8), 64)
     assert BlockWeight.cat([q8, exact_word_blocks(half)]) is None  # type: ignore[list-item]
+
+
+NATIVE_KINDS = ["Q4_0", "Q4_1", "Q8_0"]  # decoder.c reads these types' bytes itself
+
+
+def _special_bytes(kind: str, rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Random ``kind`` bytes whose float16 scales (and Q4_1's offsets) take every kind of
+    value: zeros of both signs, subnormals, the largest finite, infinities and NaN among
+    ordinary ones."""
+    size = BLOCK_TYPES[kind][1]
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, (rows, cols // 32, size), np.uint8)
+    specials = np.array(
+        [0.0, -0.0, 6e-8, -3e-5, 65504.0, -65504.0, np.inf, -np.inf, np.nan, 0.5, -1.25],
+        dtype=np.float16,
+    )
+    for start in [0, 2] if kind == "Q4_1" else [0]:
+        halves = rng.choice(specials, size=(rows, cols // 32)).astype(np.float16)
+        ordinary = rng.random((rows, cols // 32)) < 0.5
+        halves[ordinary] = (rng.standard_normal(ordinary.sum()) * 0.01).astype(np.float16)
+        data[..., start : start + 2] = halves.view(np.uint8).reshape(rows, cols // 32, 2)
+    return torch.from_numpy(data.reshape(rows, -1))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # gguf's inf * 0
+@pytest.mark.parametrize("kind", NATIVE_KINDS)
+def test_native_dequantize_is_the_gguf_package_bit_for_bit(kind: str) -> None:
+    if native_decoder() is None:
+        pytest.skip("no native library here")
+    from relayc.engine.checkpoints.blocks import dequantize_gguf
+
+    raw = _special_bytes(kind, 48, 96, seed=len(kind))
+    got = dequantize_gguf(raw, kind, 48, 96)
+    assert got is not None
+    want = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[kind])
+    want = torch.from_numpy(np.ascontiguousarray(want)).reshape(48, 96)
+    # the same bits: signed zeros, infinities and NaN payloads included
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert dequantize_gguf(raw, "Q5_0", 48, 96) is None  # a type it does not read
+
+
+@pytest.mark.parametrize("kind", NATIVE_KINDS)
+def test_native_block_check_agrees_with_the_torch_one(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """blocks_of through decoder.c says what the torch comparison says: kept for the
+    file's values (a zero of either sign, as torch.equal compares), refused for one
+    changed weight and for blocks with non-finite weights."""
+    if native_decoder() is None:
+        pytest.skip("no native library here")
+    import relayc.engine.native as native_module
+
+    ordinary = BlockWeight(kind, random_blocks(kind, 32, 64, seed=5).data, 64)
+    special = BlockWeight(kind, _special_bytes(kind, 32, 64, seed=7), 64)
+    values = ordinary.dequantize()
+    changed = values.clone()
+    changed[5, 17] = torch.nextafter(changed[5, 17], torch.tensor(1e30))
+    signed = values.clone()  # a zero weight (Q4_0's q = 8, Q8_0's q = 0) of the other sign
+    zeros = (values == 0).nonzero()
+    assert len(zeros) or kind == "Q4_1"  # Q4_1's small positive offsets make no zeros
+    for at in zeros[:4]:
+        signed[tuple(at)] = -signed[tuple(at)]
+    cases = {
+        "as loaded": (ordinary, values, True),
+        "one weight changed": (ordinary, changed, False),
+        "non-finite blocks": (special, special.dequantize(), False),
+        "a zero's sign": (ordinary, signed, True),  # equal values to torch.equal
+    }
+    params = {}
+    for name, (blocks, v, _) in cases.items():
+        params[name] = torch.nn.Parameter(v.clone())
+        attach(params[name], blocks)
+    found = {name: blocks_of(p) is not None for name, p in params.items()}
+    monkeypatch.setattr(native_module, "native_decoder", lambda: None)
+    torch_found = {name: blocks_of(p) is not None for name, p in params.items()}
+    assert found == torch_found
+    for name, (_, _, want) in cases.items():
+        if want is not None:
+            assert found[name] == want, name
