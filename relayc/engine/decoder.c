@@ -1273,7 +1273,7 @@ int relayc_head_bf16(int T, int hidden, int vocab_padded, const float *x,
 int relayc_head_argmax(int T, int hidden, int vocab_padded, int vocab, const float *x,
                        const float *norm_weight, float eps, const void *head, float *logits,
                        int format, int64_t *argmax) {
-    if (argmax == NULL) return -2;
+    if (argmax == NULL || format < -1) return -2;
     return head_any(T, hidden, vocab_padded, vocab, x, norm_weight, eps, head, logits,
                     format == -1, format > 0 ? format : 0, argmax);
 }

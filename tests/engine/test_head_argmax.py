@@ -112,6 +112,20 @@ def test_head_argmax_ties_nan_and_infinities_across_chunks() -> None:
     torch.testing.assert_close(logits, plain, equal_nan=True, rtol=0, atol=0)
 
 
+def test_head_argmax_refuses_what_it_cannot_read() -> None:
+    """An unknown weight format, no argmax buffer, or a vocabulary wider than the padded
+    row: refused (-2), nothing read or written."""
+    lib = _lib()
+    x, norm, packed = torch.ones(1, 32), torch.ones(32), _pack(torch.ones(16, 32))
+    out, argmax = torch.zeros(1, 16), torch.zeros(1, dtype=torch.int64)
+    ptrs = (x.data_ptr(), norm.data_ptr(), ctypes.c_float(0.0), packed.data_ptr(), out.data_ptr())
+    assert lib.relayc_head_argmax(1, 32, 16, 16, *ptrs, -2, argmax.data_ptr()) == -2
+    assert lib.relayc_head_argmax(1, 32, 16, 16, *ptrs, 99, argmax.data_ptr()) == -2
+    assert lib.relayc_head_argmax(1, 32, 16, 17, *ptrs, 0, argmax.data_ptr()) == -2
+    assert lib.relayc_head_argmax(1, 32, 16, 16, *ptrs, 0, None) == -2
+    assert lib.relayc_head_argmax(1, 32, 16, 16, *ptrs, 0, argmax.data_ptr()) == 0
+
+
 def test_head_argmax_never_picks_a_padding_column() -> None:
     """With every real logit negative, the zero logits past ``vocab`` would win an argmax
     over the padded row; the head's argmax covers the vocabulary only."""
