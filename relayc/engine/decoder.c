@@ -758,10 +758,11 @@ typedef void (*quant_block_fn)(const float *, int, const uint8_t *, int, int, fl
 struct quant_blocks {
     quant_block_fn wide[9], narrow[9];
     int width[9];
+    int bytes; /* of one block of 32 k of a panel */
 };
 
 /* A format's kernels, 1-8 rows (one to four panels at a time), and their table. */
-#define QUANT_KERNELS(NAME, BLOCK)                                                         \
+#define QUANT_KERNELS(NAME, BLOCK, BYTES)                                                  \
     BLOCK(1, 4) BLOCK(1, 1) BLOCK(2, 2) BLOCK(2, 1) BLOCK(3, 2) BLOCK(3, 1) BLOCK(4, 2)     \
     BLOCK(4, 1) BLOCK(5, 1) BLOCK(6, 1) BLOCK(7, 1) BLOCK(8, 1)                             \
     static const struct quant_blocks NAME##_blocks = {                                     \
@@ -770,26 +771,32 @@ struct quant_blocks {
         {0, NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1, NAME##_5_1, NAME##_6_1,         \
          NAME##_7_1, NAME##_8_1},                                                          \
         {0, 4, 2, 2, 2, 1, 1, 1, 1},                                                       \
+        BYTES,                                                                             \
     };
 
-QUANT_KERNELS(q4, Q4_BLOCK)
-QUANT_KERNELS(q4f, Q4F_BLOCK)
-QUANT_KERNELS(q8, Q8_BLOCK)
-QUANT_KERNELS(i8f, I8F_BLOCK)
-QUANT_KERNELS(bf16, BF16_BLOCK)
-QUANT_KERNELS(f16, F16_BLOCK)
+QUANT_KERNELS(q4, Q4_BLOCK, Q4_BYTES)
+QUANT_KERNELS(q4f, Q4F_BLOCK, Q4F_BYTES)
+QUANT_KERNELS(q8, Q8_BLOCK, Q8_BYTES)
+QUANT_KERNELS(i8f, I8F_BLOCK, I8F_BYTES)
+QUANT_KERNELS(bf16, BF16_BLOCK, WORD_BYTES)
+QUANT_KERNELS(f16, F16_BLOCK, WORD_BYTES)
+
+/* A block format's kernels and block size (`format` one of BLOCKS_*). */
+static const struct quant_blocks *quant_table(int format) {
+    return format == BLOCKS_Q4     ? &q4_blocks
+           : format == BLOCKS_Q4F  ? &q4f_blocks
+           : format == BLOCKS_I8F  ? &i8f_blocks
+           : format == BLOCKS_BF16 ? &bf16_blocks
+           : format == BLOCKS_F16  ? &f16_blocks
+                                   : &q8_blocks;
+}
 
 /* out[M, N] (+)= x[M, K] @ w (block panels of `format`): four panels at a time, every block
  * of up to eight rows over them while they sit in L1/L2, so each block is read from memory
  * and rebuilt once per eight rows. */
 static void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, float *out,
                         int add, int format) {
-    const struct quant_blocks *b = format == BLOCKS_Q4    ? &q4_blocks
-                                   : format == BLOCKS_Q4F ? &q4f_blocks
-                                   : format == BLOCKS_I8F ? &i8f_blocks
-                                   : format == BLOCKS_BF16 ? &bf16_blocks
-                                   : format == BLOCKS_F16  ? &f16_blocks
-                                                          : &q8_blocks;
+    const struct quant_blocks *b = quant_table(format);
     const int panels = N / 16;
     for (int g = 0; g < panels; g += 4) {
         const int end = g + 4 < panels ? g + 4 : panels;
@@ -1211,11 +1218,7 @@ static int head_any(int T, int hidden, int vocab_padded, int vocab, const float 
     }
     /* bytes of one 16-column panel of the packed head, by its layout */
     const size_t panel = bf16     ? (size_t)padded_k(hidden) * 16 * sizeof(uint16_t)
-                         : blocks ? (size_t)(hidden / 32) * (blocks == BLOCKS_Q4    ? Q4_BYTES
-                                                              : blocks == BLOCKS_Q8 ? Q8_BYTES
-                                                              : blocks == BLOCKS_Q4F ? Q4F_BYTES
-                                                              : blocks == BLOCKS_I8F ? I8F_BYTES
-                                                                                     : WORD_BYTES)
+                         : blocks ? (size_t)(hidden / 32) * quant_table(blocks)->bytes
                                   : (size_t)hidden * 16 * sizeof(float);
     float *chunk = (float *)malloc(sizeof(float) * (size_t)T * ARGMAX_CHUNK);
     struct running_max *state = (struct running_max *)malloc(sizeof *state * (size_t)T);

@@ -22,8 +22,9 @@ import threading
 
 import torch
 
-# Logits of more rows than this (a long prefill's, when every row is kept) are not held:
-# keeping them until the next forward would double what they take.
+# The native head asks for the argmax of at most this many rows: the logits of more (a long
+# prefill's, when every row is kept) are not held, which would double what they take until
+# the next forward.
 MAX_ROWS = 64
 
 _local = threading.local()
@@ -32,10 +33,9 @@ _local = threading.local()
 def remember(logits: torch.Tensor, argmax: torch.Tensor) -> None:
     """``argmax`` (``logits.shape[:-1]``, int64) is the greedy token of each row of
     ``logits`` (contiguous float32), until the next call on this thread."""
-    rows = argmax.numel()
     # An inference tensor (torch.inference_mode) keeps no version counter, so a later
     # in-place change could not be told: those logits are not held.
-    if rows > MAX_ROWS or not logits.is_contiguous() or logits.is_inference():
+    if not logits.is_contiguous() or logits.is_inference():
         _local.entry = None
         return
     _local.entry = (logits, argmax, logits._version)

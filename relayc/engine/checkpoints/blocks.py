@@ -27,10 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    import ctypes
 
 # decoder.c's panel formats and their bytes per 16 columns x 32 k: BLOCKS_Q4 (float16 d, m;
 # 4-bit q), BLOCKS_Q8 (float16 d; 8-bit q), BLOCKS_Q4F (float32 d, m; 4-bit q), BLOCKS_I8F
@@ -314,7 +317,9 @@ def attach(weight: torch.Tensor, blocks: BlockWeight) -> None:
 NATIVE_GGUF_TYPES = {"Q4_0": 1, "Q4_1": 2, "Q8_0": 3}
 
 
-def native_gguf(raw: torch.Tensor, qtype: str, rows: int, cols: int) -> Any:
+def native_gguf(
+    raw: torch.Tensor, qtype: str, rows: int, cols: int
+) -> tuple[ctypes.CDLL, int, torch.Tensor] | None:
     """``(library, type code, contiguous raw bytes)`` when decoder.c reads ``qtype``'s bytes
     ``raw [rows, row bytes]`` itself (:data:`NATIVE_GGUF_TYPES`, the library built), else
     None."""
