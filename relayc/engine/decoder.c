@@ -852,57 +852,256 @@ static void rotate(float *x, const float *cos_t, const float *sin_t, int D, floa
     for (int i = 0; i < D; i++) x[i] = tmp[i] * cos_t[i] + tmp[(i + half) % D] * sin_t[i];
 }
 
-/* One attention row: out[D] = softmax(q . keys * scale + mask) @ values over the S keys
- * (keys[j], values[j]: D floats each). Scores four keys at a time: four independent
- * chains, each summed in the same order as dot(). */
-static void attend_row(const float *qv, const float *const *keys, const float *const *values,
-                       const float *mrow, int S, int D, float scale, float *scores, float *out) {
-    int j = 0;
-    if (D % 8 == 0) {
-        for (; j + 4 <= S; j += 4) {
-            const float *k0 = keys[j], *k1 = keys[j + 1], *k2 = keys[j + 2], *k3 = keys[j + 3];
-            v8 a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
-            for (int i = 0; i < D; i += 8) {
-                const v8 qi = load8(qv + i);
-                a0 += qi * load8(k0 + i);
-                a1 += qi * load8(k1 + i);
-                a2 += qi * load8(k2 + i);
-                a3 += qi * load8(k3 + i);
+static inline v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
+
+/* e^x, sixteen lanes, within about one ulp (Cody-Waite reduction by ln 2, then Cephes'
+ * degree-6 polynomial; the same operations whatever the build, so the same bits):
+ * subnormal results included, 0 below -104 (under half the smallest subnormal), +inf above
+ * 88.7228317 (the largest float whose e^x is finite), NaN for NaN. */
+static inline v16 exp16(v16 x) {
+    typedef int32_t i32v __attribute__((vector_size(64)));
+    const v16 lo = splat16(-104.0f), hi = splat16(88.72283172607421875f);
+    const i32v small = x < lo, big = x > hi, nan = x != x, out = small | big | nan;
+    /* the polynomial runs on x clamped into [lo, hi] (NaN on 0); those lanes are set last */
+    i32v bits, lo_bits, hi_bits;
+    memcpy(&bits, &x, sizeof x);
+    memcpy(&lo_bits, &lo, sizeof lo);
+    memcpy(&hi_bits, &hi, sizeof hi);
+    bits = (bits & ~out) | (lo_bits & small) | (hi_bits & big);
+    v16 xc;
+    memcpy(&xc, &bits, sizeof xc);
+    /* n = round(x / ln 2) (adding 1.5 * 2^23 rounds to nearest), r = x - n ln 2 */
+    const v16 shift = splat16(12582912.0f);
+    const v16 t = xc * splat16(1.44269504088896341f) + shift;
+    const v16 n = t - shift;
+    v16 r = xc - n * splat16(0.693359375f);
+    r = r - n * splat16(-2.12194440e-4f);
+    v16 p = splat16(1.9875691500e-4f);
+    p = p * r + splat16(1.3981999507e-3f);
+    p = p * r + splat16(8.3334519073e-3f);
+    p = p * r + splat16(4.1665795894e-2f);
+    p = p * r + splat16(1.6666665459e-1f);
+    p = p * r + splat16(5.0000001201e-1f);
+    p = p * (r * r) + r + splat16(1.0f);
+    /* times 2^n (n in -150..128) as 2^a * 2^b, a = n >> 1: both normal, one rounding */
+    i32v ni;
+    memcpy(&ni, &t, sizeof t);
+    ni -= 0x4B400000;
+    const i32v a = ni >> 1, b = ni - a;
+    const i32v a_bits = (a + 127) << 23, b_bits = (b + 127) << 23;
+    v16 sa, sb;
+    memcpy(&sa, &a_bits, sizeof sa);
+    memcpy(&sb, &b_bits, sizeof sb);
+    v16 y = p * sa * sb;
+    i32v yb, inf_bits, x_bits;
+    const v16 inf = splat16(INFINITY);
+    memcpy(&yb, &y, sizeof y);
+    memcpy(&inf_bits, &inf, sizeof inf);
+    memcpy(&x_bits, &x, sizeof x);
+    yb = (yb & ~out) | (inf_bits & big) | (x_bits & nan);
+    memcpy(&y, &yb, sizeof y);
+    return y;
+}
+
+/* x[i] <- e^x[i], i < n: exp16 on each sixteen, the last few through a padded copy. */
+static void exp_rows(float *x, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const v16 y = exp16(load16(x + i));
+        memcpy(x + i, &y, sizeof y);
+    }
+    if (i < n) {
+        float pad[16] = {0};
+        memcpy(pad, x + i, sizeof(float) * (size_t)(n - i));
+        const v16 y = exp16(load16(pad));
+        memcpy(x + i, &y, sizeof(float) * (size_t)(n - i));
+    }
+}
+
+/* A cached context is far bigger than L2 once a forward's weights have streamed through,
+ * and its rows lie wherever the pool put them: each key or value row is asked for this many
+ * rows before it is read, so the reads overlap instead of waiting one by one. */
+#define ATTEND_AHEAD 12
+static inline void prefetch_row(const float *row, int D) {
+    for (int i = 0; i < D; i += 16) __builtin_prefetch(row + i);
+}
+
+/* At most this many (query row, head) pairs share one pass over the keys and values. */
+#define ATTEND_PAIRS 64
+/* The widest head attend_values keeps in registers: 128 floats. */
+#define ATTEND_MAX_D16 8
+
+/* Four keys' dot products: acc[i] holds key i's sixteen lanes of products; lane i of the
+ * result is their sum, in one tree for every key (halves, quarters, then pairs). */
+static inline v4f sum16x4(const v16 acc[4]) {
+    v4f b[4];
+    for (int i = 0; i < 4; i++) {
+        v8 h[2];
+        memcpy(h, &acc[i], sizeof acc[i]);
+        const v8 a = h[0] + h[1];
+        v4f q[2];
+        memcpy(q, &a, sizeof a);
+        b[i] = q[0] + q[1]; /* a[l] + a[l + 4] */
+    }
+    /* lane i: (b_i[0] + b_i[2]) + (b_i[1] + b_i[3]) */
+    const v4f e01 = __builtin_shufflevector(b[0], b[1], 0, 1, 4, 5) +
+                    __builtin_shufflevector(b[0], b[1], 2, 3, 6, 7);
+    const v4f e23 = __builtin_shufflevector(b[2], b[3], 0, 1, 4, 5) +
+                    __builtin_shufflevector(b[2], b[3], 2, 3, 6, 7);
+    return __builtin_shufflevector(e01, e23, 0, 2, 4, 6) +
+           __builtin_shufflevector(e01, e23, 1, 3, 5, 7);
+}
+
+/* The scores of one pass (see attend_group): scores[pr * S + j] = q_pr . keys[j] * scale +
+ * mask, -inf where masked, four keys at a time (a masked key among live ones is read and
+ * its score dropped: every slot is inside the cache); top[pr] their maximum. D16 > 0:
+ * D = 16 * D16, known here, so the products unroll; 0: any D (the products past the last
+ * sixteen added after, in order). */
+static inline __attribute__((always_inline)) void attend_scores(
+    const float *q, size_t q_stride, const float *const *keys, const float *mask, int R, int G,
+    int S, int D, const int D16, float scale, float *scores, float *top) {
+    const int lanes = D16 ? D16 : D / 16;
+    for (int j0 = 0; j0 < S; j0 += 4) {
+        const int nk = S - j0 < 4 ? S - j0 : 4;
+        const float *k[4];
+        for (int i = 0; i < 4; i++) {
+            k[i] = keys[j0 + (i < nk ? i : 0)]; /* past S: a copy of the first, discarded */
+            if (j0 + i + ATTEND_AHEAD < S) prefetch_row(keys[j0 + i + ATTEND_AHEAD], D);
+        }
+        for (int r = 0; r < R; r++) {
+            const float *m = mask + (size_t)r * S + j0;
+            int any = 0;
+            i32x4 live = {0, 0, 0, 0};
+            v4f mv = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int i = 0; i < nk; i++) {
+                live[i] = !(isinf(m[i]) && m[i] < 0) ? -1 : 0;
+                mv[i] = m[i];
+                any |= live[i];
             }
-            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
-            for (int e = 0; e < 8; e++) {
-                d0 += a0[e];
-                d1 += a1[e];
-                d2 += a2[e];
-                d3 += a3[e];
+            for (int g = 0; g < G; g++) {
+                const int pr = r * G + g;
+                float *out = scores + (size_t)pr * S + j0;
+                if (!any) {
+                    for (int i = 0; i < nk; i++) out[i] = -INFINITY;
+                    continue;
+                }
+                const float *qp = q + (size_t)r * q_stride + (size_t)g * D;
+                v16 acc[4];
+                for (int i = 0; i < 4; i++) {
+                    acc[i] = splat16(0.0f);
+                    for (int c = 0; c < lanes; c++)
+                        acc[i] = fma16(acc[i], load16(qp + 16 * c), load16(k[i] + 16 * c));
+                }
+                v4f sc = sum16x4(acc);
+                if (!D16)
+                    for (int i = 0; i < 4; i++)
+                        for (int d = 16 * lanes; d < D; d++) sc[i] += qp[d] * k[i][d];
+                sc = sc * (v4f){scale, scale, scale, scale} + mv;
+                for (int i = 0; i < nk; i++) {
+                    const float v = live[i] ? sc[i] : -INFINITY;
+                    out[i] = v;
+                    if (v > top[pr]) top[pr] = v;
+                }
             }
-            scores[j] = d0;
-            scores[j + 1] = d1;
-            scores[j + 2] = d2;
-            scores[j + 3] = d3;
         }
     }
-    for (; j < S; j++) scores[j] = dot(qv, keys[j], D);
-    float top = -INFINITY;
-    for (j = 0; j < S; j++) {
-        if (isinf(mrow[j]) && mrow[j] < 0) {
-            scores[j] = -INFINITY;
-            continue;
-        }
-        scores[j] = scores[j] * scale + mrow[j];
-        if (scores[j] > top) top = scores[j];
-    }
-    for (int i = 0; i < D; i++) out[i] = 0.0f;
-    float total = 0.0f;
-    for (j = 0; j < S; j++) {
-        if (scores[j] == -INFINITY) continue;
-        const float p = expf(scores[j] - top);
-        total += p;
+}
+
+/* out[g * D ..] (for g < G, at most 4 heads of one row) = sum over the unmasked keys of
+ * p[g * S + j] * values[j], each head's sum in key order, kept in registers (D = 16 * D16). */
+static inline __attribute__((always_inline)) void attend_values(
+    const float *const *values, const float *mrow, int S, int G, const int D16, const float *p,
+    float *out) {
+    v16 acc[4][ATTEND_MAX_D16];
+    for (int g = 0; g < 4; g++)
+        for (int c = 0; c < D16; c++) acc[g][c] = splat16(0.0f);
+    for (int j = 0; j < S; j++) {
+        if (j + ATTEND_AHEAD < S) prefetch_row(values[j + ATTEND_AHEAD], 16 * D16);
+        if (isinf(mrow[j]) && mrow[j] < 0) continue;
         const float *vv = values[j];
-        for (int i = 0; i < D; i++) out[i] += p * vv[i];
+        for (int g = 0; g < 4; g++) {
+            if (g >= G) break;
+            const v16 pg = splat16(p[(size_t)g * S + j]);
+            for (int c = 0; c < D16; c++) acc[g][c] = fma16(acc[g][c], pg, load16(vv + 16 * c));
+        }
     }
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    for (int i = 0; i < D; i++) out[i] *= inv;
+    for (int g = 0; g < G; g++) memcpy(out + (size_t)g * 16 * D16, acc[g], sizeof(v16) * D16);
+}
+
+/* R query rows of one request, each with the G heads that share a KV head:
+ * out_r[g * D ..] = softmax(q_rg . keys * scale + mask_r) @ values over the S keys
+ * (keys[j], values[j]: D floats each), q_rg at q + r * q_stride + g * D, out_r at
+ * out + r * out_stride, mask_r at mask + r * S. Each key row is read once for all R * G
+ * pairs (R * G <= ATTEND_PAIRS) and each value row once per four heads of a row, while
+ * it is in L2; a masked key (-inf) is skipped, and a row whose every key is masked gives
+ * zeros. scores: R * G * S floats. A pair's arithmetic is the same whatever R, G, B or the
+ * other rows, so a row decoded alone and the same row in a verify get the same bits. */
+static void attend_group(const float *q, size_t q_stride, const float *const *keys,
+                         const float *const *values, const float *mask, int R, int G, int S,
+                         int D, float scale, float *scores, float *out, size_t out_stride) {
+    const int pairs = R * G;
+    float top[ATTEND_PAIRS], inv[ATTEND_PAIRS];
+    for (int pr = 0; pr < pairs; pr++) top[pr] = -INFINITY;
+    if (D == 64)
+        attend_scores(q, q_stride, keys, mask, R, G, S, D, 4, scale, scores, top);
+    else if (D == 128)
+        attend_scores(q, q_stride, keys, mask, R, G, S, D, 8, scale, scores, top);
+    else if (D == 32)
+        attend_scores(q, q_stride, keys, mask, R, G, S, D, 2, scale, scores, top);
+    else
+        attend_scores(q, q_stride, keys, mask, R, G, S, D, 0, scale, scores, top);
+    for (int pr = 0; pr < pairs; pr++) {
+        float *sp = scores + (size_t)pr * S;
+        const float *mr = mask + (size_t)(pr / G) * S;
+        /* a row with no key computes e^(-inf - -inf) = NaN on its masked keys, never read */
+        for (int j = 0; j < S; j++) sp[j] -= top[pr];
+        exp_rows(sp, S);
+        float total = 0.0f;
+        for (int j = 0; j < S; j++)
+            if (!(isinf(mr[j]) && mr[j] < 0)) total += sp[j];
+        inv[pr] = total > 0.0f ? 1.0f / total : 0.0f;
+    }
+    for (int r = 0; r < R; r++) {
+        const float *mr = mask + (size_t)r * S;
+        float *orow = out + (size_t)r * out_stride;
+        for (int g0 = 0; g0 < G; g0 += 4) {
+            const int n = G - g0 < 4 ? G - g0 : 4;
+            const float *p = scores + (size_t)(r * G + g0) * S;
+            float *o = orow + (size_t)g0 * D;
+            if (D == 64)
+                attend_values(values, mr, S, n, 4, p, o);
+            else if (D == 128)
+                attend_values(values, mr, S, n, 8, p, o);
+            else if (D == 32)
+                attend_values(values, mr, S, n, 2, p, o);
+            else { /* any D: the same sums, through memory */
+                for (int i = 0; i < n * D; i++) o[i] = 0.0f;
+                for (int j = 0; j < S; j++) {
+                    if (isinf(mr[j]) && mr[j] < 0) continue;
+                    const float *vv = values[j];
+                    for (int g = 0; g < n; g++) {
+                        const float pg = p[(size_t)g * S + j];
+                        float *og = o + (size_t)g * D;
+                        int i = 0;
+                        for (; i + 16 <= D; i += 16) {
+                            const v16 a = fma16(load16(og + i), splat16(pg), load16(vv + i));
+                            memcpy(og + i, &a, sizeof a);
+                        }
+                        for (; i < D; i++) og[i] += pg * vv[i];
+                    }
+                }
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int i = 0; i < D; i++) orow[(size_t)g * D + i] *= inv[r * G + g];
+    }
 }
 
 /* The layers, float32 activations in x; weights and caches float32 (bf16 == 0) or
@@ -944,7 +1143,8 @@ static int decode_layers(
     /* bf16: one request's keys and values of one KV head, widened from the cache */
     const size_t widened = bf16 ? (size_t)2 * S * D : 0;
     size_t floats = (size_t)T * hidden + (size_t)T * qkv_width + (size_t)T * heads * D +
-                    (size_t)T * 2 * inter + (size_t)T * inter + (size_t)S + (size_t)D + widened;
+                    (size_t)T * 2 * inter + (size_t)T * inter + (size_t)S * ATTEND_PAIRS +
+                    (size_t)D + widened;
     /* bf16: one kernel for the whole call, and each GEMM's rounded input (the widest K) */
     const int kernel = bf16 ? relayc_bf16_kernel(-1) : -1;
     int widest = hidden > heads * D ? hidden : heads * D;
@@ -962,7 +1162,8 @@ static int decode_layers(
     }
     float *h = buffer, *qkv = h + (size_t)T * hidden, *attn = qkv + (size_t)T * qkv_width;
     float *gate_up = attn + (size_t)T * heads * D, *act = gate_up + (size_t)T * 2 * inter;
-    float *scores = act + (size_t)T * inter, *tmp = scores + S, *kv_wide = tmp + D;
+    float *scores = act + (size_t)T * inter, *tmp = scores + (size_t)S * ATTEND_PAIRS;
+    float *kv_wide = tmp + D;
     const float **keys = rows_kv, **values = rows_kv + S;
 
     for (int l = 0; l < layers; l++) {
@@ -1025,13 +1226,19 @@ static int decode_layers(
                         values[j] = vc + (size_t)loc[j] * row;
                     }
                 }
-                for (int q = 0; q < Q; q++) {
-                    const int t = b * Q + q;
-                    const float *mrow = mask + ((size_t)b * Q + q) * S;
-                    for (int hd = kvh * group; hd < (kvh + 1) * group; hd++)
-                        attend_row(qkv + (size_t)t * qkv_width + (size_t)hd * D, keys, values,
-                                   mrow, S, D, scale, scores,
-                                   attn + (size_t)t * heads * D + (size_t)hd * D);
+                /* the group's heads, and as many of the request's rows as fit a pass */
+                for (int hd = kvh * group; hd < (kvh + 1) * group; hd += ATTEND_PAIRS) {
+                    const int left = (kvh + 1) * group - hd;
+                    const int G = left < ATTEND_PAIRS ? left : ATTEND_PAIRS;
+                    for (int q = 0, R; q < Q; q += R) {
+                        R = Q - q < ATTEND_PAIRS / G ? Q - q : ATTEND_PAIRS / G;
+                        const int t = b * Q + q;
+                        attend_group(qkv + (size_t)t * qkv_width + (size_t)hd * D,
+                                     (size_t)qkv_width, keys, values,
+                                     mask + ((size_t)b * Q + q) * S, R, G, S, D, scale, scores,
+                                     attn + (size_t)t * heads * D + (size_t)hd * D,
+                                     (size_t)heads * D);
+                    }
                 }
             }
         }
@@ -1041,7 +1248,10 @@ static int decode_layers(
         for (int t = 0; t < T; t++) {
             const float *g = gate_up + (size_t)t * 2 * inter, *u = g + inter;
             float *a = act + (size_t)t * inter;
-            for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            /* SiLU(g) * u = g / (1 + e^-g) * u, e^-g sixteen lanes at a time */
+            for (int i = 0; i < inter; i++) a[i] = -g[i];
+            exp_rows(a, inter);
+            for (int i = 0; i < inter; i++) a[i] = g[i] / (1.0f + a[i]) * u[i];
         }
         gemm_any(act, T, inter, w_down[l], hidden, x, 1, kern[3], xb);
         /* bf16: the residual stream leaves every layer rounded to bfloat16, as the eager
@@ -1279,6 +1489,17 @@ int relayc_head_argmax(int T, int hidden, int vocab_padded, int vocab, const flo
     if (argmax == NULL || format < -1) return -2;
     return head_any(T, hidden, vocab_padded, vocab, x, norm_weight, eps, head, logits,
                     format == -1, format > 0 ? format : 0, argmax);
+}
+
+/* out[i] = e^x[i], i < n, as attention's softmax and SiLU compute it (exp16): for tests. */
+int relayc_exp(const float *x, int64_t n, float *out) {
+    if (n < 0) return -2;
+    for (int64_t i = 0; i < n; i += 1 << 20) {
+        const int chunk = n - i < (1 << 20) ? (int)(n - i) : 1 << 20;
+        memcpy(out + i, x + i, sizeof(float) * (size_t)chunk);
+        exp_rows(out + i, chunk);
+    }
+    return 0;
 }
 
 /* out[r] = the first index of row r's maximum in x[rows, n] (row-major), NaN counting as

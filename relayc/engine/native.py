@@ -160,6 +160,8 @@ def _load(path: Path) -> ctypes.CDLL:
     for fn in (lib.relayc_gguf_dequantize, lib.relayc_gguf_matches):
         fn.argtypes = [p, i, ctypes.c_int64, ctypes.c_int64, p]
         fn.restype = i
+    lib.relayc_exp.argtypes = [p, ctypes.c_int64, p]
+    lib.relayc_exp.restype = i
     lib.relayc_argmax.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p]
     lib.relayc_argmax.restype = i
     lib.relayc_bf16_kernels.argtypes = []
