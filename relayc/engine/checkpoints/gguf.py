@@ -1,9 +1,10 @@
 """Llama-architecture GGUF files (llama.cpp's format): the config, the weights, the tokenizer.
 
-Read with the ``gguf`` package's ``GGUFReader``, which memory-maps the file: each tensor is
-dequantized on its own (``gguf.quants.dequantize``, F32 / F16 / BF16 / Q8_0 / Q4_0 / Q4_1 /
-Q5_0 / Q5_1 / Q2_K..Q6_K and the rest it knows) straight into the model's parameter, so the
-file is never copied whole and at most one dequantized tensor is alive besides the model.
+Read by ``relayc.engine.checkpoints.gguf_reader`` (the format as the ``gguf`` package reads
+it, in a tenth of the time), which memory-maps the file: each tensor is dequantized on its
+own (``gguf.quants.dequantize``, F32 / F16 / BF16 / Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 /
+Q2_K..Q6_K and the rest it knows) straight into the model's parameter, so the file is never
+copied whole and at most one dequantized tensor is alive besides the model.
 
 A float32 model also keeps each Q4/Q5/Q8 and Q4_K-Q6_K matrix's blocks, attached to its
 parameter (``relayc.engine.checkpoints.blocks``): float32 holds those weights exactly, and
@@ -21,7 +22,6 @@ Every problem -- not a GGUF file, a truncated one, another architecture, a tenso
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +36,9 @@ from relayc.engine.weights import CheckpointError, expected_tensors
 
 if TYPE_CHECKING:
     import numpy as np
-    from gguf import GGUFReader, GGUFWriter
+    from gguf import GGUFWriter
+
+    from relayc.engine.checkpoints.gguf_reader import GGUFContents
 
 MAGIC = b"GGUF"
 ARCHITECTURES = ("llama",)  # `general.architecture` values this model runs
@@ -71,7 +73,7 @@ class GGUFFile:
     """An opened GGUF file: its metadata (plain Python values) and its tensors (memory-mapped)."""
 
     path: Path
-    reader: GGUFReader
+    reader: GGUFContents  # fields and tensors (relayc.engine.checkpoints.gguf_reader)
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -97,7 +99,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
     """Open ``path`` (memory-mapped) and read its metadata; ``GGUFError`` if it is no GGUF file
     or is cut short."""
     try:
-        from gguf import GGUFReader
+        from relayc.engine.checkpoints.gguf_reader import read_gguf
     except ImportError as exc:  # pragma: no cover - gguf is a dependency
         raise GGUFError(f"reading {path} needs the `gguf` package: pip install gguf") from exc
     path = Path(path)
@@ -111,51 +113,14 @@ def open_gguf(path: str | Path) -> GGUFFile:
             "pass a .gguf file written by llama.cpp's tools or the `gguf` package"
         )
     try:
-        reader = _reader_class(GGUFReader)(path)
-    except Exception as exc:  # the reader fails in numpy when a header or tensor is cut short
+        reader = read_gguf(path)
+    except Exception as exc:
         raise GGUFError(
             f"{path} cannot be read as GGUF ({type(exc).__name__}: {exc}); a file cut short "
-            "by an interrupted download or copy gives this: copy it again"
+            "by an interrupted download or copy, or damaged, gives this: copy it again"
         ) from exc
-    metadata: dict[str, Any] = {}
-    for key, entry in reader.fields.items():
-        try:
-            metadata[key] = entry.contents()
-        except Exception as exc:
-            raise GGUFError(f"{path}: metadata key `{key}` cannot be decoded ({exc})") from exc
+    metadata = {key: entry.contents() for key, entry in reader.fields.items()}
     return GGUFFile(path, reader, metadata)
-
-
-@functools.cache
-def _reader_class(base: type[GGUFReader]) -> type[GGUFReader]:
-    """``gguf``'s reader, each of its reads a plain ndarray view of the memory map.
-
-    The reader builds every metadata value -- each of a tokenizer's tens of thousands of
-    strings -- from views of its ``np.memmap``, and each view of a memmap runs Python code
-    (``memmap.__array_finalize__``): 3 s of SmolLM2's load. A plain ndarray over the same
-    mapping gives the same values (and tensors still memory-mapped, not copied) in a third
-    of the time. The override is of the reader's one low-level read (``_get``, gguf 0.10
-    to 0.19); a reader without it reads as before."""
-    import numpy as np
-
-    class Reader(base):  # type: ignore[valid-type,misc]
-        def _get(
-            self,
-            offset: int,
-            dtype: Any,
-            count: int = 1,
-            override_order: str | None = None,
-        ) -> np.ndarray:
-            plain = self.__dict__.get("_plain")
-            if plain is None:
-                plain = self.__dict__["_plain"] = self.data.view(np.ndarray)
-            count = int(count)
-            end = offset + np.dtype(dtype).itemsize * count
-            array = plain[offset:end].view(dtype=dtype)[:count]
-            order = self.byte_order if override_order is None else override_order
-            return array.view(array.dtype.newbyteorder(order))
-
-    return Reader if callable(getattr(base, "_get", None)) else base
 
 
 def config_from_gguf(file: GGUFFile) -> ModelConfig:
@@ -280,6 +245,12 @@ def load_gguf_model(
     file: GGUFFile, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> LlamaForCausalLM:
     """Build the model of ``file``: float32 weights unless ``dtype`` says otherwise."""
+    if file.reader.byte_order != "<":
+        raise GGUFError(
+            f"{file.path} is a big-endian GGUF file (its tensors' numbers are byte-swapped); "
+            "relayc loads little-endian files: convert it with the `gguf` package's "
+            "gguf-convert-endian script (`gguf-convert-endian FILE little`)"
+        )
     config = config_from_gguf(file)
     if dtype is not None:
         config = config.replace(dtype=dtype)
