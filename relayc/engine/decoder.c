@@ -630,9 +630,13 @@ static inline v16 signed16(const uint8_t *p) {
 
 static inline void nibbles16(const uint8_t *p, v16 *lo, v16 *hi) {
 #if defined(__AVX512F__)
+    /* each nibble picks its float from a table of 0..15 (vpermps reads an index's low four
+       bits: no mask for the low nibble, no conversion for either) */
+    const __m512 values = _mm512_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f,
+                                         9.0f, 10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f);
     const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    *lo = (v16)_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15)));
-    *hi = (v16)_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
+    *lo = (v16)_mm512_permutexvar_ps(q, values);
+    *hi = (v16)_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), values);
 #else
     u8x16 bytes;
     memcpy(&bytes, p, sizeof bytes);
