@@ -1587,19 +1587,33 @@ int relayc_gguf_dequantize(const uint8_t *raw, int type, int64_t rows, int64_t c
     return 0;
 }
 
-/* 1 when weight[rows, cols] (row-major float32) equals the weights of raw (value for value,
- * as torch.equal compares) and every one is finite; else 0 (-2 as relayc_gguf_dequantize). */
+/* 1 when weight[rows, cols] (float32, element (r, c) at weight[r * row_stride + c *
+ * col_stride]: row-major, or the column-major layout the CPU GEMMs keep, no copy) equals
+ * the weights of raw (value for value, as torch.equal compares) and every one is finite;
+ * else 0 (-2 as relayc_gguf_dequantize). A strided weight is walked a column of blocks at
+ * a time, so its rows' cache lines are read while they are in L1. */
 int relayc_gguf_matches(const uint8_t *raw, int type, int64_t rows, int64_t cols,
-                        const float *weight) {
+                        const float *weight, int64_t row_stride, int64_t col_stride) {
     const int bytes = gguf_block_bytes(type);
-    if (bytes == 0 || cols % 32 || rows < 0) return -2;
-    const int64_t blocks = rows * (cols / 32);
+    if (bytes == 0 || cols % 32 || rows < 0 || row_stride < 0 || col_stride < 0) return -2;
+    const int64_t nb = cols / 32;
     float w[32];
-    for (int64_t b = 0; b < blocks; b++) {
-        gguf_block(raw + b * bytes, type, w);
-        const float *have = weight + b * 32;
-        for (int j = 0; j < 32; j++)
-            if (!(w[j] == have[j]) || !isfinite(w[j])) return 0;
+    if (col_stride == 1) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t b = 0; b < nb; b++) {
+                gguf_block(raw + (r * nb + b) * bytes, type, w);
+                const float *have = weight + r * row_stride + b * 32;
+                for (int j = 0; j < 32; j++)
+                    if (!(w[j] == have[j]) || !isfinite(w[j])) return 0;
+            }
+        return 1;
     }
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t r = 0; r < rows; r++) {
+            gguf_block(raw + (r * nb + b) * bytes, type, w);
+            const float *have = weight + r * row_stride + b * 32 * col_stride;
+            for (int j = 0; j < 32; j++)
+                if (!(w[j] == have[j * col_stride]) || !isfinite(w[j])) return 0;
+        }
     return 1;
 }

@@ -157,9 +157,11 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_head_blocks.restype = i
     lib.relayc_head_argmax.argtypes = [i, i, i, i, p, p, ctypes.c_float, p, p, i, p]
     lib.relayc_head_argmax.restype = i
-    for fn in (lib.relayc_gguf_dequantize, lib.relayc_gguf_matches):
-        fn.argtypes = [p, i, ctypes.c_int64, ctypes.c_int64, p]
-        fn.restype = i
+    lib.relayc_gguf_dequantize.argtypes = [p, i, ctypes.c_int64, ctypes.c_int64, p]
+    lib.relayc_gguf_dequantize.restype = i
+    q = ctypes.c_int64
+    lib.relayc_gguf_matches.argtypes = [p, i, q, q, p, q, q]
+    lib.relayc_gguf_matches.restype = i
     lib.relayc_exp.argtypes = [p, ctypes.c_int64, p]
     lib.relayc_exp.restype = i
     lib.relayc_argmax.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p]

@@ -358,11 +358,18 @@ def blocks_of(weight: torch.Tensor | None) -> BlockWeight | None:
     if not isinstance(blocks, BlockWeight) or tuple(weight.shape) != (blocks.rows, blocks.cols):
         return None
     found = native_gguf(blocks.data, blocks.qtype, blocks.rows, blocks.cols)
-    if found is not None:  # one pass over the bytes and the weight, no float32 copy
+    if found is not None:  # one pass over the bytes and the weight as laid out, no copy
         lib, code, raw = found
-        values = weight.detach().contiguous()
+        values = weight.detach()
+        row_stride, col_stride = values.stride()
         matches = lib.relayc_gguf_matches(
-            raw.data_ptr(), code, blocks.rows, blocks.cols, values.data_ptr()
+            raw.data_ptr(),
+            code,
+            blocks.rows,
+            blocks.cols,
+            values.data_ptr(),
+            row_stride,
+            col_stride,
         )
         return blocks if matches == 1 else None
     values = blocks.dequantize()

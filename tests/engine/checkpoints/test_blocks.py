@@ -362,7 +362,9 @@ def test_native_block_check_agrees_with_the_torch_one(
 ) -> None:
     """blocks_of through decoder.c says what the torch comparison says: kept for the
     file's values (a zero of either sign, as torch.equal compares), refused for one
-    changed weight and for blocks with non-finite weights."""
+    changed weight and for blocks with non-finite weights -- row-major, column-major (the
+    CPU GEMMs' layout, compared in place) or a block of rows of a fused column-major
+    weight (q of q/k/v)."""
     if native_decoder() is None:
         pytest.skip("no native library here")
     import relayc.engine.native as native_module
@@ -383,14 +385,21 @@ def test_native_block_check_agrees_with_the_torch_one(
         "non-finite blocks": (special, special.dequantize(), False),
         "a zero's sign": (ordinary, signed, True),  # equal values to torch.equal
     }
+    layouts = {
+        "row-major": lambda v: v.clone(),
+        "column-major": lambda v: v.t().contiguous().t(),
+        "fused": lambda v: torch.cat([v, torch.ones(16, 64)]).t().contiguous().t()[:32],
+    }
     params = {}
     for name, (blocks, v, _) in cases.items():
-        params[name] = torch.nn.Parameter(v.clone())
-        attach(params[name], blocks)
-    found = {name: blocks_of(p) is not None for name, p in params.items()}
+        for layout, lay_out in layouts.items():
+            weight = lay_out(v)
+            assert weight.is_contiguous() == (layout == "row-major")
+            params[name, layout] = torch.nn.Parameter(weight)
+            attach(params[name, layout], blocks)
+    found = {key: blocks_of(p) is not None for key, p in params.items()}
     monkeypatch.setattr(native_module, "native_decoder", lambda: None)
-    torch_found = {name: blocks_of(p) is not None for name, p in params.items()}
+    torch_found = {key: blocks_of(p) is not None for key, p in params.items()}
     assert found == torch_found
-    for name, (_, _, want) in cases.items():
-        if want is not None:
-            assert found[name] == want, name
+    for (name, layout), got in found.items():
+        assert got == cases[name][2], (name, layout)
