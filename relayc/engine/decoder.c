@@ -1587,6 +1587,41 @@ int relayc_gguf_dequantize(const uint8_t *raw, int type, int64_t rows, int64_t c
     return 0;
 }
 
+/* raw [rows, cols / 32 blocks] of Q4_1 or Q8_0 laid out as the native GEMMs' panels, into
+ * out (zeroed here): the bytes relayc.engine.checkpoints.blocks.BlockWeight.panels makes
+ * with torch ops, without its tensors -- panel p, block b: BLOCKS_Q4 (d[16], m[16] as
+ * stored, then row r byte c = q[2r] | q[2r + 1] << 4 of column c) or BLOCKS_Q8 (d[16], then
+ * row k byte c = q[k] of column c), rows past the last a panel's zero columns. Returns 0,
+ * or -2 for another type or a width that is no whole number of blocks. */
+int relayc_gguf_panels(const uint8_t *raw, int type, int64_t rows, int64_t cols, uint8_t *out) {
+    if ((type != GGUF_Q4_1 && type != GGUF_Q8_0) || cols % 32 || rows < 0) return -2;
+    const int64_t nb = cols / 32, panels = (rows + 15) / 16;
+    const int bytes = gguf_block_bytes(type), size = type == GGUF_Q4_1 ? Q4_BYTES : Q8_BYTES;
+    memset(out, 0, (size_t)(panels * nb * size));
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + (size_t)((p * nb + b) * size);
+            for (int c = 0; c < 16 && p * 16 + c < rows; c++) {
+                const uint8_t *blk = raw + (size_t)(((p * 16 + c) * nb + b) * bytes);
+                memcpy(o + 2 * c, blk, 2); /* d */
+                if (type == GGUF_Q8_0) {
+                    for (int k = 0; k < 32; k++) o[32 + 16 * k + c] = blk[2 + k];
+                    continue;
+                }
+                memcpy(o + 32 + 2 * c, blk + 2, 2); /* m */
+                /* the block's byte j holds q[j] (low nibble) and q[j + 16] (high) */
+                const uint8_t *qs = blk + 4;
+                for (int r = 0; r < 16; r++) {
+                    const int k0 = 2 * r, k1 = 2 * r + 1;
+                    const int q0 = k0 < 16 ? qs[k0] & 15 : qs[k0 - 16] >> 4;
+                    const int q1 = k1 < 16 ? qs[k1] & 15 : qs[k1 - 16] >> 4;
+                    o[64 + 16 * r + c] = (uint8_t)(q0 | q1 << 4);
+                }
+            }
+        }
+    return 0;
+}
+
 /* 1 when weight[rows, cols] (float32, element (r, c) at weight[r * row_stride + c *
  * col_stride]: row-major, or the column-major layout the CPU GEMMs keep, no copy) equals
  * the weights of raw (value for value, as torch.equal compares) and every one is finite;

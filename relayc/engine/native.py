@@ -161,6 +161,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_gguf_dequantize.restype = i
     q = ctypes.c_int64
     lib.relayc_gguf_matches.argtypes = [p, i, q, q, p, q, q]
+    lib.relayc_gguf_panels.argtypes = [p, i, q, q, p]
+    lib.relayc_gguf_panels.restype = i
     lib.relayc_gguf_matches.restype = i
     lib.relayc_exp.argtypes = [p, ctypes.c_int64, p]
     lib.relayc_exp.restype = i

@@ -170,6 +170,21 @@ class BlockWeight:
             panels, nb = words.shape[0] // 16, self.cols // BLOCK
             laid = words.reshape(panels, 16, nb, BLOCK).permute(0, 2, 3, 1).contiguous()
             return laid.view(torch.uint8).reshape(-1)
+        if format == self.format and self.qtype in NATIVE_PANEL_TYPES:
+            found = native_gguf(self.data, self.qtype, self.rows, self.cols)
+            if found is not None:  # the same bytes, one pass in decoder.c
+                lib, code, raw = found
+                out = torch.empty(
+                    -(-self.rows // 16) * (self.cols // BLOCK) * PANEL_BYTES[format],
+                    dtype=torch.uint8,
+                )
+                if (
+                    lib.relayc_gguf_panels(
+                        raw.data_ptr(), code, self.rows, self.cols, out.data_ptr()
+                    )
+                    == 0
+                ):
+                    return out
         d, m, q = self._fields()
         rows, nb = d.shape[:2]
         if format == BLOCKS_I8F:
@@ -315,6 +330,8 @@ def attach(weight: torch.Tensor, blocks: BlockWeight) -> None:
 # The types decoder.c reads straight from a file's bytes (its GGUF_* codes): dequantized
 # and compared there, not by NumPy's or torch's passes over the whole matrix.
 NATIVE_GGUF_TYPES = {"Q4_0": 1, "Q4_1": 2, "Q8_0": 3}
+# ... and those whose panels it lays out from them (Q4_0's offset is computed, in torch)
+NATIVE_PANEL_TYPES = ("Q4_1", "Q8_0")
 
 
 def native_gguf(

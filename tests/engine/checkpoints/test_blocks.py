@@ -403,3 +403,22 @@ def test_native_block_check_agrees_with_the_torch_one(
     assert found == torch_found
     for (name, layout), got in found.items():
         assert got == cases[name][2], (name, layout)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("rows", [16, 37])
+def test_native_panels_are_the_torch_panels_byte_for_byte(
+    kind: str, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """decoder.c lays Q4_1 and Q8_0 blocks out as panels itself: the bytes the torch
+    packing makes, scales of every kind and a last panel of zero columns included."""
+    if native_decoder() is None:
+        pytest.skip("no native library here")
+    import relayc.engine.native as native_module
+
+    blocks = BlockWeight(kind, _special_bytes(kind, rows, 96, seed=rows), 96)
+    got = blocks.panels()
+    monkeypatch.setattr(native_module, "native_decoder", lambda: None)
+    want = blocks.panels()
+    assert got.dtype == want.dtype == torch.uint8
+    assert torch.equal(got, want)
