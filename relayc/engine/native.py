@@ -157,14 +157,15 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_head_blocks.restype = i
     lib.relayc_head_argmax.argtypes = [i, i, i, i, p, p, ctypes.c_float, p, p, i, p]
     lib.relayc_head_argmax.restype = i
-    lib.relayc_gguf_dequantize.argtypes = [p, i, ctypes.c_int64, ctypes.c_int64, p]
-    lib.relayc_gguf_dequantize.restype = i
+    # a GGUF matrix's raw bytes: type code, rows, columns, then the output (or the weight
+    # to compare and its row and column strides)
     q = ctypes.c_int64
+    for fn in (lib.relayc_gguf_dequantize, lib.relayc_gguf_panels):
+        fn.argtypes = [p, i, q, q, p]
+        fn.restype = i
     lib.relayc_gguf_matches.argtypes = [p, i, q, q, p, q, q]
-    lib.relayc_gguf_panels.argtypes = [p, i, q, q, p]
-    lib.relayc_gguf_panels.restype = i
     lib.relayc_gguf_matches.restype = i
-    lib.relayc_exp.argtypes = [p, ctypes.c_int64, p]
+    lib.relayc_exp.argtypes = [p, q, p]
     lib.relayc_exp.restype = i
     lib.relayc_argmax.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p]
     lib.relayc_argmax.restype = i

@@ -157,7 +157,9 @@ class BlockWeight:
         fits) -- Q4: ``d[16]``, ``m[16]`` (float16), 16 rows of 16 bytes (row r, byte c:
         column c's ``q[2r]`` low nibble, ``q[2r + 1]`` high); Q4F: the same with float32
         ``d`` and ``m``; Q8: ``d[16]`` (float16), 32 rows of 16 signed bytes; I8F: float32
-        ``d[16]``, ``m[16]`` for k 0-15, again for k 16-31, 32 rows of 16 signed bytes."""
+        ``d[16]``, ``m[16]`` for k 0-15, again for k 16-31, 32 rows of 16 signed bytes.
+        Q4_1 and Q8_0 in their own format are laid out by decoder.c (``relayc_gguf_panels``,
+        the same bytes) where the library is built; the rest by torch ops."""
         format = self.format if format is None else format
         if format not in (self.format, BLOCKS_I8F) or (format != self.format in _WORDS):
             raise ValueError(f"{self.qtype} blocks have no panel format {format}")
@@ -170,21 +172,16 @@ class BlockWeight:
             panels, nb = words.shape[0] // 16, self.cols // BLOCK
             laid = words.reshape(panels, 16, nb, BLOCK).permute(0, 2, 3, 1).contiguous()
             return laid.view(torch.uint8).reshape(-1)
-        if format == self.format and self.qtype in NATIVE_PANEL_TYPES:
-            found = native_gguf(self.data, self.qtype, self.rows, self.cols)
-            if found is not None:  # the same bytes, one pass in decoder.c
-                lib, code, raw = found
-                out = torch.empty(
-                    -(-self.rows // 16) * (self.cols // BLOCK) * PANEL_BYTES[format],
-                    dtype=torch.uint8,
-                )
-                if (
-                    lib.relayc_gguf_panels(
-                        raw.data_ptr(), code, self.rows, self.cols, out.data_ptr()
-                    )
-                    == 0
-                ):
-                    return out
+        found = native_gguf(self.data, self.qtype, self.rows, self.cols)
+        if found is not None and format == self.format and self.qtype in NATIVE_PANEL_TYPES:
+            lib, code, raw = found  # the same bytes, one pass in decoder.c
+            size = -(-self.rows // 16) * (self.cols // BLOCK) * PANEL_BYTES[format]
+            out = torch.empty(size, dtype=torch.uint8)
+            status = lib.relayc_gguf_panels(
+                raw.data_ptr(), code, self.rows, self.cols, out.data_ptr()
+            )
+            if status == 0:
+                return out
         d, m, q = self._fields()
         rows, nb = d.shape[:2]
         if format == BLOCKS_I8F:
