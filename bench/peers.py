@@ -258,10 +258,11 @@ def llama_cpp_peer(max_new_tokens: int, threads: int, workdir: Path) -> Peer | N
     return Peer("llama.cpp greedy", run, 1)
 
 
-def _llama_without_extra_bufts(llama_cpp: Any, path: Path, threads: int) -> Any:
-    """``llama_cpp.Llama`` on ``path`` with the CPU backend's extra buffer types off
-    (``use_extra_bufts = False``): llama-cpp-python 0.3.36 has no argument for that model
-    parameter, so its default-parameters function is wrapped while the model loads."""
+def _llama_without_extra_bufts(llama_cpp: Any, path: Path, threads: int, n_ctx: int = 2048) -> Any:
+    """``llama_cpp.Llama`` on ``path`` (a context of ``n_ctx`` tokens) with the CPU backend's
+    extra buffer types off (``use_extra_bufts = False``): llama-cpp-python 0.3.36 has no
+    argument for that model parameter, so its default-parameters function is wrapped while
+    the model loads."""
     low = llama_cpp.llama_cpp
     default = low.llama_model_default_params
 
@@ -273,7 +274,7 @@ def _llama_without_extra_bufts(llama_cpp: Any, path: Path, threads: int) -> Any:
     low.llama_model_default_params = params
     try:
         return llama_cpp.Llama(
-            str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False
+            str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
         )
     finally:
         low.llama_model_default_params = default
