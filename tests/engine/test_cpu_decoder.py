@@ -54,21 +54,6 @@ def no_native(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The token count of every forward the native decoder ran."""
-    assert native_module.native_decoder() is not None, "the native decoder should build here"
-    calls: list[int] = []
-    real = cpu_module._NativeWeights.run
-
-    def run(self: Any, lib: Any, args: Any, x: torch.Tensor, *rest: Any) -> torch.Tensor:
-        calls.append(x.shape[0])
-        return real(self, lib, args, x, *rest)
-
-    monkeypatch.setattr(cpu_module._NativeWeights, "run", run)
-    return calls
-
-
-@pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many forwards ran through the scripted function."""
     calls: list[int] = []

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.cpu_decoder as cpu_module
 import relayc.engine.native as native_module
 from relayc.engine.config import ModelConfig
 from relayc.engine.model import use_cpu_matmul_layout
@@ -79,7 +78,11 @@ SHAPES = [(64, 4, 2), (32, 4, 2), (64, 8, 1), (128, 2, 1), (48, 6, 1), (24, 2, 2
 
 @pytest.mark.parametrize(("head_dim", "heads", "kv_heads"), SHAPES)
 def test_long_context_rows_agree_and_match_the_eager_layers(
-    head_dim: int, heads: int, kv_heads: int, monkeypatch: pytest.MonkeyPatch
+    head_dim: int,
+    heads: int,
+    kv_heads: int,
+    native_calls: list[int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A 150-token cached prompt on scattered KV slots, then 37 tokens decoded one at a
     time and the same 37 verified as one chain: the same bits (the verify's rows are
@@ -94,14 +97,6 @@ def test_long_context_rows_agree_and_match_the_eager_layers(
         num_layers=2,
         intermediate_size=96,
     )
-    native_rows: list[int] = []
-    real = cpu_module._NativeWeights.run
-
-    def run(self: Any, lib: Any, args: Any, x: torch.Tensor, *rest: Any) -> torch.Tensor:
-        native_rows.append(x.shape[0])
-        return real(self, lib, args, x, *rest)
-
-    monkeypatch.setattr(cpu_module._NativeWeights, "run", run)
     generator = torch.Generator().manual_seed(head_dim)
     prompt = torch.randint(0, 256, (150,), generator=generator).tolist()
     chain = torch.randint(0, 256, (37,), generator=generator).tolist()
@@ -120,7 +115,7 @@ def test_long_context_rows_agree_and_match_the_eager_layers(
     native = random_model(config, seed=head_dim)
     use_cpu_matmul_layout(native)
     decoded, verified = drive(native)
-    assert native_rows.count(1) == len(chain) and 37 in native_rows, native_rows
+    assert native_calls.count(1) == len(chain) and 37 in native_calls, native_calls
     assert torch.equal(decoded, verified)
 
     eager = random_model(config, seed=head_dim)

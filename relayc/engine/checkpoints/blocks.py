@@ -172,8 +172,10 @@ class BlockWeight:
             panels, nb = words.shape[0] // 16, self.cols // BLOCK
             laid = words.reshape(panels, 16, nb, BLOCK).permute(0, 2, 3, 1).contiguous()
             return laid.view(torch.uint8).reshape(-1)
-        found = native_gguf(self.data, self.qtype, self.rows, self.cols)
-        if found is not None and format == self.format and self.qtype in NATIVE_PANEL_TYPES:
+        found = None
+        if format == self.format and self.qtype in NATIVE_PANEL_TYPES:
+            found = native_gguf(self.data, self.qtype, self.rows, self.cols)
+        if found is not None:
             lib, code, raw = found  # the same bytes, one pass in decoder.c
             size = -(-self.rows // 16) * (self.cols // BLOCK) * PANEL_BYTES[format]
             out = torch.empty(size, dtype=torch.uint8)
