@@ -157,6 +157,54 @@ class StepTimer:
         return dict(self.seconds)
 
 
+class NativeTimer:
+    """Wall time inside the native decoder's compute calls (``--steps``): the layers, the LM
+    heads, the argmax. A forward's time outside them is Python: argument checks, attention
+    metadata, tensors made for the call -- host work as much as what runs between forwards.
+
+    Wraps the functions on the loaded library itself, so every engine of the process is
+    timed through them (the ``--steps`` run is the only one running while they are).
+    """
+
+    FUNCTIONS = (
+        "relayc_decoder",
+        "relayc_decoder_bf16",
+        "relayc_decoder_ex",
+        "relayc_decoder_bf16_ex",
+        "relayc_decoder_blocks_ex",
+        "relayc_head",
+        "relayc_head_bf16",
+        "relayc_head_blocks",
+        "relayc_head_argmax",
+        "relayc_argmax",
+    )
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+    def attach(self) -> bool:
+        """Wrap the library's functions; False where no native library runs."""
+        from relayc.engine import native
+
+        lib = native.native_decoder()
+        if lib is None:
+            return False
+        for name in self.FUNCTIONS:
+            inner = getattr(lib, name)
+
+            def timed(*args: Any, _inner: Any = inner) -> Any:
+                start = time.perf_counter()
+                try:
+                    return _inner(*args)
+                finally:
+                    self.seconds += time.perf_counter() - start
+                    self.calls += 1
+
+            setattr(lib, name, timed)
+        return True
+
+
 class ForwardFreeClock:
     """A clock for cProfile that stands still inside the forwards (``ForwardTimer``'s hooks),
     so every function's time is its time outside them."""
@@ -412,6 +460,8 @@ def main() -> None:
     if args.steps:
         steps = StepTimer(timers[False])
         steps.attach(engines[False])
+        native = NativeTimer()
+        native_on = native.attach()
         run = run_once(engines[False], timers[False], prompts, params, concurrency)
         ops = steps.snapshot()
         print("\nper decode-step op, outside the forwards (overlap off, one run, us/iter):")
@@ -423,6 +473,15 @@ def main() -> None:
         )
         print(f"  {'between (all)':<24} {between:>8.0f}")
         print(f"  {'host':<24} {run.per_iter_ms(run.host_s) * 1e3:>8.0f}")
+        if native_on:
+            forwards = run.target_s + run.draft_s
+            glue = run.per_iter_ms(forwards - native.seconds) * 1e3
+            outside = glue + between + run.per_iter_ms(run.host_s) * 1e3
+            print(
+                f"  {'forwards, outside native':<24} {glue:>8.0f}  (their Python: "
+                f"{native.calls / run.iterations:.1f} native calls per iter)"
+            )
+            print(f"  {'outside native calls':<24} {outside:>8.0f}  (between + host + the above)")
     if args.profile:
         print("\nprofile (overlap off; self time outside the target's and drafter's forwards):")
         with profiled(timers[False], args.profile_top):

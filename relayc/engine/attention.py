@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from relayc.engine import native
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 
 
@@ -50,6 +51,17 @@ class PagedAttentionMetadata:
                 f"{batch.mode.value} needs max_extend_len ({q_max}) tokens per request: "
                 f"{bs} requests have {num_tokens}"
             )
+        if batch.mode is ForwardMode.VERIFY and (
+            batch.tree_mask is None or batch.tree_mask.shape != (bs, q_max, q_max)
+        ):
+            got = None if batch.tree_mask is None else list(batch.tree_mask.shape)
+            raise ValueError(
+                f"verify needs tree_mask [B, N, N] = [{bs}, {q_max}, {q_max}]; got {got}"
+            )
+        if uniform and device.type == "cpu":
+            made = cls._native_uniform(batch)
+            if made is not None:
+                return made
         prefix_loc = batch.req_to_token[batch.req_pool_indices, :p_max].long()  # [B, P]
         if uniform:
             padded_index = token_req = token_row = row_valid = None
@@ -68,11 +80,7 @@ class PagedAttentionMetadata:
 
         see_prefix = (torch.arange(p_max, device=device)[None, :] < pre[:, None])[:, None, :]
         if batch.mode is ForwardMode.VERIFY:
-            if batch.tree_mask is None or batch.tree_mask.shape != (bs, q_max, q_max):
-                got = None if batch.tree_mask is None else list(batch.tree_mask.shape)
-                raise ValueError(
-                    f"verify needs tree_mask [B, N, N] = [{bs}, {q_max}, {q_max}]; got {got}"
-                )
+            assert batch.tree_mask is not None, "checked above"
             see_new = batch.tree_mask
         else:
             see_new = torch.ones(q_max, q_max, dtype=torch.bool, device=device).tril()[None]
@@ -92,6 +100,55 @@ class PagedAttentionMetadata:
             padded_index,
             token_req,
             token_row,
+        )
+
+    @classmethod
+    def _native_uniform(cls, batch: ForwardBatch) -> PagedAttentionMetadata | None:
+        """:meth:`build`'s result for a CPU batch of ``max_extend_len`` new tokens per
+        request, made by one native call (decoder.c's ``relayc_paged_meta``): the same
+        values, where the torch calls cost some 20 us each right after a forward has
+        streamed its weights. None (the torch path) without the library, for other index
+        types or layouts, or for bad indices (the torch path raises their error)."""
+        lib = native.native_decoder()
+        if lib is None:
+            return None
+        table, rows, slots = batch.req_to_token, batch.req_pool_indices, batch.out_cache_loc
+        lens, tree = batch.prefix_lens, batch.tree_mask
+        if batch.mode is not ForwardMode.VERIFY:
+            tree = None  # decode / padded extend: causal among the new tokens
+        if not (
+            table.dtype == torch.int32
+            and rows.dtype == lens.dtype == slots.dtype == torch.int64
+            and (tree is None or tree.dtype == torch.bool)
+            and all(t.is_contiguous() for t in (table, rows, lens, slots))
+            and table.dim() == 2
+        ):
+            return None
+        if tree is not None and not tree.is_contiguous():
+            tree = tree.contiguous()
+        bs, p_max, q_max = batch.batch_size, batch.max_prefix_len, batch.max_extend_len
+        kv_loc = torch.empty(bs * (p_max + q_max), dtype=torch.int64)
+        mask = torch.empty(bs, 1, q_max, p_max + q_max, dtype=torch.float32)
+        code = lib.relayc_paged_meta(
+            bs,
+            q_max,
+            p_max,
+            table.data_ptr(),
+            table.shape[0],
+            table.shape[1],
+            rows.data_ptr(),
+            lens.data_ptr(),
+            slots.data_ptr(),
+            None if tree is None else tree.data_ptr(),
+            kv_loc.data_ptr(),
+            mask.data_ptr(),
+        )
+        if code != 0:
+            return None
+        dtype = batch.kv_cache.k[0].dtype
+        # 0 and -inf are exact in every float type
+        return cls(
+            kv_loc, mask if dtype == torch.float32 else mask.to(dtype), bs, q_max, None, None, None
         )
 
     @classmethod

@@ -1520,6 +1520,44 @@ int relayc_argmax(const float *x, int64_t rows, int64_t n, int64_t *out) {
     return 0;
 }
 
+/* The attention metadata of a forward where every request has `queries` new tokens (decode,
+ * verify): what relayc.engine.attention.PagedAttentionMetadata.build makes with some twenty
+ * torch calls, which cost ~20 us each right after a forward has streamed its weights. Per
+ * request b, P = p_max key columns of its prefix then its Q = queries new tokens:
+ *   kv_loc[b, j] = req_to_token[req_pool_indices[b], j] (j < P), out_cache_loc[b * Q + k]
+ *     (j = P + k);
+ *   mask[b, q, j] = 0 (attend) or -inf: j < P attends while j < prefix_lens[b]; j = P + k
+ *     attends where tree_mask[b, q, k] (bytes, [B, Q, Q]), or k <= q without a tree mask.
+ * req_to_token is int32 [rows, width], row-major. Returns 0, or -2 for P > width or a
+ * request row outside 0..rows-1 (the caller's torch path raises the error). */
+int relayc_paged_meta(int batch, int queries, int p_max, const int32_t *req_to_token,
+                      int64_t rows, int64_t width, const int64_t *req_pool_indices,
+                      const int64_t *prefix_lens, const int64_t *out_cache_loc,
+                      const uint8_t *tree_mask, int64_t *kv_loc, float *mask) {
+    if (batch < 0 || queries < 1 || p_max < 0 || p_max > width) return -2;
+    for (int b = 0; b < batch; b++)
+        if (req_pool_indices[b] < 0 || req_pool_indices[b] >= rows) return -2;
+    const int64_t keys = (int64_t)p_max + queries;
+    for (int b = 0; b < batch; b++) {
+        const int32_t *row = req_to_token + req_pool_indices[b] * width;
+        int64_t *loc = kv_loc + b * keys;
+        for (int j = 0; j < p_max; j++) loc[j] = row[j];
+        for (int k = 0; k < queries; k++) loc[p_max + k] = out_cache_loc[(int64_t)b * queries + k];
+        const int64_t pre = prefix_lens[b];
+        for (int q = 0; q < queries; q++) {
+            float *m = mask + ((int64_t)b * queries + q) * keys;
+            for (int j = 0; j < p_max; j++) m[j] = j < pre ? 0.0f : -INFINITY;
+            for (int k = 0; k < queries; k++) {
+                const int see = tree_mask != NULL
+                                    ? tree_mask[((int64_t)b * queries + q) * queries + k] != 0
+                                    : k <= q;
+                m[p_max + k] = see ? 0.0f : -INFINITY;
+            }
+        }
+    }
+    return 0;
+}
+
 /* GGUF's simplest block types read straight from a file's bytes: the loader's dequantize
  * (the `gguf` package's NumPy loops took most of a model's load) and the packer's check
  * that a parameter still holds its blocks' values. Types (GGUF_*): Q4_0 (18 bytes: float16

@@ -169,6 +169,9 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_exp.restype = i
     lib.relayc_argmax.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p]
     lib.relayc_argmax.restype = i
+    # batch, queries, prefix columns; req_to_token, its rows and width; then the pointers
+    lib.relayc_paged_meta.argtypes = [i, i, i, p, q, q, p, p, p, p, p, p]
+    lib.relayc_paged_meta.restype = i
     lib.relayc_bf16_kernels.argtypes = []
     lib.relayc_bf16_kernels.restype = i
     lib.relayc_bf16_kernel.argtypes = [i]
