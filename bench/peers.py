@@ -449,7 +449,7 @@ def summary(by_batch: dict[int, dict[str, float]], metric: str) -> None:
 
 # -- the real model --------------------------------------------------------------------------
 
-REAL_RELAYC: list[tuple[str, str, dict[str, int]]] = [
+REAL_RELAYC: list[tuple[str, str, dict[str, Any]]] = [
     ("relayc none", "none", {}),
     ("relayc ngram", "ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 8}),
     ("relayc eagle3", "eagle3", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
@@ -458,6 +458,18 @@ REAL_RELAYC: list[tuple[str, str, dict[str, int]]] = [
     # Shorter chains: fewer verify rows and head steps for fewer tokens a verify.
     ("relayc eagle3 chain 3", "eagle3", {"num_steps": 2, "topk": 1, "num_draft_tokens": 3}),
     ("relayc eagle3 chain 2", "eagle3", {"num_steps": 1, "topk": 1, "num_draft_tokens": 2}),
+    # The head read as Q8_0 (Engine(draft_quantization=...)): half the bytes of its bfloat16
+    # words, the same tokens (float32 only: the bfloat16 rows skip it).
+    (
+        "relayc eagle3 chain q8_0 head",
+        "eagle3",
+        {"num_steps": 3, "topk": 1, "num_draft_tokens": 4, "draft_quantization": "q8_0"},
+    ),
+    (
+        "relayc eagle3 chain 3 q8_0 head",
+        "eagle3",
+        {"num_steps": 2, "topk": 1, "num_draft_tokens": 3, "draft_quantization": "q8_0"},
+    ),
 ]
 
 

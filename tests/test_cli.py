@@ -205,6 +205,7 @@ GENERATE_ERRORS = [
     (["--model", "/nonexistent"], "no model '/nonexistent'"),
     (["--draft-model", "/nonexistent"], "no checkpoint folder"),
     (["--device", "nonsense"], "unknown device"),
+    (["--draft-quantization", "q4"], "invalid choice: 'q4'"),
     (["--prompt", "a\udcffb"], "is not valid UTF-8 (byte 0xff at character 1)"),
 ]
 

@@ -53,7 +53,9 @@ batched speculative case -- need rows that do not depend on the batch.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -438,6 +440,21 @@ class NativeHead:
         return logits
 
 
+@dataclass(frozen=True)
+class _CachePointers:
+    """What the native decoder takes of a set of K/V cache tensors (``_NativeWeights``)."""
+
+    # id() of each, K then V, then their data pointers: the same tensors while they live
+    ids: tuple[int, ...]
+    refs: list[weakref.ref[torch.Tensor]]
+    k: Any  # ctypes arrays of the layers' data pointers
+    v: Any
+    rows: int  # the fewest rows of any: every slot must be below it
+
+    def alive(self) -> bool:
+        return all(ref() is not None for ref in self.refs)
+
+
 class _NativeWeights:
     """The per-layer pointers the native decoder (decoder.c) takes, for one weight set."""
 
@@ -479,6 +496,35 @@ class _NativeWeights:
             for name in ("ln1", "w_qkv", "w_o", "ln2", "w_gate_up", "w_down")
         ]
         self.eps = [(ctypes.c_float * len(e))(*e) for e in (eps1, eps2)]
+        self._caches: _CachePointers | None = None  # the K/V caches of the last call
+
+    def _cache_pointers(
+        self, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], row: tuple[int, int]
+    ) -> _CachePointers:
+        """The K/V caches' pointer arrays and rows, checked once per set of cache tensors
+        (every forward of an engine passes the same ones: a Python pass over each layer's
+        two caches on every call cost more than the rest of the call's setup)."""
+        caches = (*k_cache, *v_cache)
+        ids = (*map(id, caches), *map(torch.Tensor.data_ptr, caches))
+        known = self._caches
+        if known is not None and known.ids == ids and known.alive():
+            return known
+        if any(
+            c.dtype != self.dtype or not c.is_contiguous() or tuple(c.shape[1:]) != row
+            for c in caches
+        ):
+            raise ValueError(
+                f"the native decoder needs contiguous {self.dtype} K/V caches [N, {row}]"
+            )
+        layers = len(k_cache)
+        self._caches = known = _CachePointers(
+            ids,
+            [weakref.ref(c) for c in caches],
+            (ctypes.c_void_p * layers)(*(c.data_ptr() for c in k_cache)),
+            (ctypes.c_void_p * layers)(*(c.data_ptr() for c in v_cache)),
+            min(c.shape[0] for c in caches),
+        )
+        return known
 
     def run(
         self,
@@ -509,15 +555,7 @@ class _NativeWeights:
         kv_loc = meta.kv_loc.contiguous()
         mask = meta.mask.float().contiguous()
         cos, sin = rope.cos.float().contiguous(), rope.sin.float().contiguous()
-        caches = [*k_cache, *v_cache]
-        row = (args["kv_heads"], args["head_dim"])
-        if any(
-            c.dtype != self.dtype or not c.is_contiguous() or tuple(c.shape[1:]) != row
-            for c in caches
-        ):
-            raise ValueError(
-                f"the native decoder needs contiguous {self.dtype} K/V caches [N, {row}]"
-            )
+        pointers = self._cache_pointers(k_cache, v_cache, (args["kv_heads"], args["head_dim"]))
         batch, queries = meta.batch_size, meta.max_extend_len
         keys = kv_loc.numel() // batch
         shapes = {
@@ -532,8 +570,6 @@ class _NativeWeights:
             if got != want or tokens != batch * queries:
                 raise ValueError(f"native decoder: {name} is {got}, expected {want}")
         layers = len(k_cache)
-        k_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in k_cache))
-        v_ptrs = (ctypes.c_void_p * layers)(*(c.data_ptr() for c in v_cache))
         f32 = self.dtype == torch.float32
         extra: tuple[Any, ...] = ()
         if attn_in is None and not capture and not self.blocks:
@@ -576,16 +612,14 @@ class _NativeWeights:
             keys,
             *self.arrays,
             *self.eps,
-            k_ptrs,
-            v_ptrs,
-            min(c.shape[0] for c in caches),
+            pointers.k,
+            pointers.v,
+            pointers.rows,
             *extra,
         )
         if code in (-3, -4):
             what = "out_cache_loc" if code == -3 else "a request's KV slots (req_to_token)"
-            raise IndexError(
-                f"{what} names a KV slot outside the cache's {caches[0].shape[0]} rows"
-            )
+            raise IndexError(f"{what} names a KV slot outside the cache's {pointers.rows} rows")
         if code != 0:
             raise RuntimeError(f"the native decoder failed (code {code})")
         if captured is not None:

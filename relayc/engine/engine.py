@@ -30,7 +30,9 @@ from typing import Any
 import torch
 
 from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
+from relayc.engine.checkpoints.blocks import BLOCK
 from relayc.engine.checkpoints.loader import AnyTokenizer, Progress, load_model, resolve_dtype
+from relayc.engine.checkpoints.quantize import quantize_linears
 from relayc.engine.engine_args import check_engine_args, positive_int
 from relayc.engine.graphs import DecodeGraphs
 from relayc.engine.model import LlamaForCausalLM, prepare_cpu_decoders, use_cpu_matmul_layout
@@ -137,6 +139,12 @@ class Engine:
     ``assistant_confidence_threshold``: a request stops drafting after a draft below its
     threshold, adapted per request from its acceptances (``relayc.engine.draft.standalone``);
     ``num_steps`` is the longest chain. Lossless; None (default) drafts ``num_steps`` always.
+    ``draft_quantization="q8_0"``: the drafter's matrices (an EAGLE head's layer, ``fc``
+    and vocabulary head; a standalone draft model's linears; never the target's weights it
+    shares) become llama.cpp's Q8_0 in place, which the native CPU decoder reads in about
+    half the time of bfloat16 words (SGLang's ``speculative_draft_model_quantization``).
+    The drafts change by the weights' rounding, the tokens do not (the target verifies
+    them). CPU only, float32 models; a drafter module passed in is quantized too.
 
     ``relay_module``: a module ``relayc compile`` generated from your own spec (or its
     module name or ``.py`` path), run instead of ``relayc.generated.<algorithm>`` with the
@@ -187,6 +195,7 @@ class Engine:
         debug: bool = False,
         block_verification: bool = False,
         draft_confidence: float | None = None,
+        draft_quantization: str | None = None,
         relay_module: ModuleType | str | PathLike[str] | None = None,
         impls: Mapping[str, Callable[..., Any]] | None = None,
         graphs: str = "auto",
@@ -207,6 +216,7 @@ class Engine:
             impls=impls,
             max_batch_size=max_batch_size,
             capture_batch_sizes=capture_batch_sizes,
+            draft_quantization=draft_quantization,
         )
         model_dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
@@ -267,6 +277,8 @@ class Engine:
                 impls=impls,
             )
         self.algorithm_name = self.algorithm.name
+        # the names of the drafter's weights quantized (`draft_quantization`), for reports
+        self.draft_quantized = self._quantize_drafter(args.draft_quantization)
         self.algorithm.graphs = DecodeGraphs.build(
             graphs,
             self.device,
@@ -307,6 +319,34 @@ class Engine:
             while self.scheduler.has_work():
                 self._step()
         self.runner.close()
+
+    def _quantize_drafter(self, qtype: str | None) -> list[str]:
+        """Quantize the drafter's matrices in place (``draft_quantization``), before the
+        CPU layout packs them; the target's weights a drafter shares stay as they are."""
+        if qtype is None:
+            return []
+        modules = self.algorithm.draft_modules()
+        where = f"`draft_quantization={qtype!r}`"
+        if not modules:
+            raise ValueError(
+                f"{where} quantizes a drafter's weights; `{self.algorithm.name}` drafts "
+                "without any: drop it"
+            )
+        if self.device.type != "cpu":
+            raise ValueError(
+                f"{where} is read by the native CPU decoder; on {self.device} it would only "
+                "change the drafts: drop it"
+            )
+        shared = list(self.model.parameters())
+        names = [n for module in modules for n in quantize_linears(module, qtype, keep=shared)]
+        if not names:
+            dtypes = sorted({str(p.dtype) for m in modules for p in m.parameters()})
+            raise ValueError(
+                f"{where}: the drafter has no float32 matrix of whole {BLOCK}-column blocks "
+                f"to quantize (its weights are {', '.join(dtypes)}); load the models as "
+                "float32 (`dtype='float32'`)"
+            )
+        return names
 
     def __enter__(self) -> Engine:
         return self

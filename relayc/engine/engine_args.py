@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from relayc.engine.algorithms import DecodeAlgorithm, check_generated
+from relayc.engine.checkpoints.quantize import QUANTIZATIONS
 from relayc.engine.graphs import check_batch_sizes
 
 
@@ -49,6 +50,19 @@ def check_draft_confidence(value: object) -> float | None:
     if not (math.isfinite(number) and 0 < number <= 1):
         raise ValueError(f"`draft_confidence` must lie in (0, 1]; got {value!r}")
     return number
+
+
+def check_draft_quantization(value: object) -> str | None:
+    """None (the drafter's weights as loaded) or a name in ``QUANTIZATIONS``, any case."""
+    if value is None:
+        return None
+    choices = ", ".join(repr(q) for q in QUANTIZATIONS)
+    if not isinstance(value, str):
+        raise TypeError(f"`draft_quantization` must be one of {choices} or None; got {value!r}")
+    name = value.lower()
+    if name not in QUANTIZATIONS:
+        raise ValueError(f"`draft_quantization` must be one of {choices} or None; got {value!r}")
+    return name
 
 
 def resolve_relay_module(value: object) -> ModuleType | None:
@@ -96,6 +110,7 @@ class EngineArgs:
     relay_module: ModuleType | None
     capture_batch_sizes: tuple[int, ...] | None
     draft_confidence: float | None
+    draft_quantization: str | None = None
 
 
 def check_engine_args(
@@ -109,6 +124,7 @@ def check_engine_args(
     impls: Mapping[str, Callable[..., Any]] | None,
     max_batch_size: object,
     capture_batch_sizes: Sequence[int] | None,
+    draft_quantization: object = None,
 ) -> EngineArgs:
     """Check what ``Engine`` takes besides the model and the decode dims; see the module doc."""
     for name, flag in (
@@ -118,6 +134,12 @@ def check_engine_args(
     ):
         check_flag(name, flag)
     confidence = check_draft_confidence(draft_confidence)
+    quantization = check_draft_quantization(draft_quantization)
+    if quantization is not None and algorithm in ("none", "ngram"):
+        raise ValueError(
+            f"`draft_quantization={quantization!r}` quantizes a drafter's weights; "
+            f"`{algorithm}` drafts without any: drop it"
+        )
     batch = positive_int("max_batch_size", max_batch_size)
     sizes = check_batch_sizes(capture_batch_sizes, batch)
     module = resolve_relay_module(relay_module)
@@ -135,4 +157,4 @@ def check_engine_args(
             block_verification=bool(block_verification),
             draft_confidence=confidence,
         )
-    return EngineArgs(module, sizes, confidence)
+    return EngineArgs(module, sizes, confidence, quantization)

@@ -219,6 +219,31 @@ def test_native_rows_do_not_depend_on_the_batch(native_calls: list[int]) -> None
     assert torch.equal(decoded, verified)
 
 
+def test_forwards_over_two_caches_in_turn_use_their_own(native_calls: list[int]) -> None:
+    """The native call keeps the last caches' pointers: a forward over other caches (an
+    engine sharing the model), then over the first ones again, reads and writes each."""
+    model = random_model(seed=5)
+    use_cpu_matmul_layout(model)
+    prompts, follow = [_tokens(9, seed=3), _tokens(6, seed=4)], [17, 250, 3]
+    alone = []
+    for prompt in prompts:
+        driver = PagedDriver(model)
+        req = driver.new_request()
+        driver.extend([req], [prompt])
+        alone.append(torch.cat([driver.decode([req], [t]) for t in follow]))
+    drivers = [PagedDriver(model), PagedDriver(model, kv_size=512, shuffle_seed=1)]
+    reqs = [d.new_request() for d in drivers]
+    for driver, req, prompt in zip(drivers, reqs, prompts, strict=True):
+        driver.extend([req], [prompt])
+    turns: list[list[torch.Tensor]] = [[], []]
+    for t in follow:
+        for i, (driver, req) in enumerate(zip(drivers, reqs, strict=True)):
+            turns[i].append(driver.decode([req], [t]))
+    assert len(native_calls) == 2 * (1 + len(follow)) * 2
+    for got, want in zip(turns, alone, strict=True):
+        assert torch.equal(torch.cat(got), want)
+
+
 def test_native_weights_follow_in_place_updates(native_calls: list[int]) -> None:
     """The native decoder reads a packed copy of the weights: an in-place update of a
     parameter (its version counter moves) repacks before the next forward."""

@@ -135,6 +135,17 @@ def test_prompt_ids_on_a_model_with_a_tokenizer_print_its_text(
     assert by_ids == capsys.readouterr().out
 
 
+def test_a_quantized_drafter_prints_the_same_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--draft-quantization q8_0` changes the drafts, never the tokens."""
+    argv = ["generate", "--prompt", "def f(x):", "--max-new-tokens", "12", "--algorithm"]
+    assert main([*argv, "eagle3"]) == EXIT_OK
+    plain = capsys.readouterr().out
+    assert main([*argv, "eagle3", "--draft-quantization", "q8_0"]) == EXIT_OK
+    assert capsys.readouterr().out == plain
+    assert main([*argv, "ngram", "--draft-quantization", "Q8_0"]) == EXIT_USAGE
+    assert "`ngram` drafts without any: drop it" in _error_line(capsys)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
