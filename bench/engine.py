@@ -343,6 +343,9 @@ def main() -> None:
     parser.add_argument("--draft-model", default=None)
     parser.add_argument("--random-head", action="store_true", help="eagle3: an untrained head")
     parser.add_argument(
+        "--draft-quantization", default=None, help="q8_0: the drafter's matrices as Q8_0"
+    )
+    parser.add_argument(
         "--concurrency", type=int, default=0, help="requests queued at a time (0: all)"
     )
     parser.add_argument("--profile", action="store_true", help="where non-forward time goes")
@@ -385,6 +388,7 @@ def main() -> None:
                 algorithm=args.algorithm,
                 draft_model=draft_model,
                 overlap=overlap,
+                **({"draft_quantization": q} if (q := args.draft_quantization) else {}),
                 seed=0,
                 device=args.device,
                 **sizes,

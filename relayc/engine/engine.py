@@ -35,7 +35,12 @@ from relayc.engine.checkpoints.loader import AnyTokenizer, Progress, load_model,
 from relayc.engine.checkpoints.quantize import quantize_linears
 from relayc.engine.engine_args import check_engine_args, positive_int
 from relayc.engine.graphs import DecodeGraphs
-from relayc.engine.model import LlamaForCausalLM, prepare_cpu_decoders, use_cpu_matmul_layout
+from relayc.engine.model import (
+    LlamaForCausalLM,
+    native_weights_pinned,
+    prepare_cpu_decoders,
+    use_cpu_matmul_layout,
+)
 from relayc.engine.overlap import make_runner
 from relayc.engine.request import FinishReason, Output, Request, StreamDelta
 from relayc.engine.sampling import SamplingParams
@@ -165,6 +170,10 @@ class Engine:
     seed and position, never by the batch). A stream that is not iterated holds its
     requests' slots until it is closed, exhausted or collected; one closed while
     another thread is inside the engine is aborted at the engine's next step.
+
+    The native CPU decoder reads packed copies of the weights, repacked when a weight
+    changes: ``generate`` (and ``chat``) checks them once when the call starts, a stream
+    at every forward. Change a model's weights between calls, never during one.
 
     Failures never leak slots. A bad request gets its own ``"error"`` output before
     anything is queued. If anything escapes a scheduler step -- ``KeyboardInterrupt``,
@@ -371,8 +380,12 @@ class Engine:
         tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
         outputs: dict[int, Output] = {}
         # closing(): an exception here (Ctrl-C included) aborts this call's requests now,
-        # not whenever the traceback that references the generator is collected.
-        with contextlib.closing(self._run(requests, rejected)) as deltas:
+        # not whenever the traceback that references the generator is collected. The
+        # weights are checked once for the call, not at every forward (see the class doc).
+        with (
+            native_weights_pinned(self.model, *self.algorithm.draft_modules()),
+            contextlib.closing(self._run(requests, rejected)) as deltas,
+        ):
             for delta in deltas:
                 self._collect(delta, requests, tokens, outputs)
         return [outputs[i] for i in range(len(prompts))]

@@ -18,7 +18,8 @@ original EAGLE heads were trained on are ``model.model.norm(hidden_states)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -165,6 +166,21 @@ def prepare_cpu_decoders(module: nn.Module) -> int:
             if callable(prepare) and prepare():
                 count += 1
     return count
+
+
+@contextlib.contextmanager
+def native_weights_pinned(*modules: nn.Module) -> Iterator[None]:
+    """Check the native decoder's packs of ``modules``' layer stacks now, and trust them
+    until the block ends (``ScriptedLayers.pinned``): change no weight inside it."""
+    with contextlib.ExitStack() as stack:
+        seen: set[int] = set()
+        for module in modules:
+            for sub in module.modules():
+                scripted = getattr(sub, "scripted", None)
+                if isinstance(scripted, ScriptedLayers) and id(scripted) not in seen:
+                    seen.add(id(scripted))
+                    stack.enter_context(scripted.pinned())
+        yield
 
 
 class FusedWeight:

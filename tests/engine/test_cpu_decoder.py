@@ -18,6 +18,7 @@ import relayc.engine.cpu_decoder as cpu_module
 import relayc.engine.native as native_module
 import relayc.engine.scripted as scripted_module
 from relayc.engine import Engine, SamplingParams
+from relayc.engine.cpu_decoder import ScriptedLayers
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.weights import random_model
@@ -387,3 +388,44 @@ def test_forward_train_without_autograd_takes_batches_of_sequences(
     with context:  # more rows than the native head takes: the eager head, same shape
         long = model.forward_train(torch.tensor([_tokens(40, seed=3)] * 2))
     assert len(heads) == 1 and long.logits.shape == (2, 40, model.config.vocab_size)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    calls: list[int] = []
+    real = getattr(ScriptedLayers, name)
+
+    def counted(self: ScriptedLayers) -> Any:
+        calls.append(id(self))
+        return real(self)
+
+    monkeypatch.setattr(ScriptedLayers, name, counted)
+    return calls
+
+
+def test_generate_checks_the_weights_once_per_call(
+    monkeypatch: pytest.MonkeyPatch, native_calls: list[int]
+) -> None:
+    """`generate` checks every weight when it starts and trusts them for its forwards;
+    an in-place change between calls is repacked at the next call's start, and the answer
+    is a fresh engine's on the changed model. A stream checks them at every forward."""
+    engine = Engine(overlap=False)
+    prompts, params = ["def fib(n):", "import os"], SamplingParams(max_new_tokens=12)
+    before = engine.generate(prompts, params)
+    checks, builds = _counting(monkeypatch, "_current"), _counting(monkeypatch, "_build")
+    assert engine.generate(prompts, params) == before
+    assert checks == [id(engine.model.scripted)] and builds == []
+    with torch.no_grad():
+        for layer in engine.model.model.layers:
+            layer.mlp.down_proj.weight.mul_(-4.0)
+    checks.clear()
+    forwards = len(native_calls)
+    changed = engine.generate(prompts, params)
+    assert checks == [id(engine.model.scripted)] and builds == checks  # repacked once
+    assert len(native_calls) > forwards + 8  # the forwards ran natively, unchecked
+    assert [o.token_ids for o in changed] != [o.token_ids for o in before]
+    fresh = Engine(model=engine.model, overlap=False, tokenizer=engine.tokenizer)
+    assert [o.token_ids for o in fresh.generate(prompts, params)] == [o.token_ids for o in changed]
+    checks.clear()
+    forwards = len(native_calls)
+    streamed = [d for d in engine.stream(prompts, params)]
+    assert streamed and len(checks) >= len(native_calls) - forwards > 8

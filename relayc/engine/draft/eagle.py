@@ -78,6 +78,9 @@ class EagleHead(nn.Module):
     """
 
     DRAFT_TYPE = "eagle"
+    # draft_tree drafts a chain that keeps every draft (topk 1) without the beam search's
+    # bookkeeping (the same tree); False: through the beam search (tests compare the two)
+    chain_shortcut = True
 
     def __init__(self, config: ModelConfig, target: LlamaForCausalLM) -> None:
         super().__init__()
@@ -226,6 +229,23 @@ class EagleHead(nn.Module):
                 f"`scratch_cache_loc` must be [B, topk*(num_steps-1)] = [{batch_size}, {width}] "
                 f"with num_steps >= 1; got {list(scratch_cache_loc.shape)}, num_steps={num_steps}"
             )
+        if topk == 1 and num_draft_tokens == num_steps + 1 and self.chain_shortcut:
+            # A chain that keeps every draft: no beams to rank, no candidates to choose.
+            return self._greedy_chain(
+                topk_index,
+                hidden_states,
+                ScratchAttention(
+                    kv_cache,
+                    req_to_token,
+                    req_pool_indices,
+                    seq_lens,
+                    max_prefix_len,
+                    scratch_cache_loc,
+                    queries=1,
+                ),
+                seq_lens,
+                scratch_cache_loc,
+            )
         device = topk_p.device
         level = select_level(0, topk_p, topk_index, None, topk)
         levels = [level]
@@ -259,6 +279,31 @@ class EagleHead(nn.Module):
             level = select_level(step + 1, probs, tokens, level.scores, topk)
             levels.append(level)
         return organize_draft_results(levels, num_draft_tokens)
+
+    def _greedy_chain(
+        self,
+        topk_index: torch.Tensor,
+        hidden: torch.Tensor,
+        scratch: ScratchAttention,
+        seq_lens: torch.Tensor,
+        scratch_cache_loc: torch.Tensor,
+    ) -> DraftTree:
+        """:meth:`draft_tree` with ``topk`` 1 and every draft kept, as one chain: the same
+        forwards, the same tokens (each step's top-1 of the same probabilities) and the
+        same tree (with one beam a level, every candidate is kept and ranked in order),
+        without the beam bookkeeping -- some thirty small ops an iteration, each slow
+        right after a forward."""
+        batch_size, width = scratch_cache_loc.shape
+        tokens = [topk_index[:, 0]]
+        columns = torch.arange(width, device=topk_index.device)
+        for step in range(width):
+            attend = scratch.step(
+                (columns <= step).expand(batch_size, 1, width),
+                scratch_cache_loc[:, step : step + 1],
+            )
+            logits, hidden = self.step(tokens[-1], hidden, seq_lens + step, attend)
+            tokens.append(top_k_probs(logits, 1)[1][:, 0])
+        return chain_tree(torch.stack(tokens, dim=1))
 
     @torch.no_grad()
     def draft_chain(

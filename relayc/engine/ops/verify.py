@@ -54,6 +54,20 @@ def impl_build_tree(
     draft_tokens: torch.Tensor,
     seq_lens: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
+    if ctx.dims["topk"] == 1 and ctx.dims["num_draft_tokens"] == ctx.dims["num_steps"] + 1:
+        return _chain_layout(bonus_tokens, draft_tokens, seq_lens)
+    return _tree_layout(ctx, bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens)
+
+
+def _tree_layout(
+    ctx: StepContext,
+    bonus_tokens: torch.Tensor,
+    parent_list: torch.Tensor,
+    top_scores_index: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """``build_tree``'s layout of any drafted tree, as ``build_tree``'s outputs."""
     batch, n = bonus_tokens.shape[0], ctx.dims["num_draft_tokens"]
     tree = build_tree(
         bonus_tokens,
@@ -74,6 +88,28 @@ def impl_build_tree(
         "retrive_index": tree.retrive_index,
         "retrive_next_token": tree.retrive_next_token,
         "retrive_next_sibling": tree.retrive_next_sibling,
+    }
+
+
+def _chain_layout(
+    bonus_tokens: torch.Tensor, draft_tokens: torch.Tensor, seq_lens: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """``build_tree``'s outputs for a chain that keeps every draft (topk 1, ``N - 1`` =
+    ``num_steps`` drafts: one candidate a level, so every one is kept, in order): node ``i``
+    the ``i``-th draft, child of node ``i - 1``. With one beam a level the parent list
+    holds nothing to read (``[-1, 0, 1, ...]``, the drafting layout's), so the layout is
+    made directly: a handful of ops where the general one walks the tree on the host."""
+    batch, drafts = draft_tokens.shape
+    n = drafts + 1
+    device = draft_tokens.device
+    nodes = torch.arange(n, device=device)
+    return {
+        "candidates": torch.cat([bonus_tokens[:, None], draft_tokens], dim=1).to(torch.int64),
+        "tree_mask": torch.ones(batch, n, n, dtype=torch.bool, device=device).tril(),
+        "positions": seq_lens[:, None].to(torch.int64) + nodes,
+        "retrive_index": torch.arange(batch, device=device)[:, None] * n + nodes,
+        "retrive_next_token": torch.where(nodes + 1 < n, nodes + 1, -1).repeat(batch, 1),
+        "retrive_next_sibling": torch.full((batch, n), -1, dtype=torch.int64, device=device),
     }
 
 

@@ -182,7 +182,8 @@ def check_builds_tree(pre: Prefilled, tree: DraftTree, topk: int, num_steps: int
 
 
 @pytest.mark.parametrize(
-    ("topk", "num_steps", "n"), [(1, 4, 5), (2, 3, 6), (3, 3, 10), (2, 1, 3), (4, 2, 8)]
+    ("topk", "num_steps", "n"),
+    [(1, 4, 5), (1, 4, 3), (1, 1, 2), (2, 3, 6), (3, 3, 10), (2, 1, 3), (4, 2, 8)],
 )
 def test_tree_drafting_matches_brute_force_beam_search(
     target: LlamaForCausalLM, head: EagleHead, topk: int, num_steps: int, n: int
@@ -198,6 +199,21 @@ def test_tree_drafting_matches_brute_force_beam_search(
         assert tree.top_scores_index[b].tolist() == selected
         assert tree.draft_tokens[b].tolist() == tokens
     check_builds_tree(pre, tree, topk, num_steps, n)
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 4])
+def test_a_kept_chain_is_the_beam_searchs_tree(
+    target: LlamaForCausalLM, head: EagleHead, num_steps: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """topk 1 with every draft kept skips the beam bookkeeping: the same tree, bit for bit,
+    as the beam search gives it (and the same draft cache writes)."""
+    pre = prefill(target, PROMPTS, shuffle_seed=2)
+    chain = draft(head, pre, 1, num_steps, num_steps + 1, sync_check=True)
+    monkeypatch.setattr(type(head), "chain_shortcut", False)
+    beams = draft(head, pre, 1, num_steps, num_steps + 1)
+    for got, want in zip(chain, beams, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
+        assert torch.equal(got, want)
 
 
 def test_tree_drafting_leaves_the_committed_draft_cache_alone(
