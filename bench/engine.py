@@ -17,7 +17,9 @@ model's forwards (verify, decode, prefill), ``draft`` inside the draft model's (
 layer and LM head, a standalone draft model's forward), ``between`` the rest of the job --
 tree build, verify/accept, KV compaction, the relay's resolve/stash/publish, sampling,
 Python dispatch -- and ``host`` the scheduler's work outside the job. ``between + host`` is
-the non-forward time of an iteration; ``cpu/wall`` is the process's CPU time over wall
+the non-forward time of an iteration (``--steps`` adds the forwards' own Python, the time
+inside them but outside the native library's compute calls, and the sum: the time outside
+native code); ``cpu/wall`` is the process's CPU time over wall
 time (well under 1 with one request at a time: the machine was busy).
 
     python bench/engine.py [--requests 32] [--max-new-tokens 64] [--threads 1]
