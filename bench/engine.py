@@ -179,6 +179,7 @@ class NativeTimer:
         "relayc_head_blocks",
         "relayc_head_argmax",
         "relayc_argmax",
+        "relayc_linear",
     )
 
     def __init__(self) -> None:

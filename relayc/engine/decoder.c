@@ -1495,6 +1495,23 @@ int relayc_head_argmax(int T, int hidden, int vocab_padded, int vocab, const flo
                     format == -1, format > 0 ? format : 0, argmax);
 }
 
+/* out[T, N_padded] = x[T, K] times a weight packed as the layers' and the heads' are
+ * (`format`: 0 float32 panels, -1 bfloat16 panels, else BLOCKS_*, K a multiple of 32):
+ * the same GEMM, each row on its own. An EAGLE-3 head's fc, which otherwise went through
+ * the library GEMM at several times the cost for the few rows of a draft extend. */
+int relayc_linear(int T, int K, int N_padded, const float *x, const void *w, float *out,
+                  int format) {
+    if (T < 0 || K < 1 || N_padded % 16 || format < -1) return -2;
+    if (format > 0 && (K % 32 || !block_format(format))) return -2;
+    const int kernel = format == -1 ? relayc_bf16_kernel(-1) : format > 0 ? -1 - format : -1;
+    const size_t halves = format == -1 ? (size_t)padded_rows(T) * padded_k(K) : 0;
+    uint16_t *xb = (uint16_t *)malloc(sizeof(uint16_t) * (halves + 1));
+    if (xb == NULL) return -1;
+    gemm_any(x, T, K, w, N_padded, out, 0, kernel, xb);
+    free(xb);
+    return 0;
+}
+
 /* out[i] = e^x[i], i < n, as attention's softmax and SiLU compute it (exp16): for tests. */
 int relayc_exp(const float *x, int64_t n, float *out) {
     if (n < 0) return -2;

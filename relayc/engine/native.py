@@ -157,6 +157,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_head_blocks.restype = i
     lib.relayc_head_argmax.argtypes = [i, i, i, i, p, p, ctypes.c_float, p, p, i, p]
     lib.relayc_head_argmax.restype = i
+    lib.relayc_linear.argtypes = [i, i, i, p, p, p, i]  # rows, in, out padded; x, w, out
+    lib.relayc_linear.restype = i
     # a GGUF matrix's raw bytes: type code, rows, columns, then the output (or the weight
     # to compare and its row and column strides)
     q = ctypes.c_int64

@@ -91,5 +91,5 @@ def quantize_linears(
         with torch.no_grad():
             weight.copy_(blocks.dequantize())
         attach(weight, blocks)
-        done.append(f"{name}.weight")
+        done.append(f"{name}.weight" if name else "weight")
     return done

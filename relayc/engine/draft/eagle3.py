@@ -42,8 +42,10 @@ from torch import nn
 from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
 from relayc.engine.cpu_decoder import (
+    NATIVE_DTYPES,
     NativeDraftLayer,
     NativeHead,
+    NativeLinear,
     native_head_eligible,
     native_head_library,
 )
@@ -192,6 +194,7 @@ class Eagle3Head(EagleHead):
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
         self._native_head: NativeHead | None = None
+        self._native_fc: NativeLinear | None = None
         self.to(target.device)
 
     @property
@@ -310,13 +313,26 @@ class Eagle3Head(EagleHead):
             return head.logits(lib, g)
         return self.lm_head(self.norm(g)).float()
 
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """``fc`` of the target features ``[..., 3 * hidden]``: the native decoder's GEMM on
+        the CPU (``NativeLinear``: the library GEMM took several times as long on a draft
+        extend's few rows), else the module."""
+        weight = self.fc.weight
+        lib = native_head_library(features, weight.dtype)
+        if lib is not None and weight.device.type == "cpu" and weight.dtype in NATIVE_DTYPES:
+            fc = self._native_fc = NativeLinear.reuse(self._native_fc, self.fc)
+            return fc(lib, features)
+        return self.fc(features)
+
     def prepare_native(self) -> bool:
-        """Pack the head's LM head for the native decoder now rather than at the first
-        draft (``relayc.engine.model.prepare_cpu_decoders``); False where it would not run
-        natively."""
+        """Pack the head's LM head and ``fc`` for the native decoder now rather than at the
+        first draft (``relayc.engine.model.prepare_cpu_decoders``); False where they would
+        not run natively."""
         if not native_head_eligible(self.norm, self.lm_head):
             return False
         self._native_head = NativeHead.reuse(self._native_head, self.norm, self.lm_head)
+        if self.fc.weight.device.type == "cpu" and self.fc.weight.dtype in NATIVE_DTYPES:
+            self._native_fc = NativeLinear.reuse(self._native_fc, self.fc)
         return True
 
     @torch.no_grad()
@@ -358,7 +374,7 @@ class Eagle3Head(EagleHead):
         features = target_features.reshape(batch_size * width, -1).to(self.fc.weight.dtype)
         out = self.midlayer(
             self.target.embed_tokens(batch.input_ids),
-            self.fc(features),
+            self.project(features),
             batch.positions,
             self.rotary,
             PagedAttend.build(batch),
