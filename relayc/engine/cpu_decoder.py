@@ -781,11 +781,11 @@ class NativeDraftLayer:
             self._build()
         return self._weights is not None and native.native_decoder() is not None
 
-    def __call__(
-        self, attn_in: torch.Tensor, hidden: torch.Tensor, rope: RopeTables, attend: object
-    ) -> torch.Tensor | None:
-        """The layer's output ``[T, hidden]`` in ``hidden``'s dtype, or None: run it eagerly
-        (not the CPU, autograd on, not paged attention, too many tokens, no library)."""
+    def _runnable(
+        self, hidden: torch.Tensor, attend: object
+    ) -> tuple[ctypes.CDLL, _NativeWeights, dict[str, Any]] | None:
+        """The library, the packed weights and their arguments when this call can run
+        natively (the CPU, autograd off, paged attention, few enough tokens), else None."""
         if (
             not isinstance(attend, PagedAttend)
             or hidden.device.type != "cpu"
@@ -806,10 +806,55 @@ class NativeDraftLayer:
         ):
             return None
         lib = native.native_decoder()
-        if lib is None:
+        return None if lib is None else (lib, weights, self._args)
+
+    def attn_in(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, attend: object
+    ) -> torch.Tensor | None:
+        """``[input_layernorm(embeds); hidden_norm(hidden)]`` ``[T, 2 * hidden]`` float32 in
+        one native call (``relayc_norm_pair``: the norms the target's native layers compute)
+        when the layer will run natively in float32, else None (the caller's modules)."""
+        runnable = self._runnable(hidden, attend)
+        layer = self.layer
+        norms = (layer.input_layernorm.weight, layer.hidden_norm.weight)
+        if (
+            runnable is None
+            or not embeds.dtype == hidden.dtype == torch.float32
+            or embeds.shape != hidden.shape
+            or any(w.dtype != torch.float32 or not w.is_contiguous() for w in norms)
+            or any(w.shape != embeds.shape[-1:] for w in norms)
+        ):
             return None
+        a, b = embeds.contiguous(), hidden.contiguous()
+        tokens, width = a.shape
+        out = a.new_empty(tokens, 2 * width)
+        code = runnable[0].relayc_norm_pair(
+            tokens,
+            width,
+            a.data_ptr(),
+            norms[0].data_ptr(),
+            float(layer.input_layernorm.eps),
+            width,
+            b.data_ptr(),
+            norms[1].data_ptr(),
+            float(layer.hidden_norm.eps),
+            out.data_ptr(),
+        )
+        return out if code == 0 else None
+
+    def __call__(
+        self, attn_in: torch.Tensor, hidden: torch.Tensor, rope: RopeTables, attend: object
+    ) -> torch.Tensor | None:
+        """The layer's output ``[T, hidden]`` in ``hidden``'s dtype, or None: run it eagerly
+        (not the CPU, autograd on, not paged attention, too many tokens, no library)."""
+        runnable = self._runnable(hidden, attend)
+        if runnable is None:
+            return None
+        lib, weights, args = runnable
+        assert isinstance(attend, PagedAttend)  # _runnable checked it
+        cache = attend.batch.kv_cache
         return weights.run(
-            lib, self._args, hidden, rope, attend, [cache.k[0]], [cache.v[0]], attn_in=attn_in
+            lib, args, hidden, rope, attend, [cache.k[0]], [cache.v[0]], attn_in=attn_in
         )
 
 

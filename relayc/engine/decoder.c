@@ -1512,6 +1512,21 @@ int relayc_linear(int T, int K, int N_padded, const float *x, const void *w, flo
     return 0;
 }
 
+/* out[T, Ha + Hb] = [rms_norm(a) ; rms_norm(b)] row by row (a [T, Ha], b [T, Hb], each
+ * norm with its weight and eps): an EAGLE-3 draft layer's attention input,
+ * [input_layernorm(embed); hidden_norm(hidden)], in one call instead of some fourteen
+ * torch ops a draft step. */
+int relayc_norm_pair(int T, int Ha, const float *a, const float *wa, float eps_a, int Hb,
+                     const float *b, const float *wb, float eps_b, float *out) {
+    if (T < 0 || Ha < 1 || Hb < 1) return -2;
+    const size_t width = (size_t)Ha + (size_t)Hb;
+    for (int t = 0; t < T; t++) {
+        rms_norm(a + (size_t)t * Ha, 1, Ha, wa, eps_a, out + t * width);
+        rms_norm(b + (size_t)t * Hb, 1, Hb, wb, eps_b, out + t * width + Ha);
+    }
+    return 0;
+}
+
 /* out[i] = e^x[i], i < n, as attention's softmax and SiLU compute it (exp16): for tests. */
 int relayc_exp(const float *x, int64_t n, float *out) {
     if (n < 0) return -2;

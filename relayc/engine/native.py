@@ -159,6 +159,9 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_head_argmax.restype = i
     lib.relayc_linear.argtypes = [i, i, i, p, p, p, i]  # rows, in, out padded; x, w, out
     lib.relayc_linear.restype = i
+    # rows; then per input its width, rows, norm weight and eps; then the output
+    lib.relayc_norm_pair.argtypes = [i, i, p, p, ctypes.c_float, i, p, p, ctypes.c_float, p]
+    lib.relayc_norm_pair.restype = i
     # a GGUF matrix's raw bytes: type code, rows, columns, then the output (or the weight
     # to compare and its row and column strides)
     q = ctypes.c_int64

@@ -142,7 +142,9 @@ class Eagle3Layer(nn.Module):
         attend: AttendFn,
     ) -> torch.Tensor:
         hidden = hidden.to(embeds.dtype)
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        x = self.native.attn_in(embeds, hidden, attend)  # both norms in one native call
+        if x is None:
+            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         # On the CPU with paged attention and autograd off: one native call (float32 rotary
         # tables, as the target's native layers take them); else the modules.
         out = self.native(x, hidden, rotary.tables(positions, torch.float32), attend)

@@ -298,3 +298,33 @@ def test_native_draft_layer_follows_changed_weights() -> None:
         _, g = head.forward_dense(torch.tensor(ids), pre.features[b])
         torch.testing.assert_close(g[-1], after.hidden_states[b])
     assert not torch.allclose(before.hidden_states, after.hidden_states)
+
+
+def test_the_native_attention_input_is_the_two_norms(
+    head: Eagle3Head, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[input_layernorm(embeds); hidden_norm(hidden)]` in one native call (relayc_norm_pair)
+    where the layer runs natively: the modules' values, each row on its own."""
+    from relayc.engine import native
+
+    lib = native.native_decoder()
+    assert lib is not None
+    layer = head.midlayer
+    monkeypatch.setattr(type(layer.native), "_runnable", lambda self, hidden, attend: (lib,))
+    g = torch.Generator().manual_seed(4)
+    width = layer.input_layernorm.weight.shape[0]
+    with torch.no_grad():
+        for norm in (layer.input_layernorm, layer.hidden_norm):
+            norm.weight.copy_(torch.rand(width, generator=g) + 0.5)
+    embeds, hidden = (torch.randn(5, width, generator=g) * 3 for _ in range(2))
+    got = layer.native.attn_in(embeds, hidden, None)
+    assert got is not None and got.shape == (5, 2 * width)
+    want = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    rows = torch.cat(
+        [layer.native.attn_in(embeds[i : i + 1], hidden[i : i + 1], None) for i in range(5)]
+    )
+    assert torch.equal(rows, got)
+    assert layer.native.attn_in(embeds.double(), hidden.double(), None) is None  # not float32
+    monkeypatch.undo()
+    assert layer.native.attn_in(embeds, hidden, None) is None  # not a native call: the modules
