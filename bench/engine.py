@@ -182,8 +182,10 @@ class NativeTimer:
         "relayc_linear",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, forwards: ForwardTimer) -> None:
+        self.forwards = forwards  # its depth tells a call inside a forward from one between
         self.seconds = 0.0
+        self.inside = 0.0  # of which inside the forwards ``forwards`` times
         self.calls = 0
 
     def attach(self) -> bool:
@@ -201,7 +203,10 @@ class NativeTimer:
                 try:
                     return _inner(*args)
                 finally:
-                    self.seconds += time.perf_counter() - start
+                    seconds = time.perf_counter() - start
+                    self.seconds += seconds
+                    if getattr(self.forwards._local, "depth", 0):
+                        self.inside += seconds
                     self.calls += 1
 
             setattr(lib, name, timed)
@@ -467,7 +472,7 @@ def main() -> None:
     if args.steps:
         steps = StepTimer(timers[False])
         steps.attach(engines[False])
-        native = NativeTimer()
+        native = NativeTimer(timers[False])
         native_on = native.attach()
         run = run_once(engines[False], timers[False], prompts, params, concurrency)
         ops = steps.snapshot()
@@ -482,13 +487,18 @@ def main() -> None:
         print(f"  {'host':<24} {run.per_iter_ms(run.host_s) * 1e3:>8.0f}")
         if native_on:
             forwards = run.target_s + run.draft_s
-            glue = run.per_iter_ms(forwards - native.seconds) * 1e3
-            outside = glue + between + run.per_iter_ms(run.host_s) * 1e3
+            glue = run.per_iter_ms(forwards - native.inside) * 1e3
+            between_native = run.per_iter_ms(native.seconds - native.inside) * 1e3
+            outside = glue + between - between_native + run.per_iter_ms(run.host_s) * 1e3
             print(
-                f"  {'forwards, outside native':<24} {glue:>8.0f}  (their Python: "
+                f"  {'forwards, outside native':<24} {glue:>8.0f}  (their Python; "
                 f"{native.calls / run.iterations:.1f} native calls per iter)"
             )
-            print(f"  {'outside native calls':<24} {outside:>8.0f}  (between + host + the above)")
+            print(f"  {'native calls between':<24} {between_native:>8.0f}  (in `between` above)")
+            print(
+                f"  {'outside native calls':<24} {outside:>8.0f}  (the forwards' Python, between "
+                "and host, less the native calls between)"
+            )
     if args.profile:
         print("\nprofile (overlap off; self time outside the target's and drafter's forwards):")
         with profiled(timers[False], args.profile_top):
