@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import relayc.engine.ops.verify as verify_ops
 from relayc.engine.draft.tree import chain_tree
 from relayc.engine.ops.context import StepContext
-from relayc.engine.ops.verify import _tree_layout, impl_build_tree
+from relayc.engine.ops.verify import impl_build_tree
 
 
 def _context(topk: int, num_steps: int, n: int) -> StepContext:
@@ -17,7 +18,9 @@ def _context(topk: int, num_steps: int, n: int) -> StepContext:
 
 
 @pytest.mark.parametrize(("batch", "num_steps"), [(1, 1), (1, 3), (4, 2), (3, 7)])
-def test_a_kept_chain_is_built_as_the_general_build_builds_it(batch: int, num_steps: int) -> None:
+def test_a_kept_chain_is_built_as_the_general_build_builds_it(
+    batch: int, num_steps: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     g = torch.Generator().manual_seed(batch * 10 + num_steps)
     drafts = torch.randint(0, 50000, (batch, num_steps), generator=g)
     tree = chain_tree(drafts)
@@ -30,7 +33,8 @@ def test_a_kept_chain_is_built_as_the_general_build_builds_it(batch: int, num_st
     }
     ctx = _context(1, num_steps, num_steps + 1)
     got = impl_build_tree(ctx, **inputs)
-    general = _tree_layout(ctx, *inputs.values())  # the layout of any tree
+    monkeypatch.setattr(verify_ops, "CHAIN_SHORTCUT", False)
+    general = impl_build_tree(ctx, **inputs)  # the layout of any tree
     assert got.keys() == general.keys()
     for name, value in got.items():
         want = general[name]

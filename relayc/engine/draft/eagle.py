@@ -21,6 +21,7 @@ with the full draft distributions (:meth:`EagleHead.draft_chain`, topk 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,6 +44,7 @@ from relayc.engine.draft.tree import (
     ChainDraft,
     DraftTree,
     chain_tree,
+    keeps_every_draft,
     organize_draft_results,
     select_level,
 )
@@ -229,31 +231,6 @@ class EagleHead(nn.Module):
                 f"`scratch_cache_loc` must be [B, topk*(num_steps-1)] = [{batch_size}, {width}] "
                 f"with num_steps >= 1; got {list(scratch_cache_loc.shape)}, num_steps={num_steps}"
             )
-        if topk == 1 and num_draft_tokens == num_steps + 1 and self.chain_shortcut:
-            # A chain that keeps every draft: no beams to rank, no candidates to choose.
-            return self._greedy_chain(
-                topk_index,
-                hidden_states,
-                ScratchAttention(
-                    kv_cache,
-                    req_to_token,
-                    req_pool_indices,
-                    seq_lens,
-                    max_prefix_len,
-                    scratch_cache_loc,
-                    queries=1,
-                ),
-                seq_lens,
-                scratch_cache_loc,
-            )
-        device = topk_p.device
-        level = select_level(0, topk_p, topk_index, None, topk)
-        levels = [level]
-        # Per beam of the previous level: output hidden state and visible scratch columns.
-        hidden = hidden_states.repeat_interleave(topk, dim=0)
-        ancestors = torch.zeros(batch_size, topk, width, dtype=torch.bool, device=device)
-        beams = torch.arange(topk, device=device)
-        columns = torch.arange(width, device=device)
         scratch = ScratchAttention(
             kv_cache,
             req_to_token,
@@ -263,6 +240,27 @@ class EagleHead(nn.Module):
             scratch_cache_loc,
             queries=topk,
         )
+        if self.chain_shortcut and keeps_every_draft(topk, num_steps, num_draft_tokens):
+            # One beam a level, every candidate kept in order: the chain is the tree (the same
+            # forwards, each step's top-1 of the same probabilities), without the beam
+            # bookkeeping -- some thirty small ops an iteration, each slow after a forward.
+            chain = self._chain_tokens(
+                topk_index[:, 0],
+                hidden_states,
+                scratch,
+                seq_lens,
+                scratch_cache_loc,
+                lambda logits, step: top_k_probs(logits, 1)[1][:, 0],
+            )
+            return chain_tree(torch.stack(chain, dim=1))
+        device = topk_p.device
+        level = select_level(0, topk_p, topk_index, None, topk)
+        levels = [level]
+        # Per beam of the previous level: output hidden state and visible scratch columns.
+        hidden = hidden_states.repeat_interleave(topk, dim=0)
+        ancestors = torch.zeros(batch_size, topk, width, dtype=torch.bool, device=device)
+        beams = torch.arange(topk, device=device)
+        columns = torch.arange(width, device=device)
         for step in range(num_steps - 1):
             parent = level.parent_beam  # [B, topk]
             hidden = torch.gather(
@@ -280,30 +278,29 @@ class EagleHead(nn.Module):
             levels.append(level)
         return organize_draft_results(levels, num_draft_tokens)
 
-    def _greedy_chain(
+    def _chain_tokens(
         self,
-        topk_index: torch.Tensor,
+        first: torch.Tensor,
         hidden: torch.Tensor,
         scratch: ScratchAttention,
         seq_lens: torch.Tensor,
         scratch_cache_loc: torch.Tensor,
-    ) -> DraftTree:
-        """:meth:`draft_tree` with ``topk`` 1 and every draft kept, as one chain: the same
-        forwards, the same tokens (each step's top-1 of the same probabilities) and the
-        same tree (with one beam a level, every candidate is kept and ranked in order),
-        without the beam bookkeeping -- some thirty small ops an iteration, each slow
-        right after a forward."""
+        pick: Callable[[torch.Tensor, int], torch.Tensor],
+    ) -> list[torch.Tensor]:
+        """A chain's tokens ``[B]`` each: ``first``, then one head step per scratch column
+        ``[B, S]`` (each seeing the cached prefix and the steps before it), whose token is
+        ``pick(logits, step)``."""
         batch_size, width = scratch_cache_loc.shape
-        tokens = [topk_index[:, 0]]
-        columns = torch.arange(width, device=topk_index.device)
+        tokens = [first]
+        columns = torch.arange(width, device=first.device)
         for step in range(width):
             attend = scratch.step(
                 (columns <= step).expand(batch_size, 1, width),
                 scratch_cache_loc[:, step : step + 1],
             )
             logits, hidden = self.step(tokens[-1], hidden, seq_lens + step, attend)
-            tokens.append(top_k_probs(logits, 1)[1][:, 0])
-        return chain_tree(torch.stack(tokens, dim=1))
+            tokens.append(pick(logits, step))
+        return tokens
 
     @torch.no_grad()
     def draft_chain(
@@ -337,8 +334,15 @@ class EagleHead(nn.Module):
                 f"`scratch_cache_loc` must be [B, num_steps-1] = [{batch_size}, {width}]; "
                 f"got {list(scratch_cache_loc.shape)}"
             )
-        columns = torch.arange(width, device=topk_index.device)
-        tokens, probs, hidden = [topk_index[:, 0]], [draft_probs], hidden_states
+        probs = [draft_probs]
+
+        def pick(logits: torch.Tensor, step: int) -> torch.Tensor:
+            step_probs = torch.softmax(logits, dim=-1)
+            probs.append(step_probs)
+            if coins is None:
+                return step_probs.argmax(dim=-1)
+            return sample_from(step_probs, coins[:, step])
+
         scratch = ScratchAttention(
             kv_cache,
             req_to_token,
@@ -348,18 +352,9 @@ class EagleHead(nn.Module):
             scratch_cache_loc,
             queries=1,
         )
-        for step in range(width):
-            attend = scratch.step(
-                (columns <= step).expand(batch_size, 1, width),
-                scratch_cache_loc[:, step : step + 1],
-            )
-            logits, hidden = self.step(tokens[-1], hidden, seq_lens + step, attend)
-            step_probs = torch.softmax(logits, dim=-1)
-            if coins is None:
-                tokens.append(step_probs.argmax(dim=-1))
-            else:
-                tokens.append(sample_from(step_probs, coins[:, step]))
-            probs.append(step_probs)
+        tokens = self._chain_tokens(
+            topk_index[:, 0], hidden_states, scratch, seq_lens, scratch_cache_loc, pick
+        )
         return ChainDraft(chain_tree(torch.stack(tokens, dim=1)), torch.stack(probs, dim=1))
 
     @torch.no_grad()

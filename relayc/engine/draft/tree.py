@@ -174,6 +174,12 @@ def mtp_select(topk_p: torch.Tensor, topk_index: torch.Tensor, num_draft_tokens:
     return organize_draft_results(levels, num_draft_tokens)
 
 
+def keeps_every_draft(topk: int, num_steps: int, num_draft_tokens: int) -> bool:
+    """A chain whose every draft is verified (topk 1, ``num_draft_tokens = num_steps + 1``):
+    one candidate a level, all of them kept in order, so its tree is :func:`chain_tree`'s."""
+    return topk == 1 and num_draft_tokens == num_steps + 1
+
+
 def chain_tree(draft_tokens: torch.Tensor) -> DraftTree:
     """A chain of ``S`` drafts ``[B, S]`` as topk-1 drafting results (N = S + 1)."""
     batch, steps = draft_tokens.shape

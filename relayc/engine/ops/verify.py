@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from relayc.engine.draft.tree import keeps_every_draft
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.registry import implements
@@ -37,6 +38,10 @@ from relayc.kernels import (
 )
 from relayc.kernels._backend import graph_safe
 from relayc.kernels.rng import FINAL_STREAM
+
+# build_tree lays out a chain that keeps every draft directly (the same outputs); False:
+# through the general build (tests compare the two)
+CHAIN_SHORTCUT = True
 
 
 def verify_slots(ctx: StepContext, batch: int, n: int) -> torch.Tensor:
@@ -54,21 +59,9 @@ def impl_build_tree(
     draft_tokens: torch.Tensor,
     seq_lens: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
-    if ctx.dims["topk"] == 1 and ctx.dims["num_draft_tokens"] == ctx.dims["num_steps"] + 1:
-        return _chain_layout(bonus_tokens, draft_tokens, seq_lens)
-    return _tree_layout(ctx, bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens)
-
-
-def _tree_layout(
-    ctx: StepContext,
-    bonus_tokens: torch.Tensor,
-    parent_list: torch.Tensor,
-    top_scores_index: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    seq_lens: torch.Tensor,
-) -> dict[str, torch.Tensor]:
-    """``build_tree``'s layout of any drafted tree, as ``build_tree``'s outputs."""
     batch, n = bonus_tokens.shape[0], ctx.dims["num_draft_tokens"]
+    if CHAIN_SHORTCUT and keeps_every_draft(ctx.dims["topk"], ctx.dims["num_steps"], n):
+        return _chain_layout(bonus_tokens, draft_tokens, seq_lens)
     tree = build_tree(
         bonus_tokens,
         parent_list,
