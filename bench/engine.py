@@ -169,6 +169,8 @@ class NativeTimer:
     """
 
     FUNCTIONS = (
+        "relayc_forward",
+        "relayc_draft_chain",
         "relayc_decoder",
         "relayc_decoder_bf16",
         "relayc_decoder_ex",

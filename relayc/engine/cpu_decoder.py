@@ -135,7 +135,7 @@ class ScriptedLayers:
         native.enabled()
         self.layers = list(layers)
         self._args: dict[str, Any] | None = None
-        self._native: _NativeWeights | None = None
+        self._native: NativeWeights | None = None
         self._dtype = torch.float32  # the weights' dtype, once built
         self._built = False
         self._checks: _Stamps = []
@@ -198,7 +198,7 @@ class ScriptedLayers:
         eps2 = [float(layer.post_attention_layernorm.eps) for layer in layers]
         if native:
             blocks = _layer_blocks(layers) if dtype == torch.float32 else None
-            self._native = _NativeWeights(params, eps1, eps2, dtype, blocks)
+            self._native = NativeWeights(params, eps1, eps2, dtype, blocks)
         return {
             **params,
             "eps1": eps1,
@@ -211,6 +211,16 @@ class ScriptedLayers:
 
     def _current(self) -> bool:
         return _unchanged(self._checks)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype (float32 until they are first read)."""
+        return self._dtype
+
+    def native_weights(self) -> NativeWeights | None:
+        """The packed weights the native decoder reads (checked as :meth:`args` checks
+        them); None where the layers do not run natively."""
+        return self._native if self.args() is not None else None
 
     def args(self) -> dict[str, Any] | None:
         """The weight arguments, rebuilt when a parameter changed; None: not eligible.
@@ -522,7 +532,7 @@ class NativeLinear:
 
 @dataclass(frozen=True)
 class _CachePointers:
-    """What the native decoder takes of a set of K/V cache tensors (``_NativeWeights``)."""
+    """What the native decoder takes of a set of K/V cache tensors (``NativeWeights``)."""
 
     # id() of each, K then V, then their data pointers: the same tensors while they live
     ids: tuple[int, ...]
@@ -535,8 +545,11 @@ class _CachePointers:
         return all(ref() is not None for ref in self.refs)
 
 
-class _NativeWeights:
+class NativeWeights:
     """The per-layer pointers the native decoder (decoder.c) takes, for one weight set."""
+
+    # what each of ``arrays`` points to, in decoder.c's parameter order
+    ARRAY_NAMES = ("ln1", "w_qkv", "w_o", "ln2", "w_gate_up", "w_down")
 
     def __init__(
         self,
@@ -567,18 +580,18 @@ class _NativeWeights:
                     tensors[name].append(block.panels())
                     formats[layer][_MATRICES.index(name)] = block.format
         self.formats = [f for layer in formats for f in layer]
-        self._formats = (ctypes.c_int * len(self.formats))(*self.formats)
+        self.format_array = (ctypes.c_int * len(self.formats))(*self.formats)
         self.blocks = any(self.formats)
         # Kept alive here: the pointer arrays point into these tensors.
         self.tensors = tensors
         self.arrays = [
             (ctypes.c_void_p * len(tensors[name]))(*(t.data_ptr() for t in tensors[name]))
-            for name in ("ln1", "w_qkv", "w_o", "ln2", "w_gate_up", "w_down")
+            for name in self.ARRAY_NAMES
         ]
         self.eps = [(ctypes.c_float * len(e))(*e) for e in (eps1, eps2)]
         self._caches: _CachePointers | None = None  # the K/V caches of the last call
 
-    def _cache_pointers(
+    def cache_pointers(
         self, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], row: tuple[int, int]
     ) -> _CachePointers:
         """The K/V caches' pointer arrays and rows, checked once per set of cache tensors
@@ -635,7 +648,7 @@ class _NativeWeights:
         kv_loc = meta.kv_loc.contiguous()
         mask = meta.mask.float().contiguous()
         cos, sin = rope.cos.float().contiguous(), rope.sin.float().contiguous()
-        pointers = self._cache_pointers(k_cache, v_cache, (args["kv_heads"], args["head_dim"]))
+        pointers = self.cache_pointers(k_cache, v_cache, (args["kv_heads"], args["head_dim"]))
         batch, queries = meta.batch_size, meta.max_extend_len
         keys = kv_loc.numel() // batch
         shapes = {
@@ -656,7 +669,7 @@ class _NativeWeights:
             decoder = lib.relayc_decoder if f32 else lib.relayc_decoder_bf16
         else:
             if self.blocks:
-                decoder, extra = lib.relayc_decoder_blocks_ex, (self._formats,)
+                decoder, extra = lib.relayc_decoder_blocks_ex, (self.format_array,)
             else:
                 decoder = lib.relayc_decoder_ex if f32 else lib.relayc_decoder_bf16_ex
             in_ptr, in_width = None, 0
@@ -722,7 +735,7 @@ class NativeDraftLayer:
     def __init__(self, layer: Any) -> None:
         native.enabled()
         self.layer = layer
-        self._weights: _NativeWeights | None = None
+        self._weights: NativeWeights | None = None
         self._args: dict[str, Any] | None = None
         self._checks: _Stamps = []
 
@@ -766,7 +779,7 @@ class NativeDraftLayer:
         # a bfloat16 or float16 head loaded as float32 (the shipped heads are float16) reads
         # its two-byte words: the same bits
         blocks = _layer_blocks([layer]) if dtype == torch.float32 else None
-        self._weights = _NativeWeights(params, eps, eps, dtype, blocks)
+        self._weights = NativeWeights(params, eps, eps, dtype, blocks)
         self._args = {
             "heads": attn.num_heads,
             "kv_heads": attn.num_kv_heads,
@@ -781,9 +794,19 @@ class NativeDraftLayer:
             self._build()
         return self._weights is not None and native.native_decoder() is not None
 
+    def packed(self) -> tuple[NativeWeights, dict[str, Any]] | None:
+        """The packed weights and their arguments (heads, kv_heads, head_dim,
+        intermediate), repacked if a parameter changed; None: the layer cannot run
+        natively."""
+        if not self._current():
+            self._build()
+        if self._weights is None or self._args is None:
+            return None
+        return self._weights, self._args
+
     def _runnable(
         self, hidden: torch.Tensor, attend: object
-    ) -> tuple[ctypes.CDLL, _NativeWeights, dict[str, Any]] | None:
+    ) -> tuple[ctypes.CDLL, NativeWeights, dict[str, Any]] | None:
         """The library, the packed weights and their arguments when this call can run
         natively (the CPU, autograd off, paged attention, few enough tokens), else None."""
         if (
@@ -793,11 +816,10 @@ class NativeDraftLayer:
             or attend.meta.padded_index is not None
         ):
             return None
-        if not self._current():
-            self._build()
-        weights = self._weights
-        if weights is None or self._args is None:
+        packed = self.packed()
+        if packed is None:
             return None
+        weights, args = packed
         cache = attend.batch.kv_cache
         if (
             hidden.dtype != weights.dtype
@@ -806,7 +828,7 @@ class NativeDraftLayer:
         ):
             return None
         lib = native.native_decoder()
-        return None if lib is None else (lib, weights, self._args)
+        return None if lib is None else (lib, weights, args)
 
     def attn_in(
         self, embeds: torch.Tensor, hidden: torch.Tensor, attend: object

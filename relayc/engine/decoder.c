@@ -1562,13 +1562,18 @@ int relayc_argmax(const float *x, int64_t rows, int64_t n, int64_t *out) {
  *     attends where tree_mask[b, q, k] (bytes, [B, Q, Q]), or k <= q without a tree mask.
  * req_to_token is int32 [rows, width], row-major. Returns 0, or -2 for P > width or a
  * request row outside 0..rows-1 (the caller's torch path raises the error). */
-int relayc_paged_meta(int batch, int queries, int p_max, const int32_t *req_to_token,
-                      int64_t rows, int64_t width, const int64_t *req_pool_indices,
-                      const int64_t *prefix_lens, const int64_t *out_cache_loc,
-                      const uint8_t *tree_mask, int64_t *kv_loc, float *mask) {
+static int paged_meta_check(int batch, int queries, int p_max, int64_t rows, int64_t width,
+                            const int64_t *req_pool_indices) {
     if (batch < 0 || queries < 1 || p_max < 0 || p_max > width) return -2;
     for (int b = 0; b < batch; b++)
         if (req_pool_indices[b] < 0 || req_pool_indices[b] >= rows) return -2;
+    return 0;
+}
+
+static void paged_meta_fill(int batch, int queries, int p_max, const int32_t *req_to_token,
+                            int64_t width, const int64_t *req_pool_indices,
+                            const int64_t *prefix_lens, const int64_t *out_cache_loc,
+                            const uint8_t *tree_mask, int64_t *kv_loc, float *mask) {
     const int64_t keys = (int64_t)p_max + queries;
     for (int b = 0; b < batch; b++) {
         const int32_t *row = req_to_token + req_pool_indices[b] * width;
@@ -1587,7 +1592,215 @@ int relayc_paged_meta(int batch, int queries, int p_max, const int32_t *req_to_t
             }
         }
     }
+}
+
+int relayc_paged_meta(int batch, int queries, int p_max, const int32_t *req_to_token,
+                      int64_t rows, int64_t width, const int64_t *req_pool_indices,
+                      const int64_t *prefix_lens, const int64_t *out_cache_loc,
+                      const uint8_t *tree_mask, int64_t *kv_loc, float *mask) {
+    const int code = paged_meta_check(batch, queries, p_max, rows, width, req_pool_indices);
+    if (code != 0) return code;
+    paged_meta_fill(batch, queries, p_max, req_to_token, width, req_pool_indices, prefix_lens,
+                    out_cache_loc, tree_mask, kv_loc, mask);
     return 0;
+}
+
+/* What relayc_forward reads of one model, filled once per packing of its weights, K/V
+ * caches, embedding, rotary tables and LM head (relayc.engine.fused_forward keeps the
+ * tensors behind every pointer alive). `kind`: the layers' weights and caches float32 (0),
+ * bfloat16 (1), or float32 caches with block-quantized weights (2, `formats` as
+ * relayc_decoder_blocks_ex's). The embedding [vocab_rows, hidden] is float32 or, with
+ * embed_bf16, bfloat16 words; the rotary tables [max_position, head_dim] float32 (the sine
+ * table's first half negated); head_format as relayc_head_argmax's. */
+struct relayc_model {
+    int hidden, heads, kv_heads, head_dim, inter, layers, kind;
+    const int *formats;
+    const float *const *ln1;
+    const void *const *w_qkv, *const *w_o;
+    const float *const *ln2;
+    const void *const *w_gate_up, *const *w_down;
+    const float *eps1, *eps2;
+    void *const *k_cache, *const *v_cache;
+    int64_t cache_rows;
+    const void *embed;
+    int embed_bf16;
+    int64_t vocab_rows;
+    const float *cos_table, *sin_table;
+    int64_t max_position;
+    const float *norm_weight;
+    float norm_eps;
+    const void *head;
+    int head_format, vocab, vocab_padded;
+};
+
+/* One decode or verify forward of a paged batch in one call: every request has Q new
+ * tokens (B * Q = T rows), the attention metadata as relayc_paged_meta makes it, the
+ * embedding and rotary rows gathered, the layers (decode_layers, with `capture` as
+ * relayc_decoder_ex's), then the final norm and the LM head with each row's argmax
+ * (relayc_head_argmax). x [T, hidden] receives the last layer's output, logits
+ * [T, vocab_padded] and argmax [T] the head's: the bits of those calls made one by one,
+ * without the Python between them, which costs ~20 us a torch call once the weights have
+ * streamed through the caches.
+ *
+ * Every index is checked before anything is written: a token id outside the embedding
+ * (-5), a position outside the rotary tables (-6), a request row or prefix width outside
+ * req_to_token (-2), a KV slot outside the caches (-3, -4). The caller then takes the
+ * general path, which raises the error that names the bad input. */
+int relayc_forward(const struct relayc_model *m, int B, int Q, int p_max,
+                   const int32_t *req_to_token, int64_t table_rows, int64_t table_width,
+                   const int64_t *req_pool_indices, const int64_t *prefix_lens,
+                   const int64_t *out_cache_loc, const uint8_t *tree_mask,
+                   const int64_t *input_ids, const int64_t *positions, const int *capture,
+                   int n_capture, float *aux, float *x, float *logits, int64_t *argmax) {
+    if (m == NULL || B < 1 || Q < 1 || m->kind < 0 || m->kind > 2 ||
+        (m->kind == 2) != (m->formats != NULL))
+        return -2;
+    int code = paged_meta_check(B, Q, p_max, table_rows, table_width, req_pool_indices);
+    if (code != 0) return code;
+    const int T = B * Q, H = m->hidden, D = m->head_dim;
+    const int64_t S = (int64_t)p_max + Q;
+    for (int t = 0; t < T; t++) {
+        if (input_ids[t] < 0 || input_ids[t] >= m->vocab_rows) return -5;
+        if (positions[t] < 0 || positions[t] >= m->max_position) return -6;
+    }
+    float *tables = (float *)malloc(sizeof(float) * ((size_t)2 * T * D + (size_t)B * Q * S));
+    int64_t *kv_loc = (int64_t *)malloc(sizeof(int64_t) * (size_t)B * S);
+    if (tables == NULL || kv_loc == NULL) {
+        free(tables);
+        free(kv_loc);
+        return -1;
+    }
+    float *cos_t = tables, *sin_t = tables + (size_t)T * D, *mask = sin_t + (size_t)T * D;
+    paged_meta_fill(B, Q, p_max, req_to_token, table_width, req_pool_indices, prefix_lens,
+                    out_cache_loc, tree_mask, kv_loc, mask);
+    for (int t = 0; t < T; t++) {
+        memcpy(cos_t + (size_t)t * D, m->cos_table + positions[t] * D, sizeof(float) * (size_t)D);
+        memcpy(sin_t + (size_t)t * D, m->sin_table + positions[t] * D, sizeof(float) * (size_t)D);
+        float *row = x + (size_t)t * H;
+        if (m->embed_bf16) {
+            const uint16_t *e = (const uint16_t *)m->embed + (size_t)input_ids[t] * H;
+            for (int i = 0; i < H; i++) row[i] = from_bf16(e[i]);
+        } else
+            memcpy(row, (const float *)m->embed + (size_t)input_ids[t] * H,
+                   sizeof(float) * (size_t)H);
+    }
+    code = decode_layers(T, H, m->heads, m->kv_heads, D, m->inter, m->layers, x, cos_t, sin_t,
+                         out_cache_loc, kv_loc, mask, B, Q, (int)S, m->ln1, m->w_qkv, m->w_o,
+                         m->ln2, m->w_gate_up, m->w_down, m->eps1, m->eps2, m->k_cache,
+                         m->v_cache, m->cache_rows, m->kind == 1, m->formats, NULL, 0, capture,
+                         n_capture, aux);
+    free(kv_loc);
+    free(tables);
+    if (code != 0) return code;
+    return relayc_head_argmax(T, H, m->vocab_padded, m->vocab, x, m->norm_weight, m->norm_eps,
+                              m->head, logits, m->head_format, argmax);
+}
+
+/* Whether the greedy token of a logits row is the one the top-1 of its softmax picks:
+ * torch.softmax(x).topk(1) takes the first index of the largest probability, and two
+ * logits a few units in the last place apart can round to equal probabilities (the
+ * later, larger logit then loses the tie). A row is clear when every other logit lies
+ * below the maximum by 2^-16 of max(1, |max|) -- at least a hundred units in the last
+ * place of e^0 = 1 after the exponential, so the probabilities stay apart -- and the
+ * maximum is finite. */
+static int clear_top(const float *row, int64_t n, int64_t at) {
+    const float top = row[at];
+    if (!isfinite(top)) return 0;
+    const float tol = ldexpf(fabsf(top) > 1.0f ? fabsf(top) : 1.0f, -16);
+    for (int64_t j = 0; j < n; j++)
+        if (j != at && !(row[j] < top - tol)) return 0; /* a NaN is never clear either */
+    return 1;
+}
+
+/* An EAGLE-3 head's greedy chain in one call: `steps` draft steps of B requests, each
+ * the draft layer over [input_layernorm(embed(i + d2t[i])); hidden_norm(g)] with g the
+ * residual (decode_layers with attn_in, one layer: `m`'s layers), then the head's norm
+ * and LM head (`m`'s head, `vocab` draft ids) and the row's greedy draft id. Step s of
+ * request b sits at position seq_lens[b] + s, writes its K/V to scratch[b, s] and attends
+ * the cached prefix (req_to_token's first p_max columns, those below seq_lens[b]) and the
+ * scratch slots of steps 0..s -- what EagleHead._chain_tokens runs through ScratchAttention
+ * one step at a time, the same functions on the same values. tokens [B, steps + 1]: column
+ * 0 holds the first draft ids; columns 1..steps receive the chain. hidden [B, hidden] is
+ * the first step's g. float32 layers (m->kind 0 or 2) and embedding only.
+ *
+ * Returns 0; 1 when a step's greedy token is not clearly the top-1 of its softmax
+ * (clear_top; the caller then drafts the chain its own way, which takes that top-1); a
+ * negative code for an index out of range (-5 a draft id or its target id, -6 a
+ * position, -2 a request row, -3 / -4 a KV slot) or bad arguments (-2). The scratch slots
+ * are the only K/V written, and they are scratch: a caller that drafts again after a
+ * non-zero return overwrites them. */
+int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max,
+                       const int32_t *req_to_token, int64_t table_rows, int64_t table_width,
+                       const int64_t *req_pool_indices, const int64_t *seq_lens,
+                       const int64_t *scratch, const int64_t *d2t, const float *in_norm,
+                       float in_eps, const float *hidden_norm, float hidden_eps,
+                       const float *hidden, int64_t *tokens) {
+    if (m == NULL || B < 1 || steps < 1 || m->layers != 1 || (m->kind != 0 && m->kind != 2) ||
+        (m->kind == 2) != (m->formats != NULL) || m->embed_bf16 || m->head_format < 0 ||
+        m->vocab < 1)
+        return -2;
+    int code = paged_meta_check(B, 1, p_max, table_rows, table_width, req_pool_indices);
+    if (code != 0) return code;
+    for (int b = 0; b < B; b++)
+        if (seq_lens[b] < 0 || seq_lens[b] + steps > m->max_position) return -6;
+    const int H = m->hidden, D = m->head_dim, width = steps + 1;
+    const int S = p_max + steps;
+    const size_t floats = (size_t)B * H + (size_t)B * 2 * H + (size_t)2 * B * D +
+                          (size_t)B * S + (size_t)B * m->vocab_padded;
+    float *buffer = (float *)malloc(sizeof(float) * floats);
+    int64_t *ints = (int64_t *)malloc(sizeof(int64_t) * ((size_t)B * S + 2 * (size_t)B));
+    if (buffer == NULL || ints == NULL) {
+        free(buffer);
+        free(ints);
+        return -1;
+    }
+    float *x = buffer, *attn_in = x + (size_t)B * H, *cos_t = attn_in + (size_t)B * 2 * H;
+    float *sin_t = cos_t + (size_t)B * D, *mask = sin_t + (size_t)B * D;
+    float *logits = mask + (size_t)B * S;
+    int64_t *kv_loc = ints, *slots = kv_loc + (size_t)B * S, *top = slots + B;
+    memcpy(x, hidden, sizeof(float) * (size_t)B * H);
+    for (int b = 0; b < B; b++) {
+        const int32_t *row = req_to_token + req_pool_indices[b] * table_width;
+        for (int j = 0; j < p_max; j++) {
+            kv_loc[(size_t)b * S + j] = row[j];
+            mask[(size_t)b * S + j] = j < seq_lens[b] ? 0.0f : -INFINITY;
+        }
+        for (int c = 0; c < steps; c++) kv_loc[(size_t)b * S + p_max + c] = scratch[(size_t)b * steps + c];
+    }
+    for (int s = 0; s < steps && code == 0; s++) {
+        for (int b = 0; b < B && code == 0; b++) {
+            const int64_t t = tokens[(size_t)b * width + s];
+            const int64_t id = t >= 0 && t < m->vocab ? t + d2t[t] : -1;
+            if (id < 0 || id >= m->vocab_rows) {
+                code = -5;
+                break;
+            }
+            float *in = attn_in + (size_t)b * 2 * H;
+            rms_norm((const float *)m->embed + (size_t)id * H, 1, H, in_norm, in_eps, in);
+            rms_norm(x + (size_t)b * H, 1, H, hidden_norm, hidden_eps, in + H);
+            const int64_t pos = seq_lens[b] + s;
+            memcpy(cos_t + (size_t)b * D, m->cos_table + pos * D, sizeof(float) * (size_t)D);
+            memcpy(sin_t + (size_t)b * D, m->sin_table + pos * D, sizeof(float) * (size_t)D);
+            for (int c = 0; c < steps; c++)
+                mask[(size_t)b * S + p_max + c] = c <= s ? 0.0f : -INFINITY;
+            slots[b] = scratch[(size_t)b * steps + s];
+        }
+        if (code != 0) break;
+        code = decode_layers(B, H, m->heads, m->kv_heads, D, m->inter, 1, x, cos_t, sin_t, slots,
+                             kv_loc, mask, B, 1, S, m->ln1, m->w_qkv, m->w_o, m->ln2,
+                             m->w_gate_up, m->w_down, m->eps1, m->eps2, m->k_cache, m->v_cache,
+                             m->cache_rows, 0, m->formats, attn_in, 2 * H, NULL, 0, NULL);
+        if (code != 0) break;
+        code = relayc_head_argmax(B, H, m->vocab_padded, m->vocab, x, m->norm_weight, m->norm_eps,
+                                  m->head, logits, m->head_format, top);
+        for (int b = 0; b < B && code == 0; b++) {
+            if (!clear_top(logits + (size_t)b * m->vocab_padded, m->vocab, top[b])) code = 1;
+            tokens[(size_t)b * width + s + 1] = top[b];
+        }
+    }
+    free(ints);
+    free(buffer);
+    return code;
 }
 
 /* GGUF's simplest block types read straight from a file's bytes: the loader's dequantize

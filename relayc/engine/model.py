@@ -37,6 +37,7 @@ from relayc.engine.cpu_decoder import (
     native_head_library,
 )
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.fused_forward import FusedForward
 
 # (layer index, q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, H, D]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -399,6 +400,7 @@ class LlamaForCausalLM(nn.Module):
         # Set by use_cpu_matmul_layout: the decoder layers as one scripted call.
         self.scripted: ScriptedLayers | None = None
         self._native_head: NativeHead | None = None
+        self._fused: FusedForward | None = None  # decodes and verifies in one native call
         # Layer segments of a captured forward, built from (and for) ``self.scripted``.
         self._segments: dict[tuple[int, int], ScriptedLayers] = {}
         self._segments_of: ScriptedLayers | None = None
@@ -485,6 +487,27 @@ class LlamaForCausalLM(nn.Module):
                 return head.logits(lib, hidden)
         return self.lm_head(self.model.norm(hidden)).float()
 
+    def _one_call(
+        self, batch: ForwardBatch, capture: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """A decode or verify forward in one native call (relayc.engine.fused_forward):
+        logits, hidden states and captured features, the bits of the path below; None
+        where it does not run."""
+        norm, lm_head = self.model.norm, self.lm_head
+        if self.scripted is None or not native_head_eligible(norm, lm_head):
+            return None
+        head = self._native_head = NativeHead.reuse(self._native_head, norm, lm_head)
+        if self._fused is None:
+            self._fused = FusedForward()
+        return self._fused.run(
+            batch,
+            capture,
+            self.scripted,
+            head,
+            self.model.embed_tokens.weight,
+            (self.rotary.cos, self.rotary.signed_sin),
+        )
+
     def prepare_native(self) -> bool:
         """Pack the LM head for the native decoder now rather than at the first forward
         (``prepare_cpu_decoders``); False where it would not run natively."""
@@ -507,6 +530,10 @@ class LlamaForCausalLM(nn.Module):
                 f"`capture` names distinct decoder layers in 0..{len(self.model.layers) - 1}; "
                 f"got {list(capture)}"
             )
+        if self.scripted is not None and FusedForward.takes(batch, len(self.model.layers)):
+            made = self._one_call(batch, layers)
+            if made is not None:
+                return ForwardOutput(*made)
         captured: list[torch.Tensor] = []
         hidden = self._decoder(
             batch.input_ids, batch.positions, PagedAttend.build(batch), layers, captured

@@ -177,11 +177,48 @@ def _load(path: Path) -> ctypes.CDLL:
     # batch, queries, prefix columns; req_to_token, its rows and width; then the pointers
     lib.relayc_paged_meta.argtypes = [i, i, i, p, q, q, p, p, p, p, p, p]
     lib.relayc_paged_meta.restype = i
+    # the model (a NativeModel); batch, queries, prefix columns; req_to_token, its rows and
+    # width; rows, prefix lengths, slots, tree mask, ids, positions; capture, its count,
+    # aux; then the outputs: hidden, logits, argmax
+    lib.relayc_forward.argtypes = [p, i, i, i, p, q, q, p, p, p, p, p, p, p, i, p, p, p, p]
+    lib.relayc_forward.restype = i
+    # the model (its one layer the draft layer's, its head the draft head); batch, steps,
+    # prefix columns; req_to_token, its rows and width; rows, sequence lengths, scratch
+    # slots, d2t; the two input norms' weights and eps; the first g; the tokens
+    f = ctypes.c_float
+    lib.relayc_draft_chain.argtypes = [p, i, i, i, p, q, q, p, p, p, p, p, f, p, f, p, p]
+    lib.relayc_draft_chain.restype = i
     lib.relayc_bf16_kernels.argtypes = []
     lib.relayc_bf16_kernels.restype = i
     lib.relayc_bf16_kernel.argtypes = [i]
     lib.relayc_bf16_kernel.restype = i
     return lib
+
+
+class NativeModel(ctypes.Structure):
+    """decoder.c's ``struct relayc_model``: what ``relayc_forward`` reads of one model
+    (relayc.engine.fused_forward fills it and keeps every tensor it points into alive)."""
+
+    _fields_ = [
+        *((name, ctypes.c_int) for name in ("hidden", "heads", "kv_heads", "head_dim")),
+        *((name, ctypes.c_int) for name in ("inter", "layers", "kind")),
+        *(
+            (name, ctypes.c_void_p)
+            for name in ("formats", "ln1", "w_qkv", "w_o", "ln2", "w_gate_up", "w_down")
+        ),
+        *((name, ctypes.c_void_p) for name in ("eps1", "eps2", "k_cache", "v_cache")),
+        ("cache_rows", ctypes.c_int64),
+        ("embed", ctypes.c_void_p),
+        ("embed_bf16", ctypes.c_int),
+        ("vocab_rows", ctypes.c_int64),
+        ("cos_table", ctypes.c_void_p),
+        ("sin_table", ctypes.c_void_p),
+        ("max_position", ctypes.c_int64),
+        ("norm_weight", ctypes.c_void_p),
+        ("norm_eps", ctypes.c_float),
+        ("head", ctypes.c_void_p),
+        *((name, ctypes.c_int) for name in ("head_format", "vocab", "vocab_padded")),
+    ]
 
 
 def native_decoder() -> ctypes.CDLL | None:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import torch
 
-import relayc.engine.cpu_decoder as cpu_module
 import relayc.engine.native as native_module
+from tests.engine.helpers import record_native_forwards
 
 
 @pytest.fixture
@@ -16,11 +13,5 @@ def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The token count of every forward the native decoder ran."""
     assert native_module.native_decoder() is not None, "the native decoder should build here"
     calls: list[int] = []
-    real = cpu_module._NativeWeights.run
-
-    def run(self: Any, lib: Any, args: Any, x: torch.Tensor, *rest: Any) -> torch.Tensor:
-        calls.append(x.shape[0])
-        return real(self, lib, args, x, *rest)
-
-    monkeypatch.setattr(cpu_module._NativeWeights, "run", run)
+    record_native_forwards(monkeypatch, lambda tokens, dtype: calls.append(tokens))
     return calls

@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import pytest
 import torch
 
+import relayc.engine.cpu_decoder as cpu_module
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.fused_forward import FusedForward
 from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
 from relayc.engine.model import LlamaForCausalLM
+
+
+def record_native_forwards(
+    monkeypatch: pytest.MonkeyPatch, record: Callable[[int, torch.dtype], None]
+) -> None:
+    """``record(tokens, dtype)`` for every forward whose layers the native decoder ran: the
+    layers' own call (``NativeWeights.run``, dtype that of its input) and a decode or verify
+    made in one call (``FusedForward.run``, dtype the weights')."""
+    real_run = cpu_module.NativeWeights.run
+    real_fused = FusedForward.run
+
+    def run(self: Any, lib: Any, args: Any, x: torch.Tensor, *rest: Any) -> torch.Tensor:
+        record(x.shape[0], x.dtype)
+        return real_run(self, lib, args, x, *rest)
+
+    def fused(self: FusedForward, batch: ForwardBatch, *rest: Any) -> Any:
+        made = real_fused(self, batch, *rest)
+        if made is not None:
+            record(batch.input_ids.numel(), made[1].dtype)
+        return made
+
+    monkeypatch.setattr(cpu_module.NativeWeights, "run", run)
+    monkeypatch.setattr(FusedForward, "run", fused)
 
 
 class PagedDriver:

@@ -19,7 +19,7 @@ from relayc.engine.config import ModelConfig
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.weights import random_model
-from tests.engine.helpers import PagedDriver
+from tests.engine.helpers import PagedDriver, record_native_forwards
 
 CONFIG = ModelConfig(num_layers=5)
 CAPTURE = [4, 1, 2]  # any order in; layer order out
@@ -64,13 +64,7 @@ def test_captured_forward_keeps_its_outputs_and_returns_the_layer_inputs(
     native_runs: list[int] = []
     if path == "native":
         assert native_module.native_decoder() is not None, "the native decoder should build here"
-        real = cpu_module._NativeWeights.run
-
-        def run(self: Any, *args: Any) -> torch.Tensor:
-            native_runs.append(1)
-            return real(self, *args)
-
-        monkeypatch.setattr(cpu_module._NativeWeights, "run", run)
+        record_native_forwards(monkeypatch, lambda tokens, dtype: native_runs.append(1))
     else:
         monkeypatch.setattr(native_module, "native_decoder", lambda: None)
     model = random_model(CONFIG, seed=4)

@@ -23,7 +23,7 @@ from relayc.engine.config import ModelConfig
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.weights import random_model
-from tests.engine.helpers import PagedDriver
+from tests.engine.helpers import PagedDriver, record_native_forwards
 from tests.engine.test_cpu_decoder import _session, _tokens
 
 BF16 = ModelConfig(dtype=torch.bfloat16)  # hidden 128, q/k/v 256, gate/up 704: whole panels
@@ -34,13 +34,7 @@ def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, torch.dtype
     """(tokens, dtype) of every forward the native decoder ran."""
     assert native_module.native_decoder() is not None, "the native decoder should build here"
     calls: list[tuple[int, torch.dtype]] = []
-    real = cpu_module._NativeWeights.run
-
-    def run(self: Any, lib: Any, args: Any, x: torch.Tensor, *rest: Any) -> torch.Tensor:
-        calls.append((x.shape[0], x.dtype))
-        return real(self, lib, args, x, *rest)
-
-    monkeypatch.setattr(cpu_module._NativeWeights, "run", run)
+    record_native_forwards(monkeypatch, lambda tokens, dtype: calls.append((tokens, dtype)))
     return calls
 
 

@@ -122,17 +122,11 @@ def test_the_cpu_decoder_paths_match_transformers(pair, monkeypatch, record_prop
     transformers, as the eager layers are above."""
     import copy
 
-    import relayc.engine.cpu_decoder as cpu_decoder
     from relayc.engine.model import use_cpu_matmul_layout
+    from tests.engine.helpers import record_native_forwards
 
     calls: list[int] = []
-    real = cpu_decoder._NativeWeights.run
-
-    def run(self, lib, args, x, *rest):  # type: ignore[no-untyped-def]
-        calls.append(x.shape[0])
-        return real(self, lib, args, x, *rest)
-
-    monkeypatch.setattr(cpu_decoder._NativeWeights, "run", run)
+    record_native_forwards(monkeypatch, lambda tokens, dtype: calls.append(tokens))
     hf, ours = pair
     ours = copy.deepcopy(ours)
     use_cpu_matmul_layout(ours)

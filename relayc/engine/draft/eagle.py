@@ -231,6 +231,20 @@ class EagleHead(nn.Module):
                 f"`scratch_cache_loc` must be [B, topk*(num_steps-1)] = [{batch_size}, {width}] "
                 f"with num_steps >= 1; got {list(scratch_cache_loc.shape)}, num_steps={num_steps}"
             )
+        chain = self.chain_shortcut and keeps_every_draft(topk, num_steps, num_draft_tokens)
+        if chain and num_steps > 1:
+            made = self.native_chain(
+                topk_index[:, 0],
+                hidden_states,
+                seq_lens,
+                req_pool_indices,
+                req_to_token,
+                kv_cache,
+                scratch_cache_loc,
+                max_prefix_len,
+            )
+            if made is not None:
+                return chain_tree(made)
         scratch = ScratchAttention(
             kv_cache,
             req_to_token,
@@ -240,11 +254,11 @@ class EagleHead(nn.Module):
             scratch_cache_loc,
             queries=topk,
         )
-        if self.chain_shortcut and keeps_every_draft(topk, num_steps, num_draft_tokens):
+        if chain:
             # One beam a level, every candidate kept in order: the chain is the tree (the same
             # forwards, each step's top-1 of the same probabilities), without the beam
             # bookkeeping -- some thirty small ops an iteration, each slow after a forward.
-            chain = self._chain_tokens(
+            drafts = self._chain_tokens(
                 topk_index[:, 0],
                 hidden_states,
                 scratch,
@@ -252,7 +266,7 @@ class EagleHead(nn.Module):
                 scratch_cache_loc,
                 lambda logits, step: top_k_probs(logits, 1)[1][:, 0],
             )
-            return chain_tree(torch.stack(chain, dim=1))
+            return chain_tree(torch.stack(drafts, dim=1))
         device = topk_p.device
         level = select_level(0, topk_p, topk_index, None, topk)
         levels = [level]
@@ -277,6 +291,22 @@ class EagleHead(nn.Module):
             level = select_level(step + 1, probs, tokens, level.scores, topk)
             levels.append(level)
         return organize_draft_results(levels, num_draft_tokens)
+
+    def native_chain(
+        self,
+        first: torch.Tensor,
+        hidden_states: torch.Tensor,
+        seq_lens: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        req_to_token: torch.Tensor,
+        kv_cache: KVCache,
+        scratch_cache_loc: torch.Tensor,
+        max_prefix_len: int,
+    ) -> torch.Tensor | None:
+        """A greedy chain's draft ids ``[B, S + 1]`` in one native call, as
+        :meth:`_chain_tokens` drafts them; None: step by step. An EAGLE head has no such
+        call (an EAGLE-3 head's: :mod:`relayc.engine.draft.native_chain`)."""
+        return None
 
     def _chain_tokens(
         self,

@@ -51,6 +51,7 @@ from relayc.engine.cpu_decoder import (
 )
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.layers import TargetParts, check_head_config
+from relayc.engine.draft.native_chain import NativeChain
 from relayc.engine.draft.paged import (
     last_rows,
     padded_extend_batch,
@@ -197,6 +198,7 @@ class Eagle3Head(EagleHead):
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
         self._native_head: NativeHead | None = None
         self._native_fc: NativeLinear | None = None
+        self._chain = NativeChain()
         self.to(target.device)
 
     @property
@@ -304,6 +306,31 @@ class Eagle3Head(EagleHead):
         embeds = self.target.embed_tokens(self.to_target_ids(input_ids))
         out = self.midlayer(embeds, hidden, positions, self.rotary, attend)
         return self.logits(out), out
+
+    def native_chain(
+        self,
+        first: torch.Tensor,
+        hidden_states: torch.Tensor,
+        seq_lens: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        req_to_token: torch.Tensor,
+        kv_cache: KVCache,
+        scratch_cache_loc: torch.Tensor,
+        max_prefix_len: int,
+    ) -> torch.Tensor | None:
+        """The greedy chain in one native call (:mod:`relayc.engine.draft.native_chain`),
+        or None: step by step."""
+        return self._chain.draft(
+            self,
+            first,
+            hidden_states,
+            seq_lens,
+            req_pool_indices,
+            req_to_token,
+            kv_cache,
+            scratch_cache_loc,
+            max_prefix_len,
+        )
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """``[..., draft_vocab]`` float32 logits of ``g``: the native decoder's LM head on

@@ -1,0 +1,115 @@
+"""An EAGLE-3 head's greedy chain in one native call (relayc.engine.draft.native_chain): the
+step-by-step chain's drafts and scratch K/V, bit for bit; a near tie at the top and a bad
+index hand the chain back to the step-by-step path, which decides and raises as before."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relayc.engine.draft.eagle3 import Eagle3Head
+from relayc.engine.draft.native_chain import NativeChain
+from relayc.engine.draft.tree import DraftTree
+from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.native import native_decoder
+from relayc.engine.weights import random_model
+from tests.engine.draft.helpers import MAX_CONTEXT, SMALL
+from tests.engine.draft.test_eagle3 import DRAFT_VOCAB, Prefilled, extend
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaForCausalLM:
+    return random_model(SMALL.replace(num_layers=4), seed=3)
+
+
+@pytest.fixture(scope="module")
+def head(target: LlamaForCausalLM) -> Eagle3Head:
+    return Eagle3Head.random(target, seed=4, draft_vocab_size=DRAFT_VOCAB, layer_ids=[0, 1, 2])
+
+
+@pytest.fixture
+def chains(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each native chain call drafted the chain (True) or handed it back."""
+    assert native_decoder() is not None, "the native decoder should build here"
+    made: list[bool] = []
+    real = NativeChain.draft
+
+    def draft(self: NativeChain, *args: object) -> object:
+        out = real(self, *args)  # type: ignore[arg-type]
+        made.append(out is not None)
+        return out
+
+    monkeypatch.setattr(NativeChain, "draft", draft)
+    return made
+
+
+def _chain(
+    head: Eagle3Head, pre: Prefilled, num_steps: int, first: torch.Tensor | None = None
+) -> tuple[DraftTree, torch.Tensor, torch.Tensor]:
+    """The chain's tree, and the K/V its steps left in their scratch slots."""
+    kv, out = extend(head, pre, topk=1)
+    slots = torch.arange(400, 400 + 2 * (num_steps - 1)).view(2, -1)
+    tree = head.draft_tree(
+        out.topk_p,
+        out.topk_index if first is None else first[:, None],
+        out.hidden_states,
+        pre.seq_lens,
+        torch.tensor(pre.reqs),
+        pre.req_to_token,
+        kv,
+        slots,
+        num_steps=num_steps,
+        num_draft_tokens=num_steps + 1,
+        max_prefix_len=MAX_CONTEXT,
+    )
+    return tree, kv.k[0][slots.view(-1)].clone(), kv.v[0][slots.view(-1)].clone()
+
+
+def _step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(NativeChain, "draft", lambda self, *args: None)
+
+
+@pytest.mark.parametrize("num_steps", [2, 5])
+def test_the_native_chain_is_the_step_by_step_chain(
+    target: LlamaForCausalLM,
+    head: Eagle3Head,
+    num_steps: int,
+    chains: list[bool],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pre = Prefilled(target, head.capture)
+    tree, k, v = _chain(head, pre, num_steps)
+    assert chains == [True]
+    assert tree.draft_tokens.shape == (2, num_steps)
+    assert int(tree.draft_tokens.max()) < DRAFT_VOCAB  # draft ids
+    _step_by_step(monkeypatch)
+    want, want_k, want_v = _chain(head, pre, num_steps)
+    for got, expected in zip((*tree, k, v), (*want, want_k, want_v), strict=True):
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert torch.equal(got, expected)
+
+
+def test_a_tie_at_the_top_is_decided_step_by_step(
+    target: LlamaForCausalLM, chains: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every draft logit equal: the softmax's top-1 is decided by its tie rule, which the
+    native call does not claim to follow; it hands the chain back."""
+    head = Eagle3Head.random(target, seed=6, draft_vocab_size=DRAFT_VOCAB, layer_ids=[0, 1, 2])
+    with torch.no_grad():
+        head.lm_head.weight.copy_(head.lm_head.weight[:1].expand_as(head.lm_head.weight))
+    pre = Prefilled(target, head.capture)
+    tree, k, v = _chain(head, pre, 3)
+    assert chains == [False]
+    _step_by_step(monkeypatch)
+    want = _chain(head, pre, 3)
+    for got, expected in zip((*tree, k, v), (*want[0], want[1], want[2]), strict=True):
+        assert torch.equal(got, expected)
+
+
+def test_a_bad_draft_id_raises_the_step_by_step_error(
+    target: LlamaForCausalLM, head: Eagle3Head, chains: list[bool]
+) -> None:
+    pre = Prefilled(target, head.capture)
+    with pytest.raises(IndexError):
+        _chain(head, pre, 3, first=torch.tensor([DRAFT_VOCAB, 0]))
+    assert chains == [False]
