@@ -171,6 +171,7 @@ class NativeTimer:
     FUNCTIONS = (
         "relayc_forward",
         "relayc_draft_chain",
+        "relayc_draft_extend",
         "relayc_decoder",
         "relayc_decoder_bf16",
         "relayc_decoder_ex",

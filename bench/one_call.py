@@ -2,20 +2,22 @@
 
     python bench/one_call.py [--algorithm none] [--prompts 8] [--max-new-tokens 32]
                              [--rounds 6] [--num-steps 1 --num-draft-tokens 2] [--dtype float32]
-                             [--switch forward|chain|both]
+                             [--switch forward|draft|both]
 
 Loads SmolLM2-135M once (the engine's defaults: float32 over the GGUF file's blocks, one
 thread, overlap off so every op runs on the calling thread) and runs the same greedy
-workload -- ``--prompts`` of the held-out chat prompts, one request at a time -- with
-``relayc.engine.fused_forward`` taking the target's decodes and verifies, and with it
-switched off (the layers, the head and the attention metadata called one by one, the
-Python between them) -- and, for ``eagle3`` chains, ``relayc.engine.draft.native_chain``
-drafting the chain in one call against step by step (``--switch`` picks which of the two
-the second side turns off) -- round robin for ``--rounds`` rounds in one process. Prints, per side,
-the best and median tokens/s, the median time an iteration spent outside the native
-library's compute calls (all the Python of the step, inside the forwards and between
-them) and inside them, and the process CPU time over the wall time of its best run (well under 1: the
-machine was busy). The outputs of both sides must be identical.
+workload -- ``--prompts`` of the held-out chat prompts, one request at a time -- with the
+one-call paths on, and with them off, round robin for ``--rounds`` rounds in one process:
+``relayc.engine.fused_forward`` (the target's decodes and verifies; off, the attention
+metadata, the layers and the head are called one by one with the Python between them) and,
+for ``eagle3``, ``relayc.engine.draft.native_draft`` (the head's draft extend and greedy
+chain; off, step by step). ``--switch`` picks which of the two the second side turns off.
+
+Prints, per side, the best and median tokens/s, the median time an iteration spent
+outside the native library's compute calls (all the Python of the step, inside the
+forwards and between them) and inside them, and the process CPU time over the wall time of
+its best run (well under 1: the machine was busy). The outputs of both sides must be
+identical.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import torch
 
 from relayc.engine import Engine, SamplingParams, native
-from relayc.engine.draft.native_chain import NativeChain
+from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.fused_forward import FusedForward
 from relayc.tools.demo import chat_prompts
 
@@ -36,6 +38,7 @@ from relayc.tools.demo import chat_prompts
 COMPUTE = (
     "relayc_forward",
     "relayc_draft_chain",
+    "relayc_draft_extend",
     "relayc_decoder",
     "relayc_decoder_bf16",
     "relayc_decoder_ex",
@@ -79,10 +82,10 @@ def main() -> None:
     parser.add_argument("--num-draft-tokens", type=int, default=2)
     parser.add_argument(
         "--switch",
-        choices=("forward", "chain", "both"),
+        choices=("forward", "draft", "both"),
         default="both",
         help="what the 'one by one' side turns off: the target's one-call forward, the "
-        "EAGLE-3 head's one-call chain, or both",
+        "EAGLE-3 head's one-call extend and chain, or both",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -102,7 +105,7 @@ def main() -> None:
     clock = NativeClock(lib)
     prompts = chat_prompts()[: args.prompts]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    takes, chain = FusedForward.takes, NativeChain.draft
+    takes, chain, extend = FusedForward.takes, NativeDraft.chain, NativeDraft.extend
     engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # warm up
     # per run: tokens/s, us an iteration outside and inside the compute calls, cpu/wall
     runs: dict[str, list[tuple[float, float, float, float]]] = {"one call": [], "one by one": []}
@@ -113,11 +116,15 @@ def main() -> None:
                 off = side == "one by one"
                 FusedForward.takes = (  # type: ignore[method-assign]
                     staticmethod(lambda batch, layers: False)
-                    if off and args.switch != "chain"
+                    if off and args.switch != "draft"
                     else takes
                 )
-                NativeChain.draft = (  # type: ignore[method-assign]
-                    (lambda self, *rest: None) if off and args.switch != "forward" else chain
+                step_by_step = off and args.switch != "forward"
+                NativeDraft.chain = (  # type: ignore[method-assign]
+                    (lambda self, *rest: None) if step_by_step else chain
+                )
+                NativeDraft.extend = (  # type: ignore[method-assign]
+                    (lambda self, *rest: None) if step_by_step else extend
                 )
                 stats = engine.scheduler.stats
                 iterations, native_s = stats.iterations, clock.seconds
@@ -132,7 +139,8 @@ def main() -> None:
                 outputs.setdefault(side, [o.token_ids for o in outs])
     finally:
         FusedForward.takes = takes  # type: ignore[method-assign]
-        NativeChain.draft = chain  # type: ignore[method-assign]
+        NativeDraft.chain = chain  # type: ignore[method-assign]
+        NativeDraft.extend = extend  # type: ignore[method-assign]
         engine.close()
     print(
         f"SmolLM2-135M {args.dtype}, algorithm {args.algorithm} {sizes or ''}, "

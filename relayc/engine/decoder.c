@@ -1803,6 +1803,150 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
     return code;
 }
 
+/* An EAGLE-3 head's draft extend in one call: W tokens per request (the first lens[b]
+ * real, the rest padding) at positions prefix_lens[b] + i (clamped to the rotary tables),
+ * what Eagle3Head.extend runs step by step: padding rows' ids and features zeroed, the
+ * features [B, W, F] projected by fc (relayc_linear's GEMM: `fc` packed as `fc_format`
+ * says, F inputs, hidden outputs), the draft layer over [input_layernorm(embed(ids));
+ * hidden_norm(fc(features))] with fc(features) the residual, attending the cached prefix
+ * (req_to_token's first p_max columns, those below prefix_lens[b]) and the new tokens
+ * causally, its K/V written to out_cache_loc [B, W] (NULL: the slots req_to_token holds at
+ * those positions, 0 for padding rows), then the head's norm and LM head over each
+ * request's last real row. g [B, hidden] receives those rows' outputs, logits
+ * [B, vocab_padded] and argmax [B] the head's. float32 (m->kind 0 or 2) only. Returns 0,
+ * or a negative code, before anything is written, for an index out of range (-5 a token
+ * id, -2 a request row, -3 / -4 a KV slot) or bad arguments (-2). */
+int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
+                        const int32_t *req_to_token, int64_t table_rows, int64_t table_width,
+                        const int64_t *req_pool_indices, const int64_t *prefix_lens,
+                        const int64_t *lens, const int64_t *out_cache_loc,
+                        const int64_t *input_ids, const float *features, int F, const void *fc,
+                        int fc_format, const float *in_norm, float in_eps,
+                        const float *hidden_norm, float hidden_eps, float *g, float *logits,
+                        int64_t *argmax) {
+    if (m == NULL || B < 1 || W < 1 || F < 1 || m->layers != 1 ||
+        (m->kind != 0 && m->kind != 2) || (m->kind == 2) != (m->formats != NULL) ||
+        m->embed_bf16 || m->head_format < 0 || fc_format < 0 || m->hidden % 16 ||
+        (fc_format > 0 && (F % 32 || !block_format(fc_format))))
+        return -2;
+    int code = paged_meta_check(B, W, p_max, table_rows, table_width, req_pool_indices);
+    if (code != 0) return code;
+    const int H = m->hidden, D = m->head_dim, T = B * W;
+    const int S = p_max + W;
+    for (int b = 0; b < B; b++) {
+        if (prefix_lens[b] < 0) return -2;
+        for (int i = 0; i < W && i < lens[b]; i++) {
+            const int64_t id = input_ids[(size_t)b * W + i];
+            if (id < 0 || id >= m->vocab_rows) return -5;
+        }
+    }
+    const size_t floats = (size_t)T * F + (size_t)T * H * 2 + (size_t)T * 2 * H +
+                          (size_t)2 * T * D + (size_t)B * W * S;
+    float *buffer = (float *)malloc(sizeof(float) * floats);
+    int64_t *ints = (int64_t *)malloc(sizeof(int64_t) * ((size_t)B * S + (size_t)T));
+    if (buffer == NULL || ints == NULL) {
+        free(buffer);
+        free(ints);
+        return -1;
+    }
+    float *feat = buffer, *x = feat + (size_t)T * F, *h = x + (size_t)T * H;
+    float *attn_in = h + (size_t)T * H, *cos_t = attn_in + (size_t)T * 2 * H;
+    float *sin_t = cos_t + (size_t)T * D, *mask = sin_t + (size_t)T * D;
+    int64_t *kv_loc = ints, *slots = kv_loc + (size_t)B * S;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < W; i++) {
+            const size_t t = (size_t)b * W + i;
+            const int real = i < lens[b];
+            if (real)
+                memcpy(feat + t * F, features + t * F, sizeof(float) * (size_t)F);
+            else
+                memset(feat + t * F, 0, sizeof(float) * (size_t)F);
+            int64_t col = prefix_lens[b] + i;
+            if (col > table_width - 1) col = table_width - 1;
+            slots[t] = out_cache_loc != NULL ? out_cache_loc[t]
+                       : real                ? req_to_token[req_pool_indices[b] * table_width + col]
+                                             : 0;
+            int64_t pos = prefix_lens[b] + i;
+            if (pos > m->max_position - 1) pos = m->max_position - 1;
+            if (pos < 0) pos = 0;
+            memcpy(cos_t + t * D, m->cos_table + pos * D, sizeof(float) * (size_t)D);
+            memcpy(sin_t + t * D, m->sin_table + pos * D, sizeof(float) * (size_t)D);
+            const int64_t id = real ? input_ids[t] : 0;
+            rms_norm((const float *)m->embed + (size_t)id * H, 1, H, in_norm, in_eps,
+                     attn_in + t * 2 * H);
+        }
+    code = relayc_linear(T, F, H, feat, fc, x, fc_format);
+    if (code == 0) {
+        for (int t = 0; t < T; t++)
+            rms_norm(x + (size_t)t * H, 1, H, hidden_norm, hidden_eps, attn_in + (size_t)t * 2 * H + H);
+        paged_meta_fill(B, W, p_max, req_to_token, table_width, req_pool_indices, prefix_lens,
+                        slots, NULL, kv_loc, mask);
+        code = decode_layers(T, H, m->heads, m->kv_heads, D, m->inter, 1, x, cos_t, sin_t, slots,
+                             kv_loc, mask, B, W, S, m->ln1, m->w_qkv, m->w_o, m->ln2,
+                             m->w_gate_up, m->w_down, m->eps1, m->eps2, m->k_cache, m->v_cache,
+                             m->cache_rows, 0, m->formats, attn_in, 2 * H, NULL, 0, NULL);
+    }
+    if (code == 0) {
+        for (int b = 0; b < B; b++) {
+            const int64_t last = (int64_t)b * W + (lens[b] - 1 > 0 ? lens[b] - 1 : 0);
+            memcpy(g + (size_t)b * H, x + last * H, sizeof(float) * (size_t)H);
+        }
+        code = relayc_head_argmax(B, H, m->vocab_padded, m->vocab, g, m->norm_weight, m->norm_eps,
+                                  m->head, logits, m->head_format, argmax);
+    }
+    free(ints);
+    free(buffer);
+    return code;
+}
+
+/* Greedy acceptance of B draft trees of N nodes each, laid out as verify_tree_greedy reads
+ * them (relayc.kernels.verify_greedy; candidates, retrive_index, retrive_next_token and
+ * retrive_next_sibling [B, N] int64, target_predict the target's argmax of every node by
+ * its global id [B * N]): from each root, the first child (in sibling order) whose draft
+ * equals the argmax of the last accepted node is accepted, up to S of them, each node
+ * visited at most once. Writes what relayc.engine.ops.verify's greedy accept returns:
+ * accept_index [B, S + 1] (the path's global ids, then -1), accept_lens [B] (accepted + 1),
+ * accept_tokens [B, S + 1] (the argmax at each path node, then 0) and bonus [B] (the
+ * last path node's argmax) -- the host loop and some fifteen torch calls after a verify
+ * forward, in one call. Returns 0, or -2 for an index outside the trees (nothing is
+ * written; the caller's torch path then handles the trees). */
+int relayc_accept_greedy(int B, int N, int S, const int64_t *candidates,
+                         const int64_t *retrive_index, const int64_t *next_token,
+                         const int64_t *next_sibling, const int64_t *target_predict,
+                         int64_t *accept_index, int32_t *accept_lens, int64_t *accept_tokens,
+                         int64_t *bonus) {
+    if (B < 0 || N < 1 || S < 0) return -2;
+    const int64_t nodes = (int64_t)B * N;
+    for (int64_t i = 0; i < nodes; i++)
+        if (retrive_index[i] < 0 || retrive_index[i] >= nodes || next_token[i] < -1 ||
+            next_token[i] >= N || next_sibling[i] < -1 || next_sibling[i] >= N)
+            return -2;
+    for (int b = 0; b < B; b++) {
+        const int64_t *cand = candidates + (size_t)b * N, *ids = retrive_index + (size_t)b * N;
+        const int64_t *first = next_token + (size_t)b * N, *sibling = next_sibling + (size_t)b * N;
+        int64_t *path = accept_index + (size_t)b * (S + 1);
+        int count = 0;
+        path[0] = ids[0];
+        int64_t child = S > 0 ? first[0] : -1;
+        for (int turn = 0; turn < N - 1 && child != -1; turn++) {
+            if (cand[child] == target_predict[path[count]]) {
+                path[++count] = ids[child];
+                if (count == S) break;
+                child = first[child];
+            } else
+                child = sibling[child];
+        }
+        int64_t *tokens = accept_tokens + (size_t)b * (S + 1);
+        for (int i = 0; i <= S; i++) {
+            tokens[i] = i <= count ? target_predict[path[i]] : 0;
+            if (i > count) path[i] = -1;
+        }
+        accept_lens[b] = count + 1;
+        bonus[b] = tokens[count];
+    }
+    return 0;
+}
+
 /* GGUF's simplest block types read straight from a file's bytes: the loader's dequantize
  * (the `gguf` package's NumPy loops took most of a model's load) and the packer's check
  * that a parameter still holds its blocks' values. Types (GGUF_*): Q4_0 (18 bytes: float16

@@ -188,6 +188,39 @@ def _load(path: Path) -> ctypes.CDLL:
     f = ctypes.c_float
     lib.relayc_draft_chain.argtypes = [p, i, i, i, p, q, q, p, p, p, p, p, f, p, f, p, p]
     lib.relayc_draft_chain.restype = i
+    # batch, nodes, most accepted; the trees' four index arrays and the argmax; then
+    # accept_index, accept_lens, accept_tokens, bonus
+    lib.relayc_accept_greedy.argtypes = [i, i, i, p, p, p, p, p, p, p, p, p]
+    lib.relayc_accept_greedy.restype = i
+    # the model (the draft layer and head); batch, width, prefix columns; req_to_token, its
+    # rows and width; rows, prefix lengths, lens, slots, ids, features and their width; fc
+    # and its format; the two input norms' weights and eps; then g, logits, argmax
+    lib.relayc_draft_extend.argtypes = [
+        p,
+        i,
+        i,
+        i,
+        p,
+        q,
+        q,
+        p,
+        p,
+        p,
+        p,
+        p,
+        p,
+        i,
+        p,
+        i,
+        p,
+        f,
+        p,
+        f,
+        p,
+        p,
+        p,
+    ]
+    lib.relayc_draft_extend.restype = i
     lib.relayc_bf16_kernels.argtypes = []
     lib.relayc_bf16_kernels.restype = i
     lib.relayc_bf16_kernel.argtypes = [i]

@@ -305,7 +305,7 @@ class EagleHead(nn.Module):
     ) -> torch.Tensor | None:
         """A greedy chain's draft ids ``[B, S + 1]`` in one native call, as
         :meth:`_chain_tokens` drafts them; None: step by step. An EAGLE head has no such
-        call (an EAGLE-3 head's: :mod:`relayc.engine.draft.native_chain`)."""
+        call (an EAGLE-3 head's: :mod:`relayc.engine.draft.native_draft`)."""
         return None
 
     def _chain_tokens(

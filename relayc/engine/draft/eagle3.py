@@ -51,7 +51,7 @@ from relayc.engine.cpu_decoder import (
 )
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.layers import TargetParts, check_head_config
-from relayc.engine.draft.native_chain import NativeChain
+from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.draft.paged import (
     last_rows,
     padded_extend_batch,
@@ -198,7 +198,7 @@ class Eagle3Head(EagleHead):
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
         self._native_head: NativeHead | None = None
         self._native_fc: NativeLinear | None = None
-        self._chain = NativeChain()
+        self._native = NativeDraft()
         self.to(target.device)
 
     @property
@@ -318,9 +318,9 @@ class Eagle3Head(EagleHead):
         scratch_cache_loc: torch.Tensor,
         max_prefix_len: int,
     ) -> torch.Tensor | None:
-        """The greedy chain in one native call (:mod:`relayc.engine.draft.native_chain`),
+        """The greedy chain in one native call (:mod:`relayc.engine.draft.native_draft`),
         or None: step by step."""
-        return self._chain.draft(
+        return self._native.chain(
             self,
             first,
             hidden_states,
@@ -388,6 +388,22 @@ class Eagle3Head(EagleHead):
                 f"`topk` ({topk}) exceeds the EAGLE-3 head's draft vocabulary "
                 f"({self.draft_vocab_size} tokens)"
             )
+        made = self._native.extend(
+            self,
+            input_ids,
+            target_features,
+            lens,
+            prefix_lens,
+            req_pool_indices,
+            req_to_token,
+            kv_cache,
+            max_prefix_len,
+            out_cache_loc,
+        )
+        if made is not None:  # the same values in one native call
+            out, logits = made
+            topk_p, topk_index, _ = top_k_probs(logits, topk)
+            return Eagle3ExtendOutput(topk_p, topk_index, out)
         input_ids, target_features = padding_rows_zeroed(lens, input_ids, target_features)
         batch = padded_extend_batch(
             input_ids,

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from relayc.engine import native
 from relayc.engine.draft.tree import keeps_every_draft
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.ops.context import StepContext
@@ -213,6 +214,44 @@ def _accept_outputs(
     }
 
 
+def _native_greedy(
+    candidates: torch.Tensor,
+    tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    target: torch.Tensor,
+) -> dict[str, torch.Tensor] | None:
+    """The greedy accept's outputs (``verify_tree_greedy`` then :func:`_accept_outputs`,
+    every draft acceptable) in one native call (decoder.c's ``relayc_accept_greedy``) on
+    the CPU: the host loop and some fifteen torch calls ran right after the verify forward,
+    each slow there. None: the kernel's way (no library, a graph-safe check, other dtypes,
+    an index outside the trees)."""
+    lib = native.native_decoder()
+    if lib is None or graph_safe() or candidates.device.type != "cpu" or candidates.dim() != 2:
+        return None
+    batch, n = candidates.shape
+    if target.dtype != torch.int64 or target.numel() != batch * n or not target.is_contiguous():
+        return None
+    if any(
+        t.dtype != torch.int64 or not t.is_contiguous() or t.shape != candidates.shape
+        for t in (candidates, *tree)
+    ):
+        return None
+    accept_index = torch.empty(batch, n, dtype=torch.int64)
+    accept_lens = torch.empty(batch, dtype=torch.int32)
+    tokens = torch.empty(batch, n, dtype=torch.int64)
+    bonus = torch.empty(batch, dtype=torch.int64)
+    pointers = [t.data_ptr() for t in (candidates, *tree, target)]
+    outputs = (accept_index, accept_lens, tokens, bonus)
+    code = lib.relayc_accept_greedy(batch, n, n - 1, *pointers, *(t.data_ptr() for t in outputs))
+    if code != 0:
+        return None
+    return {
+        "accept_index": accept_index,
+        "accept_lens": accept_lens,
+        "accept_tokens": tokens,
+        "bonus_tokens": bonus,
+    }
+
+
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # predicts, accept_index, count
 SampledAccept = Callable[[Outputs, torch.Tensor, torch.Tensor], None]
 
@@ -238,6 +277,10 @@ def _accept(
             torch.zeros(batch, dtype=torch.int32, device=device),
         )
 
+    if ctx.sampling is None:
+        made = _native_greedy(candidates, tree, greedy_tokens(logits))
+        if made is not None:
+            return made
     greedy = fresh()
     verify_tree_greedy(*greedy, candidates, *tree, greedy_tokens(logits))
     if ctx.sampling is None:

@@ -1,4 +1,4 @@
-"""An EAGLE-3 head's greedy chain in one native call (relayc.engine.draft.native_chain): the
+"""An EAGLE-3 head's greedy chain in one native call (relayc.engine.draft.native_draft): the
 step-by-step chain's drafts and scratch K/V, bit for bit; a near tie at the top and a bad
 index hand the chain back to the step-by-step path, which decides and raises as before."""
 
@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from relayc.engine.draft.eagle3 import Eagle3Head
-from relayc.engine.draft.native_chain import NativeChain
+from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.draft.tree import DraftTree
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.native import native_decoder
 from relayc.engine.weights import random_model
-from tests.engine.draft.helpers import MAX_CONTEXT, SMALL
+from tests.engine.draft.helpers import MAX_CONTEXT, SMALL, padded, padded_states
 from tests.engine.draft.test_eagle3 import DRAFT_VOCAB, Prefilled, extend
 
 
@@ -32,14 +32,14 @@ def chains(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Whether each native chain call drafted the chain (True) or handed it back."""
     assert native_decoder() is not None, "the native decoder should build here"
     made: list[bool] = []
-    real = NativeChain.draft
+    real = NativeDraft.chain
 
-    def draft(self: NativeChain, *args: object) -> object:
+    def chain(self: NativeDraft, *args: object) -> object:
         out = real(self, *args)  # type: ignore[arg-type]
         made.append(out is not None)
         return out
 
-    monkeypatch.setattr(NativeChain, "draft", draft)
+    monkeypatch.setattr(NativeDraft, "chain", chain)
     return made
 
 
@@ -66,7 +66,7 @@ def _chain(
 
 
 def _step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(NativeChain, "draft", lambda self, *args: None)
+    monkeypatch.setattr(NativeDraft, "chain", lambda self, *args: None)
 
 
 @pytest.mark.parametrize("num_steps", [2, 5])
@@ -113,3 +113,71 @@ def test_a_bad_draft_id_raises_the_step_by_step_error(
     with pytest.raises(IndexError):
         _chain(head, pre, 3, first=torch.tensor([DRAFT_VOCAB, 0]))
     assert chains == [False]
+
+
+@pytest.fixture
+def extends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each native extend call made the extend (True) or handed it back."""
+    made: list[bool] = []
+    real = NativeDraft.extend
+
+    def extend(self: NativeDraft, *args: object) -> object:
+        out = real(self, *args)  # type: ignore[arg-type]
+        made.append(out is not None)
+        return out
+
+    monkeypatch.setattr(NativeDraft, "extend", extend)
+    return made
+
+
+def _extended(
+    head: Eagle3Head, pre: Prefilled, topk: int, slots: torch.Tensor | None
+) -> list[torch.Tensor]:
+    """The extend's relayed top-k and g, and the whole draft cache after it."""
+    kv = head.make_kv_cache(pre.driver.kv_cache.size)
+    out = head.extend(
+        padded(pre.ids),
+        padded_states(pre.features),
+        pre.seq_lens,
+        torch.zeros(len(pre.ids), dtype=torch.int64),
+        torch.tensor(pre.reqs),
+        pre.req_to_token,
+        kv,
+        topk=topk,
+        max_prefix_len=MAX_CONTEXT,
+        out_cache_loc=slots,
+    )
+    return [*out, kv.k[0], kv.v[0]]
+
+
+@pytest.mark.parametrize(("topk", "own_slots"), [(1, False), (3, True)])
+def test_the_native_extend_is_the_step_by_step_extend(
+    target: LlamaForCausalLM,
+    head: Eagle3Head,
+    topk: int,
+    own_slots: bool,
+    extends: list[bool],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two prompts of different lengths (the shorter one's rows past its length are
+    padding), the slots req_to_token holds or the caller's own."""
+    pre = Prefilled(target, head.capture)
+    width = max(len(i) for i in pre.ids)
+    slots = torch.arange(300, 300 + 2 * width).view(2, width) if own_slots else None
+    got = _extended(head, pre, topk, slots)
+    assert extends == [True]
+    monkeypatch.setattr(NativeDraft, "extend", lambda self, *args: None)
+    want = _extended(head, pre, topk, slots)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+
+
+def test_a_bad_token_id_in_the_extend_raises_the_step_by_step_error(
+    target: LlamaForCausalLM, head: Eagle3Head, extends: list[bool]
+) -> None:
+    pre = Prefilled(target, head.capture)
+    pre.ids[0][1] = SMALL.vocab_size  # past the target's vocabulary
+    with pytest.raises(IndexError):
+        _extended(head, pre, 1, None)
+    assert extends == [False]
