@@ -109,6 +109,12 @@ class ForwardTimer:
                     self.wrap(module, "forward", "draft")
             if hasattr(drafter, "logits"):
                 self.wrap(drafter, "logits", "draft")
+            # an EAGLE-3 head's draft extend and chain in one native call each
+            # (relayc.engine.draft.native_draft): draft forwards too
+            whole = getattr(drafter, "_native", None)
+            for attr in ("extend", "chain"):
+                if whole is not None and hasattr(whole, attr):
+                    self.wrap(whole, attr, "draft")
         elif isinstance(model := getattr(drafter, "model", None), nn.Module):  # a draft model
             self.wrap(model, "forward", "draft")
 

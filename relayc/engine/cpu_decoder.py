@@ -25,6 +25,11 @@ bfloat16   native: decodes and verifies of any       the same rule
 other      eager                                     eager
 =========  ========================================  =======================================
 
+Where the layers and the LM head both run natively, a decode or verify forward of the
+whole model is one native call (relayc.engine.fused_forward: the embedding, rotary rows,
+attention metadata, layers and head with its argmax), the same functions on the same
+values; the classes here hold what that call reads.
+
 A model loaded from a GGUF file keeps its block-quantized matrices beside the float32
 weights (relayc.engine.checkpoints.blocks); each matrix that still holds its blocks'
 values is read as those blocks by the native layers (decoder.c's ``gemm_blocks``), the
