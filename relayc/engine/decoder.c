@@ -1947,6 +1947,71 @@ int relayc_accept_greedy(int B, int N, int S, const int64_t *candidates,
     return 0;
 }
 
+/* The KV compaction after a verify, in one call (relayc.engine.ops.verify's
+ * compact_accepted_kv): request b's verify window is window[b, 0..n) (KV slots, rows
+ * window_stride apart); its accepted nodes accept_index[b, :] (global ids b * n + j, -1
+ * past the path) move, in path order, to the front of the window -- in every plane of
+ * `buffer` ([planes, size, row_bytes]: each layer's K then V), every source read before
+ * any slot is written, a slot copied onto itself left alone -- and the window is recorded
+ * in req_to_token's row req_pool_indices[b] at positions seq_lens[b] .. + n.
+ * new_seq_lens[b] = seq_lens[b] + accept_lens[b]. Returns 0, or -2 (nothing written) for
+ * an index outside the windows, the buffer or req_to_token: the torch path then raises. */
+int relayc_compact(int B, int n, const int64_t *window, int64_t window_stride,
+                   const int64_t *accept_index, uint8_t *buffer, int64_t planes, int64_t size,
+                   int64_t row_bytes, int32_t *req_to_token, int64_t rows, int64_t width,
+                   const int64_t *req_pool_indices, const int64_t *seq_lens,
+                   const int32_t *accept_lens, int64_t *new_seq_lens) {
+    if (B < 0 || n < 1 || window_stride < n || planes < 1 || size < 1 || row_bytes < 1)
+        return -2;
+    int moved = 0;
+    for (int b = 0; b < B; b++) {
+        if (req_pool_indices[b] < 0 || req_pool_indices[b] >= rows || seq_lens[b] < 0 ||
+            seq_lens[b] + n > width)
+            return -2;
+        for (int j = 0; j < n; j++) {
+            const int64_t a = accept_index[(size_t)b * n + j];
+            const int64_t local = a >= 0 ? a - (int64_t)b * n : j;
+            const int64_t slot = window[b * window_stride + j];
+            if (local < 0 || local >= n || slot < 0 || slot >= size) return -2;
+            const int64_t source = window[b * window_stride + local];
+            if (source < 0 || source >= size) return -2;
+            moved += source != slot;
+        }
+    }
+    if (moved) {
+        uint8_t *held = (uint8_t *)malloc((size_t)moved * (size_t)planes * (size_t)row_bytes);
+        if (held == NULL) return -1;
+        for (int pass = 0; pass < 2; pass++) { /* gather every source, then scatter */
+            size_t k = 0;
+            for (int b = 0; b < B; b++)
+                for (int j = 0; j < n; j++) {
+                    const int64_t a = accept_index[(size_t)b * n + j];
+                    const int64_t local = a >= 0 ? a - (int64_t)b * n : j;
+                    const int64_t slot = window[b * window_stride + j];
+                    const int64_t source = window[b * window_stride + local];
+                    if (source == slot) continue;
+                    for (int64_t p = 0; p < planes; p++) {
+                        uint8_t *row = buffer + ((size_t)p * size + (size_t)(pass ? slot : source)) *
+                                                    (size_t)row_bytes;
+                        uint8_t *keep = held + ((size_t)k * planes + (size_t)p) * (size_t)row_bytes;
+                        if (pass)
+                            memcpy(row, keep, (size_t)row_bytes);
+                        else
+                            memcpy(keep, row, (size_t)row_bytes);
+                    }
+                    k++;
+                }
+        }
+        free(held);
+    }
+    for (int b = 0; b < B; b++) {
+        int32_t *row = req_to_token + req_pool_indices[b] * width + seq_lens[b];
+        for (int j = 0; j < n; j++) row[j] = (int32_t)window[b * window_stride + j];
+        new_seq_lens[b] = seq_lens[b] + accept_lens[b];
+    }
+    return 0;
+}
+
 /* GGUF's simplest block types read straight from a file's bytes: the loader's dequantize
  * (the `gguf` package's NumPy loops took most of a model's load) and the packer's check
  * that a parameter still holds its blocks' values. Types (GGUF_*): Q4_0 (18 bytes: float16

@@ -221,6 +221,11 @@ def _load(path: Path) -> ctypes.CDLL:
         p,
     ]
     lib.relayc_draft_extend.restype = i
+    # batch, window width; the windows and their row stride, accept_index; the K/V buffer,
+    # its planes, slots and row bytes; req_to_token, its rows and width; rows, sequence
+    # lengths, accept lengths; then the new sequence lengths
+    lib.relayc_compact.argtypes = [i, i, p, q, p, p, q, q, q, p, q, q, p, p, p, p]
+    lib.relayc_compact.restype = i
     lib.relayc_bf16_kernels.argtypes = []
     lib.relayc_bf16_kernels.restype = i
     lib.relayc_bf16_kernel.argtypes = [i]

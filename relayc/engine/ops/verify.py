@@ -394,6 +394,63 @@ def _accept_chain(
     return _accept(ctx, logits, candidates, positions, chain, sampled_accept, n - 1)
 
 
+def _native_compact(
+    ctx: StepContext,
+    window: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+) -> torch.Tensor | None:
+    """``compact_accepted_kv`` in one native call (decoder.c's ``relayc_compact``: the
+    moved slots' K/V in every layer, the window's ``req_to_token`` entries, the new
+    lengths), where some twelve torch calls ran right after the verify forward; None: the
+    torch way (no library, other dtypes or layouts, an index it refuses)."""
+    lib = native.native_decoder()
+    buffer, table = ctx.kv_cache.buffer, ctx.req_to_token
+    batch, n = accept_index.shape
+    if (
+        lib is None
+        or window.dtype != torch.int64
+        or window.stride(1) != 1
+        or not buffer.is_contiguous()
+        or table.dtype != torch.int32
+        or table.dim() != 2
+        or not table.is_contiguous()
+        or accept_lens.dtype != torch.int32
+        or not accept_lens.is_contiguous()
+        or any(
+            t.dtype != torch.int64 or not t.is_contiguous()
+            for t in (accept_index, seq_lens, req_pool_indices)
+        )
+        or not accept_lens.numel() == seq_lens.numel() == req_pool_indices.numel() == batch
+    ):
+        return None
+    new_seq_lens = torch.empty(batch, dtype=torch.int64)
+    planes, size = buffer.shape[0], buffer.shape[1]
+    code = lib.relayc_compact(
+        batch,
+        n,
+        window.data_ptr(),
+        window.stride(0),
+        accept_index.data_ptr(),
+        buffer.data_ptr(),
+        planes,
+        size,
+        buffer[0, 0].numel() * buffer.element_size(),
+        table.data_ptr(),
+        table.shape[0],
+        table.shape[1],
+        req_pool_indices.data_ptr(),
+        seq_lens.data_ptr(),
+        accept_lens.data_ptr(),
+        new_seq_lens.data_ptr(),
+    )
+    if code == -1:
+        raise MemoryError("the native KV compaction could not allocate its buffer")
+    return new_seq_lens if code == 0 else None
+
+
 @implements("compact_accepted_kv")
 def impl_compact_accepted_kv(
     ctx: StepContext,
@@ -408,6 +465,10 @@ def impl_compact_accepted_kv(
     entries are the committed ones (the rest are overwritten by the next window)."""
     batch, n = accept_index.shape
     window = verify_slots(ctx, batch, n)
+    if window.device.type == "cpu" and not graph_safe():
+        made = _native_compact(ctx, window, accept_index, accept_lens, seq_lens, req_pool_indices)
+        if made is not None:
+            return {"new_seq_lens": made}
     offsets = torch.arange(batch, device=window.device)[:, None] * n
     local = torch.where(
         accept_index >= 0, accept_index - offsets, torch.arange(n, device=window.device)[None, :]
