@@ -111,7 +111,7 @@ class ForwardTimer:
                 self.wrap(drafter, "logits", "draft")
             # an EAGLE-3 head's draft extend and chain in one native call each
             # (relayc.engine.draft.native_draft): draft forwards too
-            whole = getattr(drafter, "_native", None)
+            whole = getattr(drafter, "native_draft", None)
             for attr in ("extend", "chain"):
                 if whole is not None and hasattr(whole, attr):
                     self.wrap(whole, attr, "draft")
@@ -178,6 +178,8 @@ class NativeTimer:
         "relayc_forward",
         "relayc_draft_chain",
         "relayc_draft_extend",
+        "relayc_accept_greedy",
+        "relayc_compact",
         "relayc_decoder",
         "relayc_decoder_bf16",
         "relayc_decoder_ex",

@@ -28,46 +28,12 @@ import time
 from typing import Any
 
 import torch
+from engine import ForwardTimer, NativeTimer  # bench/, this script's folder
 
-from relayc.engine import Engine, SamplingParams, native
+from relayc.engine import Engine, SamplingParams
 from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.fused_forward import FusedForward
 from relayc.tools.demo import chat_prompts
-
-# the native library's compute calls: what is not "outside native"
-COMPUTE = (
-    "relayc_forward",
-    "relayc_draft_chain",
-    "relayc_draft_extend",
-    "relayc_decoder",
-    "relayc_decoder_bf16",
-    "relayc_decoder_ex",
-    "relayc_decoder_bf16_ex",
-    "relayc_decoder_blocks_ex",
-    "relayc_head",
-    "relayc_head_bf16",
-    "relayc_head_blocks",
-    "relayc_head_argmax",
-    "relayc_linear",
-)
-
-
-class NativeClock:
-    """Wall time inside the library's compute calls (wrapped on the loaded library)."""
-
-    def __init__(self, lib: Any) -> None:
-        self.seconds = 0.0
-        for name in COMPUTE:
-            inner = getattr(lib, name)
-
-            def timed(*args: Any, _inner: Any = inner) -> Any:
-                start = time.perf_counter()
-                try:
-                    return _inner(*args)
-                finally:
-                    self.seconds += time.perf_counter() - start
-
-            setattr(lib, name, timed)
 
 
 def main() -> None:
@@ -99,10 +65,10 @@ def main() -> None:
     engine = Engine(
         model="smollm2", dtype=args.dtype, algorithm=args.algorithm, overlap=False, seed=0, **sizes
     )
-    lib = native.native_decoder()
-    if lib is None:
+    # the native library's compute calls (no forward is timed: every call counts alike)
+    clock = NativeTimer(ForwardTimer())
+    if not clock.attach():
         raise SystemExit("the native library does not build here: nothing to compare")
-    clock = NativeClock(lib)
     prompts = chat_prompts()[: args.prompts]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     takes, chain, extend = FusedForward.takes, NativeDraft.chain, NativeDraft.extend

@@ -58,6 +58,7 @@ batched speculative case -- need rows that do not depend on the batch.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import threading
 import weakref
@@ -146,6 +147,11 @@ class ScriptedLayers:
         self._checks: _Stamps = []
         self._pins = 0  # open pinned() blocks: the weights are trusted while there are any
         self._pin_lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ScriptedLayers:
+        """A copy over the copied layers, packed again at its first use: the packs hold raw
+        pointers (and a lock), which neither copy nor pickle."""
+        return ScriptedLayers(copy.deepcopy(self.layers, memo))
 
     def _build(self) -> dict[str, Any] | None:
         layers = self.layers
@@ -743,6 +749,10 @@ class NativeDraftLayer:
         self._weights: NativeWeights | None = None
         self._args: dict[str, Any] | None = None
         self._checks: _Stamps = []
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> NativeDraftLayer:
+        """A copy over the copied layer, packed again at its first use (as ScriptedLayers)."""
+        return NativeDraftLayer(copy.deepcopy(self.layer, memo))
 
     def _modules(self) -> list[Any]:
         attn, mlp = self.layer.self_attn, self.layer.mlp

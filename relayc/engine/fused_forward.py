@@ -129,6 +129,10 @@ class FusedForward:
     """One model's decode and verify forwards in one native call each; see the module
     docstring. ``run`` returns ``(logits [T, vocab] float32, hidden [T, H], aux)`` or None."""
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> FusedForward:
+        """An empty one: the struct holds raw pointers into this model's tensors."""
+        return FusedForward()
+
     def __init__(self) -> None:
         self._slot = ModelSlot()
         self._captures: dict[tuple[int, ...], ctypes.Array[ctypes.c_int]] = {}

@@ -19,6 +19,7 @@ original EAGLE heads were trained on are ``model.model.norm(hidden_states)``.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -204,6 +205,20 @@ class FusedWeight:
             linear.weight.data = self.weight[offset : offset + rows]
             offset += rows
         self._ptrs = [linear.weight.data_ptr() for linear in linears]
+
+    def __deepcopy__(self, memo: dict[int, object]) -> FusedWeight:
+        """A copy over the copied linears: their weights stay views of the copied fused
+        weight (a deep copy keeps tensors that share storage sharing it), so the copy is
+        current exactly when this one is."""
+        twin = copy.copy(self)
+        twin.linears = copy.deepcopy(self.linears, memo)
+        twin.weight = copy.deepcopy(self.weight, memo)
+        twin._ptrs = (
+            [linear.weight.data_ptr() for linear in twin.linears]
+            if self.current()
+            else [-1] * len(self._ptrs)
+        )
+        return twin
 
     def current(self) -> bool:
         # Read the parameter dicts directly: nn.Module attribute lookup would cost more

@@ -6,6 +6,7 @@ set of caches is followed."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -206,3 +207,15 @@ def _close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
     for a, b in zip(got[::2], want[::2], strict=True):
         assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_a_used_model_deep_copies_and_decodes_alike(fused_runs: list[bool]) -> None:
+    """The packs and the one call's struct hold raw pointers, which do not copy: a copy of
+    a model that has decoded packs its own and gives the same bits."""
+    model = random_model(CONFIG, seed=7)
+    use_cpu_matmul_layout(model)
+    first, _ = _session(model, (0,))
+    twin = copy.deepcopy(model)
+    again, _ = _session(twin, (0,))
+    assert fused_runs == [True] * 8
+    _same(again, first)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -31,6 +31,7 @@ from torch import nn
 from relayc.engine.attention import PagedAttend, dense_causal_attention
 from relayc.engine.config import ModelConfig
 from relayc.engine.draft.layers import DraftLayer, TargetParts, check_head_config
+from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.draft.paged import (
     ScratchAttention,
     first_column_sampled,
@@ -55,6 +56,9 @@ from relayc.engine.draft.weights import (
     save_draft,
 )
 from relayc.engine.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from relayc.engine.draft.eagle3 import Eagle3Head
 from relayc.engine.model import (
     AttendFn,
     LlamaForCausalLM,
@@ -83,6 +87,9 @@ class EagleHead(nn.Module):
     # draft_tree drafts a chain that keeps every draft (topk 1) without the beam search's
     # bookkeeping (the same tree); False: through the beam search (tests compare the two)
     chain_shortcut = True
+    # the head's draft extend and greedy chain in one native call each, where it has them
+    # (an EAGLE-3 head: relayc.engine.draft.native_draft); None: step by step
+    native_draft: NativeDraft | None = None
 
     def __init__(self, config: ModelConfig, target: LlamaForCausalLM) -> None:
         super().__init__()
@@ -232,8 +239,9 @@ class EagleHead(nn.Module):
                 f"with num_steps >= 1; got {list(scratch_cache_loc.shape)}, num_steps={num_steps}"
             )
         chain = self.chain_shortcut and keeps_every_draft(topk, num_steps, num_draft_tokens)
-        if chain and num_steps > 1:
-            made = self.native_chain(
+        if chain and num_steps > 1 and self.native_draft is not None:
+            made = self.native_draft.chain(
+                cast("Eagle3Head", self),  # only an EAGLE-3 head has a NativeDraft
                 topk_index[:, 0],
                 hidden_states,
                 seq_lens,
@@ -291,22 +299,6 @@ class EagleHead(nn.Module):
             level = select_level(step + 1, probs, tokens, level.scores, topk)
             levels.append(level)
         return organize_draft_results(levels, num_draft_tokens)
-
-    def native_chain(
-        self,
-        first: torch.Tensor,
-        hidden_states: torch.Tensor,
-        seq_lens: torch.Tensor,
-        req_pool_indices: torch.Tensor,
-        req_to_token: torch.Tensor,
-        kv_cache: KVCache,
-        scratch_cache_loc: torch.Tensor,
-        max_prefix_len: int,
-    ) -> torch.Tensor | None:
-        """A greedy chain's draft ids ``[B, S + 1]`` in one native call, as
-        :meth:`_chain_tokens` drafts them; None: step by step. An EAGLE head has no such
-        call (an EAGLE-3 head's: :mod:`relayc.engine.draft.native_draft`)."""
-        return None
 
     def _chain_tokens(
         self,

@@ -166,6 +166,7 @@ class Eagle3Head(EagleHead):
     """
 
     DRAFT_TYPE = "eagle3"
+    native_draft: NativeDraft  # always one: draft extend and chains in one native call each
 
     def __init__(
         self,
@@ -198,7 +199,7 @@ class Eagle3Head(EagleHead):
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
         self._native_head: NativeHead | None = None
         self._native_fc: NativeLinear | None = None
-        self._native = NativeDraft()
+        self.native_draft = NativeDraft()
         self.to(target.device)
 
     @property
@@ -307,31 +308,6 @@ class Eagle3Head(EagleHead):
         out = self.midlayer(embeds, hidden, positions, self.rotary, attend)
         return self.logits(out), out
 
-    def native_chain(
-        self,
-        first: torch.Tensor,
-        hidden_states: torch.Tensor,
-        seq_lens: torch.Tensor,
-        req_pool_indices: torch.Tensor,
-        req_to_token: torch.Tensor,
-        kv_cache: KVCache,
-        scratch_cache_loc: torch.Tensor,
-        max_prefix_len: int,
-    ) -> torch.Tensor | None:
-        """The greedy chain in one native call (:mod:`relayc.engine.draft.native_draft`),
-        or None: step by step."""
-        return self._native.chain(
-            self,
-            first,
-            hidden_states,
-            seq_lens,
-            req_pool_indices,
-            req_to_token,
-            kv_cache,
-            scratch_cache_loc,
-            max_prefix_len,
-        )
-
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """``[..., draft_vocab]`` float32 logits of ``g``: the native decoder's LM head on
         the CPU (its own vocabulary is most of the head's weights: the library GEMM is
@@ -388,7 +364,7 @@ class Eagle3Head(EagleHead):
                 f"`topk` ({topk}) exceeds the EAGLE-3 head's draft vocabulary "
                 f"({self.draft_vocab_size} tokens)"
             )
-        made = self._native.extend(
+        made = self.native_draft.extend(
             self,
             input_ids,
             target_features,

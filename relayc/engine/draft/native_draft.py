@@ -67,6 +67,10 @@ class NativeDraft:
     def __init__(self) -> None:
         self._slot = ModelSlot()
 
+    def __deepcopy__(self, memo: dict[int, object]) -> NativeDraft:
+        """An empty one: the struct holds raw pointers into this head's tensors."""
+        return NativeDraft()
+
     def _model(
         self, head: Eagle3Head, kv_cache: KVCache, req_to_token: torch.Tensor, rows: int
     ) -> tuple[ctypes.CDLL, native.NativeModel] | None:

@@ -63,7 +63,9 @@ class Prefilled:
         self.seq_lens = torch.tensor([len(p) for p in PROMPTS])
 
 
-def extend(head: Eagle3Head, pre: Prefilled, topk: int):  # type: ignore[no-untyped-def]
+def extend(  # type: ignore[no-untyped-def]
+    head: Eagle3Head, pre: Prefilled, topk: int, out_cache_loc: torch.Tensor | None = None
+):
     kv = head.make_kv_cache(pre.driver.kv_cache.size)
     out = head.extend(
         padded(pre.ids),
@@ -75,6 +77,7 @@ def extend(head: Eagle3Head, pre: Prefilled, topk: int):  # type: ignore[no-unty
         kv,
         topk=topk,
         max_prefix_len=MAX_CONTEXT,
+        out_cache_loc=out_cache_loc,
     )
     return kv, out
 

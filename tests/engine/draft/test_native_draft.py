@@ -4,6 +4,8 @@ index hand the chain back to the step-by-step path, which decides and raises as 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -12,35 +14,38 @@ from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.draft.tree import DraftTree
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.native import native_decoder
-from relayc.engine.weights import random_model
-from tests.engine.draft.helpers import MAX_CONTEXT, SMALL, padded, padded_states
+from tests.engine.draft import test_eagle3 as eagle3_tests
+from tests.engine.draft.helpers import MAX_CONTEXT, SMALL
 from tests.engine.draft.test_eagle3 import DRAFT_VOCAB, Prefilled, extend
 
+# the EAGLE-3 tests' target and head
+target = eagle3_tests.target
+head = eagle3_tests.head
 
-@pytest.fixture(scope="module")
-def target() -> LlamaForCausalLM:
-    return random_model(SMALL.replace(num_layers=4), seed=3)
 
+def _recorded(monkeypatch: pytest.MonkeyPatch, name: str) -> list[bool]:
+    """Whether each call of ``NativeDraft.<name>`` made its result (True) or handed it back."""
+    assert native_decoder() is not None, "the native decoder should build here"
+    made: list[bool] = []
+    real = getattr(NativeDraft, name)
 
-@pytest.fixture(scope="module")
-def head(target: LlamaForCausalLM) -> Eagle3Head:
-    return Eagle3Head.random(target, seed=4, draft_vocab_size=DRAFT_VOCAB, layer_ids=[0, 1, 2])
+    def recorded(self: NativeDraft, *args: object) -> object:
+        out = real(self, *args)
+        made.append(out is not None)
+        return out
+
+    monkeypatch.setattr(NativeDraft, name, recorded)
+    return made
 
 
 @pytest.fixture
 def chains(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each native chain call drafted the chain (True) or handed it back."""
-    assert native_decoder() is not None, "the native decoder should build here"
-    made: list[bool] = []
-    real = NativeDraft.chain
+    return _recorded(monkeypatch, "chain")
 
-    def chain(self: NativeDraft, *args: object) -> object:
-        out = real(self, *args)  # type: ignore[arg-type]
-        made.append(out is not None)
-        return out
 
-    monkeypatch.setattr(NativeDraft, "chain", chain)
-    return made
+@pytest.fixture
+def extends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    return _recorded(monkeypatch, "extend")
 
 
 def _chain(
@@ -115,38 +120,11 @@ def test_a_bad_draft_id_raises_the_step_by_step_error(
     assert chains == [False]
 
 
-@pytest.fixture
-def extends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each native extend call made the extend (True) or handed it back."""
-    made: list[bool] = []
-    real = NativeDraft.extend
-
-    def extend(self: NativeDraft, *args: object) -> object:
-        out = real(self, *args)  # type: ignore[arg-type]
-        made.append(out is not None)
-        return out
-
-    monkeypatch.setattr(NativeDraft, "extend", extend)
-    return made
-
-
 def _extended(
     head: Eagle3Head, pre: Prefilled, topk: int, slots: torch.Tensor | None
 ) -> list[torch.Tensor]:
     """The extend's relayed top-k and g, and the whole draft cache after it."""
-    kv = head.make_kv_cache(pre.driver.kv_cache.size)
-    out = head.extend(
-        padded(pre.ids),
-        padded_states(pre.features),
-        pre.seq_lens,
-        torch.zeros(len(pre.ids), dtype=torch.int64),
-        torch.tensor(pre.reqs),
-        pre.req_to_token,
-        kv,
-        topk=topk,
-        max_prefix_len=MAX_CONTEXT,
-        out_cache_loc=slots,
-    )
+    kv, out = extend(head, pre, topk, slots)
     return [*out, kv.k[0], kv.v[0]]
 
 
@@ -181,3 +159,14 @@ def test_a_bad_token_id_in_the_extend_raises_the_step_by_step_error(
     with pytest.raises(IndexError):
         _extended(head, pre, 1, None)
     assert extends == [False]
+
+
+def test_a_head_that_drafted_deep_copies_and_drafts_alike(
+    target: LlamaForCausalLM, head: Eagle3Head, chains: list[bool], extends: list[bool]
+) -> None:
+    pre = Prefilled(target, head.capture)
+    tree, _, _ = _chain(head, pre, 3)
+    twin = copy.deepcopy(head)
+    again, _, _ = _chain(twin, pre, 3)
+    assert chains == extends == [True, True]
+    assert all(torch.equal(a, b) for a, b in zip(tree, again, strict=True))
