@@ -42,7 +42,9 @@ _INDEX = torch.int64
 class ModelSlot:
     """A :class:`relayc.engine.native.NativeModel` of one set of packed layers, K/V caches,
     embedding, rotary tables and LM head: filled once, kept while each is the same object
-    and its data unchanged, refilled otherwise. Holds every tensor the struct points into."""
+    and its data unchanged, refilled otherwise. The struct holds (``held``) every object it
+    points into, so a call that holds the struct keeps its pointers valid while the slot
+    refills for another call (another engine's caches, on another thread)."""
 
     def __init__(self) -> None:
         self._model: native.NativeModel | None = None
@@ -122,6 +124,9 @@ class ModelSlot:
             vocab=head.vocab,
             vocab_padded=head.padded,
         )
+        # The struct holds what it points into, so a caller holding it (another thread's
+        # call, while this slot refills for other caches) keeps every pointer valid.
+        self._model.held = held
         return self._model
 
 
