@@ -1633,6 +1633,15 @@ struct relayc_model {
     int head_format, vocab, vocab_padded;
 };
 
+/* The rotary rows of position `pos` (inside the tables: callers check) into cos_row and
+ * sin_row, head_dim floats each. */
+static inline void rope_rows(const struct relayc_model *m, int64_t pos, float *cos_row,
+                             float *sin_row) {
+    const size_t D = (size_t)m->head_dim;
+    memcpy(cos_row, m->cos_table + (size_t)pos * D, sizeof(float) * D);
+    memcpy(sin_row, m->sin_table + (size_t)pos * D, sizeof(float) * D);
+}
+
 /* One decode or verify forward of a paged batch in one call: every request has Q new
  * tokens (B * Q = T rows), the attention metadata as relayc_paged_meta makes it, the
  * embedding and rotary rows gathered, the layers (decode_layers, with `capture` as
@@ -1674,8 +1683,7 @@ int relayc_forward(const struct relayc_model *m, int B, int Q, int p_max,
     paged_meta_fill(B, Q, p_max, req_to_token, table_width, req_pool_indices, prefix_lens,
                     out_cache_loc, tree_mask, kv_loc, mask);
     for (int t = 0; t < T; t++) {
-        memcpy(cos_t + (size_t)t * D, m->cos_table + positions[t] * D, sizeof(float) * (size_t)D);
-        memcpy(sin_t + (size_t)t * D, m->sin_table + positions[t] * D, sizeof(float) * (size_t)D);
+        rope_rows(m, positions[t], cos_t + (size_t)t * D, sin_t + (size_t)t * D);
         float *row = x + (size_t)t * H;
         if (m->embed_bf16) {
             const uint16_t *e = (const uint16_t *)m->embed + (size_t)input_ids[t] * H;
@@ -1779,8 +1787,7 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
             rms_norm((const float *)m->embed + (size_t)id * H, 1, H, in_norm, in_eps, in);
             rms_norm(x + (size_t)b * H, 1, H, hidden_norm, hidden_eps, in + H);
             const int64_t pos = seq_lens[b] + s;
-            memcpy(cos_t + (size_t)b * D, m->cos_table + pos * D, sizeof(float) * (size_t)D);
-            memcpy(sin_t + (size_t)b * D, m->sin_table + pos * D, sizeof(float) * (size_t)D);
+            rope_rows(m, pos, cos_t + (size_t)b * D, sin_t + (size_t)b * D);
             for (int c = 0; c < steps; c++)
                 mask[(size_t)b * S + p_max + c] = c <= s ? 0.0f : -INFINITY;
             slots[b] = scratch[(size_t)b * steps + s];
@@ -1869,8 +1876,7 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
             int64_t pos = prefix_lens[b] + i;
             if (pos > m->max_position - 1) pos = m->max_position - 1;
             if (pos < 0) pos = 0;
-            memcpy(cos_t + t * D, m->cos_table + pos * D, sizeof(float) * (size_t)D);
-            memcpy(sin_t + t * D, m->sin_table + pos * D, sizeof(float) * (size_t)D);
+            rope_rows(m, pos, cos_t + t * D, sin_t + t * D);
             const int64_t id = real ? input_ids[t] : 0;
             rms_norm((const float *)m->embed + (size_t)id * H, 1, H, in_norm, in_eps,
                      attn_in + t * 2 * H);

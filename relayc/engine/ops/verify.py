@@ -277,12 +277,13 @@ def _accept(
             torch.zeros(batch, dtype=torch.int32, device=device),
         )
 
+    target = greedy_tokens(logits)
     if ctx.sampling is None:
-        made = _native_greedy(candidates, tree, greedy_tokens(logits))
+        made = _native_greedy(candidates, tree, target)
         if made is not None:
             return made
     greedy = fresh()
-    verify_tree_greedy(*greedy, candidates, *tree, greedy_tokens(logits))
+    verify_tree_greedy(*greedy, candidates, *tree, target)
     if ctx.sampling is None:
         return _accept_outputs(*greedy)
     sampled = fresh()

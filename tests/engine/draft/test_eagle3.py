@@ -82,6 +82,33 @@ def extend(  # type: ignore[no-untyped-def]
     return kv, out
 
 
+def draft(  # type: ignore[no-untyped-def]
+    head: Eagle3Head,
+    pre: Prefilled,
+    kv,
+    out,
+    slots: torch.Tensor,
+    num_steps: int,
+    n: int,
+    topk_index: torch.Tensor | None = None,
+):
+    """``head.draft_tree`` after :func:`extend`'s ``kv`` and ``out`` (``topk_index``: the
+    relayed top-k to draft from instead of ``out``'s)."""
+    return head.draft_tree(
+        out.topk_p,
+        out.topk_index if topk_index is None else topk_index,
+        out.hidden_states,
+        pre.seq_lens,
+        torch.tensor(pre.reqs),
+        pre.req_to_token,
+        kv,
+        slots,
+        num_steps=num_steps,
+        num_draft_tokens=n,
+        max_prefix_len=MAX_CONTEXT,
+    )
+
+
 class DenseHead:
     """A cache-free run of the head over target-id prompts followed by draft-id paths, for
     ``brute_force_tree``: its hidden inputs are already projected (``fc(features)``, then g)."""
@@ -132,19 +159,7 @@ def test_tree_drafting_in_draft_ids_matches_brute_force(
     kv, out = extend(head, pre, topk)
     slots = pre.driver._alloc(2 * topk * (num_steps - 1)).view(2, -1)
     with NoHostSync():
-        tree = head.draft_tree(
-            out.topk_p,
-            out.topk_index,
-            out.hidden_states,
-            pre.seq_lens,
-            torch.tensor(pre.reqs),
-            pre.req_to_token,
-            kv,
-            slots,
-            num_steps=num_steps,
-            num_draft_tokens=n,
-            max_prefix_len=MAX_CONTEXT,
-        )
+        tree = draft(head, pre, kv, out, slots, num_steps, n)
     for b, ids in enumerate(pre.ids):
         dense = DenseHead(head, len(ids))
         states = head.fc(pre.features[b])

@@ -15,8 +15,8 @@ from relayc.engine.draft.tree import DraftTree
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.native import native_decoder
 from tests.engine.draft import test_eagle3 as eagle3_tests
-from tests.engine.draft.helpers import MAX_CONTEXT, SMALL
-from tests.engine.draft.test_eagle3 import DRAFT_VOCAB, Prefilled, extend
+from tests.engine.draft.helpers import SMALL
+from tests.engine.draft.test_eagle3 import DRAFT_VOCAB, Prefilled, draft, extend
 
 # the EAGLE-3 tests' target and head
 target = eagle3_tests.target
@@ -54,19 +54,8 @@ def _chain(
     """The chain's tree, and the K/V its steps left in their scratch slots."""
     kv, out = extend(head, pre, topk=1)
     slots = torch.arange(400, 400 + 2 * (num_steps - 1)).view(2, -1)
-    tree = head.draft_tree(
-        out.topk_p,
-        out.topk_index if first is None else first[:, None],
-        out.hidden_states,
-        pre.seq_lens,
-        torch.tensor(pre.reqs),
-        pre.req_to_token,
-        kv,
-        slots,
-        num_steps=num_steps,
-        num_draft_tokens=num_steps + 1,
-        max_prefix_len=MAX_CONTEXT,
-    )
+    index = None if first is None else first[:, None]
+    tree = draft(head, pre, kv, out, slots, num_steps, num_steps + 1, topk_index=index)
     return tree, kv.k[0][slots.view(-1)].clone(), kv.v[0][slots.view(-1)].clone()
 
 
