@@ -765,16 +765,22 @@ struct quant_blocks {
     int bytes; /* of one block of 32 k of a panel */
 };
 
-/* A format's kernels, 1-8 rows (one to four panels at a time), and their table. */
+/* A format's kernels, 1-8 rows, and their table: four panels at a time up to five rows,
+ * two past that. Every accumulator is a chain of dependent fmas (k in order: the float32
+ * bits), so a kernel with few accumulators waits on the fma latency, not its throughput:
+ * two to five rows over two panels (five over one) took 10-45% longer per weight than over
+ * four (bench/block_kernels.py, every format; bench/native_ab.py: a SmolLM2 verify of 2-8
+ * rows 8-13% faster, a decode the same); six to eight rows over four were no faster. */
 #define QUANT_KERNELS(NAME, BLOCK, BYTES)                                                  \
-    BLOCK(1, 4) BLOCK(1, 1) BLOCK(2, 2) BLOCK(2, 1) BLOCK(3, 2) BLOCK(3, 1) BLOCK(4, 2)     \
-    BLOCK(4, 1) BLOCK(5, 1) BLOCK(6, 1) BLOCK(7, 1) BLOCK(8, 1)                             \
+    BLOCK(1, 4) BLOCK(1, 1) BLOCK(2, 4) BLOCK(2, 1) BLOCK(3, 4) BLOCK(3, 1) BLOCK(4, 4)     \
+    BLOCK(4, 1) BLOCK(5, 4) BLOCK(5, 1) BLOCK(6, 2) BLOCK(6, 1) BLOCK(7, 2) BLOCK(7, 1)     \
+    BLOCK(8, 2) BLOCK(8, 1)                                                                \
     static const struct quant_blocks NAME##_blocks = {                                     \
-        {0, NAME##_1_4, NAME##_2_2, NAME##_3_2, NAME##_4_2, NAME##_5_1, NAME##_6_1,         \
-         NAME##_7_1, NAME##_8_1},                                                          \
+        {0, NAME##_1_4, NAME##_2_4, NAME##_3_4, NAME##_4_4, NAME##_5_4, NAME##_6_2,         \
+         NAME##_7_2, NAME##_8_2},                                                          \
         {0, NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1, NAME##_5_1, NAME##_6_1,         \
          NAME##_7_1, NAME##_8_1},                                                          \
-        {0, 4, 2, 2, 2, 1, 1, 1, 1},                                                       \
+        {0, 4, 4, 4, 4, 4, 2, 2, 2},                                                       \
         BYTES,                                                                             \
     };
 

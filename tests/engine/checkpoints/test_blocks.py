@@ -27,6 +27,7 @@ from relayc.engine.checkpoints.blocks import (
 )
 from relayc.engine.checkpoints.gguf import load_gguf_model, open_gguf, save_gguf
 from relayc.engine.config import ModelConfig
+from relayc.engine.cpu_decoder import _pack
 from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.native import native_decoder
 from relayc.engine.weights import random_model
@@ -422,3 +423,28 @@ def test_native_panels_are_the_torch_panels_byte_for_byte(
     want = blocks.panels()
     assert got.dtype == want.dtype == torch.uint8
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCK_TYPES))
+def test_every_row_count_and_panel_remainder_is_float32_panels_bit_for_bit(kind: str) -> None:
+    """decoder.c's block GEMMs take one to eight rows at a time over one to four panels of
+    16 output columns (a kernel per row count, as wide as its registers allow, and a
+    one-panel kernel for the panels left over): every row count, alone and past eight, and
+    every panel remainder gives the bits of float32 panels over the dequantized weights."""
+    lib = native_decoder()
+    assert lib is not None, "the native decoder should build here"
+    cols = 256  # a whole K-quant super-block
+    for panels in (1, 2, 3, 5, 7):
+        out_features = 16 * panels
+        blocks = random_blocks(kind, out_features, cols, seed=panels)
+        packed, dense = blocks.panels(), _pack(blocks.dequantize())
+        ones = torch.ones(cols)
+        for rows in (*range(1, 10), 17):
+            x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
+            got, want = torch.empty(rows, out_features), torch.empty(rows, out_features)
+            args = (rows, cols, out_features, x.data_ptr(), ones.data_ptr(), 1e-6)
+            assert (
+                lib.relayc_head_blocks(*args, packed.data_ptr(), got.data_ptr(), blocks.format) == 0
+            )
+            assert lib.relayc_head(*args, dense.data_ptr(), want.data_ptr()) == 0
+            assert torch.equal(got, want), (kind, panels, rows)
