@@ -2,7 +2,7 @@
 against each GGUF block format the native decoder reads, and the bfloat16 / float16 words
 it reads for float32 weights that are exactly such numbers.
 
-    python bench/block_kernels.py [--rows 1,4,8] [--iters 20] [--threads 1]
+    python bench/block_kernels.py [--rows 1,4,8] [--iters 20] [--threads 1] [--base REV]
 
 Each format is timed on the same random weights, written in GGUF's own bytes for its type
 (random blocks with small finite scales; the `gguf` package cannot write the K-quants) and
@@ -15,15 +15,23 @@ memory as in a forward. Every (format, rows) is timed round robin, best of ``--i
 wall ms per pass, the weights read a second (G/s), and the process CPU time over the wall
 time of that best pass. Each format's output is checked bit for bit against float32 panels
 over the dequantized weights first.
+
+``--base REV`` times each (format, rows) with decoder.c as it is at git revision ``REV``
+too (bench/native_ab.py's build of it), round robin in the same process, and prints the
+work tree's time over it (``new/base``): what a kernel change buys per format.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
-from real_model_forward import _time as round_robin_best  # bench/, this script's folder
+from native_ab import _base_library  # bench/, this script's folder
+from real_model_forward import _time as round_robin_best
 
 from relayc.engine.checkpoints.blocks import BLOCK_TYPES, PANEL_BYTES, BlockWeight, random_blocks
 from relayc.engine.cpu_decoder import _pack
@@ -41,11 +49,16 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,8")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--base", default=None, help="a git revision's decoder.c to compare")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lib = native_decoder()
     if lib is None:
         raise SystemExit("the native decoder did not build")
+    if args.base is not None:
+        with tempfile.TemporaryDirectory() as folder:
+            compare(lib, _base_library(args.base, Path(folder)), args)
+        return
     rows_list = [int(r) for r in args.rows.split(",")]
     # per format, LAYERS layers of matrices (distinct copies: they stream from memory)
     layers: dict[str, list[list[tuple[torch.Tensor, int, int, int]]]] = {}
@@ -108,6 +121,65 @@ def main() -> None:
             )
         print(f"{name:<24}{per:>13.3f}" + "".join(f"{c:>26}" for c in cells))
     print("xN: time over float32 panels; every format's output equals float32 panels' bits")
+
+
+def compare(lib: Any, base: Any, args: argparse.Namespace) -> None:
+    """Each format's GEMM on the work tree's library against ``base``'s, round robin."""
+    rows_list = [int(r) for r in args.rows.split(",")]
+    layers = {
+        qtype: [
+            [(w.panels(), w.format, n, k) for w, (n, k) in zip(blocks, SHAPES, strict=True)]
+            for blocks in [
+                [
+                    random_blocks(qtype, n, k, LAYERS * seed + i)
+                    for seed, (n, k) in enumerate(SHAPES)
+                ]
+                for i in range(LAYERS)
+            ]
+        ]
+        for qtype in TYPES
+    }
+    ones = {k: torch.ones(k) for _, k in SHAPES}
+    inputs = {(r, k): torch.randn(r, k) for r in rows_list for _, k in SHAPES}
+    outs = {(r, n): torch.empty(r, n) for r in rows_list for n, _ in SHAPES}
+
+    def run(library: Any, qtype: str, rows: int) -> Callable[[], None]:
+        def one_pass() -> None:
+            for layer in layers[qtype]:
+                for packed, fmt, n, k in layer:
+                    x, out = inputs[(rows, k)], outs[(rows, n)]
+                    code = library.relayc_head_blocks(
+                        rows, k, n, x.data_ptr(), ones[k].data_ptr(), 1e-6,
+                        packed.data_ptr(), out.data_ptr(), fmt,
+                    )  # fmt: skip
+                    assert code == 0, code
+
+        return one_pass
+
+    runs = {}
+    for qtype in TYPES:
+        for rows in rows_list:
+            runs[(f"new {qtype}", rows)] = run(lib, qtype, rows)
+            runs[(f"base {qtype}", rows)] = run(base, qtype, rows)
+    best = round_robin_best(runs, args.iters)
+    print(
+        f"{LAYERS} layers of TinyLlama-1.1B's matrices, {args.threads} thread(s), best of "
+        f"{args.iters}: wall ms, work tree (new) against {args.base} (base), cpu/wall"
+    )
+    print(f"{'format':<10}" + "".join(f"{f'{r} rows':>34}" for r in rows_list))
+    for qtype in TYPES:
+        cells = []
+        for rows in rows_list:
+            (new, new_cpu), (old, old_cpu) = (
+                best[(f"new {qtype}", rows)],
+                best[(f"base {qtype}", rows)],
+            )
+            cells.append(
+                f"{new * 1e3:6.2f} vs {old * 1e3:6.2f} ({min(new_cpu / new, old_cpu / old):.2f})"
+                f" x{new / old:.2f}"
+            )
+        print(f"{qtype:<10}" + "".join(f"{c:>34}" for c in cells))
+    print("xN: new over base (under 1: the work tree's kernels are faster)")
 
 
 if __name__ == "__main__":

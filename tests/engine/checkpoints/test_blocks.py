@@ -427,14 +427,14 @@ def test_native_panels_are_the_torch_panels_byte_for_byte(
 
 @pytest.mark.parametrize("kind", sorted(BLOCK_TYPES))
 def test_every_row_count_and_panel_remainder_is_float32_panels_bit_for_bit(kind: str) -> None:
-    """decoder.c's block GEMMs take one to eight rows at a time over one to four panels of
-    16 output columns (a kernel per row count, as wide as its registers allow, and a
-    one-panel kernel for the panels left over): every row count, alone and past eight, and
-    every panel remainder gives the bits of float32 panels over the dequantized weights."""
+    """decoder.c's block GEMMs take one to eight rows at a time over one to eight panels of
+    16 output columns (a kernel per row count, as wide as measured fastest, and a one-panel
+    kernel for the panels left over): every row count, alone and past eight, and every
+    panel remainder gives the bits of float32 panels over the dequantized weights."""
     lib = native_decoder()
     assert lib is not None, "the native decoder should build here"
     cols = 256  # a whole K-quant super-block
-    for panels in (1, 2, 3, 5, 7):
+    for panels in (1, 2, 3, 5, 7, 9, 17):
         out_features = 16 * panels
         blocks = random_blocks(kind, out_features, cols, seed=panels)
         packed, dense = blocks.panels(), _pack(blocks.dequantize())
