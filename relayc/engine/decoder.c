@@ -664,15 +664,19 @@ static inline void nibbles16(const uint8_t *p, v16 *lo, v16 *hi) {
         for (int b = 0; b < nb; b++) {                                                     \
             v16 d[P], mn[P];                                                               \
             for (int j = 0; j < P; j++) SCALES(panel[j] + (size_t)b * BYTES, 0, j);        \
-            for (int r = 0; r < 16 && MB == 1; r++) /* one row: weights used as rebuilt */ \
+            for (int r = 0; r < 16 && MB <= 3; r++) /* few rows: weights used as rebuilt */  \
                 for (int j = 0; j < P; j++) {                                              \
                     v16 lo, hi;                                                            \
                     nibbles16(panel[j] + (size_t)b * BYTES + BODY + 16 * r, &lo, &hi);     \
-                    const float *xk = x + (size_t)b * 32 + 2 * r;                          \
-                    acc[0][j] = fma16(acc[0][j], splat16(xk[0]), fma16(mn[j], d[j], lo));  \
-                    acc[0][j] = fma16(acc[0][j], splat16(xk[1]), fma16(mn[j], d[j], hi));  \
+                    lo = fma16(mn[j], d[j], lo);                                           \
+                    hi = fma16(mn[j], d[j], hi);                                           \
+                    for (int m = 0; m < MB; m++) {                                         \
+                        const float *xk = x + (size_t)m * K + (size_t)b * 32 + 2 * r;      \
+                        acc[m][j] = fma16(acc[m][j], splat16(xk[0]), lo);                  \
+                        acc[m][j] = fma16(acc[m][j], splat16(xk[1]), hi);                  \
+                    }                                                                      \
                 }                                                                          \
-            for (int r = 0; r < 16 && MB > 1; r++) {                                       \
+            for (int r = 0; r < 16 && MB > 3; r++) {                                       \
                 v16 lo[P], hi[P];                                                          \
                 for (int j = 0; j < P; j++) {                                              \
                     nibbles16(panel[j] + (size_t)b * BYTES + BODY + 16 * r, &lo[j], &hi[j]);  \
@@ -707,14 +711,16 @@ static inline void nibbles16(const uint8_t *p, v16 *lo, v16 *hi) {
             for (int half = 0; half < 2; half++) {                                         \
                 v16 d[P], mn[P];                                                           \
                 for (int j = 0; j < P; j++) SCALES(panel[j] + (size_t)b * BYTES, half, j); \
-                for (int k = 16 * half; k < 16 * half + 16 && MB == 1; k++) {              \
-                    const v16 s = splat16(x[(size_t)b * 32 + k]);                          \
+                for (int k = 16 * half; k < 16 * half + 16 && MB <= 3; k++)                \
                     for (int j = 0; j < P; j++) {                                          \
                         const v16 q = LOAD(panel[j] + (size_t)b * BYTES, k);               \
-                        acc[0][j] = fma16(acc[0][j], s, REBUILD(d[j], q, mn[j]));          \
+                        const v16 wk = REBUILD(d[j], q, mn[j]);                            \
+                        for (int m = 0; m < MB; m++) {                                     \
+                            const float xk = x[(size_t)m * K + (size_t)b * 32 + k];        \
+                            acc[m][j] = fma16(acc[m][j], splat16(xk), wk);                 \
+                        }                                                                  \
                     }                                                                      \
-                }                                                                          \
-                for (int k = 16 * half; k < 16 * half + 16 && MB > 1; k++) {               \
+                for (int k = 16 * half; k < 16 * half + 16 && MB > 3; k++) {               \
                     v16 wk[P];                                                             \
                     for (int j = 0; j < P; j++) {                                          \
                         const v16 q = LOAD(panel[j] + (size_t)b * BYTES, k);               \
@@ -777,30 +783,33 @@ typedef void (*quant_block_fn)(const float *, int, const uint8_t *, int, int, fl
 struct quant_blocks {
     quant_block_fn wide[9], narrow[9];
     int width[9];
-    quant_block_fn one_row; /* one row over eight panels */
-    int bytes;              /* of one block of 32 k of a panel */
+    quant_block_fn few[4]; /* one to three rows alone (a decode, a short verify) */
+    int few_width[4];      /* panels at a time of each */
+    int bytes;             /* of one block of 32 k of a panel */
 };
 
 /* A format's kernels, 1-8 rows, and their table: four panels at a time up to five rows, two
- * past that, and one row alone (a decode) over eight, each weight used as it is rebuilt. Every accumulator is a chain of dependent fmas (k in order: the float32
- * bits), so a kernel with few accumulators waits on the fma latency, not its throughput:
- * two to five rows over two panels (five over one) took 10-45% longer per weight than over
- * four (bench/block_kernels.py, every format; bench/native_ab.py: a SmolLM2 verify of 2-8
- * rows 8-13% faster, a decode the same); six to eight rows over four were no faster. One
- * row over eight panels, its weights rebuilt one panel at a time, made a decode 7% faster
- * than over four rebuilt together (sixteen: 6% slower; eight panels at a time for every
- * row count: two rows up to 10% slower). */
+ * past that; one, two or three rows alone (a decode, a short verify) eight, six and five.
+ * Every accumulator is a chain of dependent fmas (k in order: the float32 bits), so a
+ * kernel with few accumulators waits on the fma latency, not its throughput: two to five
+ * rows over two panels (five over one) took 10-45% longer per weight than over four
+ * (bench/block_kernels.py, every format; bench/native_ab.py: a SmolLM2 verify of 2-8 rows
+ * 8-13% faster); six to eight rows over four were no faster. Up to three rows each panel's
+ * weights are used as they are rebuilt, so fewer registers hold weights and more panels
+ * fit: a SmolLM2 decode 7-9% faster over eight panels than over four (sixteen: 6% slower),
+ * a verify of two rows 6% over six, of three 3% over five (six: 13% slower). */
 #define QUANT_KERNELS(NAME, BLOCK, BYTES)                                                  \
-    BLOCK(1, 8) BLOCK(1, 4) BLOCK(1, 1) BLOCK(2, 4) BLOCK(2, 1) BLOCK(3, 4) BLOCK(3, 1) BLOCK(4, 4)     \
-    BLOCK(4, 1) BLOCK(5, 4) BLOCK(5, 1) BLOCK(6, 2) BLOCK(6, 1) BLOCK(7, 2) BLOCK(7, 1)     \
-    BLOCK(8, 2) BLOCK(8, 1)                                                                \
+    BLOCK(1, 8) BLOCK(1, 4) BLOCK(1, 1) BLOCK(2, 6) BLOCK(2, 4) BLOCK(2, 1) BLOCK(3, 5)     \
+    BLOCK(3, 4) BLOCK(3, 1) BLOCK(4, 4) BLOCK(4, 1) BLOCK(5, 4) BLOCK(5, 1) BLOCK(6, 2)     \
+    BLOCK(6, 1) BLOCK(7, 2) BLOCK(7, 1) BLOCK(8, 2) BLOCK(8, 1)                             \
     static const struct quant_blocks NAME##_blocks = {                                     \
         {0, NAME##_1_4, NAME##_2_4, NAME##_3_4, NAME##_4_4, NAME##_5_4, NAME##_6_2,         \
          NAME##_7_2, NAME##_8_2},                                                          \
         {0, NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1, NAME##_5_1, NAME##_6_1,         \
          NAME##_7_1, NAME##_8_1},                                                          \
         {0, 4, 4, 4, 4, 4, 2, 2, 2},                                                       \
-        NAME##_1_8,                                                                        \
+        {0, NAME##_1_8, NAME##_2_6, NAME##_3_5},                                           \
+        {0, 8, 6, 5},                                                                      \
         BYTES,                                                                             \
     };
 
@@ -823,16 +832,17 @@ static const struct quant_blocks *quant_table(int format) {
 
 /* out[M, N] (+)= x[M, K] @ w (block panels of `format`): four panels at a time, every block
  * of up to eight rows over them while they sit in L1/L2, so each block is read from memory
- * and rebuilt once per eight rows; one row alone eight panels at a time. */
+ * and rebuilt once per eight rows; one to three rows in one pass of their widest kernel. */
 static void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, float *out,
                         int add, int format) {
     const struct quant_blocks *b = quant_table(format);
     const int panels = N / 16;
-    if (M == 1) { /* a decode's row: eight panels at a time */
+    if (M <= 3) { /* one row block: no group to keep in cache, the widest kernel */
         int p = 0;
-        for (; p + 8 <= panels; p += 8) b->one_row(x, K, w, p, N, out, add);
-        for (; p + 4 <= panels; p += 4) b->wide[1](x, K, w, p, N, out, add);
-        for (; p < panels; p++) b->narrow[1](x, K, w, p, N, out, add);
+        for (const int few = b->few_width[M]; p + few <= panels; p += few)
+            b->few[M](x, K, w, p, N, out, add);
+        for (; p + b->width[M] <= panels; p += b->width[M]) b->wide[M](x, K, w, p, N, out, add);
+        for (; p < panels; p++) b->narrow[M](x, K, w, p, N, out, add);
         return;
     }
     for (int g = 0; g < panels; g += 4) {
