@@ -837,7 +837,7 @@ static void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, f
                         int add, int format) {
     const struct quant_blocks *b = quant_table(format);
     const int panels = N / 16;
-    if (M <= 3) { /* one row block: no group to keep in cache, the widest kernel */
+    if (M >= 1 && M <= 3) { /* one row block: no group to keep in cache, the widest kernel */
         int p = 0;
         for (const int few = b->few_width[M]; p + few <= panels; p += few)
             b->few[M](x, K, w, p, N, out, add);
