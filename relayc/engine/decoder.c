@@ -1927,7 +1927,8 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
     code = relayc_linear(T, F, H, feat, fc, x, fc_format);
     if (code == 0) {
         for (int t = 0; t < T; t++)
-            rms_norm(x + (size_t)t * H, 1, H, hidden_norm, hidden_eps, attn_in + (size_t)t * 2 * H + H);
+            rms_norm(x + (size_t)t * H, 1, H, hidden_norm, hidden_eps,
+                     attn_in + (size_t)t * 2 * H + H);
         paged_meta_fill(B, W, p_max, req_to_token, table_width, req_pool_indices, prefix_lens,
                         slots, NULL, kv_loc, mask);
         code = decode_layers(T, H, m->heads, m->kv_heads, D, m->inter, 1, x, cos_t, sin_t, slots,
@@ -2005,6 +2006,13 @@ int relayc_accept_greedy(int B, int N, int S, const int64_t *candidates,
  * in req_to_token's row req_pool_indices[b] at positions seq_lens[b] .. + n.
  * new_seq_lens[b] = seq_lens[b] + accept_lens[b]. Returns 0, or -2 (nothing written) for
  * an index outside the windows, the buffer or req_to_token: the torch path then raises. */
+/* Where window column j of request b takes its K/V from: the window column of the node
+ * accepted j-th (accept_index holds flat node ids, -1 past the accepted ones: those stay). */
+static inline int64_t compact_source_column(const int64_t *accept_index, int b, int n, int j) {
+    const int64_t a = accept_index[(size_t)b * n + j];
+    return a >= 0 ? a - (int64_t)b * n : j;
+}
+
 int relayc_compact(int B, int n, const int64_t *window, int64_t window_stride,
                    const int64_t *accept_index, uint8_t *buffer, int64_t planes, int64_t size,
                    int64_t row_bytes, int32_t *req_to_token, int64_t rows, int64_t width,
@@ -2018,8 +2026,7 @@ int relayc_compact(int B, int n, const int64_t *window, int64_t window_stride,
             seq_lens[b] + n > width)
             return -2;
         for (int j = 0; j < n; j++) {
-            const int64_t a = accept_index[(size_t)b * n + j];
-            const int64_t local = a >= 0 ? a - (int64_t)b * n : j;
+            const int64_t local = compact_source_column(accept_index, b, n, j);
             const int64_t slot = window[b * window_stride + j];
             if (local < 0 || local >= n || slot < 0 || slot >= size) return -2;
             const int64_t source = window[b * window_stride + local];
@@ -2034,10 +2041,9 @@ int relayc_compact(int B, int n, const int64_t *window, int64_t window_stride,
             size_t k = 0;
             for (int b = 0; b < B; b++)
                 for (int j = 0; j < n; j++) {
-                    const int64_t a = accept_index[(size_t)b * n + j];
-                    const int64_t local = a >= 0 ? a - (int64_t)b * n : j;
                     const int64_t slot = window[b * window_stride + j];
-                    const int64_t source = window[b * window_stride + local];
+                    const int64_t source =
+                        window[b * window_stride + compact_source_column(accept_index, b, n, j)];
                     if (source == slot) continue;
                     for (int64_t p = 0; p < planes; p++) {
                         uint8_t *row = buffer + ((size_t)p * size + (size_t)(pass ? slot : source)) *

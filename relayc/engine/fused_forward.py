@@ -39,6 +39,13 @@ from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 _INDEX = torch.int64
 
 
+def index_arrays(*tensors: torch.Tensor) -> bool:
+    """Each a contiguous int64 CPU tensor: what the one-call entry points (the draft's, the
+    greedy accept's, the compaction's) read as ``int64_t`` arrays; False: the caller runs
+    its torch path."""
+    return all(t.dtype == _INDEX and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+
+
 class ModelSlot:
     """A :class:`relayc.engine.native.NativeModel` of one set of packed layers, K/V caches,
     embedding, rotary tables and LM head: filled once, kept while each is the same object

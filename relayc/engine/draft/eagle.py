@@ -56,14 +56,14 @@ from relayc.engine.draft.weights import (
     save_draft,
 )
 from relayc.engine.kv_cache import KVCache
-
-if TYPE_CHECKING:
-    from relayc.engine.draft.eagle3 import Eagle3Head
 from relayc.engine.model import (
     AttendFn,
     LlamaForCausalLM,
     RotaryEmbedding,
 )
+
+if TYPE_CHECKING:
+    from relayc.engine.draft.eagle3 import Eagle3Head
 
 
 class EagleExtendOutput(NamedTuple):

@@ -49,7 +49,7 @@ from relayc.engine.cpu_decoder import (
     native_head_eligible,
     native_max_tokens,
 )
-from relayc.engine.fused_forward import ModelSlot
+from relayc.engine.fused_forward import ModelSlot, index_arrays
 from relayc.engine.kv_cache import KVCache
 from relayc.kernels._backend import graph_safe
 
@@ -131,10 +131,10 @@ class NativeDraft:
         ``relayc_draft_extend``); None: run it step by step."""
         batch, width = input_ids.shape
         if (
-            not _indices(input_ids, lens, prefix_lens, req_pool_indices)
+            not index_arrays(input_ids, lens, prefix_lens, req_pool_indices)
             or (
                 out_cache_loc is not None
-                and not (_indices(out_cache_loc) and out_cache_loc.shape == input_ids.shape)
+                and not (index_arrays(out_cache_loc) and out_cache_loc.shape == input_ids.shape)
             )
             or target_features.dtype != torch.float32
             or not target_features.is_contiguous()
@@ -208,7 +208,7 @@ class NativeDraft:
         batch, steps = scratch_cache_loc.shape
         if (
             steps < 1
-            or not _indices(first, seq_lens, req_pool_indices, scratch_cache_loc, head.d2t)
+            or not index_arrays(first, seq_lens, req_pool_indices, scratch_cache_loc, head.d2t)
             or hidden_states.dtype != torch.float32
             or tuple(hidden_states.shape) != (batch, head.config.hidden_size)
             or not first.numel() == seq_lens.numel() == req_pool_indices.numel() == batch
@@ -244,8 +244,3 @@ class NativeDraft:
         if code == -1:
             raise MemoryError("the native draft chain could not allocate its buffers")
         return tokens if code == 0 else None
-
-
-def _indices(*tensors: torch.Tensor) -> bool:
-    """Each a contiguous int64 CPU tensor."""
-    return all(t.dtype == _INDEX and t.device.type == "cpu" and t.is_contiguous() for t in tensors)

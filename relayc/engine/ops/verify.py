@@ -25,6 +25,7 @@ import torch
 from relayc.engine import native
 from relayc.engine.draft.tree import keeps_every_draft
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.fused_forward import index_arrays
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.registry import implements
 from relayc.engine.ops.target import greedy_tokens
@@ -225,16 +226,16 @@ def _native_greedy(
     each slow there. None: the kernel's way (no library, a graph-safe check, other dtypes,
     an index outside the trees)."""
     lib = native.native_decoder()
-    if lib is None or graph_safe() or candidates.device.type != "cpu" or candidates.dim() != 2:
-        return None
-    batch, n = candidates.shape
-    if target.dtype != torch.int64 or target.numel() != batch * n or not target.is_contiguous():
-        return None
-    if any(
-        t.dtype != torch.int64 or not t.is_contiguous() or t.shape != candidates.shape
-        for t in (candidates, *tree)
+    if (
+        lib is None
+        or graph_safe()
+        or candidates.dim() != 2
+        or not index_arrays(candidates, *tree, target)
+        or target.numel() != candidates.numel()
+        or any(t.shape != candidates.shape for t in tree)
     ):
         return None
+    batch, n = candidates.shape
     accept_index = torch.empty(batch, n, dtype=torch.int64)
     accept_lens = torch.empty(batch, dtype=torch.int32)
     tokens = torch.empty(batch, n, dtype=torch.int64)
@@ -420,10 +421,7 @@ def _native_compact(
         or not table.is_contiguous()
         or accept_lens.dtype != torch.int32
         or not accept_lens.is_contiguous()
-        or any(
-            t.dtype != torch.int64 or not t.is_contiguous()
-            for t in (accept_index, seq_lens, req_pool_indices)
-        )
+        or not index_arrays(accept_index, seq_lens, req_pool_indices)
         or not accept_lens.numel() == seq_lens.numel() == req_pool_indices.numel() == batch
     ):
         return None
@@ -438,7 +436,7 @@ def _native_compact(
         buffer.data_ptr(),
         planes,
         size,
-        buffer[0, 0].numel() * buffer.element_size(),
+        buffer.stride(1) * buffer.element_size(),  # a slot's bytes in one plane
         table.data_ptr(),
         table.shape[0],
         table.shape[1],
