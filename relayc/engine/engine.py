@@ -144,10 +144,11 @@ class Engine:
     ``assistant_confidence_threshold``: a request stops drafting after a draft below its
     threshold, adapted per request from its acceptances (``relayc.engine.draft.standalone``);
     ``num_steps`` is the longest chain. Lossless; None (default) drafts ``num_steps`` always.
-    ``draft_quantization="q8_0"``: the drafter's matrices (an EAGLE head's layer, ``fc``
-    and vocabulary head; a standalone draft model's linears; never the target's weights it
-    shares) become llama.cpp's Q8_0 in place, which the native CPU decoder reads in about
-    half the time of bfloat16 words (SGLang's ``speculative_draft_model_quantization``).
+    ``draft_quantization="q8_0"`` (or ``"q4_1"``, ``"q4_0"``): the drafter's matrices (an
+    EAGLE head's layer, ``fc`` and vocabulary head; a standalone draft model's linears; never
+    the target's weights it shares) become llama.cpp's Q8_0 (Q4_1, Q4_0) in place, which the
+    native CPU decoder reads in about a half (a third, a quarter) of the time of bfloat16
+    words (SGLang's ``speculative_draft_model_quantization``).
     The drafts change by the weights' rounding, the tokens do not (the target verifies
     them). CPU only, float32 models; a drafter module passed in is quantized too.
 

@@ -1,4 +1,5 @@
-"""Q8_0 quantization of a drafter after loading (``Engine(draft_quantization="q8_0")``)."""
+"""Q8_0, Q4_1 and Q4_0 quantization of a drafter after loading
+(``Engine(draft_quantization="q8_0")``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from relayc.engine import Engine, SamplingParams
 from relayc.engine.checkpoints.blocks import blocks_of, native_blocks
-from relayc.engine.checkpoints.quantize import QUANTIZATIONS, quantize_linears, quantize_q8_0
+from relayc.engine.checkpoints.quantize import QUANTIZATIONS, QUANTIZERS, quantize_linears
 from relayc.engine.engine_args import check_draft_quantization
 from relayc.engine.model import Linear
 from relayc.tools.generate import DRAFT_QUANTIZATIONS
@@ -25,23 +26,31 @@ def _matrix(rows: int, cols: int, seed: int) -> torch.Tensor:
     return w
 
 
+@pytest.mark.parametrize("qtype", QUANTIZATIONS)
 @pytest.mark.parametrize(("rows", "cols"), [(3, 32), (17, 96), (64, 256)])
-def test_q8_0_bytes_are_llama_cpps(rows: int, cols: int) -> None:
-    """The bytes the ``gguf`` package's reference quantizer writes, bit for bit."""
+def test_the_bytes_are_llama_cpps(qtype: str, rows: int, cols: int) -> None:
+    """The bytes the ``gguf`` package's reference quantizer writes, bit for bit, and the
+    weights they hold are what the blocks dequantize to."""
     w = _matrix(max(rows, 3), cols, seed=cols)
-    blocks = quantize_q8_0(w)
-    want = gguf_quantize(w.numpy(), GGMLQuantizationType.Q8_0)
-    assert blocks.qtype == "Q8_0" and blocks.cols == cols
+    w[2, :32] = 0.3  # an all-equal block: Q4_1's d = 0
+    blocks = QUANTIZERS[qtype](w)
+    want = gguf_quantize(w.numpy(), getattr(GGMLQuantizationType, qtype.upper()))
+    assert blocks.qtype == qtype.upper() and blocks.cols == cols
     np.testing.assert_array_equal(blocks.data.numpy(), want.reshape(blocks.data.shape))
+    error = (blocks.dequantize() - w).abs().amax(dim=1)
+    scale = w.abs().amax(dim=1)
+    assert bool((error <= scale / {"q8_0": 100, "q4_1": 10, "q4_0": 6}[qtype]).all())
 
 
-def test_q8_0_refuses_what_it_cannot_hold() -> None:
-    with pytest.raises(ValueError, match="whole blocks of 32 columns"):
-        quantize_q8_0(torch.zeros(4, 48))
+@pytest.mark.parametrize("qtype", QUANTIZATIONS)
+def test_quantizers_refuse_what_they_cannot_hold(qtype: str) -> None:
+    quantize = QUANTIZERS[qtype]
+    with pytest.raises(ValueError, match=f"{qtype.upper()} quantizes matrices of whole blocks"):
+        quantize(torch.zeros(4, 48))
     bad = torch.zeros(2, 32)
     bad[1, 3] = float("nan")
-    with pytest.raises(ValueError, match="infinite or NaN"):
-        quantize_q8_0(bad)
+    with pytest.raises(ValueError, match=f"{qtype.upper()} cannot hold infinite or NaN"):
+        quantize(bad)
 
 
 class _Drafter(torch.nn.Module):
@@ -79,15 +88,16 @@ def test_quantize_linears_keeps_shared_and_unfit_weights() -> None:
         step = before[name].abs().reshape(-1, 32).amax(-1, keepdim=True) / 127
         error = (weight - before[name]).abs().reshape(-1, 32)
         assert bool((error <= step * (0.5 + 127 * 2**-11)).all())
-    with pytest.raises(ValueError, match="unknown quantization 'q4_0'"):
-        quantize_linears(drafter, "q4_0")
+    with pytest.raises(ValueError, match="unknown quantization 'q2_k'"):
+        quantize_linears(drafter, "q2_k")
 
 
 def test_draft_quantization_argument_is_checked() -> None:
     assert DRAFT_QUANTIZATIONS == QUANTIZATIONS  # `relayc generate --draft-quantization`
     assert check_draft_quantization(None) is None
     assert check_draft_quantization("Q8_0") == "q8_0"
-    with pytest.raises(ValueError, match="one of 'q8_0' or None; got 'int4'"):
+    assert check_draft_quantization("Q4_1") == "q4_1"
+    with pytest.raises(ValueError, match="one of 'q8_0', 'q4_1', 'q4_0' or None; got 'int4'"):
         check_draft_quantization("int4")
     with pytest.raises(TypeError, match="got True"):
         check_draft_quantization(True)
@@ -100,16 +110,23 @@ def greedy_none() -> list[list[int]]:
     return [o.token_ids for o in engine.generate(prompts, SamplingParams(max_new_tokens=20))]
 
 
-@pytest.mark.parametrize("algorithm", ["eagle3", "standalone"])
-def test_quantized_drafters_keep_the_tokens(algorithm: str, greedy_none: list[list[int]]) -> None:
-    """The drafter reads Q8_0 blocks; the target verifies, so every token is `none`'s."""
-    engine = Engine(algorithm=algorithm, overlap=False, draft_quantization="q8_0")
+@pytest.mark.parametrize(
+    ("algorithm", "qtype"),
+    [("eagle3", "q8_0"), ("standalone", "q8_0"), ("eagle3", "q4_1"), ("standalone", "q4_0")],
+)
+def test_quantized_drafters_keep_the_tokens(
+    algorithm: str, qtype: str, greedy_none: list[list[int]]
+) -> None:
+    """The drafter reads the blocks; the target verifies, so every token is `none`'s."""
+    engine = Engine(algorithm=algorithm, overlap=False, draft_quantization=qtype)
     assert engine.draft_quantized
     (drafter,) = engine.algorithm.draft_modules()
     target = {id(p) for p in engine.model.parameters()}
     quantized = {id(drafter.get_parameter(name)) for name in engine.draft_quantized}
     for name, param in drafter.named_parameters():  # a tied embedding is its head's weight
         assert (id(param) in quantized) == (blocks_of(param) is not None), name
+        blocks = blocks_of(param)
+        assert blocks is None or blocks.qtype == qtype.upper(), name
         assert not (id(param) in quantized and id(param) in target), name
     prompts = ["def fib(n):", "import os\n", "class Relay:"]
     out = engine.generate(prompts, SamplingParams(max_new_tokens=20))
