@@ -362,7 +362,9 @@ def main() -> None:
     parser.add_argument("--draft-model", default=None)
     parser.add_argument("--random-head", action="store_true", help="eagle3: an untrained head")
     parser.add_argument(
-        "--draft-quantization", default=None, help="q8_0: the drafter's matrices as Q8_0"
+        "--draft-quantization",
+        default=None,
+        help="q8_0, q4_1 or q4_0: the drafter's matrices in that llama.cpp format",
     )
     parser.add_argument(
         "--concurrency", type=int, default=0, help="requests queued at a time (0: all)"

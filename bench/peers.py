@@ -458,17 +458,23 @@ REAL_RELAYC: list[tuple[str, str, dict[str, Any]]] = [
     # Shorter chains: fewer verify rows and head steps for fewer tokens a verify.
     ("relayc eagle3 chain 3", "eagle3", {"num_steps": 2, "topk": 1, "num_draft_tokens": 3}),
     ("relayc eagle3 chain 2", "eagle3", {"num_steps": 1, "topk": 1, "num_draft_tokens": 2}),
-    # The head read as Q8_0 (Engine(draft_quantization=...)): half the bytes of its bfloat16
-    # words, the same tokens (float32 only: the bfloat16 rows skip it).
-    (
-        "relayc eagle3 chain q8_0 head",
-        "eagle3",
-        {"num_steps": 3, "topk": 1, "num_draft_tokens": 4, "draft_quantization": "q8_0"},
-    ),
+    # The head read as Q8_0 or Q4_1 (Engine(draft_quantization=...)): a half or a third of
+    # the bytes of its bfloat16 words, the same tokens (float32 only: the bfloat16 rows skip
+    # them).
     (
         "relayc eagle3 chain 3 q8_0 head",
         "eagle3",
         {"num_steps": 2, "topk": 1, "num_draft_tokens": 3, "draft_quantization": "q8_0"},
+    ),
+    (
+        "relayc eagle3 chain 3 q4_1 head",
+        "eagle3",
+        {"num_steps": 2, "topk": 1, "num_draft_tokens": 3, "draft_quantization": "q4_1"},
+    ),
+    (
+        "relayc eagle3 chain q4_1 head",
+        "eagle3",
+        {"num_steps": 3, "topk": 1, "num_draft_tokens": 4, "draft_quantization": "q4_1"},
     ),
 ]
 

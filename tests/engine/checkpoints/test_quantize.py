@@ -23,6 +23,9 @@ def _matrix(rows: int, cols: int, seed: int) -> torch.Tensor:
     w[0, :32] = 0.0  # an all-zero block: d = 0, every q 0
     w[1, :32] = torch.arange(-16, 16) * 0.25  # exact halves of d: the rounding's ties
     w[2, 32:64] = -w[2, 32:64].abs()  # a block whose maximum is negative
+    if cols >= 64:  # largest magnitudes of both signs: Q4_0 takes the first one's sign
+        w[0, 32:64] = torch.linspace(-0.25, 0.25, 32)
+        w[0, 40], w[0, 33] = 0.5, -0.5
     return w
 
 
