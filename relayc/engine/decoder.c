@@ -1863,14 +1863,18 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
  * causally, its K/V written to out_cache_loc [B, W] (NULL: the slots req_to_token holds at
  * those positions, 0 for padding rows), then the head's norm and LM head over each
  * request's last real row. g [B, hidden] receives those rows' outputs, logits
- * [B, vocab_padded] and argmax [B] the head's. float32 (m->kind 0 or 2) only. Returns 0,
- * or a negative code, before anything is written, for an index out of range (-5 a token
- * id, -2 a request row, -3 / -4 a KV slot) or bad arguments (-2). */
+ * [B, vocab_padded] and argmax [B] the head's. feature_rows [B, W] (NULL: row t reads
+ * features' row t): the row of features [feature_count, F] each real row reads -- a
+ * verify's states where each accepted node's row lies, gathered here instead of copied
+ * into a [B, W, F] tensor first. float32 (m->kind 0 or 2) only. Returns 0, or a negative
+ * code, before anything is written, for an index out of range (-5 a token id, -2 a
+ * request row or a feature row, -3 / -4 a KV slot) or bad arguments (-2). */
 int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
                         const int32_t *req_to_token, int64_t table_rows, int64_t table_width,
                         const int64_t *req_pool_indices, const int64_t *prefix_lens,
                         const int64_t *lens, const int64_t *out_cache_loc,
-                        const int64_t *input_ids, const float *features, int F, const void *fc,
+                        const int64_t *input_ids, const float *features, int F,
+                        const int64_t *feature_rows, int64_t feature_count, const void *fc,
                         int fc_format, const float *in_norm, float in_eps,
                         const float *hidden_norm, float hidden_eps, float *g, float *logits,
                         int64_t *argmax) {
@@ -1888,6 +1892,10 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
         for (int i = 0; i < W && i < lens[b]; i++) {
             const int64_t id = input_ids[(size_t)b * W + i];
             if (id < 0 || id >= m->vocab_rows) return -5;
+            if (feature_rows != NULL &&
+                (feature_rows[(size_t)b * W + i] < 0 ||
+                 feature_rows[(size_t)b * W + i] >= feature_count))
+                return -2;
         }
     }
     const size_t floats = (size_t)T * F + (size_t)T * H * 2 + (size_t)T * 2 * H +
@@ -1907,8 +1915,9 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
         for (int i = 0; i < W; i++) {
             const size_t t = (size_t)b * W + i;
             const int real = i < lens[b];
+            const int64_t row = feature_rows != NULL ? feature_rows[t] : (int64_t)t;
             if (real)
-                memcpy(feat + t * F, features + t * F, sizeof(float) * (size_t)F);
+                memcpy(feat + t * F, features + (size_t)row * F, sizeof(float) * (size_t)F);
             else
                 memset(feat + t * F, 0, sizeof(float) * (size_t)F);
             int64_t col = prefix_lens[b] + i;

@@ -84,16 +84,24 @@ class TokenToKVPool:
         self.size = size
         self.device = torch.device(device)
         self.check = check
-        self._free = torch.arange(1, size + 1, dtype=torch.int64, device=self.device)
+        self._buffer = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._start = self._end = 0
+        self.reset()
+
+    @property
+    def _free(self) -> torch.Tensor:
+        """The free slots, oldest first (a view of the buffer)."""
+        return self._buffer[self._start : self._end]
 
     def available_size(self) -> int:
-        return self._free.numel()
+        return self._end - self._start
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """``n`` KV slots as an int64 tensor, or None when fewer than ``n`` are free."""
-        if n > self._free.numel():
+        if n > self._end - self._start:
             return None
-        taken, self._free = self._free[:n], self._free[n:]
+        taken = self._buffer[self._start : self._start + n]
+        self._start += n
         return taken
 
     def free(self, slots: torch.Tensor) -> None:
@@ -107,11 +115,27 @@ class TokenToKVPool:
             doubled = set(host) & set(self._free.tolist())
             if doubled or len(set(host)) != len(host):
                 raise ValueError(f"KV slots freed twice: {sorted(doubled) or host}")
-        self._free = torch.cat([self._free, slots])
+        n = slots.numel()
+        if self._end + n > self._buffer.numel():
+            # A new buffer (the free slots at its front): slots handed out are views of the
+            # old one, which stays theirs; only past ``_end`` is ever written.
+            live = self._free
+            size = 2 * max(self.size, live.numel() + n)
+            self._buffer = torch.empty(size, dtype=torch.int64, device=self.device)
+            self._buffer[: live.numel()] = live
+            self._start, self._end = 0, live.numel()
+        self._buffer[self._end : self._end + n] = slots
+        self._end += n
 
     def reset(self) -> None:
-        """Every slot free, as new."""
-        self._free = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        """Every slot free, as new. The free list is ``_buffer[_start:_end]``: ``alloc``
+        takes from its front, ``free`` appends at its back (one copy of the freed slots,
+        where a new list would copy every free slot)."""
+        self._buffer = torch.empty(2 * self.size, dtype=torch.int64, device=self.device)
+        self._buffer[: self.size] = torch.arange(
+            1, self.size + 1, dtype=torch.int64, device=self.device
+        )
+        self._start, self._end = 0, self.size
 
 
 class KVCache:

@@ -193,9 +193,11 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_accept_greedy.argtypes = [i, i, i, p, p, p, p, p, p, p, p, p]
     lib.relayc_accept_greedy.restype = i
     # the model (the draft layer and head); batch, width, prefix columns; req_to_token, its
-    # rows and width; rows, prefix lengths, lens, slots, ids, features and their width; fc
-    # and its format; the two input norms' weights and eps; then g, logits, argmax
-    lib.relayc_draft_extend.argtypes = [p, i, i, i, p, q, q, *[p] * 6, i, p, i, p, f, p, f, p, p, p]
+    # rows and width; rows, prefix lengths, lens, slots, ids, features and their width, the
+    # feature rows and how many there are; fc and its format; the two input norms' weights
+    # and eps; then g, logits, argmax
+    lib.relayc_draft_extend.argtypes = [p, i, i, i, p, q, q, *[p] * 6, i, p, q, p, i, p, f, p, f]
+    lib.relayc_draft_extend.argtypes += [p, p, p]
     lib.relayc_draft_extend.restype = i
     # batch, window width; the windows and their row stride, accept_index; the K/V buffer,
     # its planes, slots and row bytes; req_to_token, its rows and width; rows, sequence

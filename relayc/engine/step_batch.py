@@ -37,6 +37,12 @@ def _host(values: Sequence[int] | Sequence[float], dtype: torch.dtype, pin: bool
     return tensor.pin_memory() if pin else tensor
 
 
+def _chain_mask(batch: int, width: int, device: torch.device | str) -> torch.Tensor:
+    """``[batch, width, width]`` bool: each window's tokens see the window's earlier ones."""
+    chain = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    return chain.expand(batch, -1, -1)
+
+
 @dataclass(frozen=True)
 class DecodeRows:
     """The tensors of a decode batch that depend only on which requests it holds, in order.
@@ -56,7 +62,7 @@ class DecodeRows:
     commit_rows: torch.Tensor  # [B * W] int64
     sampling: SamplingBatch  # host tensors
     all_greedy: bool
-    offsets: torch.Tensor  # [W] int64, 0..W-1: a window's positions past its prefix
+    chain_mask: torch.Tensor | None  # [B, W, W] bool (expanded), a window's causal mask; W 1: None
 
     @classmethod
     def build(cls, requests: Sequence[Request], width: int, pin: bool) -> DecodeRows:
@@ -80,7 +86,7 @@ class DecodeRows:
             commit_rows=_host([s for s in slots for _ in range(width)], torch.int64, pin),
             sampling=sampling,
             all_greedy=not bool((sampling.temperatures > 0).any()),
-            offsets=torch.arange(width, dtype=torch.int64),
+            chain_mask=None if width == 1 else _chain_mask(len(slots), width, "cpu"),
         )
 
     def holds(self, requests: Sequence[Request], width: int) -> bool:
@@ -108,6 +114,7 @@ class HostStep:
     max_extend_len: int
     width: int = 1  # decode: tokens (KV window slots) per request
     samples: list[bool] = field(default_factory=list)  # per request: its token is real
+    chain_mask: torch.Tensor | None = None  # decode, width > 1: DecodeRows.chain_mask (host)
     all_greedy: bool = False  # no request samples (host knowledge)
 
     @classmethod
@@ -142,9 +149,15 @@ class HostStep:
         """
         if rows is None:
             rows = DecodeRows.build(requests, width, pin)
-        prefix = torch.tensor([r.kv_len_hint for r in requests], dtype=torch.int64)
-        positions = prefix if width == 1 else (prefix[:, None] + rows.offsets).view(-1)
-        sample_positions = prefix + width
+        # From the lengths on the host: three tensors made, not two made and three computed.
+        hints = [r.kv_len_hint for r in requests]
+        prefix = torch.tensor(hints, dtype=torch.int64)
+        positions = (
+            prefix
+            if width == 1
+            else torch.tensor([p + j for p in hints for j in range(width)], dtype=torch.int64)
+        )
+        sample_positions = torch.tensor([p + width for p in hints], dtype=torch.int64)
         if pin:
             prefix, sample_positions = prefix.pin_memory(), sample_positions.pin_memory()
             positions = prefix if width == 1 else positions.pin_memory()
@@ -169,6 +182,7 @@ class HostStep:
             width=width,
             samples=[True] * len(requests),
             all_greedy=rows.all_greedy,
+            chain_mask=rows.chain_mask,
         )
 
     @classmethod
@@ -238,8 +252,11 @@ class HostStep:
             mode = ForwardMode.DECODE
         else:
             mode = ForwardMode.VERIFY
-            chain = torch.ones(self.width, self.width, dtype=torch.bool, device=device).tril()
-            tree_mask = chain.expand(len(self.requests), -1, -1)
+            tree_mask = (
+                self.chain_mask
+                if on_host and self.chain_mask is not None
+                else _chain_mask(len(self.requests), self.width, device)
+            )
         forward = ForwardBatch(
             mode=mode,
             input_ids=dev(self.input_ids),

@@ -34,6 +34,34 @@ def test_kv_pool_check_catches_double_free_and_padding_slot() -> None:
     assert pool.available_size() == 4
 
 
+def test_kv_pool_is_first_freed_first_reused_and_never_rewrites_slots_in_use() -> None:
+    """Slots come back in the order they were freed, through many refills of the free
+    list's buffer, and a tensor ``alloc`` returned keeps its values while it is held."""
+    size = 7
+    pool = TokenToKVPool(size, check=True)
+    order = list(range(1, size + 1))  # the free list as a plain list
+    held: list[tuple[torch.Tensor, list[int]]] = []
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        if held and (len(order) < 3 or torch.rand(1, generator=g).item() < 0.5):
+            slots, values = held.pop(int(torch.randint(len(held), (1,), generator=g)))
+            assert slots.tolist() == values  # nothing wrote it while it was held
+            keep = int(torch.randint(len(values) + 1, (1,), generator=g))
+            pool.free(slots[keep:])  # a verify's unaccepted tail
+            order += values[keep:]
+            if keep:
+                held.append((slots[:keep], values[:keep]))
+        else:
+            n = int(torch.randint(1, len(order) + 1, (1,), generator=g))
+            slots = pool.alloc(n)
+            assert slots is not None and slots.tolist() == order[:n]
+            order = order[n:]
+            held.append((slots, slots.tolist()))
+        assert pool.available_size() == len(order)
+    for slots, values in held:
+        assert slots.tolist() == values
+
+
 def test_req_pool_never_hands_out_slot_zero() -> None:
     pool = ReqToTokenPool(3, max_context=16)
     assert pool.req_to_token.shape == (4, 16) and pool.req_to_token.dtype == torch.int32

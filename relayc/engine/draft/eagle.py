@@ -239,7 +239,9 @@ class EagleHead(nn.Module):
                 f"with num_steps >= 1; got {list(scratch_cache_loc.shape)}, num_steps={num_steps}"
             )
         chain = self.chain_shortcut and keeps_every_draft(topk, num_steps, num_draft_tokens)
-        if chain and num_steps > 1 and self.native_draft is not None:
+        if chain and num_steps == 1:
+            return chain_tree(topk_index[:, :1])  # the relayed top-1 is the whole chain
+        if chain and self.native_draft is not None:
             made = self.native_draft.chain(
                 cast("Eagle3Head", self),  # only an EAGLE-3 head has a NativeDraft
                 topk_index[:, 0],

@@ -53,6 +53,7 @@ from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.layers import TargetParts, check_head_config
 from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.draft.paged import (
+    gather_rows,
     last_rows,
     padded_extend_batch,
     padding_rows_zeroed,
@@ -167,6 +168,7 @@ class Eagle3Head(EagleHead):
 
     DRAFT_TYPE = "eagle3"
     native_draft: NativeDraft  # always one: draft extend and chains in one native call each
+    extend_gathers_rows = True  # extend takes `feature_rows` (the verify's accepted nodes)
 
     def __init__(
         self,
@@ -354,10 +356,16 @@ class Eagle3Head(EagleHead):
         topk: int,
         max_prefix_len: int,
         out_cache_loc: torch.Tensor | None = None,
+        feature_rows: torch.Tensor | None = None,
     ) -> Eagle3ExtendOutput:
         """Draft extend, as :meth:`EagleHead.extend` lays it out: ``input_ids [B, W]`` are
         *target* ids (the tokens after the ones ``target_features [B, W, 3 * hidden]`` were
-        computed at), ``fc`` projects the features. The next top-k is in draft ids."""
+        computed at), ``fc`` projects the features. The next top-k is in draft ids.
+
+        ``feature_rows [B, W]``: ``target_features`` are a verify's ``[..., 3 * hidden]``
+        and row ``(b, i)`` reads its row ``feature_rows[b, i]`` (of the rows flattened; a
+        real row's must be one of them, a padding row's is not read) -- the accepted nodes'
+        features, gathered in the native call instead of copied out first."""
         batch_size, width = input_ids.shape
         if topk > self.draft_vocab_size:
             raise ValueError(
@@ -375,11 +383,15 @@ class Eagle3Head(EagleHead):
             kv_cache,
             max_prefix_len,
             out_cache_loc,
+            feature_rows,
         )
         if made is not None:  # the same values in one native call
             out, logits = made
             topk_p, topk_index, _ = top_k_probs(logits, topk)
             return Eagle3ExtendOutput(topk_p, topk_index, out)
+        if feature_rows is not None:  # padding rows' entries are not read
+            real = torch.arange(width, device=lens.device)[None, :] < lens[:, None]
+            target_features = gather_rows(target_features, torch.where(real, feature_rows, -1))
         input_ids, target_features = padding_rows_zeroed(lens, input_ids, target_features)
         batch = padded_extend_batch(
             input_ids,

@@ -6,8 +6,9 @@ of an EAGLE-3 iteration's Python (``bench/engine.py --steps``: some 1.2 ms the e
 1 ms the chain of a 4-token chain, beside 1 ms for the rest of the step).
 
 **Draft extend** (decoder.c's ``relayc_draft_extend``, :meth:`NativeDraft.extend`): what
-``Eagle3Head.extend`` runs as about twenty torch calls and four native ones -- padding
-rows zeroed, the padded batch's slots and positions, ``fc``, the embedding, the two input
+``Eagle3Head.extend`` runs as about twenty torch calls and four native ones -- the
+accepted nodes' features gathered from the verify's (``feature_rows``), padding rows
+zeroed, the padded batch's slots and positions, ``fc``, the embedding, the two input
 norms, the attention metadata, the layer, the last real rows, the head -- in one call
 with the same native functions on the same values: the same ``g``, logits and K/V bits.
 The relayed top-k (a softmax and its top-k) stays in torch, so its probabilities keep
@@ -125,10 +126,12 @@ class NativeDraft:
         kv_cache: KVCache,
         max_prefix_len: int,
         out_cache_loc: torch.Tensor | None,
+        feature_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``Eagle3Head.extend``'s ``g [B, hidden]`` of each request's last real row and
         its logits ``[B, draft_vocab]``, in one native call (decoder.c's
-        ``relayc_draft_extend``); None: run it step by step."""
+        ``relayc_draft_extend``; ``feature_rows`` as ``Eagle3Head.extend`` takes it); None:
+        run it step by step."""
         batch, width = input_ids.shape
         if (
             not index_arrays(input_ids, lens, prefix_lens, req_pool_indices)
@@ -136,10 +139,14 @@ class NativeDraft:
                 out_cache_loc is not None
                 and not (index_arrays(out_cache_loc) and out_cache_loc.shape == input_ids.shape)
             )
+            or (
+                feature_rows is not None
+                and not (index_arrays(feature_rows) and feature_rows.shape == input_ids.shape)
+            )
             or target_features.dtype != torch.float32
             or not target_features.is_contiguous()
             or target_features.dim() != 3
-            or target_features.shape[:2] != input_ids.shape
+            or (feature_rows is None and target_features.shape[:2] != input_ids.shape)
             or not lens.numel() == prefix_lens.numel() == req_pool_indices.numel() == batch
             or head.fc.weight.dtype != torch.float32
             or head.fc.weight.device.type != "cpu"
@@ -170,6 +177,8 @@ class NativeDraft:
             input_ids.data_ptr(),
             target_features.data_ptr(),
             target_features.shape[2],
+            None if feature_rows is None else feature_rows.data_ptr(),
+            target_features.shape[0] * target_features.shape[1],
             fc.packed.data_ptr(),
             fc.format,
             norms[0].weight.data_ptr(),

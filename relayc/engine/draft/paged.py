@@ -94,6 +94,13 @@ def padding_rows_zeroed(
     return torch.where(valid, input_ids, 0), torch.where(valid[:, :, None], states, 0)
 
 
+def gather_rows(states: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``states [..., hidden]``' rows (flattened to ``[R, hidden]``) at ``rows [B, W]``:
+    ``[B, W, hidden]``, zero where ``rows`` is negative (never NaN)."""
+    flat = states.reshape(-1, states.shape[-1])
+    return torch.where((rows >= 0)[:, :, None], flat[rows.clamp(min=0)], 0)
+
+
 def last_rows(lens: torch.Tensor, width: int) -> torch.Tensor:
     """Flat row of each request's last real token in a padded ``[B, width]`` batch."""
     batch = lens.shape[0]

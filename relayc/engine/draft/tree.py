@@ -25,6 +25,7 @@ except the small-batch CPU host loop of :func:`tree_from_parents`, which
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import NamedTuple
 
 import torch
@@ -174,6 +175,38 @@ def mtp_select(topk_p: torch.Tensor, topk_index: torch.Tensor, num_draft_tokens:
     return organize_draft_results(levels, num_draft_tokens)
 
 
+# Constant layout tensors of the CPU path, by (what, shape..., device); see layout_constant.
+_CONSTANTS: dict[tuple[Hashable, ...], torch.Tensor] = {}
+_MAX_CONSTANTS = 256
+
+
+def layout_constant(
+    key: tuple[Hashable, ...],
+    device: torch.device,
+    make: Callable[[], torch.Tensor],
+    *,
+    shared: bool = False,
+) -> torch.Tensor:
+    """``make()``'s value -- a layout that depends only on ``key`` (shapes, never data).
+
+    On the CPU it is made once per ``(key, device)`` and kept; each call returns a fresh
+    copy, so a step that writes an output in place changes only its own (one copy in place
+    of the several small ops that make it: each costs tens of microseconds right after a
+    forward has streamed the weights through the caches); ``shared``: the kept tensor
+    itself, for a caller that only reads it. Elsewhere ``make()`` runs each time, so a
+    CUDA graph captures the making and owns what it made.
+    """
+    if device.type != "cpu":
+        return make()
+    full = (*key, str(device))
+    kept = _CONSTANTS.get(full)
+    if kept is None:
+        if len(_CONSTANTS) >= _MAX_CONSTANTS:
+            _CONSTANTS.clear()
+        kept = _CONSTANTS[full] = make()
+    return kept if shared else kept.clone()
+
+
 def keeps_every_draft(topk: int, num_steps: int, num_draft_tokens: int) -> bool:
     """A chain whose every draft is verified (topk 1, ``num_draft_tokens = num_steps + 1``):
     one candidate a level, all of them kept in order, so its tree is :func:`chain_tree`'s."""
@@ -184,12 +217,14 @@ def chain_tree(draft_tokens: torch.Tensor) -> DraftTree:
     """A chain of ``S`` drafts ``[B, S]`` as topk-1 drafting results (N = S + 1)."""
     batch, steps = draft_tokens.shape
     device = draft_tokens.device
-    parents = torch.arange(-1, steps - 1, dtype=torch.int64, device=device).expand(batch, -1)
+
+    def ramp(start: int) -> torch.Tensor:
+        row = torch.arange(start, start + steps, dtype=torch.int64, device=device)
+        return row.expand(batch, -1).contiguous()
+
     return DraftTree(
-        parent_list=parents.contiguous(),
-        top_scores_index=torch.arange(steps, dtype=torch.int64, device=device)
-        .expand(batch, -1)
-        .contiguous(),
+        parent_list=layout_constant(("chain parents", batch, steps), device, lambda: ramp(-1)),
+        top_scores_index=layout_constant(("chain order", batch, steps), device, lambda: ramp(0)),
         draft_tokens=draft_tokens.to(torch.int64),
     )
 

@@ -16,6 +16,7 @@ import threading
 import torch
 
 from relayc.engine.draft.ngram import splice_proposals
+from relayc.engine.draft.paged import gather_rows
 from relayc.engine.draft.standalone import DraftConfidence
 from relayc.engine.draft.tree import mtp_select, tree_from_parents
 from relayc.engine.ops.context import StepContext
@@ -125,14 +126,6 @@ def impl_eagle3_prefill(
     }
 
 
-def _verify_states(hidden_states: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:
-    """The accepted nodes' target hidden states `[B, N, H]`, zero where padded (never NaN)."""
-    batch, n, width = hidden_states.shape
-    valid = accept_index >= 0
-    flat = hidden_states.reshape(batch * n, width)
-    return torch.where(valid[:, :, None], flat[accept_index.clamp(min=0)], 0)
-
-
 def _draft_extend_accepted(
     ctx: StepContext,
     *,
@@ -143,10 +136,17 @@ def _draft_extend_accepted(
     seq_lens: torch.Tensor,
     req_pool_indices: torch.Tensor,
 ):  # type: ignore[no-untyped-def]
+    """Draft extend over the accepted nodes: their target hidden states `[B, N, H]` (zero
+    where padded), or -- a drafter whose extend takes `feature_rows` (its
+    `extend_gathers_rows`) -- the verify's states and each row's node, gathered there."""
     lens = accept_lens.to(torch.int64)
+    if getattr(ctx.drafter, "extend_gathers_rows", False):
+        states, rows = hidden_states, {"feature_rows": accept_index}
+    else:
+        states, rows = gather_rows(hidden_states, accept_index), {}
     return ctx.drafter.extend(
         accept_tokens,
-        _verify_states(hidden_states, accept_index),
+        states,
         lens,
         seq_lens - lens,
         req_pool_indices,
@@ -154,6 +154,7 @@ def _draft_extend_accepted(
         ctx.extras["draft_kv"],
         topk=ctx.dims["topk"],
         max_prefix_len=ctx.max_prefix_len,
+        **rows,
         **_coins_kwarg(ctx, seq_lens),
     )
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from relayc.engine import native
-from relayc.engine.draft.tree import keeps_every_draft
+from relayc.engine.draft.tree import keeps_every_draft, layout_constant
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.fused_forward import index_arrays
 from relayc.engine.ops.context import StepContext
@@ -97,14 +97,32 @@ def _chain_layout(
     batch, drafts = draft_tokens.shape
     n = drafts + 1
     device = draft_tokens.device
-    nodes = torch.arange(n, device=device)
+    nodes = layout_constant(
+        ("chain nodes", n), device, lambda: torch.arange(n, device=device), shared=True
+    )
     return {
         "candidates": torch.cat([bonus_tokens[:, None], draft_tokens], dim=1).to(torch.int64),
-        "tree_mask": torch.ones(batch, n, n, dtype=torch.bool, device=device).tril(),
+        "tree_mask": layout_constant(
+            ("chain mask", batch, n),
+            device,
+            lambda: torch.ones(batch, n, n, dtype=torch.bool, device=device).tril(),
+        ),
         "positions": seq_lens[:, None].to(torch.int64) + nodes,
-        "retrive_index": torch.arange(batch, device=device)[:, None] * n + nodes,
-        "retrive_next_token": torch.where(nodes + 1 < n, nodes + 1, -1).repeat(batch, 1),
-        "retrive_next_sibling": torch.full((batch, n), -1, dtype=torch.int64, device=device),
+        "retrive_index": layout_constant(
+            ("chain retrive_index", batch, n),
+            device,
+            lambda: torch.arange(batch, device=device)[:, None] * n + nodes,
+        ),
+        "retrive_next_token": layout_constant(
+            ("chain retrive_next_token", batch, n),
+            device,
+            lambda: torch.where(nodes + 1 < n, nodes + 1, -1).repeat(batch, 1),
+        ),
+        "retrive_next_sibling": layout_constant(
+            ("chain retrive_next_sibling", batch, n),
+            device,
+            lambda: torch.full((batch, n), -1, dtype=torch.int64, device=device),
+        ),
     }
 
 

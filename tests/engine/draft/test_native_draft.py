@@ -15,7 +15,7 @@ from relayc.engine.draft.tree import DraftTree
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.native import native_decoder
 from tests.engine.draft import test_eagle3 as eagle3_tests
-from tests.engine.draft.helpers import SMALL
+from tests.engine.draft.helpers import MAX_CONTEXT, SMALL, padded, padded_states
 from tests.engine.draft.test_eagle3 import DRAFT_VOCAB, Prefilled, draft, extend
 
 # the EAGLE-3 tests' target and head
@@ -147,6 +147,63 @@ def test_a_bad_token_id_in_the_extend_raises_the_step_by_step_error(
     pre.ids[0][1] = SMALL.vocab_size  # past the target's vocabulary
     with pytest.raises(IndexError):
         _extended(head, pre, 1, None)
+    assert extends == [False]
+
+
+def _extended_from_rows(head: Eagle3Head, pre: Prefilled, rows_of: str) -> list[torch.Tensor]:
+    """The extend of :func:`_extended` with its features read through ``feature_rows`` from a
+    verify-like tensor: every real row moved to another place, the rest noise; padding rows'
+    entries ``rows_of`` ("noise": out of range, never read; "bad": a real row's too)."""
+    features = padded_states(pre.features)  # [B, W, F]
+    batch, width, size = features.shape
+    g = torch.Generator().manual_seed(9)
+    source = torch.randn(batch, width + 3, size, generator=g) * 1e6  # never read
+    order = torch.randperm(batch * (width + 3), generator=g)[: batch * width].view(batch, width)
+    source.view(-1, size)[order.view(-1)] = features.reshape(-1, size)
+    real = torch.arange(width)[None, :] < pre.seq_lens[:, None]
+    rows = torch.where(real, order, 10**6)
+    if rows_of == "bad":
+        rows[0, 0] = batch * (width + 3)  # one past the last row
+    kv = head.make_kv_cache(pre.driver.kv_cache.size)
+    out = head.extend(
+        padded(pre.ids),
+        source,
+        pre.seq_lens,
+        torch.zeros(batch, dtype=torch.int64),
+        torch.tensor(pre.reqs),
+        pre.req_to_token,
+        kv,
+        topk=1,
+        max_prefix_len=MAX_CONTEXT,
+        feature_rows=rows,
+    )
+    return [*out, kv.k[0], kv.v[0]]
+
+
+def test_the_extend_gathers_its_feature_rows(
+    target: LlamaForCausalLM,
+    head: Eagle3Head,
+    extends: list[bool],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``feature_rows``: each real row's features read where they lie (the accepted nodes of
+    a verify), natively and step by step: the same as the features handed in place."""
+    pre = Prefilled(target, head.capture)
+    want = _extended(head, pre, 1, None)
+    got = _extended_from_rows(head, pre, "noise")
+    assert extends == [True, True]
+    monkeypatch.setattr(NativeDraft, "extend", lambda self, *args: None)
+    eager = _extended_from_rows(head, pre, "noise")
+    for a, b, c in zip(got, eager, want, strict=True):
+        assert torch.equal(a, c) and torch.equal(b, c)
+
+
+def test_a_bad_feature_row_raises_the_step_by_step_error(
+    target: LlamaForCausalLM, head: Eagle3Head, extends: list[bool]
+) -> None:
+    pre = Prefilled(target, head.capture)
+    with pytest.raises(IndexError):
+        _extended_from_rows(head, pre, "bad")
     assert extends == [False]
 
 
