@@ -40,4 +40,8 @@ def test_gpu_check_passes_on_the_cpu() -> None:
 def test_gpu_check_real_model_section_on_the_cpu() -> None:
     out = run_gpu_check("--only", "eagle3", "--real-model")
     assert "real model: SmolLM2-135M-Instruct, bfloat16" in out
-    assert out.count("graph == eager") == 2  # eagle3 on the random model and on SmolLM2
+    # eagle3 on the random model, and on SmolLM2 as a tree and as the chain of 2
+    assert out.count("graph == eager") == 3
+    # SmolLM2's shipped head (not a random one) drafts tokens the target accepts
+    chain = next(line for line in out.splitlines() if line.startswith("eagle3 chain 2"))
+    assert float(chain.rsplit("accept", 1)[1]) > 1.0, chain
