@@ -323,17 +323,21 @@ def test_without_a_compiler_the_scripted_layers_run_with_one_warning(
 
 
 def test_the_native_library_is_cached_by_source_and_flags(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, seeded_cache: Any
 ) -> None:
+    """A cache holding the build of this source and these flags hands it back unbuilt;
+    other flags build another file beside it."""
     monkeypatch.setenv("RELAYC_CACHE_DIR", str(tmp_path))
     compiler = native_module._compiler()
     assert compiler is not None
+    stamp = seeded_cache.stat().st_mtime_ns
     first = native_module._build(compiler)
-    assert first.parent == tmp_path and first.exists()
-    stamp = first.stat().st_mtime_ns
+    assert first == seeded_cache and first.stat().st_mtime_ns == stamp
     assert native_module._build(compiler) == first and first.stat().st_mtime_ns == stamp
     monkeypatch.setattr(native_module, "FLAGS", [*native_module.FLAGS, "-DRELAYC_TEST"])
-    assert native_module._build(compiler) != first  # other flags: another file
+    other = native_module._build(compiler)  # other flags: another file, built here
+    assert other != first and other.parent == tmp_path and other.stat().st_size > 0
+    assert first.stat().st_mtime_ns == stamp
     monkeypatch.setenv("RELAYC_NATIVE", "0")
     monkeypatch.setattr(native_module, "_lib", None)
     monkeypatch.setattr(native_module, "_tried", False)

@@ -130,19 +130,16 @@ def test_a_folder_in_place_of_the_build_is_named(fake_cc: FakeCompiler) -> None:
         native_module._build("cc")
 
 
-def test_a_truncated_cached_library_does_not_kill_the_engine(tmp_path: Path) -> None:
-    """The real library, built into a fresh cache and truncated (an interrupted copy):
-    a new process running the engine rebuilds it and decodes natively instead of dying
-    with SIGBUS when the loader maps the missing pages."""
+def test_a_truncated_cached_library_does_not_kill_the_engine(
+    tmp_path: Path, seeded_cache: Path
+) -> None:
+    """The real library in a fresh cache (a copy of this run's build: the same cache key
+    as the child's), truncated (an interrupted copy): a new process running the engine
+    rebuilds it and decodes natively instead of dying with SIGBUS when the loader maps
+    the missing pages."""
     env = {**os.environ, "RELAYC_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
     env.pop("RELAYC_NATIVE", None)
-    compiler = native_module._compiler()
-    assert compiler is not None, "a C compiler should be installed here"
-    real = subprocess.run  # the build, in this process: the same cache key as the child's
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RELAYC_CACHE_DIR", str(tmp_path))
-        target = native_module._build(compiler)
-    assert target.parent == tmp_path
+    target = seeded_cache
     intact = target.read_bytes()
     _truncate(target)
     script = textwrap.dedent(
@@ -155,7 +152,7 @@ def test_a_truncated_cached_library_does_not_kill_the_engine(tmp_path: Path) -> 
         print(len(out[0].token_ids), native.native_decoder() is not None)
         """
     )
-    result = real(
+    result = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
