@@ -186,8 +186,11 @@ enum { BF16_PORTABLE = 0, BF16_AVX512 = 1, BF16_AMX = 2 };
 
 static inline int padded_k(int K) { return (K + 31) / 32 * 32; }
 
-/* Rows of xb a GEMM over M rows needs: AMX reads whole tiles of 16. */
-static inline int padded_rows(int M) { return (M + 15) / 16 * 16; }
+/* Rows of xb a GEMM over M rows needs: from 16 rows AMX reads whole tiles of 16, below
+ * it tiles of M rows (gemm_amx). */
+static inline int padded_rows(int M) { return M < 16 ? M : (M + 15) / 16 * 16; }
+/* The rows of gemm_amx's A and C tiles. */
+static inline int amx_tile_rows(int M) { return M < 16 ? M : 16; }
 
 /* xb[padded_rows(M), Kp] <- bfloat16(x[M, K]), zero past K and past M. */
 static void round_rows(const float *x, int M, int K, uint16_t *xb) {
@@ -404,14 +407,6 @@ struct tile_config {
     uint8_t rows[16];
 };
 
-/* out[M, N] (+)= xb @ w with AMX: tiles 0-3 accumulate 16 rows x 4 panels, tile 4 holds
- * 16 rows x 32 k of xb, tiles 5-7 a panel's 16 pairs x 16 columns (64-byte rows: the
- * panel's layout as is). Below 16 rows the A and C tiles have M rows (a one-row decode
- * 1.1-1.2x faster than with 16: tdpbf16ps's work is the tile's rows; a row's sums are
- * the same, tested); from 16, every C tile is 16 rows (xb has zero rows up to a multiple
- * of 16) and only the rows below M are written out. Four panels at a time, every tile of
- * rows over them while they sit in L2, so the weight is read from memory once whatever M
- * is. */
 /* How many B tiles (1 KiB: 16 pairs of a panel) ahead of its loads each panel is
  * prefetched, continuing into the next group of panels at a group's end. A panel is only
  * K / 32 tiles long (18 for SmolLM2's 576), too short a stream for the hardware
@@ -420,14 +415,22 @@ struct tile_config {
  * tile ahead 33-35 ms, and 8-16 rows 1.3x faster (bench/real_model_forward.py; 1 beat
  * 2, 3, 4 and 8). Prefetches only: the same bits. */
 #define AMX_AHEAD 1
+
+/* out[M, N] (+)= xb @ w with AMX: tiles 0-3 accumulate 16 rows x 4 panels, tile 4 holds
+ * 16 rows x 32 k of xb, tiles 5-7 a panel's 16 pairs x 16 columns (64-byte rows: the
+ * panel's layout as is). Below 16 rows the A and C tiles have M rows (amx_tile_rows: a
+ * one-row decode 1.1-1.2x faster than with 16, as tdpbf16ps's work is the tile's rows; a
+ * row's sums are the same, tested); from 16, every C tile is 16 rows (xb has zero rows up
+ * to a multiple of 16) and only the rows below M are written out. Four panels at a time,
+ * every tile of rows over them while they sit in L2, so the weight is read from memory
+ * once whatever M is. */
 static AMX_TARGET void gemm_amx(const uint16_t *xb, int M, int Kp, const uint16_t *w, int N,
                                 float *out, int add) {
     struct tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    const int short_rows = M < 16 ? M : 16; /* the A and C tiles' rows */
     for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = t < 5 ? short_rows : 16;
+        cfg.rows[t] = t < 5 ? amx_tile_rows(M) : 16;
         cfg.colsb[t] = 64;
     }
     _tile_loadconfig(&cfg);
