@@ -849,20 +849,24 @@ class NativeDraftLayer:
         self, embeds: torch.Tensor, hidden: torch.Tensor, attend: object
     ) -> torch.Tensor | None:
         """``[input_layernorm(embeds); hidden_norm(hidden)]`` ``[T, 2 * hidden]`` float32 in
-        one native call (``relayc_norm_pair``: the norms the target's native layers compute)
-        when the layer will run natively in float32, else None (the caller's modules)."""
+        one native call (``relayc_norm_pair``: the norms the target's native layers compute,
+        in float32 over bfloat16 inputs too -- the layer's first GEMM rounds their output,
+        as the native draft extend and chain do) when the layer will run natively, else
+        None (the caller's modules)."""
         runnable = self._runnable(hidden, attend)
         layer = self.layer
         norms = (layer.input_layernorm.weight, layer.hidden_norm.weight)
         if (
             runnable is None
-            or not embeds.dtype == hidden.dtype == torch.float32
+            or not embeds.dtype == hidden.dtype
+            or embeds.dtype not in NATIVE_DTYPES
             or embeds.shape != hidden.shape
-            or any(w.dtype != torch.float32 or not w.is_contiguous() for w in norms)
+            or any(w.dtype != embeds.dtype or not w.is_contiguous() for w in norms)
             or any(w.shape != embeds.shape[-1:] for w in norms)
         ):
             return None
-        a, b = embeds.contiguous(), hidden.contiguous()
+        norms = (norms[0].float(), norms[1].float())  # themselves when float32
+        a, b = embeds.float().contiguous(), hidden.float().contiguous()
         tokens, width = a.shape
         out = a.new_empty(tokens, 2 * width)
         code = runnable[0].relayc_norm_pair(

@@ -1714,6 +1714,16 @@ static inline void rope_rows(const struct relayc_model *m, int64_t pos, float *c
     memcpy(sin_row, m->sin_table + (size_t)pos * D, sizeof(float) * D);
 }
 
+/* Row `id` of the embedding as float32: the row itself, or its bfloat16 words widened
+ * exactly into `row` (hidden floats). */
+static inline const float *embedding_row(const struct relayc_model *m, int64_t id, float *row) {
+    const size_t H = (size_t)m->hidden;
+    if (!m->embed_bf16) return (const float *)m->embed + (size_t)id * H;
+    const uint16_t *e = (const uint16_t *)m->embed + (size_t)id * H;
+    for (size_t i = 0; i < H; i++) row[i] = from_bf16(e[i]);
+    return row;
+}
+
 /* One decode or verify forward of a paged batch in one call: every request has Q new
  * tokens (B * Q = T rows), the attention metadata as relayc_paged_meta makes it, the
  * embedding and rotary rows gathered, the layers (decode_layers, with `capture` as
@@ -1801,7 +1811,9 @@ static int clear_top(const float *row, int64_t n, int64_t at) {
  * scratch slots of steps 0..s -- what EagleHead._chain_tokens runs through ScratchAttention
  * one step at a time, the same functions on the same values. tokens [B, steps + 1]: column
  * 0 holds the first draft ids; columns 1..steps receive the chain. hidden [B, hidden] is
- * the first step's g. float32 layers (m->kind 0 or 2) and embedding only.
+ * the first step's g. Any kind of layers: with bfloat16 ones (m->kind 1) each step's
+ * output leaves the layer rounded to bfloat16 (decode_layers), as the step-by-step path's
+ * bfloat16 g; an embedding of bfloat16 words is widened exactly before its norm.
  *
  * Returns 0; 1 when a step's greedy token is not clearly the top-1 of its softmax
  * (clear_top; the caller then drafts the chain its own way, which takes that top-1); a
@@ -1815,9 +1827,8 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
                        const int64_t *scratch, const int64_t *d2t, const float *in_norm,
                        float in_eps, const float *hidden_norm, float hidden_eps,
                        const float *hidden, int64_t *tokens) {
-    if (m == NULL || B < 1 || steps < 1 || m->layers != 1 || (m->kind != 0 && m->kind != 2) ||
-        (m->kind == 2) != (m->formats != NULL) || m->embed_bf16 || m->head_format < 0 ||
-        m->vocab < 1)
+    if (m == NULL || B < 1 || steps < 1 || m->layers != 1 || m->kind < 0 || m->kind > 2 ||
+        (m->kind == 2) != (m->formats != NULL) || m->vocab < 1)
         return -2;
     int code = paged_meta_check(B, 1, p_max, table_rows, table_width, req_pool_indices);
     if (code != 0) return code;
@@ -1826,7 +1837,7 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
     const int H = m->hidden, D = m->head_dim, width = steps + 1;
     const int S = p_max + steps;
     const size_t floats = (size_t)B * H + (size_t)B * 2 * H + (size_t)2 * B * D +
-                          (size_t)B * S + (size_t)B * m->vocab_padded;
+                          (size_t)B * S + (size_t)B * m->vocab_padded + (size_t)H;
     float *buffer = (float *)malloc(sizeof(float) * floats);
     int64_t *ints = (int64_t *)malloc(sizeof(int64_t) * ((size_t)B * S + 2 * (size_t)B));
     if (buffer == NULL || ints == NULL) {
@@ -1836,7 +1847,7 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
     }
     float *x = buffer, *attn_in = x + (size_t)B * H, *cos_t = attn_in + (size_t)B * 2 * H;
     float *sin_t = cos_t + (size_t)B * D, *mask = sin_t + (size_t)B * D;
-    float *logits = mask + (size_t)B * S;
+    float *logits = mask + (size_t)B * S, *embed_row = logits + (size_t)B * m->vocab_padded;
     int64_t *kv_loc = ints, *slots = kv_loc + (size_t)B * S, *top = slots + B;
     memcpy(x, hidden, sizeof(float) * (size_t)B * H);
     for (int b = 0; b < B; b++) {
@@ -1856,7 +1867,7 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
                 break;
             }
             float *in = attn_in + (size_t)b * 2 * H;
-            rms_norm((const float *)m->embed + (size_t)id * H, 1, H, in_norm, in_eps, in);
+            rms_norm(embedding_row(m, id, embed_row), 1, H, in_norm, in_eps, in);
             rms_norm(x + (size_t)b * H, 1, H, hidden_norm, hidden_eps, in + H);
             const int64_t pos = seq_lens[b] + s;
             rope_rows(m, pos, cos_t + (size_t)b * D, sin_t + (size_t)b * D);
@@ -1868,7 +1879,8 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
         code = decode_layers(B, H, m->heads, m->kv_heads, D, m->inter, 1, x, cos_t, sin_t, slots,
                              kv_loc, mask, B, 1, S, m->ln1, m->w_qkv, m->w_o, m->ln2,
                              m->w_gate_up, m->w_down, m->eps1, m->eps2, m->k_cache, m->v_cache,
-                             m->cache_rows, 0, m->formats, attn_in, 2 * H, NULL, 0, NULL);
+                             m->cache_rows, m->kind == 1, m->formats, attn_in, 2 * H, NULL, 0,
+                             NULL);
         if (code != 0) break;
         code = relayc_head_argmax(B, H, m->vocab_padded, m->vocab, x, m->norm_weight, m->norm_eps,
                                   m->head, logits, m->head_format, top);
@@ -1895,7 +1907,9 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
  * [B, vocab_padded] and argmax [B] the head's. feature_rows [B, W] (NULL: row t reads
  * features' row t): the row of features [feature_count, F] each real row reads -- a
  * verify's states where each accepted node's row lies, gathered here instead of copied
- * into a [B, W, F] tensor first. float32 (m->kind 0 or 2) only. Returns 0, or a negative
+ * into a [B, W, F] tensor first. Any kind of layers: with bfloat16 ones (m->kind 1) fc's
+ * output is rounded to bfloat16 (the step-by-step path's bfloat16 fc) and the layer's
+ * output too (decode_layers); an embedding of bfloat16 words is widened exactly. Returns 0, or a negative
  * code, before anything is written, for an index out of range (-5 a token id, -2 a
  * request row or a feature row, -3 / -4 a KV slot) or bad arguments (-2). */
 int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
@@ -1907,9 +1921,8 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
                         int fc_format, const float *in_norm, float in_eps,
                         const float *hidden_norm, float hidden_eps, float *g, float *logits,
                         int64_t *argmax) {
-    if (m == NULL || B < 1 || W < 1 || F < 1 || m->layers != 1 ||
-        (m->kind != 0 && m->kind != 2) || (m->kind == 2) != (m->formats != NULL) ||
-        m->embed_bf16 || m->head_format < 0 || fc_format < 0 || m->hidden % 16 ||
+    if (m == NULL || B < 1 || W < 1 || F < 1 || m->layers != 1 || m->kind < 0 || m->kind > 2 ||
+        (m->kind == 2) != (m->formats != NULL) || fc_format < -1 || m->hidden % 16 ||
         (fc_format > 0 && (F % 32 || !block_format(fc_format))))
         return -2;
     int code = paged_meta_check(B, W, p_max, table_rows, table_width, req_pool_indices);
@@ -1928,7 +1941,7 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
         }
     }
     const size_t floats = (size_t)T * F + (size_t)T * H * 2 + (size_t)T * 2 * H +
-                          (size_t)2 * T * D + (size_t)B * W * S;
+                          (size_t)2 * T * D + (size_t)B * W * S + (size_t)H;
     float *buffer = (float *)malloc(sizeof(float) * floats);
     int64_t *ints = (int64_t *)malloc(sizeof(int64_t) * ((size_t)B * S + (size_t)T));
     if (buffer == NULL || ints == NULL) {
@@ -1939,6 +1952,7 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
     float *feat = buffer, *x = feat + (size_t)T * F, *h = x + (size_t)T * H;
     float *attn_in = h + (size_t)T * H, *cos_t = attn_in + (size_t)T * 2 * H;
     float *sin_t = cos_t + (size_t)T * D, *mask = sin_t + (size_t)T * D;
+    float *embed_row = mask + (size_t)B * W * S;
     int64_t *kv_loc = ints, *slots = kv_loc + (size_t)B * S;
     for (int b = 0; b < B; b++)
         for (int i = 0; i < W; i++) {
@@ -1959,10 +1973,11 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
             if (pos < 0) pos = 0;
             rope_rows(m, pos, cos_t + t * D, sin_t + t * D);
             const int64_t id = real ? input_ids[t] : 0;
-            rms_norm((const float *)m->embed + (size_t)id * H, 1, H, in_norm, in_eps,
-                     attn_in + t * 2 * H);
+            rms_norm(embedding_row(m, id, embed_row), 1, H, in_norm, in_eps, attn_in + t * 2 * H);
         }
     code = relayc_linear(T, F, H, feat, fc, x, fc_format);
+    if (code == 0 && m->kind == 1) /* the bfloat16 fc's output */
+        for (size_t i = 0; i < (size_t)T * H; i++) x[i] = from_bf16(to_bf16(x[i]));
     if (code == 0) {
         for (int t = 0; t < T; t++)
             rms_norm(x + (size_t)t * H, 1, H, hidden_norm, hidden_eps,
@@ -1972,7 +1987,8 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
         code = decode_layers(T, H, m->heads, m->kv_heads, D, m->inter, 1, x, cos_t, sin_t, slots,
                              kv_loc, mask, B, W, S, m->ln1, m->w_qkv, m->w_o, m->ln2,
                              m->w_gate_up, m->w_down, m->eps1, m->eps2, m->k_cache, m->v_cache,
-                             m->cache_rows, 0, m->formats, attn_in, 2 * H, NULL, 0, NULL);
+                             m->cache_rows, m->kind == 1, m->formats, attn_in, 2 * H, NULL, 0,
+                             NULL);
     }
     if (code == 0) {
         for (int b = 0; b < B; b++) {

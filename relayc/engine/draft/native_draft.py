@@ -25,9 +25,13 @@ caches, where a torch call costs some 20 us. Here the whole chain is one call: t
 native functions on the same values (the norms, the layer, the head of the step-by-step
 path), so the same drafts.
 
-Anything a call does not take (bfloat16, autograd, a graph-safe check, more rows than the
-native layers take, other index types) gets None, and the caller runs the step-by-step
-path. The one place the chain's two paths could part is the pick. The step-by-step chain takes the top-1 of
+A bfloat16 head runs the same way: the calls round where the step-by-step path holds
+bfloat16 tensors (``fc``'s output, each layer's output), widen the embedding's words, and
+take the norms' weights as float32 (exact); the target's bfloat16 features are widened
+before the call.
+
+Anything a call does not take (autograd, a graph-safe check, more rows than the native
+layers take, other index types) gets None, and the caller runs the step-by-step path. The one place the chain's two paths could part is the pick. The step-by-step chain takes the top-1 of
 the softmax, as the beam search does; the native call takes the greedy token of the
 logits. They agree unless two logits nearly tie at the top, where rounding can make their
 probabilities equal (the first index then wins the softmax's tie). The native call checks
@@ -67,6 +71,27 @@ class NativeDraft:
 
     def __init__(self) -> None:
         self._slot = ModelSlot()
+        # the draft layer's two input norms' weights as float32 (the calls read float32),
+        # with what they were made from: (weight, its version) each
+        self._norms: tuple[tuple[torch.Tensor, int], ...] = ()
+        self._norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _float_norms(self, head: Eagle3Head) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input norm's and hidden norm's weights as float32 (themselves when they are
+        float32 already), kept while the weights are unchanged."""
+        weights = (head.midlayer.input_layernorm.weight, head.midlayer.hidden_norm.weight)
+        key = tuple((w, w._version) for w in weights)
+        known = self._norm_weights
+        if (
+            known is None
+            or len(key) != len(self._norms)
+            or any(
+                a is not b or va != vb for (a, va), (b, vb) in zip(key, self._norms, strict=True)
+            )
+        ):
+            known = (weights[0].detach().float(), weights[1].detach().float())
+            self._norms, self._norm_weights = key, known
+        return known
 
     def __deepcopy__(self, memo: dict[int, object]) -> NativeDraft:
         """An empty one: the struct holds raw pointers into this head's tensors."""
@@ -76,14 +101,14 @@ class NativeDraft:
         self, head: Eagle3Head, kv_cache: KVCache, req_to_token: torch.Tensor, rows: int
     ) -> tuple[ctypes.CDLL, native.NativeModel] | None:
         """The library and the head's filled struct when a call over ``rows`` rows can run
-        natively as the step-by-step path would (float32, the CPU, autograd off, the layer
-        and the head packed, not a graph-safe check); else None."""
+        natively as the step-by-step path would (the CPU, autograd off, the layer and the
+        head packed in one dtype, not a graph-safe check); else None."""
         lib = native.native_decoder()
         if (
             lib is None
             or graph_safe()  # checking the path a GPU captures: the step-by-step one
             or torch.is_grad_enabled()
-            or rows > native_max_tokens(torch.float32)
+            or rows > native_max_tokens(head.lm_head.weight.dtype)
             or req_to_token.dtype != torch.int32
             or req_to_token.dim() != 2
             or not req_to_token.is_contiguous()
@@ -93,10 +118,10 @@ class NativeDraft:
         packed = layer.native.packed()
         if (
             packed is None
-            or packed[0].dtype != torch.float32
+            or packed[0].dtype != head.lm_head.weight.dtype
             or not native_head_eligible(head.norm, head.lm_head)
             or any(
-                n.weight.dtype != torch.float32
+                n.weight.dtype != packed[0].dtype
                 or not n.weight.is_contiguous()
                 or tuple(n.weight.shape) != (head.config.hidden_size,)
                 for n in (layer.input_layernorm, layer.hidden_norm)
@@ -143,12 +168,12 @@ class NativeDraft:
                 feature_rows is not None
                 and not (index_arrays(feature_rows) and feature_rows.shape == input_ids.shape)
             )
-            or target_features.dtype != torch.float32
+            or target_features.dtype not in (torch.float32, torch.bfloat16)
             or not target_features.is_contiguous()
             or target_features.dim() != 3
             or (feature_rows is None and target_features.shape[:2] != input_ids.shape)
             or not lens.numel() == prefix_lens.numel() == req_pool_indices.numel() == batch
-            or head.fc.weight.dtype != torch.float32
+            or head.fc.weight.dtype != head.lm_head.weight.dtype
             or head.fc.weight.device.type != "cpu"
             or tuple(head.fc.weight.shape) != (head.config.hidden_size, target_features.shape[2])
         ):
@@ -159,6 +184,8 @@ class NativeDraft:
         lib, model = made
         fc = head._native_fc = NativeLinear.reuse(head._native_fc, head.fc)
         norms = (head.midlayer.input_layernorm, head.midlayer.hidden_norm)
+        norm_weights = self._float_norms(head)
+        features = target_features.float()  # bfloat16 features widened (exact)
         g = torch.empty(batch, model.hidden)
         logits = torch.empty(batch, model.vocab_padded)
         argmax = torch.empty(batch, dtype=_INDEX)
@@ -175,15 +202,15 @@ class NativeDraft:
             lens.data_ptr(),
             None if out_cache_loc is None else out_cache_loc.data_ptr(),
             input_ids.data_ptr(),
-            target_features.data_ptr(),
-            target_features.shape[2],
+            features.data_ptr(),
+            features.shape[2],
             None if feature_rows is None else feature_rows.data_ptr(),
-            target_features.shape[0] * target_features.shape[1],
+            features.shape[0] * features.shape[1],
             fc.packed.data_ptr(),
             fc.format,
-            norms[0].weight.data_ptr(),
+            norm_weights[0].data_ptr(),
             float(norms[0].eps),
-            norms[1].weight.data_ptr(),
+            norm_weights[1].data_ptr(),
             float(norms[1].eps),
             g.data_ptr(),
             logits.data_ptr(),
@@ -196,7 +223,7 @@ class NativeDraft:
         if model.vocab_padded != model.vocab:
             logits = logits[:, : model.vocab].contiguous()
         head_argmax.remember(logits, argmax)
-        return g, logits
+        return g.to(head.lm_head.weight.dtype), logits  # float32: the same tensor
 
     def chain(
         self,
@@ -218,7 +245,7 @@ class NativeDraft:
         if (
             steps < 1
             or not index_arrays(first, seq_lens, req_pool_indices, scratch_cache_loc, head.d2t)
-            or hidden_states.dtype != torch.float32
+            or hidden_states.dtype not in (torch.float32, torch.bfloat16)
             or tuple(hidden_states.shape) != (batch, head.config.hidden_size)
             or not first.numel() == seq_lens.numel() == req_pool_indices.numel() == batch
         ):
@@ -228,9 +255,10 @@ class NativeDraft:
             return None
         lib, model = made
         norms = (head.midlayer.input_layernorm, head.midlayer.hidden_norm)
+        norm_weights = self._float_norms(head)
         tokens = torch.empty(batch, steps + 1, dtype=_INDEX)
         tokens[:, 0] = first
-        hidden = hidden_states.contiguous()
+        hidden = hidden_states.float().contiguous()
         code = lib.relayc_draft_chain(
             ctypes.byref(model),
             batch,
@@ -243,9 +271,9 @@ class NativeDraft:
             seq_lens.data_ptr(),
             scratch_cache_loc.data_ptr(),
             head.d2t.data_ptr(),
-            norms[0].weight.data_ptr(),
+            norm_weights[0].data_ptr(),
             float(norms[0].eps),
-            norms[1].weight.data_ptr(),
+            norm_weights[1].data_ptr(),
             float(norms[1].eps),
             hidden.data_ptr(),
             tokens.data_ptr(),

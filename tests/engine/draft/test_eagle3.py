@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from relayc.engine.attention import dense_causal_attention
@@ -354,6 +355,28 @@ def test_the_native_attention_input_is_the_two_norms(
         [layer.native.attn_in(embeds[i : i + 1], hidden[i : i + 1], None) for i in range(5)]
     )
     assert torch.equal(rows, got)
-    assert layer.native.attn_in(embeds.double(), hidden.double(), None) is None  # not float32
+    # bfloat16 inputs and weights: the float32 norms of their values (exact widenings), which
+    # the modules round to bfloat16 twice (the normalised row, then times the weight)
+    bf16 = {n: n.weight.detach().clone() for n in (layer.input_layernorm, layer.hidden_norm)}
+    with torch.no_grad():
+        for norm in bf16:
+            norm.weight.data = norm.weight.data.to(torch.bfloat16)
+        half = layer.native.attn_in(embeds.bfloat16(), hidden.bfloat16(), None)
+        exact = torch.cat(
+            [
+                n.weight.float() * F.rms_norm(x.bfloat16().float(), (width,), eps=n.eps)
+                for n, x in ((layer.input_layernorm, embeds), (layer.hidden_norm, hidden))
+            ],
+            dim=-1,
+        )
+        modules = torch.cat(
+            [layer.input_layernorm(embeds.bfloat16()), layer.hidden_norm(hidden.bfloat16())], dim=-1
+        )
+        for norm, weight in bf16.items():
+            norm.weight.data = weight
+    assert half is not None and half.dtype == torch.float32
+    torch.testing.assert_close(half, exact, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(half, modules.float(), atol=0.0, rtol=2**-7)
+    assert layer.native.attn_in(embeds.double(), hidden.double(), None) is None  # no such dtype
     monkeypatch.undo()
     assert layer.native.attn_in(embeds, hidden, None) is None  # not a native call: the modules

@@ -1,6 +1,7 @@
 """An EAGLE-3 head's greedy chain in one native call (relayc.engine.draft.native_draft): the
-step-by-step chain's drafts and scratch K/V, bit for bit; a near tie at the top and a bad
-index hand the chain back to the step-by-step path, which decides and raises as before."""
+step-by-step chain's drafts and scratch K/V, bit for bit, in float32 and bfloat16; a near
+tie at the top and a bad index hand the chain back to the step-by-step path, which decides
+and raises as before."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.draft.tree import DraftTree
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.native import native_decoder
+from relayc.engine.weights import random_model
 from tests.engine.draft import test_eagle3 as eagle3_tests
 from tests.engine.draft.helpers import MAX_CONTEXT, SMALL, padded, padded_states
 from tests.engine.draft.test_eagle3 import DRAFT_VOCAB, Prefilled, draft, extend
@@ -21,6 +23,25 @@ from tests.engine.draft.test_eagle3 import DRAFT_VOCAB, Prefilled, draft, extend
 # the EAGLE-3 tests' target and head
 target = eagle3_tests.target
 head = eagle3_tests.head
+
+
+@pytest.fixture(scope="module")
+def bf16_target() -> LlamaForCausalLM:
+    return random_model(SMALL.replace(num_layers=4, dtype=torch.bfloat16), seed=1)
+
+
+@pytest.fixture(scope="module")
+def bf16_head(bf16_target: LlamaForCausalLM) -> Eagle3Head:
+    """A bfloat16 head over a bfloat16 target: the calls round where the step-by-step
+    path holds bfloat16 tensors (fc's output, the layer's) and widen the embedding."""
+    return Eagle3Head.random(bf16_target, seed=2, draft_vocab_size=DRAFT_VOCAB, layer_ids=[0, 1, 2])
+
+
+@pytest.fixture(params=["float32", "bfloat16"])
+def models(request: pytest.FixtureRequest) -> tuple[LlamaForCausalLM, Eagle3Head]:
+    """The float32 or the bfloat16 target and head."""
+    prefix = "" if request.param == "float32" else "bf16_"
+    return request.getfixturevalue(f"{prefix}target"), request.getfixturevalue(f"{prefix}head")
 
 
 def _recorded(monkeypatch: pytest.MonkeyPatch, name: str) -> list[bool]:
@@ -65,12 +86,12 @@ def _step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("num_steps", [2, 5])
 def test_the_native_chain_is_the_step_by_step_chain(
-    target: LlamaForCausalLM,
-    head: Eagle3Head,
+    models: tuple[LlamaForCausalLM, Eagle3Head],
     num_steps: int,
     chains: list[bool],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    target, head = models
     pre = Prefilled(target, head.capture)
     tree, k, v = _chain(head, pre, num_steps)
     assert chains == [True]
@@ -119,8 +140,7 @@ def _extended(
 
 @pytest.mark.parametrize(("topk", "own_slots"), [(1, False), (3, True)])
 def test_the_native_extend_is_the_step_by_step_extend(
-    target: LlamaForCausalLM,
-    head: Eagle3Head,
+    models: tuple[LlamaForCausalLM, Eagle3Head],
     topk: int,
     own_slots: bool,
     extends: list[bool],
@@ -128,6 +148,7 @@ def test_the_native_extend_is_the_step_by_step_extend(
 ) -> None:
     """Two prompts of different lengths (the shorter one's rows past its length are
     padding), the slots req_to_token holds or the caller's own."""
+    target, head = models
     pre = Prefilled(target, head.capture)
     width = max(len(i) for i in pre.ids)
     slots = torch.arange(300, 300 + 2 * width).view(2, width) if own_slots else None
