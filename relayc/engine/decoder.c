@@ -1909,8 +1909,8 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
  * verify's states where each accepted node's row lies, gathered here instead of copied
  * into a [B, W, F] tensor first. Any kind of layers: with bfloat16 ones (m->kind 1) fc's
  * output is rounded to bfloat16 (the step-by-step path's bfloat16 fc) and the layer's
- * output too (decode_layers); an embedding of bfloat16 words is widened exactly. Returns 0, or a negative
- * code, before anything is written, for an index out of range (-5 a token id, -2 a
+ * output too (decode_layers); an embedding of bfloat16 words is widened exactly. Returns
+ * 0, or a negative code, before anything is written, for an index out of range (-5 a token id, -2 a
  * request row or a feature row, -3 / -4 a KV slot) or bad arguments (-2). */
 int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
                         const int32_t *req_to_token, int64_t table_rows, int64_t table_width,

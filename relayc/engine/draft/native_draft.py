@@ -31,10 +31,11 @@ take the norms' weights as float32 (exact); the target's bfloat16 features are w
 before the call.
 
 Anything a call does not take (autograd, a graph-safe check, more rows than the native
-layers take, other index types) gets None, and the caller runs the step-by-step path. The one place the chain's two paths could part is the pick. The step-by-step chain takes the top-1 of
-the softmax, as the beam search does; the native call takes the greedy token of the
-logits. They agree unless two logits nearly tie at the top, where rounding can make their
-probabilities equal (the first index then wins the softmax's tie). The native call checks
+layers take, other index types) gets None, and the caller runs the step-by-step path.
+The one place the chain's two paths could part is the pick. The step-by-step chain takes
+the top-1 of the softmax, as the beam search does; the native call takes the greedy token
+of the logits. They agree unless two logits nearly tie at the top, where rounding can make
+their probabilities equal (the first index then wins the softmax's tie). The native call checks
 every step's row for that (decoder.c's ``clear_top``) and hands such a chain back; so does
 any bad index. The caller then drafts step by step, which decides the tie as before and
 raises the error that names a bad index.

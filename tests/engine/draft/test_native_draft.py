@@ -122,8 +122,9 @@ def test_a_tie_at_the_top_is_decided_step_by_step(
 
 
 def test_a_bad_draft_id_raises_the_step_by_step_error(
-    target: LlamaForCausalLM, head: Eagle3Head, chains: list[bool]
+    models: tuple[LlamaForCausalLM, Eagle3Head], chains: list[bool]
 ) -> None:
+    target, head = models
     pre = Prefilled(target, head.capture)
     with pytest.raises(IndexError):
         _chain(head, pre, 3, first=torch.tensor([DRAFT_VOCAB, 0]))
@@ -162,8 +163,9 @@ def test_the_native_extend_is_the_step_by_step_extend(
 
 
 def test_a_bad_token_id_in_the_extend_raises_the_step_by_step_error(
-    target: LlamaForCausalLM, head: Eagle3Head, extends: list[bool]
+    models: tuple[LlamaForCausalLM, Eagle3Head], extends: list[bool]
 ) -> None:
+    target, head = models
     pre = Prefilled(target, head.capture)
     pre.ids[0][1] = SMALL.vocab_size  # past the target's vocabulary
     with pytest.raises(IndexError):
@@ -178,7 +180,8 @@ def _extended_from_rows(head: Eagle3Head, pre: Prefilled, rows_of: str) -> list[
     features = padded_states(pre.features)  # [B, W, F]
     batch, width, size = features.shape
     g = torch.Generator().manual_seed(9)
-    source = torch.randn(batch, width + 3, size, generator=g) * 1e6  # never read
+    source = (torch.randn(batch, width + 3, size, generator=g) * 1e6).to(features.dtype)
+    # (the noise never read)
     order = torch.randperm(batch * (width + 3), generator=g)[: batch * width].view(batch, width)
     source.view(-1, size)[order.view(-1)] = features.reshape(-1, size)
     real = torch.arange(width)[None, :] < pre.seq_lens[:, None]
@@ -202,13 +205,13 @@ def _extended_from_rows(head: Eagle3Head, pre: Prefilled, rows_of: str) -> list[
 
 
 def test_the_extend_gathers_its_feature_rows(
-    target: LlamaForCausalLM,
-    head: Eagle3Head,
+    models: tuple[LlamaForCausalLM, Eagle3Head],
     extends: list[bool],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``feature_rows``: each real row's features read where they lie (the accepted nodes of
     a verify), natively and step by step: the same as the features handed in place."""
+    target, head = models
     pre = Prefilled(target, head.capture)
     want = _extended(head, pre, 1, None)
     got = _extended_from_rows(head, pre, "noise")
@@ -220,8 +223,9 @@ def test_the_extend_gathers_its_feature_rows(
 
 
 def test_a_bad_feature_row_raises_the_step_by_step_error(
-    target: LlamaForCausalLM, head: Eagle3Head, extends: list[bool]
+    models: tuple[LlamaForCausalLM, Eagle3Head], extends: list[bool]
 ) -> None:
+    target, head = models
     pre = Prefilled(target, head.capture)
     with pytest.raises(IndexError):
         _extended_from_rows(head, pre, "bad")
@@ -229,8 +233,9 @@ def test_a_bad_feature_row_raises_the_step_by_step_error(
 
 
 def test_a_head_that_drafted_deep_copies_and_drafts_alike(
-    target: LlamaForCausalLM, head: Eagle3Head, chains: list[bool], extends: list[bool]
+    models: tuple[LlamaForCausalLM, Eagle3Head], chains: list[bool], extends: list[bool]
 ) -> None:
+    target, head = models
     pre = Prefilled(target, head.capture)
     tree, _, _ = _chain(head, pre, 3)
     twin = copy.deepcopy(head)
