@@ -180,8 +180,8 @@ def _extended_from_rows(head: Eagle3Head, pre: Prefilled, rows_of: str) -> list[
     features = padded_states(pre.features)  # [B, W, F]
     batch, width, size = features.shape
     g = torch.Generator().manual_seed(9)
+    # noise, never read, in the features' dtype
     source = (torch.randn(batch, width + 3, size, generator=g) * 1e6).to(features.dtype)
-    # (the noise never read)
     order = torch.randperm(batch * (width + 3), generator=g)[: batch * width].view(batch, width)
     source.view(-1, size)[order.view(-1)] = features.reshape(-1, size)
     real = torch.arange(width)[None, :] < pre.seq_lens[:, None]
