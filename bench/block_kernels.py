@@ -23,10 +23,16 @@ work tree's time over it (``new/base``): what a kernel change buys per format.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# this checkout's relayc, not the one the environment installed (an editable install points
+# at another checkout: a worktree's benchmark would otherwise time the main tree's code)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch

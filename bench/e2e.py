@@ -24,6 +24,13 @@ the outputs equal the fixed chain's (they must: both are lossless).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# this checkout's relayc, not the one the environment installed (an editable install points
+# at another checkout: a worktree's benchmark would otherwise time the main tree's code)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import time
 from collections.abc import Sequence

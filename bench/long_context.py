@@ -20,10 +20,16 @@ tokens; each row says how many tokens it decoded.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# this checkout's relayc, not the one the environment installed (an editable install points
+# at another checkout: a worktree's benchmark would otherwise time the main tree's code)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from peers import _llama_without_extra_bufts  # bench/, this script's folder
 

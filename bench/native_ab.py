@@ -15,12 +15,18 @@ decoder.c buys, measured on this noisy machine the only way that holds up.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# this checkout's relayc, not the one the environment installed (an editable install points
+# at another checkout: a worktree's benchmark would otherwise time the main tree's code)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import ctypes
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch

@@ -41,12 +41,18 @@ unstarved run prints ``starved`` instead of a figure.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# this checkout's relayc, not the one the environment installed (an editable install points
+# at another checkout: a worktree's benchmark would otherwise time the main tree's code)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch

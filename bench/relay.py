@@ -10,6 +10,13 @@ ratios (generated / baseline): machines here are noisy, ratios less so.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# this checkout's relayc, not the one the environment installed (an editable install points
+# at another checkout: a worktree's benchmark would otherwise time the main tree's code)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import os
 
 # The launch counts run the fused Triton path through Triton's interpreter (no GPU here);
