@@ -192,6 +192,11 @@ static inline int padded_rows(int M) { return M < 16 ? M : (M + 15) / 16 * 16; }
 /* The rows of gemm_amx's A and C tiles. */
 static inline int amx_tile_rows(int M) { return M < 16 ? M : 16; }
 
+/* x[n] <- x rounded to bfloat16 (to_bf16) and widened back: what a bfloat16 tensor holds. */
+static inline void round_bf16(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = from_bf16(to_bf16(x[i]));
+}
+
 /* xb[padded_rows(M), Kp] <- bfloat16(x[M, K]), zero past K and past M. */
 static void round_rows(const float *x, int M, int K, uint16_t *xb) {
     const int Kp = padded_k(K), rows = padded_rows(M);
@@ -1334,7 +1339,7 @@ static int decode_layers(
          * bfloat16 layers keep it, so running the layers in segments (a forward that
          * captures some layers' inputs, EAGLE-3's) gives the bits of one call. */
         if (bf16)
-            for (size_t i = 0; i < (size_t)T * hidden; i++) x[i] = from_bf16(to_bf16(x[i]));
+            round_bf16(x, (size_t)T * hidden);
     }
     free(rows_kv);
     free(xb);
@@ -1767,12 +1772,8 @@ int relayc_forward(const struct relayc_model *m, int B, int Q, int p_max,
     for (int t = 0; t < T; t++) {
         rope_rows(m, positions[t], cos_t + (size_t)t * D, sin_t + (size_t)t * D);
         float *row = x + (size_t)t * H;
-        if (m->embed_bf16) {
-            const uint16_t *e = (const uint16_t *)m->embed + (size_t)input_ids[t] * H;
-            for (int i = 0; i < H; i++) row[i] = from_bf16(e[i]);
-        } else
-            memcpy(row, (const float *)m->embed + (size_t)input_ids[t] * H,
-                   sizeof(float) * (size_t)H);
+        const float *e = embedding_row(m, input_ids[t], row);
+        if (e != row) memcpy(row, e, sizeof(float) * (size_t)H);
     }
     code = decode_layers(T, H, m->heads, m->kv_heads, D, m->inter, m->layers, x, cos_t, sin_t,
                          out_cache_loc, kv_loc, mask, B, Q, (int)S, m->ln1, m->w_qkv, m->w_o,
@@ -1977,7 +1978,7 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
         }
     code = relayc_linear(T, F, H, feat, fc, x, fc_format);
     if (code == 0 && m->kind == 1) /* the bfloat16 fc's output */
-        for (size_t i = 0; i < (size_t)T * H; i++) x[i] = from_bf16(to_bf16(x[i]));
+        round_bf16(x, (size_t)T * H);
     if (code == 0) {
         for (int t = 0; t < T; t++)
             rms_norm(x + (size_t)t * H, 1, H, hidden_norm, hidden_eps,

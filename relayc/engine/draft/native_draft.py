@@ -83,12 +83,8 @@ class NativeDraft:
         weights = (head.midlayer.input_layernorm.weight, head.midlayer.hidden_norm.weight)
         key = tuple((w, w._version) for w in weights)
         known = self._norm_weights
-        if (
-            known is None
-            or len(key) != len(self._norms)
-            or any(
-                a is not b or va != vb for (a, va), (b, vb) in zip(key, self._norms, strict=True)
-            )
+        if known is None or any(
+            a is not b or va != vb for (a, va), (b, vb) in zip(key, self._norms, strict=True)
         ):
             known = (weights[0].detach().float(), weights[1].detach().float())
             self._norms, self._norm_weights = key, known
