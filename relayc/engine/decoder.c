@@ -1615,6 +1615,89 @@ int relayc_exp(const float *x, int64_t n, float *out) {
     return 0;
 }
 
+/* A recorded decode step's small ATen ops as native calls (relayc.engine.tape_ops): right
+ * after a forward has streamed the weights, ATen's index_copy_ of one row took 110-150 us
+ * (its dispatch and TensorIterator code cold), a call here about 25. Rows are the leading
+ * dimension of contiguous tensors, row_bytes bytes each; every index is checked before
+ * anything is written (-2: outside 0..rows-1, the error ATen raises). */
+int relayc_gather_rows(const uint8_t *src, int64_t rows, int64_t row_bytes,
+                       const int64_t *index, int64_t n, int wrap, uint8_t *out) {
+    /* wrap: a negative index counts from the end (advanced indexing), else it is refused
+     * (index_select) */
+    const int64_t low = wrap ? -rows : 0;
+    for (int64_t i = 0; i < n; i++)
+        if (index[i] < low || index[i] >= rows) return -2;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t r = index[i] < 0 ? index[i] + rows : index[i];
+        memcpy(out + i * row_bytes, src + r * row_bytes, (size_t)row_bytes);
+    }
+    return 0;
+}
+
+/* out = the k inputs side by side along one dimension: for each of `outer` blocks, input
+ * i's inner_bytes[i] bytes in turn (torch.cat of contiguous tensors). */
+int relayc_cat_bytes(uint8_t *out, int64_t outer, int k, const uint8_t *const *inputs,
+                     const int64_t *inner_bytes) {
+    for (int64_t o = 0; o < outer; o++)
+        for (int i = 0; i < k; i++) {
+            memcpy(out, inputs[i] + o * inner_bytes[i], (size_t)inner_bytes[i]);
+            out += inner_bytes[i];
+        }
+    return 0;
+}
+
+/* dst[0..n) = the element `pattern` (elem_bytes bytes): torch.full / fill_. */
+int relayc_fill_pattern(uint8_t *dst, int64_t n, int64_t elem_bytes, const uint8_t *pattern) {
+    for (int64_t i = 0; i < n; i++) memcpy(dst + i * elem_bytes, pattern, (size_t)elem_bytes);
+    return 0;
+}
+
+/* out = a + sign * b over n int64 elements, b's row broadcast when b_n divides n (b_n 1: a
+ * scalar tensor); wraps as torch's int64 arithmetic does. */
+int relayc_add_int64(const int64_t *a, const int64_t *b, int64_t n, int64_t b_n, int sign,
+                     int64_t *out) {
+    if (b_n < 1 || n % b_n) return -2;
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t x = (uint64_t)a[i], y = (uint64_t)b[i % b_n];
+        out[i] = (int64_t)(sign < 0 ? x - y : x + y);
+    }
+    return 0;
+}
+
+/* Integer casts as torch's: int64 -> int32 keeps the low 32 bits, int32 -> int64 extends the
+ * sign. */
+int relayc_cast_int(const void *src, int src_bytes, void *dst, int dst_bytes, int64_t n) {
+    if (src_bytes == 8 && dst_bytes == 4)
+        for (int64_t i = 0; i < n; i++)
+            ((int32_t *)dst)[i] = (int32_t)(uint32_t)(uint64_t)((const int64_t *)src)[i];
+    else if (src_bytes == 4 && dst_bytes == 8)
+        for (int64_t i = 0; i < n; i++) ((int64_t *)dst)[i] = ((const int32_t *)src)[i];
+    else
+        return -2;
+    return 0;
+}
+
+/* dst[index[i]] = src[i] for i in order (a repeated index keeps the last row, as the CPU's
+ * index_copy_ does). */
+int relayc_scatter_rows(uint8_t *dst, int64_t rows, int64_t row_bytes, const int64_t *index,
+                        int64_t n, const uint8_t *src) {
+    for (int64_t i = 0; i < n; i++)
+        if (index[i] < 0 || index[i] >= rows) return -2;
+    for (int64_t i = 0; i < n; i++)
+        memcpy(dst + index[i] * row_bytes, src + i * row_bytes, (size_t)row_bytes);
+    return 0;
+}
+
+int relayc_copy_bytes(void *dst, const void *src, int64_t bytes) {
+    memmove(dst, src, (size_t)bytes);
+    return 0;
+}
+
+int relayc_zero_bytes(void *dst, int64_t bytes) {
+    memset(dst, 0, (size_t)bytes);
+    return 0;
+}
+
 /* out[r] = the first index of row r's maximum in x[rows, n] (row-major), NaN counting as
  * the maximum (the first NaN): torch.argmax's rule, and its indices. One pass for the
  * maximum (and any NaN), one for its first position; the greedy token of every decode and
@@ -1680,6 +1763,18 @@ int relayc_paged_meta(int batch, int queries, int p_max, const int32_t *req_to_t
     paged_meta_fill(batch, queries, p_max, req_to_token, width, req_pool_indices, prefix_lens,
                     out_cache_loc, tree_mask, kv_loc, mask);
     return 0;
+}
+
+/* The prefix columns a batch attends: the longest of its prefixes lens[b], clamped to
+ * 0..p_max. A caller's p_max is a bound -- a captured step's (relayc.runtime.tape) is the
+ * widest the KV table allows -- and columns past every prefix are masked, so they add only
+ * time: the one-call forwards below size their keys by this instead. A row's arithmetic does
+ * not depend on the key count (attend_group), so the bits do not change. */
+static int live_prefix(int B, int p_max, const int64_t *lens) {
+    int64_t most = 0;
+    for (int b = 0; b < B; b++)
+        if (lens[b] > most) most = lens[b];
+    return most < p_max ? (int)most : p_max;
 }
 
 /* What relayc_forward reads of one model, filled once per packing of its weights, K/V
@@ -1753,6 +1848,7 @@ int relayc_forward(const struct relayc_model *m, int B, int Q, int p_max,
         return -2;
     int code = paged_meta_check(B, Q, p_max, table_rows, table_width, req_pool_indices);
     if (code != 0) return code;
+    p_max = live_prefix(B, p_max, prefix_lens);
     const int T = B * Q, H = m->hidden, D = m->head_dim;
     const int64_t S = (int64_t)p_max + Q;
     for (int t = 0; t < T; t++) {
@@ -1835,6 +1931,7 @@ int relayc_draft_chain(const struct relayc_model *m, int B, int steps, int p_max
     if (code != 0) return code;
     for (int b = 0; b < B; b++)
         if (seq_lens[b] < 0 || seq_lens[b] + steps > m->max_position) return -6;
+    p_max = live_prefix(B, p_max, seq_lens);
     const int H = m->hidden, D = m->head_dim, width = steps + 1;
     const int S = p_max + steps;
     const size_t floats = (size_t)B * H + (size_t)B * 2 * H + (size_t)2 * B * D +
@@ -1928,8 +2025,6 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
         return -2;
     int code = paged_meta_check(B, W, p_max, table_rows, table_width, req_pool_indices);
     if (code != 0) return code;
-    const int H = m->hidden, D = m->head_dim, T = B * W;
-    const int S = p_max + W;
     for (int b = 0; b < B; b++) {
         if (prefix_lens[b] < 0) return -2;
         for (int i = 0; i < W && i < lens[b]; i++) {
@@ -1941,6 +2036,9 @@ int relayc_draft_extend(const struct relayc_model *m, int B, int W, int p_max,
                 return -2;
         }
     }
+    p_max = live_prefix(B, p_max, prefix_lens);
+    const int H = m->hidden, D = m->head_dim, T = B * W;
+    const int S = p_max + W;
     const size_t floats = (size_t)T * F + (size_t)T * H * 2 + (size_t)T * 2 * H +
                           (size_t)2 * T * D + (size_t)B * W * S + (size_t)H;
     float *buffer = (float *)malloc(sizeof(float) * floats);

@@ -7,6 +7,7 @@ set of caches is followed."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -126,6 +127,32 @@ def test_one_call_gives_the_bits_of_the_calls_one_by_one(
         want, want_kv = _session(model, capture)
     assert len(fused_runs) == 4
     _same(got + got_kv, want + want_kv)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_loose_prefix_bound_gives_the_same_bits(
+    dtype: torch.dtype, fused_runs: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recorded step (graphs="tape") passes the KV table's width as max_prefix_len; the
+    one call sizes its attention by the batch's longest prefix, so the bits are those of
+    the tight bound (and of the calls one by one)."""
+    model = random_model(CONFIG.replace(dtype=dtype), seed=12)
+    use_cpu_matmul_layout(model)
+    tight, tight_kv = _session(model, (0, 2))
+    real_build = ForwardBatch.build
+
+    def loose(*args: object, **kwargs: object) -> ForwardBatch:
+        batch = real_build(*args, **kwargs)  # type: ignore[arg-type]
+        if batch.mode is ForwardMode.EXTEND:  # a prefill (the usual path) keeps its bound
+            return batch
+        width = batch.req_to_token.shape[1] - batch.max_extend_len
+        return dataclasses.replace(batch, max_prefix_len=width)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ForwardBatch, "build", staticmethod(loose))
+        got, got_kv = _session(model, (0, 2))
+    assert all(fused_runs) and len(fused_runs) == 8
+    _same(got + got_kv, tight + tight_kv)
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
