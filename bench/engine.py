@@ -35,6 +35,9 @@ not for acceptance. ``--profile`` then runs the workload once more under cProfil
 clock that stops inside the forwards, overlap off (every job on the calling thread), and
 prints the functions with the most self time outside them.
 
+``--graphs tape`` runs each decode step as a CPU graph (``relayc.runtime.tape``): the ops
+of the step are not called, so ``--steps`` then shows the step's time as ``between``.
+
 ``--threads`` sets torch's intra-op threads (default 1: on a small machine the forward
 worker and the host thread then each get a core).
 """
@@ -381,6 +384,11 @@ def main() -> None:
     parser.add_argument(
         "--steps", action="store_true", help="per-op time outside the forwards (overlap off)"
     )
+    parser.add_argument(
+        "--graphs",
+        default="auto",
+        help="Engine(graphs=...): auto, tape (the CPU's recorded steps), static or off",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     prompts: list[Prompt]
@@ -419,6 +427,7 @@ def main() -> None:
                 **({"draft_quantization": q} if (q := args.draft_quantization) else {}),
                 seed=0,
                 device=args.device,
+                graphs=args.graphs,
                 **sizes,
             )
 
@@ -494,6 +503,9 @@ def main() -> None:
         steps.attach(engines[False])
         native = NativeTimer(timers[False])
         native_on = native.attach()
+        # a recorded step (graphs="tape") holds the library's functions: record it again
+        # through the timed ones
+        engines[False].algorithm.graphs.reset()
         run = run_once(engines[False], timers[False], prompts, params, concurrency)
         ops = steps.snapshot()
         print("\nper decode-step op, outside the forwards (overlap off, one run, us/iter):")

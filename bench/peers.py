@@ -116,7 +116,7 @@ class Result:
 # -- relayc -------------------------------------------------------------------------------
 
 
-def relayc_peers(max_new_tokens: int, overlap: bool) -> list[Peer]:
+def relayc_peers(max_new_tokens: int, overlap: bool, graphs: str = "auto") -> list[Peer]:
     """The relayc rows, plus `none` with the overlap switched the other way (what the
     overlap worker costs or saves on this machine)."""
     from relayc.engine import Engine, SamplingParams
@@ -128,7 +128,7 @@ def relayc_peers(max_new_tokens: int, overlap: bool) -> list[Peer]:
         *((label, algorithm, sizes, overlap) for label, algorithm, sizes in RELAYC),
         (other, "none", {}, not overlap),
     ]:
-        engine = Engine(None, algorithm=algorithm, overlap=row_overlap, **sizes)
+        engine = Engine(None, algorithm=algorithm, overlap=row_overlap, graphs=graphs, **sizes)
         peers.append(engine_peer(label, engine, params))
     return peers
 
@@ -485,7 +485,9 @@ REAL_RELAYC: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def real_relayc_peers(max_new_tokens: int, dtype: str, overlap: bool) -> tuple[list[Peer], Any]:
+def real_relayc_peers(
+    max_new_tokens: int, dtype: str, overlap: bool, graphs: str = "auto"
+) -> tuple[list[Peer], Any]:
     """relayc's rows on SmolLM2 at ``dtype`` (one model shared by every engine), and the
     `none` engine (for the teacher-forced check)."""
     from relayc.engine import Engine, SamplingParams
@@ -496,12 +498,15 @@ def real_relayc_peers(max_new_tokens: int, dtype: str, overlap: bool) -> tuple[l
     for label, algorithm, sizes in REAL_RELAYC:
         try:
             if first is None:
-                engine = first = Engine("smollm2", dtype=dtype, overlap=overlap, **sizes)
+                engine = first = Engine(
+                    "smollm2", dtype=dtype, overlap=overlap, graphs=graphs, **sizes
+                )
             else:
                 engine = Engine(
                     first.model,
                     algorithm=algorithm,
                     overlap=overlap,
+                    graphs=graphs,
                     tokenizer=first.tokenizer,
                     draft_model=None,
                     **sizes,
@@ -516,7 +521,7 @@ def real_relayc_peers(max_new_tokens: int, dtype: str, overlap: bool) -> tuple[l
         from relayc.engine.checkpoints.blocks import forget_blocks
         from relayc.engine.model import prepare_cpu_decoders, use_cpu_matmul_layout
 
-        panels = Engine("smollm2", dtype=dtype, overlap=overlap)
+        panels = Engine("smollm2", dtype=dtype, overlap=overlap, graphs=graphs)
         forget_blocks(panels.model)
         use_cpu_matmul_layout(panels.model)  # the Engine packed the blocks: pack again
         prepare_cpu_decoders(panels.model)
@@ -552,7 +557,9 @@ def real_model_main(args: argparse.Namespace) -> None:
     by_batch: dict[str, dict[str, float]] = {}
     by_batch_cpu: dict[str, dict[str, float]] = {}
     for dtype in args.dtypes.split(","):
-        peers, reference_engine = real_relayc_peers(args.max_new_tokens, dtype, not args.no_overlap)
+        peers, reference_engine = real_relayc_peers(
+            args.max_new_tokens, dtype, not args.no_overlap, args.graphs
+        )
         prompts = [reference_engine.encode(c) for c in chats]
         hf = HFTarget.smollm2(args.max_new_tokens, getattr(torch, dtype))
         hf_rows = [hf.greedy(), hf.prompt_lookup(args.prompt_lookup_tokens)]
@@ -707,6 +714,11 @@ def main() -> None:
     parser.add_argument("--no-overlap", action="store_true", help="relayc without overlap")
     parser.add_argument("--no-llama-cpp", action="store_true")
     parser.add_argument(
+        "--graphs",
+        default="auto",
+        help="relayc's decode steps: auto (eager on the CPU), or tape (recorded and replayed)",
+    )
+    parser.add_argument(
         "--min-cpu-share",
         type=float,
         default=0.85,
@@ -728,7 +740,7 @@ def main() -> None:
     prompts = [tokenizer.encode(p, add_bos=True) for p in heldout_prompts()[: args.prompts]]
     if not prompts:
         raise SystemExit("the shipped demo models are missing: bench/peers.py compares on them")
-    peers = relayc_peers(args.max_new_tokens, not args.no_overlap)
+    peers = relayc_peers(args.max_new_tokens, not args.no_overlap, args.graphs)
     peers += hf_peers(args.max_new_tokens, args.prompt_lookup_tokens)
     if not args.no_llama_cpp:
         workdir = Path(tempfile.mkdtemp(prefix="relayc-peers-"))

@@ -159,9 +159,11 @@ class Engine:
     engine's own implementations (user ops, or replacing a built-in one); an op the
     module runs without an implementation raises here.
     ``graphs``: how decode steps run (``relayc.engine.graphs``): ``"auto"`` (CUDA graphs
-    on CUDA, eager elsewhere), ``"graph"``, ``"static"`` (the graph path's static buffers
-    and padding without CUDA graphs) or ``"off"``; ``capture_batch_sizes`` overrides the
-    spec's buckets (capped by ``max_batch_size``; larger batches run eagerly).
+    on CUDA, eager elsewhere), ``"graph"``, ``"tape"`` (on the CPU: each bucket's step
+    recorded once and replayed without its Python, ``relayc.runtime.tape``), ``"static"``
+    (the graph path's static buffers and padding without graphs) or ``"off"``;
+    ``capture_batch_sizes`` overrides the spec's buckets (capped by ``max_batch_size``;
+    larger batches run eagerly).
 
     Calls may overlap: ``generate`` from several threads, and streams open together
     (iterated in turn or from several threads). The engine's lock serialises scheduler
@@ -475,6 +477,9 @@ class Engine:
         arrivals: Sequence[int] | None,
     ) -> tuple[dict[int, Request], list[StreamDelta]]:
         """Check every request (eagerly, so call mistakes raise here); queue nothing yet."""
+        # A recorded step (graphs="tape") holds the native packs of the weights: recorded
+        # again if a weight changed since (between calls; none may change during one).
+        self.algorithm.graphs.check_weights((self.model, *self.algorithm.draft_modules()))
         params_list = self._params_list(prompts, params)
         arrival_list = self._arrival_list(prompts, arrivals)
         requests: dict[int, Request] = {}

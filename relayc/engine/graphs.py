@@ -5,6 +5,10 @@
 * ``"auto"``: CUDA graphs on CUDA, eager elsewhere (and eager with ``debug=True``,
   whose relay checks read device values on the host, which a graph cannot hold);
 * ``"graph"``: CUDA graphs (CUDA only);
+* ``"tape"``: the CPU's counterpart of ``"graph"``: each bucket's step recorded once
+  on its static buffers -- its ATen ops and native calls -- and replayed without the
+  Python around them (``relayc.runtime.tape``); weights changed between calls are
+  recorded again (:meth:`DecodeGraphs.check_weights`);
 * ``"static"``: the same static-buffer path without CUDA graphs: batches padded to
   their bucket with slot-0 rows, inputs copied into static buffers, the step run on
   those. The CPU tests run the capture path this way;
@@ -132,6 +136,7 @@ class DecodeGraphs:
         self._step: Any = None
         self._runners: dict[bool, GraphRunner] = {}  # keyed by all-greedy
         self._pool: Any = None  # one CUDA graph memory pool for every runner
+        self._weights: tuple[tuple[int, int], ...] | None = None  # check_weights' stamps
 
     @classmethod
     def build(
@@ -156,6 +161,27 @@ class DecodeGraphs:
         given = check_batch_sizes(batch_sizes, max_batch_size)
         sizes = spec_sizes if given is None else given
         return cls(resolved, device, capture_buckets(sizes, max_batch_size))
+
+    def reset(self) -> None:
+        """Drop every captured or recorded bucket: the next batch of each captures again.
+        Needed after what a capture holds by reference moves -- the model's weights edited
+        or repacked, the caches replaced -- and by a benchmark that wraps the native calls."""
+        self._runners.clear()
+        self._weights = None
+
+    def check_weights(self, modules: Iterable[torch.nn.Module]) -> None:
+        """Mode ``tape``: :meth:`reset` when a parameter of ``modules`` was replaced or
+        changed in place since the buckets were recorded (a recording holds the native
+        decoder's packs of them; ``Engine.generate`` checks once per call, as it checks the
+        packs themselves)."""
+        if self.mode != "tape":
+            return
+        stamps = tuple(
+            (p.data_ptr(), p._version) for module in modules for p in module.parameters()
+        )
+        if self._weights is not None and stamps != self._weights:
+            self._runners.clear()
+        self._weights = stamps
 
     @property
     def runners(self) -> dict[bool, GraphRunner]:

@@ -29,6 +29,9 @@ import threading
 import warnings
 from pathlib import Path
 
+from relayc.engine import tape_ops
+from relayc.runtime.tape import native_library
+
 SOURCE = Path(__file__).with_name("decoder.c")
 # -ffp-contract=off: a * b + c rounds twice whatever the compiler's default (GCC's ISO
 # mode already does; clang would fuse), so the bits depend on the source, not the compiler.
@@ -174,6 +177,25 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_exp.restype = i
     lib.relayc_argmax.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p]
     lib.relayc_argmax.restype = i
+    lib.relayc_gather_rows.argtypes = [p, q, q, p, q, i, p]
+    lib.relayc_scatter_rows.argtypes = [p, q, q, p, q, p]
+    lib.relayc_cat_bytes.argtypes = [p, q, i, p, p]
+    lib.relayc_fill_pattern.argtypes = [p, q, q, p]
+    lib.relayc_cast_int.argtypes = [p, i, p, i, q]
+    lib.relayc_add_int64.argtypes = [p, p, q, q, i, p]
+    for fn in (
+        lib.relayc_gather_rows,
+        lib.relayc_scatter_rows,
+        lib.relayc_cat_bytes,
+        lib.relayc_fill_pattern,
+        lib.relayc_cast_int,
+        lib.relayc_add_int64,
+    ):
+        fn.restype = i
+    lib.relayc_copy_bytes.argtypes = [p, p, q]
+    lib.relayc_copy_bytes.restype = i
+    lib.relayc_zero_bytes.argtypes = [p, q]
+    lib.relayc_zero_bytes.restype = i
     # batch, queries, prefix columns; req_to_token, its rows and width; then the pointers
     lib.relayc_paged_meta.argtypes = [i, i, i, p, q, q, p, p, p, p, p, p]
     lib.relayc_paged_meta.restype = i
@@ -238,7 +260,15 @@ class NativeModel(ctypes.Structure):
 
 
 def native_decoder() -> ctypes.CDLL | None:
-    """The loaded library, built on first use; None where it is off or cannot be built."""
+    """The loaded library, built on first use; None where it is off or cannot be built.
+    While a decode step is recorded for a CPU graph, a stand-in that records each call
+    (``relayc.runtime.tape.native_library``)."""
+    if _tried:
+        return native_library(_lib)
+    return native_library(_load_once())
+
+
+def _load_once() -> ctypes.CDLL | None:
     global _lib, _tried
     if _tried:
         return _lib
@@ -253,6 +283,7 @@ def native_decoder() -> ctypes.CDLL | None:
             if compiler is None:
                 raise RuntimeError("no C compiler found (set $CC)")
             _lib = _load(_build(compiler))
+            tape_ops.install(_lib)
         except Exception as exc:
             warnings.warn(
                 f"relayc: the native CPU decoder is unavailable ({exc}); running the "

@@ -309,7 +309,9 @@ class Scheduler:
             # here after the earlier ones and is processed in this iteration, as without
             # overlap; every token is the same either way.
             overlap = self.runner.overlaps(sum(len(step.requests) for step in steps))
-            job = self._job(steps)
+            # A CPU job overlapped with the host hands over copies: its outputs may be a
+            # recorded step's buffers (graphs='tape'), rewritten by the next job.
+            job = self._job(steps, copy=overlap and self.device.type == "cpu")
             pending = self.runner.submit(job) if overlap else self.runner.run_inline(job)
             self._inflight.append(_InFlight(steps, pending))
             self.stats.forwards += len(steps)
@@ -533,8 +535,14 @@ class Scheduler:
         request.req_pool_index, request.kv_reserved = 0, 0
 
     # -- device side (runs on the forward runner) -----------------------------------------
-    def _job(self, steps: list[HostStep]) -> Callable[[], tuple[list[_HostResult], float]]:
+    def _job(
+        self, steps: list[HostStep], copy: bool = False
+    ) -> Callable[[], tuple[list[_HostResult], float]]:
         algorithm, device, kv_cache = self.algorithm, self.device, self.kv_cache
+
+        def to_host(t: torch.Tensor) -> torch.Tensor:
+            return t.clone() if copy else t.to("cpu", non_blocking=True)
+
         req_to_token = self.req_pool.req_to_token
 
         def run() -> tuple[list[_HostResult], float]:
@@ -557,16 +565,12 @@ class Scheduler:
                     if out.tokens is not None and out.counts is None:
                         raise RuntimeError(f"`{algorithm.name}` returned tokens without counts")
                     if out.tokens is None:
-                        host_results.append(
-                            (out.next_tokens[:, None].to("cpu", non_blocking=True), None)
-                        )
+                        host_results.append((to_host(out.next_tokens[:, None]), None))
                     else:
                         host_results.append(
                             (
-                                out.tokens.to("cpu", non_blocking=True),
-                                None
-                                if out.counts is None
-                                else out.counts.to("cpu", non_blocking=True),
+                                to_host(out.tokens),
+                                None if out.counts is None else to_host(out.counts),
                             )
                         )
             return host_results, time.perf_counter() - start

@@ -9,7 +9,9 @@ the Triton source without a GPU); ``"torch"`` forces the torch path.
 :func:`graph_safe_paths` marks a block that stands in for a CUDA graph capture
 (``relayc.runtime.capture``): code that has a faster host-reading path on the
 CPU (the kernels' tree walks, see ``relayc.kernels._backend.host_loops``) takes
-the path a GPU would capture instead. The choice lives here, in the layer
+the path a GPU would capture instead, and so do the CPU's native one-call paths
+(:func:`native_paths`) unless the block records them for a CPU graph
+(``relayc.runtime.tape``). The choice lives here, in the layer
 generated code imports, so the relay and the capture check need no kernels.
 """
 
@@ -27,6 +29,7 @@ Backend = Literal["auto", "torch", "triton"]
 BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 
 _GRAPH_SAFE: ContextVar[bool] = ContextVar("relayc_graph_safe_paths", default=False)
+_NATIVE: ContextVar[bool] = ContextVar("relayc_graph_safe_native", default=True)
 
 
 def triton_available() -> bool:
@@ -66,11 +69,20 @@ def graph_safe() -> bool:
     return _GRAPH_SAFE.get()
 
 
+def native_paths() -> bool:
+    """Whether the CPU's native one-call paths may run: everywhere but inside
+    :func:`graph_safe_paths` without ``native`` (the path a GPU captures has none)."""
+    return _NATIVE.get()
+
+
 @contextmanager
-def graph_safe_paths() -> Iterator[None]:
-    """Within this block ``"auto"`` never picks a host-reading fast path."""
-    token = _GRAPH_SAFE.set(True)
+def graph_safe_paths(*, native: bool = False) -> Iterator[None]:
+    """Within this block ``"auto"`` never picks a host-reading fast path; with ``native``
+    the CPU's native one-call paths still run (a CPU graph records them:
+    ``relayc.runtime.tape``), else they stand aside too."""
+    token, native_token = _GRAPH_SAFE.set(True), _NATIVE.set(native)
     try:
         yield
     finally:
+        _NATIVE.reset(native_token)
         _GRAPH_SAFE.reset(token)

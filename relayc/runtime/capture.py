@@ -20,15 +20,17 @@ off meanwhile, so the check sees the path a GPU captures.
 from __future__ import annotations
 
 import inspect
+import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from relayc.runtime.backend import graph_safe_paths
-from relayc.runtime.graph_runner import output_items
+from relayc.runtime.outputs import output_items
 
 aten = torch.ops.aten
 
@@ -49,6 +51,9 @@ class CaptureViolation(RuntimeError):
     """Something a CUDA graph cannot hold, found by :class:`CaptureCheck`."""
 
 
+_OWN_FILES = ("runtime/capture.py", "runtime/tape.py")  # never the line to point at
+
+
 def _where(step_file: str | None) -> str:
     """The innermost frame in the generated step's module, else the innermost of ours."""
     frames = traceback.extract_stack()[:-3]
@@ -56,44 +61,71 @@ def _where(step_file: str | None) -> str:
         if step_file is not None and frame.filename == step_file:
             return f"{frame.filename}:{frame.lineno}: {frame.line}"
     for frame in reversed(frames):
-        if "/torch/" not in frame.filename and not frame.filename.endswith("capture.py"):
+        if "/torch/" not in frame.filename and not frame.filename.endswith(_OWN_FILES):
             return f"{frame.filename}:{frame.lineno}: {frame.line}"
     return "<unknown>"
+
+
+# Host reads that never reach the dispatcher: while any check runs, these Tensor methods are
+# replaced by guards that fail in a thread (context) running a check and pass through in
+# every other -- an engine's host thread keeps reading tokens while its forward thread
+# records a step. Installed by the first check to start, restored when the last one ends.
+_HOST_READS = ("tolist", "numpy", "cpu", "__array__")
+_ACTIVE: ContextVar[CaptureCheck | None] = ContextVar("relayc_capture_check", default=None)
+_guards_lock = threading.Lock()
+_guards = {"count": 0}
+_originals: dict[str, Any] = {}
+
+
+def _guard(name: str, original: Any) -> Any:
+    def guarded(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        check = _ACTIVE.get()
+        if check is not None:
+            check._fail(
+                f"Tensor.{name}()", "reads a tensor on the host: a device-to-host copy and a sync"
+            )
+        return original(tensor, *args, **kwargs)
+
+    return guarded
+
+
+def _guard_host_reads(change: int) -> None:
+    with _guards_lock:
+        _guards["count"] += change
+        if change > 0 and _guards["count"] == 1:
+            for name in _HOST_READS:
+                _originals[name] = getattr(torch.Tensor, name)
+                setattr(torch.Tensor, name, _guard(name, _originals[name]))
+        elif change < 0 and _guards["count"] == 0:
+            for name, method in _originals.items():
+                setattr(torch.Tensor, name, method)
+            _originals.clear()
 
 
 class CaptureCheck(TorchDispatchMode):
     """Fail on any aten op a CUDA graph cannot capture."""
 
-    def __init__(self, step_file: str | None = None) -> None:
+    def __init__(self, step_file: str | None = None, *, native: bool = False) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.step_file = step_file  # to point at the generated line that ran the op
         self.ops_seen = 0
-
-    _HOST_READS = ("tolist", "numpy", "cpu", "__array__")
+        # native=True keeps the CPU's native one-call paths (relayc.runtime.tape records them)
+        self.native_paths = native
 
     def __enter__(self) -> CaptureCheck:
         # The CPU's host-loop fast paths stand aside: check the path a GPU would capture.
-        self._graph_safe = graph_safe_paths()
+        self._graph_safe = graph_safe_paths(native=self.native_paths)
         self._graph_safe.__enter__()
-        self._saved = {name: getattr(torch.Tensor, name) for name in self._HOST_READS}
-        for name in self._HOST_READS:
-            setattr(torch.Tensor, name, self._host_read(name))
+        self._active = _ACTIVE.set(self)
+        _guard_host_reads(+1)
         super().__enter__()  # type: ignore[no-untyped-call]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for name, method in self._saved.items():
-            setattr(torch.Tensor, name, method)
+        _guard_host_reads(-1)
+        _ACTIVE.reset(self._active)
         self._graph_safe.__exit__(None, None, None)
         super().__exit__(*exc)  # type: ignore[no-untyped-call]
-
-    def _host_read(self, name: str) -> Any:
-        def refuse(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            self._fail(
-                f"Tensor.{name}()", "reads a tensor on the host: a device-to-host copy and a sync"
-            )
-
-        return refuse
 
     def _fail(self, func: Any, why: str) -> None:
         raise CaptureViolation(

@@ -27,18 +27,29 @@ The contract (what the engine must uphold):
   `mode="off"`. `mode="static"` runs the same static-buffer path without CUDA graphs,
   so the padding and slicing are tested on any device; `"auto"` is `"graph"` on CUDA
   and `"off"` elsewhere.
+- `mode="tape"` is the CPU's counterpart of `"graph"` (``relayc.runtime.tape``): each
+  bucket's step is run once on padding and recorded -- its ATen ops and native calls,
+  none of the Python around them -- and a batch replays the recording. A step the
+  recorder refuses (`tape_refusals` says why) runs from its static buffers as with
+  `"static"`. As with CUDA graphs, a replay's outputs are the recording's tensors,
+  valid until the next replay: on the CPU a host copy (`.to("cpu")`) is the tensor
+  itself, so a caller that keeps them past the next step copies them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
-MODES: tuple[str, ...] = ("auto", "graph", "static", "off")
+from relayc.runtime.outputs import output_items
+from relayc.runtime.tape import Recorder, TapeRefused
+
+MODES: tuple[str, ...] = ("auto", "graph", "tape", "static", "off")
 
 Outputs = TypeVar("Outputs")
 
@@ -62,21 +73,14 @@ def resolve_mode(mode: str, device: torch.device | str) -> str:
     if mode == "graph" and device.type != "cuda":
         raise ValueError(
             f"graphs mode 'graph' needs a CUDA device, not {device.type}; "
-            "use 'static' to run the static-buffer path without CUDA graphs"
+            "use 'tape' for the CPU's recorded steps, or 'static' to run the static-buffer "
+            "path without graphs"
+        )
+    if mode == "tape" and device.type != "cpu":
+        raise ValueError(
+            f"graphs mode 'tape' records CPU steps, not {device.type} ones; use 'graph' on CUDA"
         )
     return mode
-
-
-def output_items(outputs: Any) -> list[tuple[str, Any]]:
-    """(name, value) of a step's outputs: a mapping or a dataclass (``DecodeOutputs``)."""
-    if isinstance(outputs, Mapping):
-        return list(outputs.items())
-    if dataclasses.is_dataclass(outputs) and not isinstance(outputs, type):
-        return [(f.name, getattr(outputs, f.name)) for f in dataclasses.fields(outputs)]
-    raise TypeError(
-        f"a step's device part must return a mapping or a dataclass of tensors, "
-        f"not {type(outputs).__name__}"
-    )
 
 
 def slice_rows(outputs: Outputs, batch: int) -> Outputs:
@@ -89,6 +93,15 @@ def slice_rows(outputs: Outputs, batch: int) -> Outputs:
 
 def _rows(value: Any, batch: int) -> Any:
     return value[:batch] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
+
+
+def _source_file(step: Any) -> str | None:
+    """The file of ``step``'s class, to name the generated line an error comes from; None
+    for a module without one (compiled from a spec in memory)."""
+    try:
+        return inspect.getsourcefile(type(step))
+    except (TypeError, OSError):
+        return None
 
 
 def reset_padding_slot(relay: Any) -> None:
@@ -127,9 +140,24 @@ class GraphRunner:
         self.bind_ctx = bind_ctx or (lambda ctx, static: ctx)
         self._static: dict[int, dict[str, torch.Tensor]] = {}
         self._replay: dict[int, Callable[[], Any]] = {}
+        self.tapes: dict[int, Any] = {}  # bucket -> its relayc.runtime.tape.Tape (mode tape)
+        # per (bucket, batch): each static input's rows [:batch], rows [batch:], its pad
+        self._rows: dict[tuple[int, int], list[tuple[str, torch.Tensor, torch.Tensor, Any]]] = {}
+        self._filled: dict[int, int] = {}  # bucket -> rows past which its inputs hold pads
+        self._pads_kept: set[int] = set()  # buckets whose recorded step writes no input
+        self._unread: dict[int, set[str]] = {}  # bucket -> inputs its recording never reads
+        # the batch being replayed: its size, inputs, host outputs and ctx values
+        self._last: tuple[int, Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]] = (
+            0,
+            {},
+            {},
+            {},
+        )
         self.pool = pool
         self.replays = 0  # batches run from static buffers (for tests and benchmarks)
         self.eager_runs = 0  # batches run eagerly (off, or above the largest bucket)
+        self.tape_refusals: dict[int, str] = {}  # bucket -> why it runs from static buffers
+        self.tape_reruns = 0  # replays a native call declined, run eagerly instead
 
     def _all_inputs(self) -> dict[str, StaticInput]:
         return {**self.inputs, **self.host_inputs, **self.ctx_inputs}
@@ -147,7 +175,8 @@ class GraphRunner:
         return self.step.run_device(ctx, **engine_inputs, host=host)
 
     def capture(self, ctx: Any, buckets: Sequence[int] | None = None) -> None:
-        """Capture (mode `graph`) or prepare (mode `static`) buckets, largest first."""
+        """Capture (mode `graph`), record (mode `tape`) or prepare (mode `static`) buckets,
+        largest first."""
         if self.mode == "off":
             return
         for bucket in sorted(self.batch_sizes if buckets is None else buckets, reverse=True):
@@ -160,11 +189,41 @@ class GraphRunner:
             self._static[bucket] = static
             if self.mode == "static":
                 self._replay[bucket] = self._static_replay(bound, static)
+            elif self.mode == "tape":
+                self._replay[bucket] = self._record_tape(bucket, bound, static)
             else:
                 self._replay[bucket] = self._capture_graph(bound, static)
 
     def _static_replay(self, ctx: Any, static: Mapping[str, torch.Tensor]) -> Callable[[], Any]:
         return lambda: self._run_static(ctx, static)
+
+    def _record_tape(
+        self, bucket: int, ctx: Any, static: Mapping[str, torch.Tensor]
+    ) -> Callable[[], Any]:
+        self._run_static(ctx, static)  # warm-up: lazy relay buffers, packed weights
+        recorder = Recorder(_source_file(self.step))
+        try:
+            with recorder:
+                outputs = self._run_static(ctx, static)
+        except TapeRefused as refused:
+            self.tape_refusals[bucket] = str(refused)
+            return self._static_replay(ctx, static)
+        tape = recorder.tape()
+        self.tapes[bucket] = tape
+        if not any(recorder.writes(t) for t in static.values()):
+            self._pads_kept.add(bucket)
+            # inputs no recorded call reads need no copy (a rerun copies them first)
+            self._unread[bucket] = {n for n, t in static.items() if not recorder.reads(t)}
+
+        def replay() -> Any:
+            if tape.replay():
+                return outputs
+            self.tape_reruns += 1  # a native call declined: the step's own way, eagerly
+            batch, inputs, host, ctx_values = self._last
+            self._copy_in(bucket, batch, inputs, host, ctx_values, every=True)
+            return self._run_static(ctx, static)
+
+        return replay
 
     def _capture_graph(self, ctx: Any, static: Mapping[str, torch.Tensor]) -> Callable[[], Any]:
         current = torch.cuda.current_stream(self.device)
@@ -215,12 +274,51 @@ class GraphRunner:
             return self.step.run_device(ctx, **inputs, host=host)
         if bucket not in self._replay:
             self.capture(ctx, [bucket])
-        static = self._static[bucket]
-        for name, spec in self._all_inputs().items():
-            value = inputs.get(name, host.get(name, ctx_values.get(name)))
-            if value is None:
-                raise KeyError(f"no value for the static input `{name}` of the graph runner")
-            static[name][:batch].copy_(value)
-            static[name][batch:].fill_(spec.pad)
+        self._last = (batch, inputs, host, ctx_values)
+        self._copy_in(bucket, batch, inputs, host, ctx_values)
         self.replays += 1
-        return slice_rows(self._replay[bucket](), batch)
+        outputs = self._replay[bucket]()
+        return outputs if batch == bucket else slice_rows(outputs, batch)
+
+    def _copy_in(
+        self,
+        bucket: int,
+        batch: int,
+        inputs: Mapping[str, torch.Tensor],
+        host: Mapping[str, torch.Tensor],
+        ctx_values: Mapping[str, torch.Tensor],
+        every: bool = False,
+    ) -> None:
+        """The batch's values into rows [:batch] of the bucket's static inputs, the padding
+        value into the rows past it. A recorded step that writes none of its inputs keeps
+        its padding rows (only rows an earlier, larger batch filled are padded again), and
+        the inputs its recording never reads are left alone unless ``every``."""
+        rows = self._rows.get((bucket, batch))
+        if rows is None:
+            static = self._static[bucket]
+            rows = self._rows[(bucket, batch)] = [
+                (name, static[name][:batch], static[name][batch:], spec.pad)
+                for name, spec in self._all_inputs().items()
+            ]
+        skip = () if every else self._unread.get(bucket, ())
+        for name, head, _, _ in rows:
+            if name in skip:
+                continue
+            value = inputs.get(name)
+            if value is None:
+                value = host.get(name)
+                if value is None:
+                    value = ctx_values.get(name)
+                    if value is None:
+                        raise KeyError(
+                            f"no value for the static input `{name}` of the graph runner"
+                        )
+            head.copy_(value)
+        filled = self._filled.get(bucket, bucket)
+        if bucket in self._pads_kept and filled <= batch and not every:
+            self._filled[bucket] = max(filled, batch)
+            return
+        for name, _, tail, pad in rows:
+            if tail.numel() and name not in skip:
+                tail.fill_(pad)
+        self._filled[bucket] = batch

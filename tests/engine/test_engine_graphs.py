@@ -111,7 +111,7 @@ def test_capture_buckets_follow_the_spec_up_to_the_engine_batch() -> None:
 
 
 def test_graph_modes_are_checked(model: LlamaForCausalLM) -> None:
-    with pytest.raises(ValueError, match="auto, graph, static, off"):
+    with pytest.raises(ValueError, match="auto, graph, tape, static, off"):
         Engine(model, graphs="fast")
     with pytest.raises(ValueError, match="needs a CUDA device"):
         Engine(model, graphs="graph")

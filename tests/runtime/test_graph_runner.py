@@ -82,5 +82,5 @@ def test_modes_are_checked() -> None:
     assert resolve_mode("static", "cpu") == "static"
     with pytest.raises(ValueError, match="needs a CUDA device"):
         resolve_mode("graph", "cpu")
-    with pytest.raises(ValueError, match="one of auto, graph, static, off"):
+    with pytest.raises(ValueError, match="one of auto, graph, tape, static, off"):
         resolve_mode("eager", "cpu")

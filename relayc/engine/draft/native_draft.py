@@ -57,7 +57,7 @@ from relayc.engine.cpu_decoder import (
 )
 from relayc.engine.fused_forward import ModelSlot, index_arrays
 from relayc.engine.kv_cache import KVCache
-from relayc.kernels._backend import graph_safe
+from relayc.kernels._backend import native_paths
 
 if TYPE_CHECKING:
     from relayc.engine.draft.eagle3 import Eagle3Head
@@ -103,7 +103,7 @@ class NativeDraft:
         lib = native.native_decoder()
         if (
             lib is None
-            or graph_safe()  # checking the path a GPU captures: the step-by-step one
+            or not native_paths()  # checking the path a GPU captures: the step-by-step one
             or torch.is_grad_enabled()
             or rows > native_max_tokens(head.lm_head.weight.dtype)
             or req_to_token.dtype != torch.int32

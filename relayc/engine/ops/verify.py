@@ -38,7 +38,7 @@ from relayc.kernels import (
     tree_speculative_sampling_target_only,
     verify_tree_greedy,
 )
-from relayc.kernels._backend import graph_safe
+from relayc.kernels._backend import graph_safe, native_paths
 from relayc.kernels.rng import FINAL_STREAM
 
 # build_tree lays out a chain that keeps every draft directly (the same outputs); False:
@@ -246,7 +246,7 @@ def _native_greedy(
     lib = native.native_decoder()
     if (
         lib is None
-        or graph_safe()
+        or not native_paths()
         or candidates.dim() != 2
         or not index_arrays(candidates, *tree, target)
         or target.numel() != candidates.numel()
@@ -482,7 +482,7 @@ def impl_compact_accepted_kv(
     entries are the committed ones (the rest are overwritten by the next window)."""
     batch, n = accept_index.shape
     window = verify_slots(ctx, batch, n)
-    if window.device.type == "cpu" and not graph_safe():
+    if window.device.type == "cpu" and native_paths():
         made = _native_compact(ctx, window, accept_index, accept_lens, seq_lens, req_pool_indices)
         if made is not None:
             return {"new_seq_lens": made}

@@ -1,0 +1,212 @@
+"""The small ATen ops of a recorded decode step as native calls (``relayc.runtime.tape``).
+
+A CPU graph replays a step's ATen ops without the Python around them, but each op still
+runs ATen's dispatch and kernel code, cold right after a forward has streamed the weights
+through the caches: an ``index_copy_`` of one row took 110-150 us there, a native call
+about 25 (``bench/engine.py --steps``, SmolLM2). The relay's row moves are such ops:
+``resolve`` gathers request rows (``index_select``), ``stash`` scatters them
+(``index_copy_``), a captured step zeroes the padding slot (``zero_``), and ops copy and
+clone. Each is lowered here when its tensors are plain contiguous CPU memory of one dtype --
+the same bytes moved, so the same values -- and recorded as ATen's op otherwise. The
+native row moves check every index before they write, and a replay that meets a refused
+index stops as ``relayc.runtime.tape`` says.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from relayc.runtime.tape import register_lowering
+
+aten = torch.ops.aten
+
+Call = tuple[Any, ...] | None  # (function, arguments[, what they point into])
+
+
+def _plain(*tensors: Any) -> bool:
+    """Contiguous CPU tensors of one dtype (a view's ``data_ptr`` includes its offset)."""
+    first = tensors[0]
+    return all(
+        isinstance(t, torch.Tensor)
+        and t.device.type == "cpu"
+        and t.is_contiguous()
+        and t.dtype == first.dtype
+        for t in tensors
+    )
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    return t[0].numel() * t.element_size()
+
+
+def _index(index: Any) -> bool:
+    return (
+        isinstance(index, torch.Tensor)
+        and index.dtype == torch.int64
+        and index.device.type == "cpu"
+        and index.dim() == 1
+        and index.is_contiguous()
+    )
+
+
+def install(lib: ctypes.CDLL) -> None:
+    """Register the lowerings onto ``lib``'s functions (once the library has loaded)."""
+    gather, scatter = lib.relayc_gather_rows, lib.relayc_scatter_rows
+    copy, zero = lib.relayc_copy_bytes, lib.relayc_zero_bytes
+    cat_bytes, fill, cast = lib.relayc_cat_bytes, lib.relayc_fill_pattern, lib.relayc_cast_int
+    add_int = lib.relayc_add_int64
+
+    def index_select(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+        src, dim, index = (list(args) + [None] * 3)[:3]
+        out = outs[0]
+        if kwargs or dim != 0 or not _index(index) or not _plain(src, out) or src.dim() < 1:
+            return None
+        if src.shape[1:] != out.shape[1:] or out.shape[0] != index.numel() or not src.shape[0]:
+            return None
+        return gather, (
+            src.data_ptr(),
+            src.shape[0],
+            _row_bytes(src),
+            index.data_ptr(),
+            index.numel(),
+            0,
+            out.data_ptr(),
+        )
+
+    def index(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+        src, indices = args[0], args[1]
+        out = outs[0]
+        if kwargs or len(indices) != 1 or not _plain(src, out) or src.dim() < 1:
+            return None
+        (rows,) = indices  # src[rows]: rows' shape, then src's row shape
+        if rows is None or rows.dtype != torch.int64 or rows.device.type != "cpu":
+            return None
+        if (
+            not rows.is_contiguous()
+            or not src.shape[0]
+            or out.numel() != rows.numel() * src[0].numel()
+        ):
+            return None
+        return gather, (
+            src.data_ptr(),
+            src.shape[0],
+            _row_bytes(src),
+            rows.data_ptr(),
+            rows.numel(),
+            1,  # negative rows count from the end, as advanced indexing reads them
+            out.data_ptr(),
+        )
+
+    def cat(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+        tensors, dim = args[0], args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        out = outs[0]
+        if not tensors or not _plain(out, *tensors) or out.dim() == 0:
+            return None
+        dim = dim % out.dim()
+        if any(t.dim() != out.dim() for t in tensors):
+            return None  # torch.cat's legacy empty [0] inputs: ATen's way
+        outer = out.shape[:dim].numel()
+        inner = [t.shape[dim:].numel() * t.element_size() for t in tensors]
+        pointers = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+        sizes = (ctypes.c_int64 * len(tensors))(*inner)
+        return cat_bytes, (out.data_ptr(), outer, len(tensors), pointers, sizes)
+
+    def full(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+        out = outs[0]
+        if not _plain(out) or not out.numel():
+            return None
+        pattern = out.reshape(-1)[:1].clone()  # the value as the out tensor holds it
+        return fill, (out.data_ptr(), out.numel(), out.element_size(), pattern.data_ptr()), pattern
+
+    def to_copy(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+        dst, src = args[0], args[1]  # recorded as copy_ into the tensor _to_copy made
+        ints = (torch.int64, torch.int32)
+        if dst.dtype == src.dtype or dst.dtype not in ints or src.dtype not in ints:
+            return copy_(args, kwargs, outs)
+        if not (dst.is_contiguous() and src.is_contiguous() and dst.shape == src.shape):
+            return None
+        if dst.device.type != "cpu" or src.device.type != "cpu":
+            return None
+        return cast, (
+            src.data_ptr(),
+            src.element_size(),
+            dst.data_ptr(),
+            dst.element_size(),
+            dst.numel(),
+        )
+
+    def index_copy_(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+        dst, dim, index, src = (list(args) + [None] * 4)[:4]
+        if kwargs or dim != 0 or not _index(index) or not _plain(dst, src) or dst.dim() < 1:
+            return None
+        if dst.shape[1:] != src.shape[1:] or src.shape[0] != index.numel() or not dst.shape[0]:
+            return None
+        return scatter, (
+            dst.data_ptr(),
+            dst.shape[0],
+            _row_bytes(dst),
+            index.data_ptr(),
+            index.numel(),
+            src.data_ptr(),
+        )
+
+    def zero_(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+        (dst,) = args
+        if kwargs or not _plain(dst):
+            return None
+        return zero, (dst.data_ptr(), dst.numel() * dst.element_size())
+
+    def copy_(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+        dst, src = args[0], args[1]  # non_blocking changes nothing on the CPU
+        if not _plain(dst, src) or dst.shape != src.shape:
+            return None
+        return copy, (dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size())
+
+    def clone(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+        src, out = args[0], outs[0]
+        if not _plain(src, out) or src.shape != out.shape:
+            return None
+        return copy, (out.data_ptr(), src.data_ptr(), out.numel() * out.element_size())
+
+    register_lowering(aten.index_select.default, index_select)
+    register_lowering(aten.index_copy_.default, index_copy_)
+    register_lowering(aten.zero_.default, zero_)
+
+    def arithmetic(sign: int) -> Any:
+        def lowering(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+            a, b, out = args[0], args[1], outs[0]
+            if type(b) is int:  # a Python int operand: as the int64 it adds
+                b = torch.tensor(b, dtype=torch.int64)
+            if kwargs.get("alpha", 1) != 1 or len(args) > 2 or not _plain(a, b, out):
+                return None
+            if a.dtype != torch.int64 or a.shape != out.shape or not b.numel():
+                return None
+            # b the same shape as a, or broadcast along a's leading dimensions (its trailing
+            # shape a's, or a single element)
+            if b.numel() != 1 and tuple(b.shape) != tuple(a.shape[a.dim() - b.dim() :]):
+                return None
+            if b.dim() > a.dim():
+                return None
+            pointers = (a.data_ptr(), b.data_ptr(), a.numel(), b.numel(), sign, out.data_ptr())
+            return add_int, pointers, b
+
+        return lowering
+
+    register_lowering(aten.clone.default, clone)
+    register_lowering(aten.add.Tensor, arithmetic(1))
+    register_lowering(aten.sub.Tensor, arithmetic(-1))
+    register_lowering(aten.index.Tensor, index)
+    register_lowering(aten.cat.default, cat)
+    for factory in (
+        aten.full.default,
+        aten.full_like.default,
+        aten.zeros.default,
+        aten.zeros_like.default,
+        aten.ones_like.default,
+    ):
+        register_lowering(factory, full)
+    register_lowering(aten.copy_.default, to_copy)
