@@ -1235,11 +1235,40 @@ static int decode_layers(
     float *buffer = (float *)malloc(sizeof(float) * floats);
     uint16_t *xb = (uint16_t *)malloc(sizeof(uint16_t) * (halves + 1));
     const float **rows_kv = (const float **)malloc(sizeof(float *) * (size_t)(2 * S + 1));
-    if (buffer == NULL || xb == NULL || rows_kv == NULL) {
+    /* Each request's live key columns (those some row of it attends), its mask over them,
+     * and how many: the same for every layer. Masked columns add nothing to a row's sums
+     * (attend_group skips them; each key's arithmetic is its own), so attending the live
+     * ones alone gives the same bits -- and a caller's loose bound (a recorded step's
+     * prefix bound is the KV table's width) costs nothing. */
+    int64_t *live = (int64_t *)malloc(sizeof(int64_t) * ((size_t)B * S + 1));
+    float *live_mask = (float *)malloc(sizeof(float) * ((size_t)B * Q * S + 1));
+    int *live_count = (int *)malloc(sizeof(int) * ((size_t)B + 1));
+    if (buffer == NULL || xb == NULL || rows_kv == NULL || live == NULL || live_mask == NULL ||
+        live_count == NULL) {
         free(buffer);
         free(xb);
         free(rows_kv);
+        free(live);
+        free(live_mask);
+        free(live_count);
         return -1;
+    }
+    for (int b = 0; b < B; b++) {
+        const float *m = mask + (size_t)b * Q * S;
+        int n = 0;
+        for (int j = 0; j < S; j++) {
+            int attended = 0;
+            for (int q = 0; q < Q && !attended; q++) {
+                const float v = m[(size_t)q * S + j];
+                attended = !(isinf(v) && v < 0);
+            }
+            if (attended) live[(size_t)b * S + n++] = j;
+        }
+        live_count[b] = n;
+        float *lm = live_mask + (size_t)b * Q * S;
+        for (int q = 0; q < Q; q++)
+            for (int i = 0; i < n; i++)
+                lm[(size_t)q * n + i] = m[(size_t)q * S + live[(size_t)b * S + i]];
     }
     float *h = buffer, *qkv = h + (size_t)T * hidden, *attn = qkv + (size_t)T * qkv_width;
     float *gate_up = attn + (size_t)T * heads * D, *act = gate_up + (size_t)T * 2 * inter;
@@ -1284,14 +1313,17 @@ static int decode_layers(
             }
         }
         for (int b = 0; b < B; b++) {
-            const int64_t *loc = kv_loc + (size_t)b * S;
+            const int64_t *loc = kv_loc + (size_t)b * S, *cols = live + (size_t)b * S;
+            const int n = live_count[b];
+            const float *lm = live_mask + (size_t)b * Q * S;
             for (int kvh = 0; kvh < kv_heads; kvh++) {
                 if (bf16) {
                     const uint16_t *kc = (const uint16_t *)k_cache[l] + (size_t)kvh * D;
                     const uint16_t *vc = (const uint16_t *)v_cache[l] + (size_t)kvh * D;
-                    for (int j = 0; j < S; j++) {
+                    for (int j = 0; j < n; j++) {
                         float *kw = kv_wide + (size_t)j * D, *vw = kv_wide + (size_t)(S + j) * D;
-                        const uint16_t *ks = kc + (size_t)loc[j] * row, *vs = vc + (size_t)loc[j] * row;
+                        const int64_t at = loc[cols[j]];
+                        const uint16_t *ks = kc + (size_t)at * row, *vs = vc + (size_t)at * row;
                         for (int i = 0; i < D; i++) {
                             kw[i] = from_bf16(ks[i]);
                             vw[i] = from_bf16(vs[i]);
@@ -1302,9 +1334,9 @@ static int decode_layers(
                 } else {
                     const float *kc = (const float *)k_cache[l] + (size_t)kvh * D;
                     const float *vc = (const float *)v_cache[l] + (size_t)kvh * D;
-                    for (int j = 0; j < S; j++) {
-                        keys[j] = kc + (size_t)loc[j] * row;
-                        values[j] = vc + (size_t)loc[j] * row;
+                    for (int j = 0; j < n; j++) {
+                        keys[j] = kc + (size_t)loc[cols[j]] * row;
+                        values[j] = vc + (size_t)loc[cols[j]] * row;
                     }
                 }
                 /* the group's heads, and as many of the request's rows as fit a pass */
@@ -1315,8 +1347,8 @@ static int decode_layers(
                         R = Q - q < ATTEND_PAIRS / G ? Q - q : ATTEND_PAIRS / G;
                         const int t = b * Q + q;
                         attend_group(qkv + (size_t)t * qkv_width + (size_t)hd * D,
-                                     (size_t)qkv_width, keys, values,
-                                     mask + ((size_t)b * Q + q) * S, R, G, S, D, scale, scores,
+                                     (size_t)qkv_width, keys, values, lm + (size_t)q * n, R, G,
+                                     n, D, scale, scores,
                                      attn + (size_t)t * heads * D + (size_t)hd * D,
                                      (size_t)heads * D);
                     }
@@ -1341,6 +1373,9 @@ static int decode_layers(
         if (bf16)
             round_bf16(x, (size_t)T * hidden);
     }
+    free(live_count);
+    free(live_mask);
+    free(live);
     free(rows_kv);
     free(xb);
     free(buffer);
