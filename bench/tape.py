@@ -25,54 +25,17 @@ import time
 from typing import Any
 
 import torch
+from engine import ForwardTimer, NativeTimer  # bench/, this script's folder
 
-from relayc.engine import Engine, SamplingParams, native
-
-FUNCTIONS = (
-    "relayc_forward",
-    "relayc_draft_chain",
-    "relayc_draft_extend",
-    "relayc_accept_greedy",
-    "relayc_compact",
-    "relayc_decoder",
-    "relayc_decoder_bf16",
-    "relayc_decoder_ex",
-    "relayc_decoder_bf16_ex",
-    "relayc_decoder_blocks_ex",
-    "relayc_head",
-    "relayc_head_bf16",
-    "relayc_head_blocks",
-    "relayc_head_argmax",
-    "relayc_argmax",
-    "relayc_linear",
-    "relayc_norm_pair",
-    "relayc_paged_meta",
-)
+from relayc.engine import Engine, SamplingParams
 
 
-class Inside:
-    """Wall time inside the native library's compute calls (wrapped before any engine is
-    built, so every recording holds the timed functions)."""
+class Inside(NativeTimer):
+    """Wall time inside the native library's calls: bench/engine.py's compute calls and the
+    two small ones a step may make, wrapped before any engine is built (so every recording
+    holds the timed functions)."""
 
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def attach(self) -> bool:
-        lib = native.native_decoder()
-        if lib is None:
-            return False
-        for name in FUNCTIONS:
-            inner = getattr(lib, name)
-
-            def timed(*args: Any, _inner: Any = inner) -> Any:
-                start = time.perf_counter()
-                try:
-                    return _inner(*args)
-                finally:
-                    self.seconds += time.perf_counter() - start
-
-            setattr(lib, name, timed)
-        return True
+    FUNCTIONS = (*NativeTimer.FUNCTIONS, "relayc_norm_pair", "relayc_paged_meta")
 
 
 def main() -> None:
@@ -89,7 +52,7 @@ def main() -> None:
     parser.add_argument("--modes", default="off,tape")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    inside = Inside()
+    inside = Inside(ForwardTimer())  # no forward is wrapped: every call counts
     if not inside.attach():
         raise SystemExit("the native library is off here: nothing to record")
     sizes: dict[str, int] = {}

@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 import torch
 
 from relayc.runtime.outputs import output_items
-from relayc.runtime.tape import Recorder, TapeRefused
+from relayc.runtime.tape import Recorder
 
 MODES: tuple[str, ...] = ("auto", "graph", "tape", "static", "off")
 
@@ -205,8 +205,10 @@ class GraphRunner:
         try:
             with recorder:
                 outputs = self._run_static(ctx, static)
-        except TapeRefused as refused:
-            self.tape_refusals[bucket] = str(refused)
+        except Exception:
+            if recorder.refused is None:  # not a refusal: the step's own error
+                raise
+            self.tape_refusals[bucket] = str(recorder.refused)
             return self._static_replay(ctx, static)
         tape = recorder.tape()
         self.tapes[bucket] = tape

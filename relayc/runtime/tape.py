@@ -132,6 +132,7 @@ class Recorder(CaptureCheck):
         self._read: set[int] = set()  # storages its ATen calls are given
         self._pointers: list[int] = []  # integers its native calls are given
         self._restart_before: int | None = None  # the first call that writes lasting state
+        self.refused: TapeRefused | None = None  # why it refused, once it has
 
     def __enter__(self) -> Recorder:
         self._token = _RECORDER.set(self)
@@ -153,7 +154,11 @@ class Recorder(CaptureCheck):
         return Tape(self._calls, restart, self._keep)
 
     def _fail(self, func: Any, why: str) -> None:
-        raise TapeRefused(f"{func} {why}; a CPU graph cannot replay it (at {self._where()})")
+        # kept: TorchScript re-raises what its ops raise as a bare RuntimeError
+        self.refused = TapeRefused(
+            f"{func} {why}; a CPU graph cannot replay it (at {self._where()})"
+        )
+        raise self.refused
 
     def _where(self) -> str:
         return _where(self.step_file)

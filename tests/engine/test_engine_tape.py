@@ -119,6 +119,26 @@ def test_a_weight_changed_between_calls_is_recorded_again(head_dir: Path) -> Non
     assert taped.algorithm.graphs.runners[True] is second
 
 
+def test_a_refusal_inside_torchscript_runs_the_static_path(
+    head_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the native library the layers run as TorchScript, whose SDPA has no out=
+    form: the recorder refuses from inside the interpreter (which re-raises a bare
+    RuntimeError), and the bucket runs from its static buffers, with the same tokens."""
+    from relayc.engine import native
+
+    monkeypatch.setattr(native, "_tried", True)
+    monkeypatch.setattr(native, "_lib", None)
+    model = random_model(TINY, seed=4)
+    eager = _engine(model, "none", "off", False, head_dir)
+    taped = _engine(model, "none", "tape", False, head_dir)
+    prompts, params = _prompts(3, seed=2)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    assert [o.token_ids for o in taped.generate(prompts, params)] == want
+    refusals = taped.algorithm.graphs.runners[True].tape_refusals
+    assert refusals and all("has no out= form" in why for why in refusals.values())
+
+
 def test_tape_mode_is_for_the_cpu(model: LlamaForCausalLM) -> None:
     from relayc.runtime.graph_runner import resolve_mode
 
