@@ -180,7 +180,7 @@ class DecodeGraphs:
             (p.data_ptr(), p._version) for module in modules for p in module.parameters()
         )
         if self._weights is not None and stamps != self._weights:
-            self._runners.clear()
+            self.reset()
         self._weights = stamps
 
     @property

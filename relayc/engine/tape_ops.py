@@ -43,12 +43,13 @@ def _row_bytes(t: torch.Tensor) -> int:
     return t[0].numel() * t.element_size()
 
 
-def _index(index: Any) -> bool:
+def _index(index: Any, flat: bool = True) -> bool:
+    """A contiguous int64 CPU tensor of row indices (one-dimensional where ``flat``)."""
     return (
         isinstance(index, torch.Tensor)
         and index.dtype == torch.int64
         and index.device.type == "cpu"
-        and index.dim() == 1
+        and (index.dim() == 1 or not flat)
         and index.is_contiguous()
     )
 
@@ -60,46 +61,36 @@ def install(lib: ctypes.CDLL) -> None:
     cat_bytes, fill, cast = lib.relayc_cat_bytes, lib.relayc_fill_pattern, lib.relayc_cast_int
     add_int = lib.relayc_add_int64
 
-    def index_select(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
-        src, dim, index = (list(args) + [None] * 3)[:3]
-        out = outs[0]
-        if kwargs or dim != 0 or not _index(index) or not _plain(src, out) or src.dim() < 1:
+    def take_rows(src: Any, rows: Any, wrap: int, out: Any) -> Call:
+        """out = src's rows ``rows`` (dim 0), as one native gather, where it can be."""
+        if not _plain(src, out) or src.dim() < 1 or not src.shape[0]:
             return None
-        if src.shape[1:] != out.shape[1:] or out.shape[0] != index.numel() or not src.shape[0]:
+        if out.numel() != rows.numel() * src[0].numel():
             return None
+        row_bytes, count = _row_bytes(src), rows.numel()
         return gather, (
             src.data_ptr(),
             src.shape[0],
-            _row_bytes(src),
-            index.data_ptr(),
-            index.numel(),
-            0,
+            row_bytes,
+            rows.data_ptr(),
+            count,
+            wrap,
             out.data_ptr(),
         )
 
+    def index_select(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
+        src, dim, index = (list(args) + [None] * 3)[:3]
+        if kwargs or dim != 0 or not _index(index):
+            return None
+        return take_rows(src, index, 0, outs[0])  # a negative index is refused, as ATen's
+
     def index(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
         src, indices = args[0], args[1]
-        out = outs[0]
-        if kwargs or len(indices) != 1 or not _plain(src, out) or src.dim() < 1:
+        rows = indices[0] if len(indices) == 1 else None
+        if kwargs or not _index(rows, flat=False):
             return None
-        (rows,) = indices  # src[rows]: rows' shape, then src's row shape
-        if rows is None or rows.dtype != torch.int64 or rows.device.type != "cpu":
-            return None
-        if (
-            not rows.is_contiguous()
-            or not src.shape[0]
-            or out.numel() != rows.numel() * src[0].numel()
-        ):
-            return None
-        return gather, (
-            src.data_ptr(),
-            src.shape[0],
-            _row_bytes(src),
-            rows.data_ptr(),
-            rows.numel(),
-            1,  # negative rows count from the end, as advanced indexing reads them
-            out.data_ptr(),
-        )
+        # src[rows]: rows' shape, then src's row shape; negative rows count from the end
+        return take_rows(src, rows, 1, outs[0])
 
     def cat(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
         tensors, dim = args[0], args[1] if len(args) > 1 else kwargs.get("dim", 0)
@@ -127,9 +118,7 @@ def install(lib: ctypes.CDLL) -> None:
         ints = (torch.int64, torch.int32)
         if dst.dtype == src.dtype or dst.dtype not in ints or src.dtype not in ints:
             return copy_(args, kwargs, outs)
-        if not (dst.is_contiguous() and src.is_contiguous() and dst.shape == src.shape):
-            return None
-        if dst.device.type != "cpu" or src.device.type != "cpu":
+        if not (_plain(dst) and _plain(src) and dst.shape == src.shape):
             return None
         return cast, (
             src.data_ptr(),
@@ -167,14 +156,7 @@ def install(lib: ctypes.CDLL) -> None:
         return copy, (dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size())
 
     def clone(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
-        src, out = args[0], outs[0]
-        if not _plain(src, out) or src.shape != out.shape:
-            return None
-        return copy, (out.data_ptr(), src.data_ptr(), out.numel() * out.element_size())
-
-    register_lowering(aten.index_select.default, index_select)
-    register_lowering(aten.index_copy_.default, index_copy_)
-    register_lowering(aten.zero_.default, zero_)
+        return copy_((outs[0], args[0]), {}, outs)
 
     def arithmetic(sign: int) -> Any:
         def lowering(args: tuple[Any, ...], kwargs: dict[str, Any], outs: Sequence[Any]) -> Call:
@@ -196,6 +178,9 @@ def install(lib: ctypes.CDLL) -> None:
 
         return lowering
 
+    register_lowering(aten.index_select.default, index_select)
+    register_lowering(aten.index_copy_.default, index_copy_)
+    register_lowering(aten.zero_.default, zero_)
     register_lowering(aten.clone.default, clone)
     register_lowering(aten.add.Tensor, arithmetic(1))
     register_lowering(aten.sub.Tensor, arithmetic(-1))

@@ -156,12 +156,9 @@ class Recorder(CaptureCheck):
     def _fail(self, func: Any, why: str) -> None:
         # kept: TorchScript re-raises what its ops raise as a bare RuntimeError
         self.refused = TapeRefused(
-            f"{func} {why}; a CPU graph cannot replay it (at {self._where()})"
+            f"{func} {why}; a CPU graph cannot replay it (at {_where(self.step_file)})"
         )
         raise self.refused
-
-    def _where(self) -> str:
-        return _where(self.step_file)
 
     def _lasting(self) -> None:
         if self._restart_before is None:
