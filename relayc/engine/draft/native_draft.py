@@ -239,6 +239,9 @@ class NativeDraft:
         them with the greedy pick; None: draft it step by step (no library, a layout or
         dtype the call does not take, a near tie, a bad index)."""
         batch, steps = scratch_cache_loc.shape
+        # A batch's scratch columns are a slice of the step's wider slot table; the call
+        # reads them as rows of ``steps``.
+        scratch_cache_loc = scratch_cache_loc.contiguous()
         if (
             steps < 1
             or not index_arrays(first, seq_lens, req_pool_indices, scratch_cache_loc, head.d2t)

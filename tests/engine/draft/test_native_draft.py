@@ -70,14 +70,22 @@ def extends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 def _chain(
-    head: Eagle3Head, pre: Prefilled, num_steps: int, first: torch.Tensor | None = None
+    head: Eagle3Head,
+    pre: Prefilled,
+    num_steps: int,
+    first: torch.Tensor | None = None,
+    sliced: bool = False,
 ) -> tuple[DraftTree, torch.Tensor, torch.Tensor]:
-    """The chain's tree, and the K/V its steps left in their scratch slots."""
+    """The chain's tree, and the K/V its steps left in their scratch slots (``sliced``: the
+    slots a column slice of a wider table, as a decode step's slot table hands them)."""
     kv, out = extend(head, pre, topk=1)
     slots = torch.arange(400, 400 + 2 * (num_steps - 1)).view(2, -1)
+    if sliced:
+        slots = torch.cat([slots, slots + 100], dim=1)[:, : num_steps - 1]
+        assert not slots.is_contiguous()
     index = None if first is None else first[:, None]
     tree = draft(head, pre, kv, out, slots, num_steps, num_steps + 1, topk_index=index)
-    return tree, kv.k[0][slots.view(-1)].clone(), kv.v[0][slots.view(-1)].clone()
+    return tree, kv.k[0][slots.reshape(-1)].clone(), kv.v[0][slots.reshape(-1)].clone()
 
 
 def _step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,6 +109,20 @@ def test_the_native_chain_is_the_step_by_step_chain(
     want, want_k, want_v = _chain(head, pre, num_steps)
     for got, expected in zip((*tree, k, v), (*want, want_k, want_v), strict=True):
         assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert torch.equal(got, expected)
+
+
+def test_the_chain_takes_its_scratch_slots_as_a_slice_of_a_wider_table(
+    target: LlamaForCausalLM, head: Eagle3Head, chains: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of several requests hands the chain a strided view of the step's slot table:
+    the native call still drafts (it once declined every batch of more than one request)."""
+    pre = Prefilled(target, head.capture)
+    tree, k, v = _chain(head, pre, 3, sliced=True)
+    assert chains == [True]
+    _step_by_step(monkeypatch)
+    want, want_k, want_v = _chain(head, pre, 3, sliced=True)
+    for got, expected in zip((*tree, k, v), (*want, want_k, want_v), strict=True):
         assert torch.equal(got, expected)
 
 
