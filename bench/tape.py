@@ -38,6 +38,48 @@ class Inside(NativeTimer):
     FUNCTIONS = (*NativeTimer.FUNCTIONS, "relayc_norm_pair", "relayc_paged_meta")
 
 
+class Iterations:
+    """Per decode iteration (a scheduler step with nothing to prefill): its wall time, the
+    part inside native calls and the part inside a recorded step's replay (its ATen ops, its
+    native calls and the loop between them) -- the host's time between forwards is the
+    rest. Wraps ``Scheduler.step`` and ``Tape.replay`` on their classes."""
+
+    def __init__(self, inside: Inside) -> None:
+        from relayc.engine.scheduler import Scheduler
+        from relayc.runtime.tape import Tape
+
+        self.rows: list[tuple[float, float, float]] = []  # wall, native, replay (seconds)
+        replayed = [0.0]
+        step, replay = Scheduler.step, Tape.replay
+
+        def timed_replay(tape: Tape) -> bool:
+            start = time.perf_counter()
+            try:
+                return replay(tape)
+            finally:
+                replayed[0] += time.perf_counter() - start
+
+        def timed_step(scheduler: Scheduler) -> Any:
+            if scheduler.prefilling or scheduler.waiting:
+                return step(scheduler)
+            native, rep, start = inside.seconds, replayed[0], time.perf_counter()
+            try:
+                return step(scheduler)
+            finally:
+                wall = time.perf_counter() - start
+                self.rows.append((wall, inside.seconds - native, replayed[0] - rep))
+
+        Scheduler.step = timed_step  # type: ignore[method-assign]
+        Tape.replay = timed_replay  # type: ignore[method-assign]
+
+    def host_us(self, rows: list[tuple[float, float, float]]) -> tuple[float, float]:
+        """Median host time an iteration, in us: outside native calls, and outside native
+        calls and the recorded step (a CUDA graph's replay is device time)."""
+        outside = [wall - native for wall, native, _ in rows]
+        step = [wall - max(native, rep) for wall, native, rep in rows]
+        return statistics.median(outside) * 1e6, statistics.median(step) * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2")
@@ -55,6 +97,7 @@ def main() -> None:
     inside = Inside(ForwardTimer())  # no forward is wrapped: every call counts
     if not inside.attach():
         raise SystemExit("the native library is off here: nothing to record")
+    iterations = Iterations(inside)
     sizes: dict[str, int] = {}
     if args.algorithm != "none":
         sizes = {
@@ -86,10 +129,12 @@ def main() -> None:
     for engine in engines.values():
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=4))  # record, warm up
     rows: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in modes}
+    steps: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in modes}
     outputs: dict[str, list[list[int]]] = {}
     for _ in range(args.repeats):
         for mode, engine in engines.items():
             inside.seconds = 0.0
+            iterations.rows = []
             cpu, wall = time.process_time(), time.perf_counter()
             got = [engine.generate([p], params)[0].token_ids for p in prompts]
             wall = time.perf_counter() - wall
@@ -97,17 +142,27 @@ def main() -> None:
             tokens = sum(len(t) for t in got)
             outputs[mode] = got
             rows[mode].append((tokens / wall, (wall - inside.seconds) / tokens * 1e6, cpu / wall))
+            steps[mode] += iterations.rows
     print(
         f"tape: model {args.model} ({next(iter(engines.values())).model.config.dtype}), "
         f"{args.algorithm} {sizes or ''}, {args.prompts} prompts x {args.max_new_tokens} "
         f"tokens one at a time, overlap off, best of {args.repeats}"
     )
-    print(f"{'mode':<6} {'tokens/s':>9} {'outside native us/token':>24} {'cpu/wall':>18}")
+    print(
+        f"{'mode':<6} {'tokens/s':>9} {'outside native us/token':>24} "
+        f"{'host us/iteration: outside native':>34} {'and the recorded step':>22} "
+        f"{'cpu/wall':>18}"
+    )
     for mode in modes:
         best = max(r[0] for r in rows[mode])
         outside = statistics.median(r[1] for r in rows[mode])
         load = ", ".join(f"{r[2]:.2f}" for r in rows[mode])
-        print(f"{mode:<6} {best:>9.1f} {outside:>24.0f}   {load}")
+        host, host_step = iterations.host_us(steps[mode])
+        print(f"{mode:<6} {best:>9.1f} {outside:>24.0f} {host:>34.0f} {host_step:>22.0f}   {load}")
+    print(
+        "(host us/iteration: median over the decode iterations, prefill excluded; the last "
+        "column also leaves out the replay of a recorded step, as a CUDA graph's is device time)"
+    )
     if len(modes) == 2:
         a, b = modes
         print(f"{b}/{a}: tokens/s x{max(r[0] for r in rows[b]) / max(r[0] for r in rows[a]):.3f}")

@@ -89,7 +89,7 @@ class StepOutput:
 
     next_tokens: torch.Tensor  # [B] int64, one new token per request (the last, for multi-token)
     tokens: torch.Tensor | None = None  # [B, K] int64, emitted tokens, left-aligned
-    counts: torch.Tensor | None = None  # [B] int64 in 1..K, valid entries of ``tokens``
+    counts: torch.Tensor | None = None  # [B] int64 or int32 in 1..K, valid entries of ``tokens``
     committed: bool = False  # the algorithm wrote req_to_token for this decode
 
 
@@ -274,7 +274,7 @@ class GeneratedAlgorithm(DecodeAlgorithm):
         return StepOutput(
             next_tokens=outputs.next_tokens,
             tokens=outputs.tokens,
-            counts=outputs.counts.to(torch.int64),
+            counts=outputs.counts,
             committed=True,
         )
 

@@ -1687,13 +1687,15 @@ int relayc_fill_pattern(uint8_t *dst, int64_t n, int64_t elem_bytes, const uint8
     return 0;
 }
 
-/* out = a + sign * b over n int64 elements, b's row broadcast when b_n divides n (b_n 1: a
- * scalar tensor); wraps as torch's int64 arithmetic does. */
-int relayc_add_int64(const int64_t *a, const int64_t *b, int64_t n, int64_t b_n, int sign,
-                     int64_t *out) {
-    if (b_n < 1 || n % b_n) return -2;
+/* out = a + sign * b over n int64 elements: a's element i / a_rep (a_rep 1: a has out's shape;
+ * a_rep m: a column [..., 1] broadcast along out's last dimension of m), b's element i % b_n
+ * (b's row broadcast when b_n divides n; b_n 1: a scalar tensor); wraps as torch's int64
+ * arithmetic does. */
+int relayc_add_int64(const int64_t *a, const int64_t *b, int64_t n, int64_t a_rep, int64_t b_n,
+                     int sign, int64_t *out) {
+    if (a_rep < 1 || b_n < 1 || n % b_n || n % a_rep) return -2;
     for (int64_t i = 0; i < n; i++) {
-        const uint64_t x = (uint64_t)a[i], y = (uint64_t)b[i % b_n];
+        const uint64_t x = (uint64_t)a[i / a_rep], y = (uint64_t)b[i % b_n];
         out[i] = (int64_t)(sign < 0 ? x - y : x + y);
     }
     return 0;

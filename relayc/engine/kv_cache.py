@@ -19,6 +19,9 @@ tokens (for a draft tree, only the accepted ones).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from relayc.engine.config import ModelConfig
@@ -33,6 +36,12 @@ class ReqToTokenPool:
         self.size = size
         self.max_context = max_context
         self.req_to_token = torch.zeros((size + 1, max_context), dtype=torch.int32, device=device)
+        # On the CPU, the same memory as a NumPy array: the scheduler's per-step writes
+        # there are NumPy scalar stores, a few microseconds right after a forward has
+        # emptied the caches, where one torch op costs about a hundred. None elsewhere.
+        self.host_table: np.ndarray | None = (
+            self.req_to_token.numpy() if self.req_to_token.device.type == "cpu" else None
+        )
         self._free: list[int] = list(range(1, size + 1))
 
     def available_size(self) -> int:
@@ -85,6 +94,7 @@ class TokenToKVPool:
         self.device = torch.device(device)
         self.check = check
         self._buffer = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._host: np.ndarray | None = None  # the buffer as NumPy, on the CPU
         self._start = self._end = 0
         self.reset()
 
@@ -104,34 +114,68 @@ class TokenToKVPool:
         self._start += n
         return taken
 
+    def alloc_host(self, n: int) -> tuple[torch.Tensor, np.ndarray | None] | None:
+        """:meth:`alloc`, and on the CPU the same slots as a NumPy view (read without a
+        torch op: see ``ReqToTokenPool.host_table``); None elsewhere."""
+        start = self._start
+        taken = self.alloc(n)
+        if taken is None:
+            return None
+        return taken, None if self._host is None else self._host[start : start + n]
+
     def free(self, slots: torch.Tensor) -> None:
         slots = slots.reshape(-1).to(device=self.device, dtype=torch.int64)
         if slots.numel() == 0:
             return
         if self.check:
-            host = slots.tolist()
-            if min(host) < 1 or max(host) > self.size:
-                raise ValueError(f"freed KV slots must lie in 1..{self.size}; got {sorted(host)}")
-            doubled = set(host) & set(self._free.tolist())
-            if doubled or len(set(host)) != len(host):
-                raise ValueError(f"KV slots freed twice: {sorted(doubled) or host}")
+            self._check_freed(slots.tolist())
         n = slots.numel()
-        if self._end + n > self._buffer.numel():
-            # A new buffer (the free slots at its front): slots handed out are views of the
-            # old one, which stays theirs; only past ``_end`` is ever written.
-            live = self._free
-            size = 2 * max(self.size, live.numel() + n)
-            self._buffer = torch.empty(size, dtype=torch.int64, device=self.device)
-            self._buffer[: live.numel()] = live
-            self._start, self._end = 0, live.numel()
+        self._room(n)
         self._buffer[self._end : self._end + n] = slots
         self._end += n
+
+    def free_host(self, slots: Sequence[int] | np.ndarray) -> None:
+        """:meth:`free` for slots the host holds as integers: NumPy stores on the CPU."""
+        if self._host is None:
+            self.free(torch.tensor(np.asarray(slots, dtype=np.int64), device=self.device))
+            return
+        n = len(slots)
+        if n == 0:
+            return
+        if self.check:
+            self._check_freed([int(s) for s in slots])
+        self._room(n)
+        self._host[self._end : self._end + n] = slots
+        self._end += n
+
+    def _check_freed(self, host: list[int]) -> None:
+        if min(host) < 1 or max(host) > self.size:
+            raise ValueError(f"freed KV slots must lie in 1..{self.size}; got {sorted(host)}")
+        doubled = set(host) & set(self._free.tolist())
+        if doubled or len(set(host)) != len(host):
+            raise ValueError(f"KV slots freed twice: {sorted(doubled) or host}")
+
+    def _room(self, n: int) -> None:
+        """Room for ``n`` freed slots past ``_end``. When the buffer is full, a new one (the
+        free slots at its front): slots handed out are views of the old one, which stays
+        theirs; only past ``_end`` is ever written."""
+        if self._end + n <= self._buffer.numel():
+            return
+        live = self._free
+        size = 2 * max(self.size, live.numel() + n)
+        self._set_buffer(torch.empty(size, dtype=torch.int64, device=self.device))
+        self._buffer[: live.numel()] = live
+        self._start, self._end = 0, live.numel()
+
+    def _set_buffer(self, buffer: torch.Tensor) -> None:
+        self._buffer = buffer
+        self._host = buffer.numpy() if buffer.device.type == "cpu" else None
 
     def reset(self) -> None:
         """Every slot free, as new. The free list is ``_buffer[_start:_end]``: ``alloc``
         takes from its front, ``free`` appends at its back (one copy of the freed slots,
         where a new list would copy every free slot)."""
-        self._buffer = torch.empty(2 * self.size, dtype=torch.int64, device=self.device)
+        self._set_buffer(torch.empty(2 * self.size, dtype=torch.int64, device=self.device))
         self._buffer[: self.size] = torch.arange(
             1, self.size + 1, dtype=torch.int64, device=self.device
         )

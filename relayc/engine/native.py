@@ -182,7 +182,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_cat_bytes.argtypes = [p, q, i, p, p]
     lib.relayc_fill_pattern.argtypes = [p, q, q, p]
     lib.relayc_cast_int.argtypes = [p, i, p, i, q]
-    lib.relayc_add_int64.argtypes = [p, p, q, q, i, p]
+    lib.relayc_add_int64.argtypes = [p, p, q, q, q, i, p]
     for fn in (
         lib.relayc_gather_rows,
         lib.relayc_scatter_rows,

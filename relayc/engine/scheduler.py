@@ -130,6 +130,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from relayc.engine.algorithms import DecodeAlgorithm
@@ -182,7 +183,8 @@ class SchedulerStats:
         return self.accept_tokens / self.accept_steps if self.accept_steps else 0.0
 
 
-# A step's results on the host: tokens [B, K] and counts [B] (None: one token per request).
+# A step's results on the host: tokens [B, K] and counts [B], or next_tokens [B] and None
+# (one token a request).
 _HostResult = tuple[torch.Tensor, torch.Tensor | None]
 
 
@@ -449,11 +451,16 @@ class Scheduler:
         return step
 
     def _decode_step(self, requests: list[Request]) -> HostStep:
-        slots = self._alloc_kv(len(requests) * self.width)
+        n = len(requests) * self.width
+        taken = self.kv_pool.alloc_host(n)
+        if taken is None:  # admission reserved them: a broken invariant, not a full pool
+            self._alloc_kv(n)  # raises
+        assert taken is not None
+        slots, host_slots = taken
         rows = self._decode_rows
         if rows is None or not rows.holds(requests, self.width):
             rows = self._decode_rows = DecodeRows.build(requests, self.width, self._pin)
-        step = HostStep.decode(requests, self.width, slots, self._pin, rows)
+        step = HostStep.decode(requests, self.width, slots, self._pin, rows, host_slots)
         for request in requests:
             request.scheduled_samples += 1  # at least one token; the rest once processed
             request.inflight += 1
@@ -467,8 +474,11 @@ class Scheduler:
         self.stats.job_s += job_s
         touched = []
         for step, (tokens, counts) in zip(inflight.steps, results, strict=True):
-            rows = tokens.tolist()
-            counts_list = [1] * len(rows) if counts is None else counts.tolist()
+            if counts is None:  # next_tokens [B]
+                rows = [[token] for token in tokens.tolist()]
+                counts_list = [1] * len(rows)
+            else:
+                rows, counts_list = tokens.tolist(), counts.tolist()
             if step.kind is StepKind.DECODE:
                 self._free_unaccepted(step, counts_list)
             for request, row, count, sampled in zip(
@@ -521,6 +531,14 @@ class Scheduler:
                 )
         if width == 1:
             return
+        host = step.host_slots
+        if host is not None:  # NumPy on the CPU: no torch op right after a forward
+            parts = [
+                host[b * width + c : (b + 1) * width] for b, c in enumerate(counts) if c < width
+            ]
+            if parts:
+                self.kv_pool.free_host(parts[0] if len(parts) == 1 else np.concatenate(parts))
+            return
         unaccepted = [b * width + j for b, count in enumerate(counts) for j in range(count, width)]
         if unaccepted:
             index = torch.tensor(unaccepted, dtype=torch.int64, device=self.device)
@@ -540,10 +558,15 @@ class Scheduler:
     ) -> Callable[[], tuple[list[_HostResult], float]]:
         algorithm, device, kv_cache = self.algorithm, self.device, self.kv_cache
 
+        on_cpu = device.type == "cpu"
+
         def to_host(t: torch.Tensor) -> torch.Tensor:
-            return t.clone() if copy else t.to("cpu", non_blocking=True)
+            if copy:
+                return t.clone()
+            return t if on_cpu else t.to("cpu", non_blocking=True)
 
         req_to_token = self.req_pool.req_to_token
+        table = self.req_pool.host_table  # the CPU's NumPy view of it
 
         def run() -> tuple[list[_HostResult], float]:
             start = time.perf_counter()
@@ -559,13 +582,21 @@ class Scheduler:
                                 f"`{algorithm.name}` decodes windows of {step.width} slots and "
                                 "must commit its accepted KV itself (StepOutput.committed)"
                             )
-                        req_to_token[commit_rows, inputs.forward.positions] = (
-                            inputs.forward.out_cache_loc.to(torch.int32)
-                        )
+                        host_slots = step.host_slots
+                        if table is not None and host_slots is not None:
+                            # one token a request (a decode step of width 1), as NumPy stores
+                            for row, position, slot in zip(
+                                step.host_rows, step.host_positions, host_slots, strict=True
+                            ):
+                                table[row, position] = slot
+                        else:
+                            req_to_token[commit_rows, inputs.forward.positions] = (
+                                inputs.forward.out_cache_loc.to(torch.int32)
+                            )
                     if out.tokens is not None and out.counts is None:
                         raise RuntimeError(f"`{algorithm.name}` returned tokens without counts")
-                    if out.tokens is None:
-                        host_results.append((to_host(out.next_tokens[:, None]), None))
+                    if out.tokens is None:  # [B]: one token a row (see _process)
+                        host_results.append((to_host(out.next_tokens), None))
                     else:
                         host_results.append(
                             (

@@ -18,6 +18,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from relayc.engine.algorithms import StepInputs
@@ -43,6 +44,45 @@ def _chain_mask(batch: int, width: int, device: torch.device | str) -> torch.Ten
     return chain.expand(batch, -1, -1)
 
 
+class LengthRing:
+    """The length tensors of a CPU decode batch's steps -- prefix lengths ``[B]``, positions
+    ``[B * W]`` (the prefix lengths themselves when ``W`` is 1) and sample positions ``[B]``
+    -- in ``SIZE`` sets reused in turn and written through NumPy views: ``torch.tensor``
+    from a list costs over 100 us right after a forward has emptied the caches, a NumPy
+    store a few.
+
+    A set is rewritten ``SIZE`` steps after it was handed out. A step's job reads its
+    tensors (a recorded step copies them into its own buffers, an eager one reads them and
+    stashes copies), nothing keeps them past the job, and at most two steps are in flight
+    (the overlap scheduler runs one step behind).
+    """
+
+    SIZE = 4
+
+    def __init__(self, batch: int, width: int) -> None:
+        self.width = width
+        self._offsets = np.arange(width, dtype=np.int64)
+        self._sets = []
+        for _ in range(self.SIZE):
+            prefix = torch.empty(batch, dtype=torch.int64)
+            positions = prefix if width == 1 else torch.empty(batch * width, dtype=torch.int64)
+            sample = torch.empty(batch, dtype=torch.int64)
+            views = (prefix.numpy(), positions.numpy().reshape(batch, width), sample.numpy())
+            self._sets.append(((prefix, positions, sample), views))
+        self._next = 0
+
+    def fill(self, hints: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next set, holding ``hints`` (each request's first position) and what follows
+        from them."""
+        tensors, (prefix, positions, sample) = self._sets[self._next]
+        self._next = (self._next + 1) % self.SIZE
+        prefix[:] = hints
+        if self.width > 1:
+            np.add(prefix[:, None], self._offsets, out=positions)
+        np.add(prefix, self.width, out=sample)
+        return tensors
+
+
 @dataclass(frozen=True)
 class DecodeRows:
     """The tensors of a decode batch that depend only on which requests it holds, in order.
@@ -56,6 +96,7 @@ class DecodeRows:
 
     requests: tuple[Request, ...]
     width: int
+    slots: tuple[int, ...]  # each request's request slot
     input_ids: torch.Tensor  # [B * W] int64, -1 placeholders
     req_pool_indices: torch.Tensor  # [B] int64
     extend_lens: torch.Tensor  # [B] int64, all W
@@ -63,6 +104,7 @@ class DecodeRows:
     sampling: SamplingBatch  # host tensors
     all_greedy: bool
     chain_mask: torch.Tensor | None  # [B, W, W] bool (expanded), a window's causal mask; W 1: None
+    lengths: LengthRing | None  # the CPU's length tensors (not pinned); None: made each step
 
     @classmethod
     def build(cls, requests: Sequence[Request], width: int, pin: bool) -> DecodeRows:
@@ -80,6 +122,7 @@ class DecodeRows:
         return cls(
             requests=tuple(requests),
             width=width,
+            slots=tuple(slots),
             input_ids=_host([-1] * (len(slots) * width), torch.int64, pin),
             req_pool_indices=_host(slots, torch.int64, pin),
             extend_lens=_host([width] * len(slots), torch.int64, pin),
@@ -87,6 +130,7 @@ class DecodeRows:
             sampling=sampling,
             all_greedy=not bool((sampling.temperatures > 0).any()),
             chain_mask=None if width == 1 else _chain_mask(len(slots), width, "cpu"),
+            lengths=None if pin else LengthRing(len(slots), width),
         )
 
     def holds(self, requests: Sequence[Request], width: int) -> bool:
@@ -116,6 +160,12 @@ class HostStep:
     samples: list[bool] = field(default_factory=list)  # per request: its token is real
     chain_mask: torch.Tensor | None = None  # decode, width > 1: DecodeRows.chain_mask (host)
     all_greedy: bool = False  # no request samples (host knowledge)
+    # Decode on the CPU: ``out_cache_loc`` as a NumPy view, each request's request slot and
+    # first position, so the scheduler commits and frees slots without torch ops (see
+    # ``ReqToTokenPool.host_table``). None / empty otherwise.
+    host_slots: np.ndarray | None = None
+    host_rows: Sequence[int] = ()
+    host_positions: Sequence[int] = ()
 
     @classmethod
     def prefill(
@@ -141,26 +191,30 @@ class HostStep:
         out_cache_loc: torch.Tensor,
         pin: bool,
         rows: DecodeRows | None = None,
+        host_slots: np.ndarray | None = None,
     ) -> HostStep:
         """One decode step of ``width`` tokens per request; KV windows ``[B * width]``.
 
         ``rows``: the batch's composition tensors when the caller kept them
-        (``DecodeRows.holds``); built here otherwise.
+        (``DecodeRows.holds``); built here otherwise. ``host_slots``: ``out_cache_loc``
+        as a NumPy view, on the CPU.
         """
         if rows is None:
             rows = DecodeRows.build(requests, width, pin)
-        # From the lengths on the host: three tensors made, not two made and three computed.
         hints = [r.kv_len_hint for r in requests]
-        prefix = torch.tensor(hints, dtype=torch.int64)
-        positions = (
-            prefix
-            if width == 1
-            else torch.tensor([p + j for p in hints for j in range(width)], dtype=torch.int64)
-        )
-        sample_positions = torch.tensor([p + width for p in hints], dtype=torch.int64)
-        if pin:
-            prefix, sample_positions = prefix.pin_memory(), sample_positions.pin_memory()
-            positions = prefix if width == 1 else positions.pin_memory()
+        if rows.lengths is not None:
+            prefix, positions, sample_positions = rows.lengths.fill(hints)
+        else:  # pinned for the copies to the device: three tensors made, none computed
+            prefix = torch.tensor(hints, dtype=torch.int64)
+            positions = (
+                prefix
+                if width == 1
+                else torch.tensor([p + j for p in hints for j in range(width)], dtype=torch.int64)
+            )
+            sample_positions = torch.tensor([p + width for p in hints], dtype=torch.int64)
+            if pin:
+                prefix, sample_positions = prefix.pin_memory(), sample_positions.pin_memory()
+                positions = prefix if width == 1 else positions.pin_memory()
         sampling = rows.sampling
         return cls(
             kind=StepKind.DECODE,
@@ -183,6 +237,9 @@ class HostStep:
             samples=[True] * len(requests),
             all_greedy=rows.all_greedy,
             chain_mask=rows.chain_mask,
+            host_slots=host_slots,
+            host_rows=rows.slots,
+            host_positions=hints,
         )
 
     @classmethod

@@ -165,15 +165,25 @@ def install(lib: ctypes.CDLL) -> None:
                 b = torch.tensor(b, dtype=torch.int64)
             if kwargs.get("alpha", 1) != 1 or len(args) > 2 or not _plain(a, b, out):
                 return None
-            if a.dtype != torch.int64 or a.shape != out.shape or not b.numel():
+            if a.dtype != torch.int64 or not b.numel() or not out.numel() or b.dim() > out.dim():
                 return None
-            # b the same shape as a, or broadcast along a's leading dimensions (its trailing
-            # shape a's, or a single element)
-            if b.numel() != 1 and tuple(b.shape) != tuple(a.shape[a.dim() - b.dim() :]):
+            shape = tuple(out.shape)
+            if tuple(a.shape) == shape:
+                # b the same shape, or broadcast along the leading dimensions (its trailing
+                # shape out's, or a single element)
+                if b.numel() != 1 and tuple(b.shape) != shape[out.dim() - b.dim() :]:
+                    return None
+                a_rep = 1
+            elif (
+                out.dim() >= 1  # a column and a row: out[..., j] = a[..., 0] + b[j]
+                and tuple(a.shape) == (*shape[:-1], 1)
+                and tuple(b.shape) == shape[-1:]
+            ):
+                a_rep = shape[-1]
+            else:
                 return None
-            if b.dim() > a.dim():
-                return None
-            pointers = (a.data_ptr(), b.data_ptr(), a.numel(), b.numel(), sign, out.data_ptr())
+            n = out.numel()
+            pointers = (a.data_ptr(), b.data_ptr(), n, a_rep, b.numel(), sign, out.data_ptr())
             return add_int, pointers, b
 
         return lowering

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -36,30 +37,68 @@ def test_kv_pool_check_catches_double_free_and_padding_slot() -> None:
 
 def test_kv_pool_is_first_freed_first_reused_and_never_rewrites_slots_in_use() -> None:
     """Slots come back in the order they were freed, through many refills of the free
-    list's buffer, and a tensor ``alloc`` returned keeps its values while it is held."""
+    list's buffer, and a tensor ``alloc`` returned keeps its values while it is held; the
+    host's NumPy views (``alloc_host``, ``free_host``) are the same slots throughout."""
     size = 7
     pool = TokenToKVPool(size, check=True)
     order = list(range(1, size + 1))  # the free list as a plain list
-    held: list[tuple[torch.Tensor, list[int]]] = []
+    held: list[tuple[torch.Tensor, np.ndarray | None, list[int]]] = []
     g = torch.Generator().manual_seed(0)
-    for _ in range(200):
-        if held and (len(order) < 3 or torch.rand(1, generator=g).item() < 0.5):
-            slots, values = held.pop(int(torch.randint(len(held), (1,), generator=g)))
+    for _ in range(300):
+        coin = torch.rand(1, generator=g).item()
+        if held and (len(order) < 3 or coin < 0.5):
+            slots, host, values = held.pop(int(torch.randint(len(held), (1,), generator=g)))
             assert slots.tolist() == values  # nothing wrote it while it was held
+            assert host is None or host.tolist() == values
             keep = int(torch.randint(len(values) + 1, (1,), generator=g))
-            pool.free(slots[keep:])  # a verify's unaccepted tail
+            if host is not None and coin < 0.25:
+                pool.free_host(host[keep:])  # the scheduler's way on the CPU
+            else:
+                pool.free(slots[keep:])  # a verify's unaccepted tail
             order += values[keep:]
             if keep:
-                held.append((slots[:keep], values[:keep]))
+                held.append((slots[:keep], None if host is None else host[:keep], values[:keep]))
         else:
             n = int(torch.randint(1, len(order) + 1, (1,), generator=g))
-            slots = pool.alloc(n)
+            if coin < 0.75:
+                taken = pool.alloc_host(n)
+                assert taken is not None
+                slots, host = taken
+                assert host is not None  # the CPU
+            else:
+                slots, host = pool.alloc(n), None
             assert slots is not None and slots.tolist() == order[:n]
             order = order[n:]
-            held.append((slots, slots.tolist()))
+            held.append((slots, host, slots.tolist()))
         assert pool.available_size() == len(order)
-    for slots, values in held:
+    for slots, host, values in held:
         assert slots.tolist() == values
+        assert host is None or host.tolist() == values
+
+
+def test_kv_pool_host_free_is_checked_as_free_is() -> None:
+    pool = TokenToKVPool(4, check=True)
+    taken = pool.alloc_host(2)
+    assert taken is not None and taken[1] is not None
+    pool.free_host(taken[1])
+    with pytest.raises(ValueError, match="twice"):
+        pool.free_host([int(taken[1][0])])
+    with pytest.raises(ValueError, match=r"1\.\.4"):
+        pool.free_host([5])
+    pool.free_host([])
+    assert pool.available_size() == 4
+    assert pool.alloc_host(5) is None
+
+
+def test_req_pool_host_table_is_the_table() -> None:
+    pool = ReqToTokenPool(3, 16)
+    assert pool.host_table is not None
+    pool.host_table[2, 5] = 41
+    assert int(pool.req_to_token[2, 5]) == 41
+    pool.reset()  # keeps the storage the view reads
+    assert int(pool.host_table[2, 5]) == 0
+    pool.req_to_token[1, 1] = 7
+    assert int(pool.host_table[1, 1]) == 7
 
 
 def test_req_pool_never_hands_out_slot_zero() -> None:

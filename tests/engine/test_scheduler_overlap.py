@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
+from relayc.engine.kv_cache import ReqToTokenPool, TokenToKVPool
+from relayc.engine.step_batch import LengthRing
 from tests.engine.engine_helpers import (
     DeferredRunner,
     naive_outputs,
@@ -73,3 +75,46 @@ def test_set_cpu_threads_defaults_to_one_and_rejects_zero() -> None:
             set_cpu_threads(0)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("algorithm", ["none", "ngram"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_cpus_numpy_bookkeeping_is_the_torch_path(
+    model: LlamaForCausalLM, algorithm: str, overlap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU the scheduler commits a width-1 step's KV slots, frees a verify's unaccepted
+    ones and fills the steps' lengths through NumPy views; with those views withheld it takes
+    the torch path a GPU takes. Both leave the same tokens, slot table and free list."""
+    prompts = [[256, 7, 7, 8, 7, 7, 8], [256, 1, 2, 3], [256, 9, 9, 9, 9, 9]]
+    params = SamplingParams(max_new_tokens=12)
+
+    def run() -> tuple[list[list[int]], list[list[int]], list[int]]:
+        with Engine(model, algorithm=algorithm, overlap=overlap, debug=True) as engine:
+            outs = [o.token_ids for o in engine.generate(prompts, params)]
+            sched = engine.scheduler
+            return outs, sched.req_pool.req_to_token.tolist(), sched.kv_pool._free.tolist()
+
+    with_numpy = run()
+    real_alloc = TokenToKVPool.alloc_host
+    monkeypatch.setattr(ReqToTokenPool, "__setattr__", _no_host_table, raising=False)
+    monkeypatch.setattr(
+        TokenToKVPool, "alloc_host", lambda self, n: _without_view(real_alloc(self, n))
+    )
+    monkeypatch.setattr(LengthRing, "fill", _made_each_step)
+    assert run() == with_numpy
+
+
+def _no_host_table(self: ReqToTokenPool, name: str, value: object) -> None:
+    object.__setattr__(self, name, None if name == "host_table" else value)
+
+
+def _without_view(taken: tuple[torch.Tensor, object] | None) -> tuple[torch.Tensor, None] | None:
+    return None if taken is None else (taken[0], None)
+
+
+def _made_each_step(
+    self: LengthRing, hints: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    prefix = torch.tensor(hints, dtype=torch.int64)
+    positions = torch.tensor([p + j for p in hints for j in range(self.width)])
+    return prefix, prefix if self.width == 1 else positions, prefix + self.width

@@ -8,7 +8,7 @@ import torch
 
 from relayc.engine import SamplingParams
 from relayc.engine.request import Request
-from relayc.engine.step_batch import DecodeRows, HostStep
+from relayc.engine.step_batch import DecodeRows, HostStep, LengthRing
 
 
 def _request(rid: int, slot: int, kv_len: int, inflight: int, temperature: float) -> Request:
@@ -52,3 +52,22 @@ def test_decode_rows_give_the_same_step_and_hold_only_their_own_batch() -> None:
         assert fresh.sample_positions.tolist() == [r.kv_len_hint + width for r in (a, b)]
         assert fresh.commit_rows.tolist() == [3] * width + [5] * width
     assert DecodeRows.build([a], 1, pin=False).all_greedy
+
+
+def test_length_ring_sets_hold_their_step_until_reused() -> None:
+    """The CPU's length tensors: the values a decode step's torch.tensor calls made, and a
+    set handed out keeps them while the next SIZE - 1 steps take theirs."""
+    for width in (1, 4):
+        ring = LengthRing(2, width)
+        handed = []
+        for step in range(2 * LengthRing.SIZE):
+            hints = [10 + step, 3 * step]
+            prefix, positions, sample = ring.fill(hints)
+            assert prefix.tolist() == hints
+            assert positions.tolist() == [p + j for p in hints for j in range(width)]
+            assert sample.tolist() == [p + width for p in hints]
+            assert (positions is prefix) == (width == 1)
+            handed.append((hints, prefix))
+            for earlier_hints, earlier in handed[-LengthRing.SIZE :]:
+                assert earlier.tolist() == earlier_hints
+        assert handed[0][1] is handed[LengthRing.SIZE][1]  # reused after SIZE steps

@@ -71,17 +71,33 @@ def test_integer_casts_are_native_and_wrap_as_atens() -> None:
 def test_int64_sums_are_native_with_a_trailing_broadcast() -> None:
     a = torch.tensor([[1, 2, 3], [4, 5, 2**62]])
     row, one = torch.tensor([10, -20, 2**62]), torch.tensor(7)
+    column = torch.tensor([[100], [-(2**62)]])  # [2, 1]: a column against a row of 3
+
+    def sums() -> list[torch.Tensor]:
+        return [
+            a + row,
+            a - row,
+            a + one,
+            a - a,
+            (a.float() + 1).long(),
+            a + 3,
+            column + row,
+            column - row,
+            row + column,  # the row first: ATen's op
+        ]
+
     with Recorder() as recorder:
-        sums = [a + row, a - row, a + one, a - a, (a.float() + 1).long(), a + 3]
+        got = sums()
     names = recorder.tape().names
-    assert sum(name.endswith("(native)") for name in names) == 5, names  # not the float add
+    # not the float add, nor the row broadcast along the column
+    assert sum(name.endswith("(native)") for name in names) == 7, names
     gc.collect()  # the wrapped 3 lives in the tape
     a.copy_(torch.tensor([[-(2**63), 0, 9], [3, -3, 2**63 - 1]]))  # wraps both ways
     row.copy_(torch.tensor([1, 2, 3]))
+    column.copy_(torch.tensor([[2**63 - 2], [-(2**63)]]))
     assert recorder.tape().replay()
-    want = [a + row, a - row, a + one, a - a, (a.float() + 1).long(), a + 3]
-    for got, expected in zip(sums, want, strict=True):
-        assert torch.equal(got, expected)
+    for replayed, expected in zip(got, sums(), strict=True):
+        assert torch.equal(replayed, expected)
 
 
 def test_strided_tensors_keep_atens_op() -> None:
