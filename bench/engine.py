@@ -35,8 +35,10 @@ not for acceptance. ``--profile`` then runs the workload once more under cProfil
 clock that stops inside the forwards, overlap off (every job on the calling thread), and
 prints the functions with the most self time outside them.
 
-``--graphs tape`` runs each decode step as a CPU graph (``relayc.runtime.tape``): the ops
-of the step are not called, so ``--steps`` then shows the step's time as ``between``.
+``--graphs`` defaults to ``off``: the breakdown times the model's and the drafter's forward
+calls, which a recorded step (``tape``, the engine's own default on the CPU) does not make --
+``--graphs tape`` (or ``auto``) gives its tokens/s, but shows the step's time as ``between``.
+``bench/tape.py`` measures the recorded mode's host time.
 
 ``--threads`` sets torch's intra-op threads (default 1: on a small machine the forward
 worker and the host thread then each get a core).
@@ -386,8 +388,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--graphs",
-        default="auto",
-        help="Engine(graphs=...): auto, tape (the CPU's recorded steps), static or off",
+        default="off",
+        help="Engine(graphs=...): off (the default here: the breakdown times forward calls), "
+        "auto, tape (the CPU's recorded steps) or static",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -159,11 +159,12 @@ class Engine:
     engine's own implementations (user ops, or replacing a built-in one); an op the
     module runs without an implementation raises here.
     ``graphs``: how decode steps run (``relayc.engine.graphs``): ``"auto"`` (CUDA graphs
-    on CUDA, eager elsewhere), ``"graph"``, ``"tape"`` (on the CPU: each bucket's step
-    recorded once and replayed without its Python, ``relayc.runtime.tape``), ``"static"``
-    (the graph path's static buffers and padding without graphs) or ``"off"``;
-    ``capture_batch_sizes`` overrides the spec's buckets (capped by ``max_batch_size``;
-    larger batches run eagerly).
+    on CUDA, ``"tape"`` on a CPU with the native decoder, else eager), ``"graph"``,
+    ``"tape"`` (on the CPU: each batch size's step recorded once and replayed without its
+    Python, ``relayc.runtime.tape``), ``"static"`` (the graph path's static buffers and
+    padding without graphs) or ``"off"``; ``capture_batch_sizes`` overrides the buckets
+    (the spec's, or on the CPU every size up to 8; capped by ``max_batch_size``; larger
+    batches run eagerly).
 
     Calls may overlap: ``generate`` from several threads, and streams open together
     (iterated in turn or from several threads). The engine's lock serialises scheduler
@@ -387,7 +388,7 @@ class Engine:
         # weights are checked once for the call, not at every forward (see the class doc).
         with (
             native_weights_pinned(self.model, *self.algorithm.draft_modules()),
-            contextlib.closing(self._run(requests, rejected)) as deltas,
+            contextlib.closing(self._run(requests, rejected, text=False)) as deltas,
         ):
             for delta in deltas:
                 self._collect(delta, requests, tokens, outputs)
@@ -493,15 +494,20 @@ class Engine:
         return requests, rejected
 
     def _run(
-        self, requests: dict[int, Request], rejected: list[StreamDelta]
+        self, requests: dict[int, Request], rejected: list[StreamDelta], *, text: bool = True
     ) -> Generator[StreamDelta, None, None]:
+        """The call's deltas as its requests make them. ``text=False``: the deltas carry no
+        text (``generate`` decodes each answer once, at its end); a stream's deltas do, two
+        tokenizer calls a request at every step."""
         # Requests reach the scheduler on the first next(), so a stream that is
         # never iterated leaves nothing behind; arrivals count from then.
         call = _Call(
             list(requests.values()),
             dict(requests),
             deque(rejected),
-            {i: Detokenizer(self.tokenizer.decode) for i in requests} if self.tokenizer else {},
+            {i: Detokenizer(self.tokenizer.decode) for i in requests}
+            if self.tokenizer and text
+            else {},
         )
         closed_early = False
         try:

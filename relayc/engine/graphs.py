@@ -2,8 +2,11 @@
 
 ``Engine(graphs=...)`` picks the mode (``relayc.runtime.graph_runner``):
 
-* ``"auto"``: CUDA graphs on CUDA, eager elsewhere (and eager with ``debug=True``,
-  whose relay checks read device values on the host, which a graph cannot hold);
+* ``"auto"``: CUDA graphs on CUDA, ``"tape"`` on the CPU when the native decoder is
+  built (its one-call forward is what a recording replays; TorchScript's attention has
+  no ``out=`` form, so without it every bucket would be refused), eager otherwise; eager
+  with ``debug=True``, whose relay checks read device values on the host, which neither
+  a graph nor a recording can hold;
 * ``"graph"``: CUDA graphs (CUDA only);
 * ``"tape"``: the CPU's counterpart of ``"graph"``: each bucket's step recorded once
   on its static buffers -- its ATen ops and native calls -- and replayed without the
@@ -19,6 +22,12 @@ Buckets: the spec's ``capture.batch_sizes`` (the generated module's
 the engine's ``max_batch_size``, plus the smallest bucket above it if the kept ones
 stop short of it, so every batch the scheduler forms has a bucket whenever the
 spec captures one that large. A batch above the largest bucket runs eagerly.
+
+On the CPU (``"tape"``) a padding row is not free as on a GPU: it is a row of every
+GEMM, 15-25% of a one-request decode of SmolLM2. Unless ``capture_batch_sizes`` says
+otherwise, the buckets there are every batch size up to ``TAPE_BUCKETS`` (each
+recorded when a batch of that size first runs), and larger batches, whose forwards
+dwarf the host's work a recording saves, run eagerly.
 
 What a graph's static inputs are, for this engine: the step's inputs
 (``req_pool_indices``, ``seq_lens``), its host steps' outputs, and the per-row
@@ -43,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relayc.engine.forward_batch import ForwardBatch
+from relayc.engine.native import native_decoder
 from relayc.engine.sampling import SamplingBatch
 from relayc.runtime.graph_runner import GraphRunner, StaticInput, resolve_mode
 
@@ -50,6 +60,7 @@ if TYPE_CHECKING:  # the ops package imports every op implementation; only the t
     from relayc.engine.ops.context import StepContext
 
 STEP_INPUTS = {"req_pool_indices": StaticInput(torch.int64), "seq_lens": StaticInput(torch.int64)}
+TAPE_BUCKETS = 8  # the CPU records every batch size up to this one (see the module)
 EXTRAS = ("sample_positions",)  # per-row tensors in ctx.extras, static inputs when present
 SAMPLING_INPUTS = {
     "temperatures": StaticInput(torch.float32),  # 0 (greedy) on padding rows
@@ -158,9 +169,15 @@ class DecodeGraphs:
                     "device values on the host; use graphs='static' or 'off'"
                 )
             resolved = "off"
+        cpu = torch.device(device).type == "cpu"
+        if mode == "auto" and cpu and not debug and native_decoder() is not None:
+            resolved = "tape"
         given = check_batch_sizes(batch_sizes, max_batch_size)
-        sizes = spec_sizes if given is None else given
-        return cls(resolved, device, capture_buckets(sizes, max_batch_size))
+        if given is not None:
+            return cls(resolved, device, capture_buckets(given, max_batch_size))
+        if resolved == "tape":
+            return cls(resolved, device, tuple(range(1, min(TAPE_BUCKETS, max_batch_size) + 1)))
+        return cls(resolved, device, capture_buckets(spec_sizes, max_batch_size))
 
     def reset(self) -> None:
         """Drop every captured or recorded bucket: the next batch of each captures again.

@@ -354,7 +354,8 @@ def test_drafting_engines_run_their_drafts_natively_and_stay_lossless(
     params = SamplingParams(max_new_tokens=12)
     outs = {}
     for name in (algorithm, "none"):
-        engine = Engine("random", algorithm=name, overlap=False)
+        # eager steps: each forward counted (a replay calls the functions it recorded)
+        engine = Engine("random", algorithm=name, overlap=False, graphs="off")
         outs[name] = [o.token_ids for o in engine.generate(prompts, params)]
         engine.close()
         if name == algorithm:
@@ -412,7 +413,9 @@ def test_generate_checks_the_weights_once_per_call(
     """`generate` checks every weight when it starts and trusts them for its forwards;
     an in-place change between calls is repacked at the next call's start, and the answer
     is a fresh engine's on the changed model. A stream checks them at every forward."""
-    engine = Engine(overlap=False)
+    # eager steps: their forwards are the ones counted (a recorded step's replays call the
+    # library through the references it recorded)
+    engine = Engine(overlap=False, graphs="off")
     prompts, params = ["def fib(n):", "import os"], SamplingParams(max_new_tokens=12)
     before = engine.generate(prompts, params)
     checks, builds = _counting(monkeypatch, "_current"), _counting(monkeypatch, "_build")
@@ -427,7 +430,7 @@ def test_generate_checks_the_weights_once_per_call(
     assert checks == [id(engine.model.scripted)] and builds == checks  # repacked once
     assert len(native_calls) > forwards + 8  # the forwards ran natively, unchecked
     assert [o.token_ids for o in changed] != [o.token_ids for o in before]
-    fresh = Engine(model=engine.model, overlap=False, tokenizer=engine.tokenizer)
+    fresh = Engine(model=engine.model, overlap=False, tokenizer=engine.tokenizer, graphs="off")
     assert [o.token_ids for o in fresh.generate(prompts, params)] == [o.token_ids for o in changed]
     checks.clear()
     forwards = len(native_calls)

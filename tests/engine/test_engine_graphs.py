@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from relayc.engine import Engine, LlamaForCausalLM, ModelConfig, SamplingParams, random_model
-from relayc.engine.graphs import DecodeGraphs, capture_buckets
+from relayc.engine.graphs import TAPE_BUCKETS, DecodeGraphs, capture_buckets
+from relayc.engine.native import native_decoder
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 
 CONFIGS = [
@@ -117,5 +118,14 @@ def test_graph_modes_are_checked(model: LlamaForCausalLM) -> None:
         Engine(model, graphs="graph")
     with pytest.raises(ValueError, match="capture_batch_sizes must be positive"):
         Engine(model, graphs="static", capture_batch_sizes=[0, 4])
-    assert Engine(model).algorithm.graphs.mode == "off"  # auto on the CPU
-    assert DecodeGraphs.build("auto", "cpu", (1, 2), max_batch_size=4).mode == "off"
+    # auto on the CPU: recorded steps, every batch size up to TAPE_BUCKETS its own bucket
+    assert native_decoder() is not None, "the native decoder should build here"
+    assert Engine(model).algorithm.graphs.mode == "tape"
+    auto = DecodeGraphs.build("auto", "cpu", (1, 2), max_batch_size=4)
+    assert auto.mode == "tape" and auto.batch_sizes == (1, 2, 3, 4)
+    wide = DecodeGraphs.build("tape", "cpu", (1, 2), max_batch_size=64)
+    assert wide.batch_sizes == tuple(range(1, TAPE_BUCKETS + 1))
+    given = DecodeGraphs.build("auto", "cpu", (1, 2), max_batch_size=64, batch_sizes=[2, 16])
+    assert given.batch_sizes == (2, 16)
+    # debug's relay checks read the device on the host, which a recording refuses
+    assert DecodeGraphs.build("auto", "cpu", (1, 2), max_batch_size=4, debug=True).mode == "off"
