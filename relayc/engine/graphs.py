@@ -54,6 +54,7 @@ import torch
 from relayc.engine.forward_batch import ForwardBatch
 from relayc.engine.native import native_decoder
 from relayc.engine.sampling import SamplingBatch
+from relayc.engine.walk import parameter_stamps
 from relayc.runtime.graph_runner import GraphRunner, StaticInput, resolve_mode
 
 if TYPE_CHECKING:  # the ops package imports every op implementation; only the type is used
@@ -193,9 +194,7 @@ class DecodeGraphs:
         packs themselves)."""
         if self.mode != "tape":
             return
-        stamps = tuple(
-            (p.data_ptr(), p._version) for module in modules for p in module.parameters()
-        )
+        stamps = parameter_stamps(*modules)
         if self._weights is not None and stamps != self._weights:
             self.reset()
         self._weights = stamps

@@ -39,6 +39,7 @@ from relayc.engine.cpu_decoder import (
 )
 from relayc.engine.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.fused_forward import FusedForward
+from relayc.engine.walk import submodules
 
 # (layer index, q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, H, D]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -176,12 +177,11 @@ def native_weights_pinned(*modules: nn.Module) -> Iterator[None]:
     until the block ends (``ScriptedLayers.pinned``): change no weight inside it."""
     with contextlib.ExitStack() as stack:
         seen: set[int] = set()
-        for module in modules:
-            for sub in module.modules():
-                scripted = getattr(sub, "scripted", None)
-                if isinstance(scripted, ScriptedLayers) and id(scripted) not in seen:
-                    seen.add(id(scripted))
-                    stack.enter_context(scripted.pinned())
+        for sub in submodules(*modules):
+            scripted = getattr(sub, "scripted", None)
+            if isinstance(scripted, ScriptedLayers) and id(scripted) not in seen:
+                seen.add(id(scripted))
+                stack.enter_context(scripted.pinned())
         yield
 
 
