@@ -416,10 +416,14 @@ class Scheduler:
         return True
 
     def _alloc_kv(self, n: int) -> torch.Tensor:
-        slots = self.kv_pool.alloc(n)
-        if slots is None:  # admission reserved them: a broken invariant, not a full pool
+        return self._alloc_kv_host(n)[0]
+
+    def _alloc_kv_host(self, n: int) -> tuple[torch.Tensor, np.ndarray | None]:
+        """``n`` KV slots, and on the CPU the same slots as a NumPy view."""
+        taken = self.kv_pool.alloc_host(n)
+        if taken is None:  # admission reserved them: a broken invariant, not a full pool
             raise RuntimeError(f"KV pool has {self.kv_pool.available_size()} slots, needs {n}")
-        return slots
+        return taken
 
     def _prefill_step(self, plan: list[tuple[Request, int]], tails: list[Request]) -> HostStep:
         """Prompt chunks (``plan``) and one-token tail steps (``tails``) in one forward.
@@ -451,12 +455,7 @@ class Scheduler:
         return step
 
     def _decode_step(self, requests: list[Request]) -> HostStep:
-        n = len(requests) * self.width
-        taken = self.kv_pool.alloc_host(n)
-        if taken is None:  # admission reserved them: a broken invariant, not a full pool
-            self._alloc_kv(n)  # raises
-        assert taken is not None
-        slots, host_slots = taken
+        slots, host_slots = self._alloc_kv_host(len(requests) * self.width)
         rows = self._decode_rows
         if rows is None or not rows.holds(requests, self.width):
             rows = self._decode_rows = DecodeRows.build(requests, self.width, self._pin)
