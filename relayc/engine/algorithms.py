@@ -40,6 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -113,6 +114,19 @@ class DecodeAlgorithm(ABC):
     @abstractmethod
     def decode(self, step: StepInputs) -> StepOutput:
         """Resolve the relay, run one decode iteration, stash the relay for the next."""
+
+    def decode_held(
+        self,
+        req_pool_indices: torch.Tensor,
+        all_greedy: bool,
+        lengths: tuple[np.ndarray, np.ndarray, np.ndarray],
+        slots: np.ndarray,
+    ) -> StepOutput | None:
+        """The next decode step of the batch the last :meth:`decode` ran (the same
+        ``req_pool_indices`` tensor), from its new lengths and KV windows as NumPy arrays
+        (see ``DecodeGraphs.run_held``), without building its inputs; None: call
+        :meth:`decode`. Algorithms without a recorded step return None."""
+        return None
 
     def draft_modules(self) -> tuple[nn.Module, ...]:
         """The draft model's modules, if any (the engine sets their CPU weight layout)."""
@@ -269,6 +283,19 @@ class GeneratedAlgorithm(DecodeAlgorithm):
             req_pool_indices=forward.req_pool_indices,
             seq_lens=forward.prefix_lens,
         )
+        return self._decoded(outputs)
+
+    def decode_held(
+        self,
+        req_pool_indices: torch.Tensor,
+        all_greedy: bool,
+        lengths: tuple[np.ndarray, np.ndarray, np.ndarray],
+        slots: np.ndarray,
+    ) -> StepOutput | None:
+        outputs = self.graphs.run_held(req_pool_indices, all_greedy, lengths, slots)
+        return None if outputs is None else self._decoded(outputs)
+
+    def _decoded(self, outputs: Any) -> StepOutput:
         if not self.multi_token:
             return StepOutput(next_tokens=outputs.next_tokens)
         return StepOutput(

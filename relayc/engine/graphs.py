@@ -49,6 +49,7 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from relayc.engine.forward_batch import ForwardBatch
@@ -237,13 +238,42 @@ class DecodeGraphs:
         runner = self._runners.get(greedy)
         if runner is None:
             runner = self._runners[greedy] = self._make_runner(step, host, ctx_values, greedy)
-        outputs = runner.run(ctx, inputs, host, ctx_values)
+        # the scheduler's decode batch keeps its req_pool_indices tensor while it holds the
+        # same requests, and with it every per-request tensor but the lengths and slots
+        outputs = runner.run(ctx, inputs, host, ctx_values, key=req_pool_indices)
         runner_pool = runner.pool
         if runner_pool is not None:
             self._pool = runner_pool
         if isinstance(outputs, Mapping):  # the step's __call__ returns host and device outputs
             return {**host, **outputs}
         return outputs
+
+    def run_held(
+        self,
+        req_pool_indices: torch.Tensor,
+        all_greedy: bool,
+        lengths: tuple[np.ndarray, np.ndarray, np.ndarray],
+        slots: np.ndarray,
+    ) -> Any | None:
+        """The outputs of the batch :meth:`run` last ran with this ``req_pool_indices``
+        tensor, its lengths and KV windows moved on: ``lengths`` = its prefix lengths
+        ``[B]``, positions ``[B, W]`` and sample positions ``[B]``, ``slots`` its
+        ``out_cache_loc`` ``[B * W]``, as NumPy arrays. Mode ``tape`` only (the scheduler's
+        steady decode batch on the CPU); None: run the step through :meth:`run`
+        (``GraphRunner.replay_held`` says when)."""
+        runner = self._runners.get(all_greedy)
+        if runner is None or self.mode != "tape":
+            return None
+        prefix, positions, sample_positions = lengths
+        batch = prefix.shape[0]
+        values = {
+            "seq_lens": prefix,
+            "forward.prefix_lens": prefix,
+            "forward.positions": positions,
+            "sample_positions": sample_positions,
+            "out_cache_loc": slots.reshape(batch, -1),
+        }
+        return runner.replay_held(req_pool_indices, batch, values)
 
     def _make_runner(
         self,

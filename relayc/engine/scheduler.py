@@ -572,16 +572,26 @@ class Scheduler:
             host_results: list[_HostResult] = []
             with torch.no_grad():
                 for step in steps:
-                    inputs, commit_rows = step.to_device(device, req_to_token, kv_cache)
-                    hook = algorithm.prefill if step.kind is StepKind.PREFILL else algorithm.decode
-                    out = hook(inputs)
+                    out = None
+                    lengths, host_slots = step.host_lengths, step.host_slots
+                    if lengths is not None and host_slots is not None:
+                        # the CPU's steady decode batch: its recorded step replayed from the
+                        # new lengths and slots alone (Algorithm.decode_held)
+                        out = algorithm.decode_held(
+                            step.req_pool_indices, step.all_greedy, lengths, host_slots
+                        )
+                    if out is None:
+                        inputs, commit_rows = step.to_device(device, req_to_token, kv_cache)
+                        hook = (
+                            algorithm.prefill if step.kind is StepKind.PREFILL else algorithm.decode
+                        )
+                        out = hook(inputs)
                     if not out.committed:
                         if step.width > 1:
                             raise RuntimeError(
                                 f"`{algorithm.name}` decodes windows of {step.width} slots and "
                                 "must commit its accepted KV itself (StepOutput.committed)"
                             )
-                        host_slots = step.host_slots
                         if table is not None and host_slots is not None:
                             # one token a request (a decode step of width 1), as NumPy stores
                             for row, position, slot in zip(

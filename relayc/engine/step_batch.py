@@ -44,6 +44,10 @@ def _chain_mask(batch: int, width: int, device: torch.device | str) -> torch.Ten
     return chain.expand(batch, -1, -1)
 
 
+Lengths = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+HostLengths = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
 class LengthRing:
     """The length tensors of a CPU decode batch's steps -- prefix lengths ``[B]``, positions
     ``[B * W]`` (the prefix lengths themselves when ``W`` is 1) and sample positions ``[B]``
@@ -62,7 +66,7 @@ class LengthRing:
     def __init__(self, batch: int, width: int) -> None:
         self.width = width
         self._offsets = np.arange(width, dtype=np.int64)
-        self._sets = []
+        self._sets: list[tuple[Lengths, HostLengths]] = []
         for _ in range(self.SIZE):
             prefix = torch.empty(batch, dtype=torch.int64)
             positions = prefix if width == 1 else torch.empty(batch * width, dtype=torch.int64)
@@ -71,16 +75,18 @@ class LengthRing:
             self._sets.append(((prefix, positions, sample), views))
         self._next = 0
 
-    def fill(self, hints: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def fill(self, hints: Sequence[int]) -> tuple[Lengths, HostLengths]:
         """The next set, holding ``hints`` (each request's first position) and what follows
-        from them."""
-        tensors, (prefix, positions, sample) = self._sets[self._next]
+        from them: the tensors (prefix lengths, positions, sample positions) and their NumPy
+        views (the positions viewed ``[B, W]``)."""
+        tensors, views = self._sets[self._next]
         self._next = (self._next + 1) % self.SIZE
+        prefix, positions, sample = views
         prefix[:] = hints
         if self.width > 1:
             np.add(prefix[:, None], self._offsets, out=positions)
         np.add(prefix, self.width, out=sample)
-        return tensors
+        return tensors, views
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,7 @@ class HostStep:
     host_slots: np.ndarray | None = None
     host_rows: Sequence[int] = ()
     host_positions: Sequence[int] = ()
+    host_lengths: HostLengths | None = None  # LengthRing's views of this step's lengths
 
     @classmethod
     def prefill(
@@ -202,8 +209,9 @@ class HostStep:
         if rows is None:
             rows = DecodeRows.build(requests, width, pin)
         hints = [r.kv_len_hint for r in requests]
+        host_lengths = None
         if rows.lengths is not None:
-            prefix, positions, sample_positions = rows.lengths.fill(hints)
+            (prefix, positions, sample_positions), host_lengths = rows.lengths.fill(hints)
         else:  # pinned for the copies to the device: three tensors made, none computed
             prefix = torch.tensor(hints, dtype=torch.int64)
             positions = (
@@ -240,6 +248,7 @@ class HostStep:
             host_slots=host_slots,
             host_rows=rows.slots,
             host_positions=hints,
+            host_lengths=host_lengths,
         )
 
     @classmethod

@@ -158,6 +158,12 @@ class GraphRunner:
         self.eager_runs = 0  # batches run eagerly (off, or above the largest bucket)
         self.tape_refusals: dict[int, str] = {}  # bucket -> why it runs from static buffers
         self.tape_reruns = 0  # replays a native call declined, run eagerly instead
+        self.held_replays = 0  # replays through replay_held (for tests and benchmarks)
+        self._outputs: dict[int, Any] = {}  # bucket -> its recording's outputs (mode tape)
+        # (key, batch, bucket) of the last batch run through ``run``: its inputs are in the
+        # bucket's static buffers (see ``replay_held``)
+        self._held: tuple[Any, int, int] | None = None
+        self._views: dict[int, dict[str, Any]] = {}  # bucket -> NumPy views of read inputs
 
     def _all_inputs(self) -> dict[str, StaticInput]:
         return {**self.inputs, **self.host_inputs, **self.ctx_inputs}
@@ -212,6 +218,7 @@ class GraphRunner:
             return self._static_replay(ctx, static)
         tape = recorder.tape()
         self.tapes[bucket] = tape
+        self._outputs[bucket] = outputs
         if not any(recorder.writes(t) for t in static.values()):
             self._pads_kept.add(bucket)
             # inputs no recorded call reads need no copy (a rerun copies them first)
@@ -266,8 +273,10 @@ class GraphRunner:
         inputs: Mapping[str, torch.Tensor],
         host: Mapping[str, torch.Tensor] | None = None,
         ctx_values: Mapping[str, torch.Tensor] | None = None,
+        key: Any = None,
     ) -> Any:
-        """The device part for one batch: replayed from its bucket, or eagerly with ``ctx``."""
+        """The device part for one batch: replayed from its bucket, or eagerly with ``ctx``.
+        ``key``: an object standing for the batch's unchanging inputs, for ``replay_held``."""
         host, ctx_values = host or {}, ctx_values or {}
         batch = inputs["req_pool_indices"].shape[0]
         bucket = self.bucket_for(batch)
@@ -276,10 +285,49 @@ class GraphRunner:
             return self.step.run_device(ctx, **inputs, host=host)
         if bucket not in self._replay:
             self.capture(ctx, [bucket])
+        self._held = None
         self._last = (batch, inputs, host, ctx_values)
         self._copy_in(bucket, batch, inputs, host, ctx_values)
         self.replays += 1
         outputs = self._replay[bucket]()
+        if key is not None:
+            self._held = (key, batch, bucket)
+        return outputs if batch == bucket else slice_rows(outputs, batch)
+
+    def replay_held(self, key: Any, batch: int, values: Mapping[str, Any]) -> Any | None:
+        """Mode ``tape``: replay the batch ``run`` last ran with this ``key`` (the same
+        object) and ``batch``, after writing ``values`` -- the inputs that changed since,
+        NumPy arrays of the rows' values -- straight into the bucket's static buffers;
+        None: this does not apply (another batch ran since, the recording writes its inputs
+        or was refused, the step has host steps) or a native call declined, and the caller
+        runs the batch through ``run``.
+
+        The caller vouches that every other input is what ``run`` copied in: its scheduler
+        keeps a batch's per-request tensors unchanged while it holds the same requests (the
+        ``key``). What this skips is the Python around the replay: the step's context, the
+        inputs' dictionaries and their copies, each a few cold microseconds after a forward.
+        """
+        held = self._held
+        if held is None or held[0] is not key or held[1] != batch or self.host_inputs:
+            return None
+        bucket = held[2]
+        tape = self.tapes.get(bucket)
+        if tape is None or bucket not in self._pads_kept:
+            return None
+        views = self._views.setdefault(bucket, {})
+        for name, value in values.items():
+            if name not in views:  # a NumPy view of the static input, None: never read
+                static = self._static[bucket].get(name)
+                unread = static is None or name in self._unread.get(bucket, ())
+                views[name] = None if static is None or unread else static.numpy()
+            view = views[name]
+            if view is not None:
+                view[:batch] = value
+        if not tape.replay():
+            return None  # declined before any lasting write: ``run`` reruns it eagerly
+        self.replays += 1
+        self.held_replays += 1
+        outputs = self._outputs[bucket]
         return outputs if batch == bucket else slice_rows(outputs, batch)
 
     def _copy_in(

@@ -114,7 +114,7 @@ def _without_view(taken: tuple[torch.Tensor, object] | None) -> tuple[torch.Tens
 
 def _made_each_step(
     self: LengthRing, hints: list[int]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], None]:
     prefix = torch.tensor(hints, dtype=torch.int64)
     positions = torch.tensor([p + j for p in hints for j in range(self.width)])
-    return prefix, prefix if self.width == 1 else positions, prefix + self.width
+    return (prefix, prefix if self.width == 1 else positions, prefix + self.width), None

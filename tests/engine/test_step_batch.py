@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from relayc.engine import SamplingParams
@@ -24,13 +25,16 @@ def _request(rid: int, slot: int, kv_len: int, inflight: int, temperature: float
     return request
 
 
+def _value(value: object) -> object:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return value.tolist()
+    if isinstance(value, tuple):  # host_lengths: NumPy views
+        return tuple(_value(v) for v in value)
+    return value
+
+
 def _fields(step: HostStep) -> dict[str, object]:
-    return {
-        f.name: getattr(step, f.name).tolist()
-        if isinstance(getattr(step, f.name), torch.Tensor)
-        else getattr(step, f.name)
-        for f in dataclasses.fields(step)
-    }
+    return {f.name: _value(getattr(step, f.name)) for f in dataclasses.fields(step)}
 
 
 def test_decode_rows_give_the_same_step_and_hold_only_their_own_batch() -> None:
@@ -62,7 +66,12 @@ def test_length_ring_sets_hold_their_step_until_reused() -> None:
         handed = []
         for step in range(2 * LengthRing.SIZE):
             hints = [10 + step, 3 * step]
-            prefix, positions, sample = ring.fill(hints)
+            (prefix, positions, sample), views = ring.fill(hints)
+            assert [v.tolist() for v in views] == [
+                prefix.tolist(),
+                positions.view(2, width).tolist(),
+                sample.tolist(),
+            ]
             assert prefix.tolist() == hints
             assert positions.tolist() == [p + j for p in hints for j in range(width)]
             assert sample.tolist() == [p + width for p in hints]
