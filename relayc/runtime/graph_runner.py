@@ -34,6 +34,11 @@ The contract (what the engine must uphold):
   `"static"`. As with CUDA graphs, a replay's outputs are the recording's tensors,
   valid until the next replay: on the CPU a host copy (`.to("cpu")`) is the tensor
   itself, so a caller that keeps them past the next step copies them.
+- `replay_held(key, batch, values)` (mode `tape`) replays the batch `run` last ran with the
+  same `key` object after writing only `values`, the inputs that moved since, into the
+  static buffers through NumPy views: the engine's steady decode batch, whose other
+  per-request tensors stay those of its `key`. Anything else (another batch ran since, a
+  recording that writes its inputs, host steps, a declined native call) goes through `run`.
 """
 
 from __future__ import annotations
