@@ -102,6 +102,7 @@ def test_sampled_requests_replay_their_own_recording(
     assert [o.token_ids for o in taped.generate(prompts, params)] == want
     runner = taped.algorithm.graphs.runners[False]  # keyed by all-greedy
     assert runner.tape_refusals == {} and runner.tapes
+    assert runner.held_replays > 0  # each step's draws follow from its lengths, not copied
 
 
 def test_a_weight_changed_between_calls_is_recorded_again(head_dir: Path) -> None:
