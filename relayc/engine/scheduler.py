@@ -592,10 +592,11 @@ class Scheduler:
                                 f"`{algorithm.name}` decodes windows of {step.width} slots and "
                                 "must commit its accepted KV itself (StepOutput.committed)"
                             )
-                        if table is not None and host_slots is not None:
+                        if table is not None and lengths is not None and host_slots is not None:
                             # one token a request (a decode step of width 1), as NumPy stores
+                            # at each request's prefix length
                             for row, position, slot in zip(
-                                step.host_rows, step.host_positions, host_slots, strict=True
+                                step.host_rows, lengths[0], host_slots, strict=True
                             ):
                                 table[row, position] = slot
                         else:

@@ -167,12 +167,11 @@ class HostStep:
     chain_mask: torch.Tensor | None = None  # decode, width > 1: DecodeRows.chain_mask (host)
     all_greedy: bool = False  # no request samples (host knowledge)
     # Decode on the CPU: ``out_cache_loc`` as a NumPy view, each request's request slot and
-    # first position, so the scheduler commits and frees slots without torch ops (see
-    # ``ReqToTokenPool.host_table``). None / empty otherwise.
+    # the LengthRing's views of the step's lengths, so the scheduler commits and frees slots
+    # without torch ops (see ``ReqToTokenPool.host_table``). None / empty otherwise.
     host_slots: np.ndarray | None = None
     host_rows: Sequence[int] = ()
-    host_positions: Sequence[int] = ()
-    host_lengths: HostLengths | None = None  # LengthRing's views of this step's lengths
+    host_lengths: HostLengths | None = None
 
     @classmethod
     def prefill(
@@ -247,7 +246,6 @@ class HostStep:
             chain_mask=rows.chain_mask,
             host_slots=host_slots,
             host_rows=rows.slots,
-            host_positions=hints,
             host_lengths=host_lengths,
         )
 

@@ -323,7 +323,7 @@ class GraphRunner:
         for name, value in values.items():
             if name not in views:  # a NumPy view of the static input, None: never read
                 static = self._static[bucket].get(name)
-                unread = static is None or name in self._unread.get(bucket, ())
+                unread = name in self._unread.get(bucket, ())
                 views[name] = None if static is None or unread else static.numpy()
             view = views[name]
             if view is not None:
