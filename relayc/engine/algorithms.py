@@ -34,13 +34,12 @@ import dataclasses
 import difflib
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -119,12 +118,12 @@ class DecodeAlgorithm(ABC):
         self,
         req_pool_indices: torch.Tensor,
         all_greedy: bool,
-        lengths: tuple[np.ndarray, np.ndarray, np.ndarray],
-        slots: np.ndarray,
+        prefix_lens: Sequence[int],
+        slots: Sequence[int],
     ) -> StepOutput | None:
         """The next decode step of the batch the last :meth:`decode` ran (the same
-        ``req_pool_indices`` tensor), from its new lengths and KV windows as NumPy arrays
-        (see ``DecodeGraphs.run_held``), without building its inputs; None: call
+        ``req_pool_indices`` tensor), from its new prefix lengths and KV windows as
+        integers (see ``DecodeGraphs.run_held``), without building its inputs; None: call
         :meth:`decode`. Algorithms without a recorded step return None."""
         return None
 
@@ -289,10 +288,10 @@ class GeneratedAlgorithm(DecodeAlgorithm):
         self,
         req_pool_indices: torch.Tensor,
         all_greedy: bool,
-        lengths: tuple[np.ndarray, np.ndarray, np.ndarray],
-        slots: np.ndarray,
+        prefix_lens: Sequence[int],
+        slots: Sequence[int],
     ) -> StepOutput | None:
-        outputs = self.graphs.run_held(req_pool_indices, all_greedy, lengths, slots)
+        outputs = self.graphs.run_held(req_pool_indices, all_greedy, prefix_lens, slots)
         return None if outputs is None else self._decoded(outputs)
 
     def _decoded(self, outputs: Any) -> StepOutput:

@@ -49,7 +49,6 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from relayc.engine.forward_batch import ForwardBatch
@@ -252,26 +251,29 @@ class DecodeGraphs:
         self,
         req_pool_indices: torch.Tensor,
         all_greedy: bool,
-        lengths: tuple[np.ndarray, np.ndarray, np.ndarray],
-        slots: np.ndarray,
+        prefix_lens: Sequence[int],
+        slots: Sequence[int],
     ) -> Any | None:
         """The outputs of the batch :meth:`run` last ran with this ``req_pool_indices``
-        tensor, its lengths and KV windows moved on: ``lengths`` = its prefix lengths
-        ``[B]``, positions ``[B, W]`` and sample positions ``[B]``, ``slots`` its
-        ``out_cache_loc`` ``[B * W]``, as NumPy arrays. Mode ``tape`` only (the scheduler's
-        steady decode batch on the CPU); None: run the step through :meth:`run`
-        (``GraphRunner.replay_held`` says when)."""
+        tensor, its lengths and KV windows moved on: ``prefix_lens`` each request's
+        committed length (its window's first position), ``slots`` its ``out_cache_loc``
+        ``[B * W]``, as integers. Mode ``tape`` only (the scheduler's steady decode batch
+        on the CPU); None: run the step through :meth:`run` (``GraphRunner.replay_held``
+        says when)."""
         runner = self._runners.get(all_greedy)
         if runner is None:  # replay_held answers for the modes without a recording
             return None
-        prefix, positions, sample_positions = lengths
-        batch = prefix.shape[0]
+        batch = len(prefix_lens)
+        width = len(slots) // batch
+        positions = (
+            prefix_lens if width == 1 else [p + j for p in prefix_lens for j in range(width)]
+        )
         values = {
-            "seq_lens": prefix,
-            "forward.prefix_lens": prefix,
+            "seq_lens": prefix_lens,
+            "forward.prefix_lens": prefix_lens,
             "forward.positions": positions,
-            "sample_positions": sample_positions,
-            "out_cache_loc": slots.reshape(batch, -1),
+            "sample_positions": [p + width for p in prefix_lens],
+            "out_cache_loc": slots,
         }
         return runner.replay_held(req_pool_indices, batch, values)
 

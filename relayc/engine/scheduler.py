@@ -127,13 +127,13 @@ import contextlib
 import heapq
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from relayc.engine.algorithms import DecodeAlgorithm
+from relayc.engine.algorithms import DecodeAlgorithm, StepOutput
 from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.overlap import ForwardRunner, Pending
@@ -176,6 +176,7 @@ class SchedulerStats:
     accept_steps: int = 0  # decode rows the host counted in a request's accept_lengths
     accept_tokens: int = 0  # tokens those rows emitted (before truncation)
     tail_steps: int = 0  # one-token steps at the context end (counted as accept rows too)
+    held_steps: int = 0  # iterations that ran a steady batch's recorded step (_held_step)
 
     @property
     def mean_accept_length(self) -> float:
@@ -191,7 +192,8 @@ _HostResult = tuple[torch.Tensor, torch.Tensor | None]
 @dataclass
 class _InFlight:
     steps: list[HostStep]
-    pending: Pending[tuple[list[_HostResult], float]]  # host copies, job seconds
+    # host copies, job seconds, whether its decode step replayed through decode_held
+    pending: Pending[tuple[list[_HostResult], float, bool]]
 
 
 def _barrier() -> None:
@@ -230,6 +232,11 @@ class Scheduler:
                 f"in 1..decode_width ({self.width}): every emitted token but the last needs KV"
             )
         self._decode_rows: DecodeRows | None = None  # the last decode batch's composition
+        # The batch whose next iteration is its decode step alone, replayed from its lengths
+        # and slots (see ``_held_step``); None: schedule the next iteration.
+        self._held: DecodeRows | None = None
+        # memoryviews of a recorded step's output tensors, by id (``_output_words``)
+        self._words: dict[int, tuple[torch.Tensor, tuple[memoryview, int] | None]] = {}
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -281,7 +288,7 @@ class Scheduler:
         self.prefilling.clear()
         self.running.clear()
         self._inflight.clear()
-        self._decode_rows = None
+        self._decode_rows = self._held = None
         return stopped
 
     def _known_requests(self) -> list[Request]:
@@ -302,7 +309,12 @@ class Scheduler:
     # -- the loop -------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """One iteration; returns the requests that got tokens or finished on the host."""
+        if self._held is not None and self._steady(self._held):
+            held_touched = self._held_step(self._held)
+            if held_touched is not None:
+                return held_touched
         start = time.perf_counter()
+        self._held = None
         steps = self._schedule()
         self.stats.host_s += time.perf_counter() - start
         overlap = False
@@ -319,12 +331,146 @@ class Scheduler:
             self.stats.forwards += len(steps)
         touched: dict[int, Request] = {}
         lag = 1 if overlap else 0
+        held = False
         while len(self._inflight) > lag:
-            for request in self._process(self._inflight.popleft()):
+            inflight = self._inflight.popleft()
+            requests, held = self._process(inflight)
+            for request in requests:
                 touched[id(request)] = request
+        if (
+            held
+            and not overlap
+            and len(steps) == 1
+            and steps[0].kind is StepKind.DECODE
+            and steps[0].requests == self.running
+        ):
+            self._held = self._decode_rows  # the whole batch decoded and replayed held
         self.iteration += 1
         self.stats.iterations += 1
         return list(touched.values())
+
+    def _steady(self, rows: DecodeRows) -> bool:
+        """Whether this iteration would schedule ``rows``' decode step and nothing else:
+        nothing arrives, waits or prefills, nothing is in flight, and every request of the
+        batch (the whole running batch when ``_held`` was set) goes on decoding."""
+        if self.waiting or self.prefilling or self._inflight:
+            return False
+        if self._arrivals and self._arrivals[0][0] <= self.iteration:
+            return False
+        limit = self.config.max_context - self.width  # nothing in flight: kv_len is exact
+        for request in rows.requests:
+            if request.device_done or request.kv_len > limit:
+                return False
+        return True
+
+    def _held_step(self, rows: DecodeRows) -> list[Request] | None:
+        """The steady batch's next iteration without scheduling it: its KV windows and
+        lengths straight into the recorded step (``DecodeAlgorithm.decode_held``), the
+        replay, the commit and the tokens, where a scheduled iteration builds its
+        ``HostStep``, a job, the step's inputs and its results' records. Runs only where
+        that iteration would run its one decode step inline and process it at once (no
+        overlap), so the requests' in-flight counts stay 0 throughout. None: the replay
+        declined (nothing taken or written); the caller schedules the iteration.
+
+        Right after a forward every torch or NumPy call costs tens of microseconds (their
+        code and data left the caches), so the host's side here is plain Python: the KV
+        slots, the slot table and the step's tokens are read and written through
+        memoryviews (``TokenToKVPool.alloc_words``, ``ReqToTokenPool.host_words``)."""
+        start = time.perf_counter()
+        requests, width = rows.requests, self.width
+        n = len(requests) * width
+        slots = self.kv_pool.alloc_words(n)
+        if slots is None:  # admission reserved them: a broken invariant, not a full pool
+            raise RuntimeError(f"KV pool has {self.kv_pool.available_size()} slots, needs {n}")
+        prefix_lens = [request.kv_len for request in requests]  # nothing in flight: exact
+        job_start = time.perf_counter()
+        grad = torch.is_grad_enabled()
+        if grad:  # torch.no_grad() costs tens of microseconds here; the switch itself a few
+            torch._C._set_grad_enabled(False)
+        try:
+            out = self.algorithm.decode_held(
+                rows.req_pool_indices, rows.all_greedy, prefix_lens, slots
+            )
+        finally:
+            if grad:
+                torch._C._set_grad_enabled(True)
+        job_s = time.perf_counter() - job_start
+        if out is None:
+            self.kv_pool.free_host(slots)
+            self._held = None
+            return None
+        if not out.committed:
+            self._check_uncommitted(width)
+            table = self.req_pool.host_words
+            assert table is not None  # the CPU's steady batch
+            for req_row, position, slot in zip(rows.slots, prefix_lens, slots, strict=True):
+                table[req_row, position] = slot
+        self._check_counts(out)
+        tokens, counts = self._read_tokens(out)
+        self._free_unaccepted_words(width, slots, counts)
+        touched = []
+        for request, row, count in zip(requests, tokens, counts, strict=True):
+            request.scheduled_samples += 1  # as _decode_step would, then _process
+            if self._decoded(request, row, count):
+                touched.append(request)
+            if request.finish_reason is not None:
+                self._release(request)
+        self.stats.forwards += 1
+        self.stats.held_steps += 1
+        self.stats.decode_rows += len(requests)
+        self.stats.job_s += job_s
+        self.stats.host_s += time.perf_counter() - start - job_s
+        self.iteration += 1
+        self.stats.iterations += 1
+        return touched
+
+    def _read_tokens(self, out: StepOutput) -> tuple[list[list[int]], list[int]]:
+        """A held step's tokens per request (its first ``count``) and counts, read through
+        memoryviews of the recording's output buffers (the same tensors every replay of a
+        bucket; made on first sight), or ``tolist`` where a tensor has none."""
+        if out.tokens is None:
+            tokens = self._output_words(out.next_tokens)
+            values = out.next_tokens.tolist() if tokens is None else tokens[0].tolist()
+            return [[token] for token in values], [1] * len(values)
+        assert out.counts is not None
+        words, counts_words = self._output_words(out.tokens), self._output_words(out.counts)
+        if words is None or counts_words is None:
+            return self._tokens_on_host(out.tokens, out.counts, False)
+        counts = counts_words[0].tolist()
+        view, row = words
+        return [view[b * row : b * row + c].tolist() for b, c in enumerate(counts)], counts
+
+    def _output_words(self, tensor: torch.Tensor) -> tuple[memoryview, int] | None:
+        """``tensor`` as a flat memoryview of its integers and its row's length; None: it
+        has none (another dtype or layout). Kept for the few tensors a recording returns."""
+        cached = self._words.get(id(tensor))
+        if cached is not None and cached[0] is tensor:
+            return cached[1]
+        made = None
+        if tensor.device.type == "cpu" and tensor.is_contiguous():
+            row = tensor[0].numel() if tensor.dim() > 1 else 1
+            data = tensor.detach().numpy().data.cast("B")
+            if tensor.dtype == torch.int64:
+                made = (data.cast("q"), row)
+            elif tensor.dtype == torch.int32:
+                made = (data.cast("i"), row)
+        if len(self._words) >= 8:  # a bucket's outputs are few; sliced ones come and go
+            self._words.clear()
+        self._words[id(tensor)] = (tensor, made)
+        return made
+
+    def _free_unaccepted_words(self, width: int, slots: list[int], counts: list[int]) -> None:
+        """:meth:`_free_unaccepted` for windows the host holds as integers."""
+        self._check_window_counts(width, counts)
+        if width == 1:
+            return
+        unaccepted = [
+            slot
+            for b, count in enumerate(counts)
+            for slot in slots[b * width + count : (b + 1) * width]
+        ]
+        if unaccepted:
+            self.kv_pool.free_host(unaccepted)
 
     def drain(self) -> list[Request]:
         """Step until nothing is queued, running or in flight."""
@@ -466,35 +612,31 @@ class Scheduler:
             request.inflight_decodes += 1
         return step
 
-    def _process(self, inflight: _InFlight) -> list[Request]:
+    def _process(self, inflight: _InFlight) -> tuple[list[Request], bool]:
+        """The requests touched, and whether the job's decode step replayed held."""
         start = time.perf_counter()
-        results, job_s = inflight.pending.wait()
+        results, job_s, held = inflight.pending.wait()
         waited = time.perf_counter() - start
         self.stats.job_s += job_s
         touched = []
         for step, (tokens, counts) in zip(inflight.steps, results, strict=True):
-            if counts is None:  # next_tokens [B]
-                rows = [[token] for token in tokens.tolist()]
-                counts_list = [1] * len(rows)
-            else:
-                rows, counts_list = tokens.tolist(), counts.tolist()
-            if step.kind is StepKind.DECODE:
-                self._free_unaccepted(step, counts_list)
+            rows, counts_list = self._tokens_on_host(tokens, counts, counts is None)
+            decode = step.kind is StepKind.DECODE
+            if decode:
+                self._free_unaccepted(step.width, step.host_slots, step.out_cache_loc, counts_list)
             for request, row, count, sampled in zip(
                 step.requests, rows, counts_list, step.samples, strict=True
             ):
                 request.inflight -= 1
-                if step.kind is StepKind.DECODE:
+                if decode:
                     request.inflight_decodes -= 1
-                    request.kv_len += count
-                    request.scheduled_samples += count - 1
-                if sampled and request.finish_reason is None:
+                    if self._decoded(request, row, count):
+                        touched.append(request)
+                elif sampled and request.finish_reason is None:
                     # A prefill row that samples after the first token is a tail step: a
                     # decode step of one token, as `none` would count it.
-                    if step.kind is StepKind.DECODE or request.output_ids:
-                        request.accept_lengths.append(count)
-                        self.stats.accept_steps += 1
-                        self.stats.accept_tokens += count
+                    if request.output_ids:
+                        self._count_accepted(request, count)
                     self._append(request, row[:count])
                     touched.append(request)
                 # else: the extra step of a request that finished one iteration late.
@@ -502,7 +644,36 @@ class Scheduler:
                     self._release(request)
         self.stats.wait_s += waited
         self.stats.host_s += time.perf_counter() - start - waited
-        return touched
+        return touched, held
+
+    @staticmethod
+    def _tokens_on_host(
+        tokens: torch.Tensor, counts: torch.Tensor | None, single: bool
+    ) -> tuple[list[list[int]], list[int]]:
+        """A step's tokens per row and their counts, as lists: ``single``, one token a row
+        (``next_tokens [B]``, ``counts`` None), else ``tokens [B, K]`` and ``counts [B]``."""
+        if single:
+            rows = [[token] for token in tokens.tolist()]
+            return rows, [1] * len(rows)
+        assert counts is not None
+        return tokens.tolist(), counts.tolist()
+
+    def _decoded(self, request: Request, row: list[int], count: int) -> bool:
+        """A decode step's ``count`` tokens of ``request`` reached the host (its step is
+        done with it): its lengths move on, and unless it finished earlier they are its
+        next tokens. Whether it got them."""
+        request.kv_len += count
+        request.scheduled_samples += count - 1
+        if request.finish_reason is not None:
+            return False  # the extra step of a request that finished one iteration late
+        self._count_accepted(request, count)
+        self._append(request, row[:count])
+        return True
+
+    def _count_accepted(self, request: Request, count: int) -> None:
+        request.accept_lengths.append(count)
+        self.stats.accept_steps += 1
+        self.stats.accept_tokens += count
 
     def _append(self, request: Request, tokens: list[int]) -> None:
         """Append in order up to a stop token or ``max_new_tokens``; drop the rest."""
@@ -519,21 +690,23 @@ class Scheduler:
         self.stats.tokens += kept
         self.algorithm.on_tokens(request.req_pool_index, tokens[:kept])
 
-    def _free_unaccepted(self, step: HostStep, counts: list[int]) -> None:
-        """Free each window's slots past its committed ``count``; the job is done with them."""
-        width = step.width
-        for count in counts:
-            if not 1 <= count <= width:
-                raise RuntimeError(
-                    f"`{self.algorithm.name}` reported {count} tokens for a decode window of "
-                    f"{width}; a decode step commits between 1 and decode_width tokens"
-                )
+    def _free_unaccepted(
+        self,
+        width: int,
+        host_slots: np.ndarray | None,
+        out_cache_loc: torch.Tensor,
+        counts: list[int],
+    ) -> None:
+        """Free each window's slots past its committed ``count``; the job is done with them.
+        ``host_slots``: ``out_cache_loc`` as a NumPy view (the CPU), else None."""
+        self._check_window_counts(width, counts)
         if width == 1:
             return
-        host = step.host_slots
-        if host is not None:  # NumPy on the CPU: no torch op right after a forward
+        if host_slots is not None:  # NumPy on the CPU: no torch op right after a forward
             parts = [
-                host[b * width + c : (b + 1) * width] for b, c in enumerate(counts) if c < width
+                host_slots[b * width + c : (b + 1) * width]
+                for b, c in enumerate(counts)
+                if c < width
             ]
             if parts:
                 self.kv_pool.free_host(parts[0] if len(parts) == 1 else np.concatenate(parts))
@@ -541,7 +714,35 @@ class Scheduler:
         unaccepted = [b * width + j for b, count in enumerate(counts) for j in range(count, width)]
         if unaccepted:
             index = torch.tensor(unaccepted, dtype=torch.int64, device=self.device)
-            self.kv_pool.free(step.out_cache_loc[index])
+            self.kv_pool.free(out_cache_loc[index])
+
+    def _check_window_counts(self, width: int, counts: list[int]) -> None:
+        for count in counts:
+            if not 1 <= count <= width:
+                raise RuntimeError(
+                    f"`{self.algorithm.name}` reported {count} tokens for a decode window of "
+                    f"{width}; a decode step commits between 1 and decode_width tokens"
+                )
+
+    def _check_uncommitted(self, width: int) -> None:
+        """The scheduler commits one token a request; a wider step commits its own."""
+        if width > 1:
+            raise RuntimeError(
+                f"`{self.algorithm.name}` decodes windows of {width} slots and "
+                "must commit its accepted KV itself (StepOutput.committed)"
+            )
+
+    def _check_counts(self, out: StepOutput) -> None:
+        if out.tokens is not None and out.counts is None:
+            raise RuntimeError(f"`{self.algorithm.name}` returned tokens without counts")
+
+    def _commit_host(self, rows: Sequence[int], positions: np.ndarray, slots: np.ndarray) -> None:
+        """One token a request (a decode step of width 1) into ``req_to_token`` as NumPy
+        stores at each request's prefix length (the CPU's ``ReqToTokenPool.host_table``)."""
+        table = self.req_pool.host_table
+        assert table is not None
+        for row, position, slot in zip(rows, positions, slots, strict=True):
+            table[row, position] = slot
 
     def _release(self, request: Request) -> None:
         row = self.req_pool.req_to_token[request.req_pool_index, : request.kv_len]
@@ -554,7 +755,7 @@ class Scheduler:
     # -- device side (runs on the forward runner) -----------------------------------------
     def _job(
         self, steps: list[HostStep], copy: bool = False
-    ) -> Callable[[], tuple[list[_HostResult], float]]:
+    ) -> Callable[[], tuple[list[_HostResult], float, bool]]:
         algorithm, device, kv_cache = self.algorithm, self.device, self.kv_cache
 
         on_cpu = device.type == "cpu"
@@ -567,9 +768,10 @@ class Scheduler:
         req_to_token = self.req_pool.req_to_token
         table = self.req_pool.host_table  # the CPU's NumPy view of it
 
-        def run() -> tuple[list[_HostResult], float]:
+        def run() -> tuple[list[_HostResult], float, bool]:
             start = time.perf_counter()
             host_results: list[_HostResult] = []
+            held = False
             with torch.no_grad():
                 for step in steps:
                     out = None
@@ -578,8 +780,12 @@ class Scheduler:
                         # the CPU's steady decode batch: its recorded step replayed from the
                         # new lengths and slots alone (Algorithm.decode_held)
                         out = algorithm.decode_held(
-                            step.req_pool_indices, step.all_greedy, lengths, host_slots
+                            step.req_pool_indices,
+                            step.all_greedy,
+                            lengths[0].tolist(),
+                            host_slots.tolist(),
                         )
+                        held = out is not None
                     if out is None:
                         inputs, commit_rows = step.to_device(device, req_to_token, kv_cache)
                         hook = (
@@ -587,24 +793,14 @@ class Scheduler:
                         )
                         out = hook(inputs)
                     if not out.committed:
-                        if step.width > 1:
-                            raise RuntimeError(
-                                f"`{algorithm.name}` decodes windows of {step.width} slots and "
-                                "must commit its accepted KV itself (StepOutput.committed)"
-                            )
+                        self._check_uncommitted(step.width)
                         if table is not None and lengths is not None and host_slots is not None:
-                            # one token a request (a decode step of width 1), as NumPy stores
-                            # at each request's prefix length
-                            for row, position, slot in zip(
-                                step.host_rows, lengths[0], host_slots, strict=True
-                            ):
-                                table[row, position] = slot
+                            self._commit_host(step.host_rows, lengths[0], host_slots)
                         else:
                             req_to_token[commit_rows, inputs.forward.positions] = (
                                 inputs.forward.out_cache_loc.to(torch.int32)
                             )
-                    if out.tokens is not None and out.counts is None:
-                        raise RuntimeError(f"`{algorithm.name}` returned tokens without counts")
+                    self._check_counts(out)
                     if out.tokens is None:  # [B]: one token a row (see _process)
                         host_results.append((to_host(out.next_tokens), None))
                     else:
@@ -614,6 +810,6 @@ class Scheduler:
                                 None if out.counts is None else to_host(out.counts),
                             )
                         )
-            return host_results, time.perf_counter() - start
+            return host_results, time.perf_counter() - start, held
 
         return run

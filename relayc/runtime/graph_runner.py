@@ -36,7 +36,7 @@ The contract (what the engine must uphold):
   itself, so a caller that keeps them past the next step copies them.
 - `replay_held(key, batch, values)` (mode `tape`) replays the batch `run` last ran with the
   same `key` object after writing only `values`, the inputs that moved since, into the
-  static buffers through NumPy views: the engine's steady decode batch, whose other
+  static buffers through memoryviews: the engine's steady decode batch, whose other
   per-request tensors stay those of its `key`. Anything else (another batch ran since, a
   recording that writes its inputs, host steps, a declined native call) goes through `run`.
 """
@@ -55,6 +55,10 @@ from relayc.runtime.outputs import output_items
 from relayc.runtime.tape import Recorder
 
 MODES: tuple[str, ...] = ("auto", "graph", "tape", "static", "off")
+
+# the markers of ``replay_held``'s memoryview of a static input not made yet, and of an
+# input that has none (not an integer buffer on the CPU)
+_NOT_MADE, _NO_VIEW = object(), object()
 
 Outputs = TypeVar("Outputs")
 
@@ -168,7 +172,7 @@ class GraphRunner:
         # (key, batch, bucket) of the last batch run through ``run``: its inputs are in the
         # bucket's static buffers (see ``replay_held``)
         self._held: tuple[Any, int, int] | None = None
-        self._views: dict[int, dict[str, Any]] = {}  # bucket -> NumPy views of read inputs
+        self._views: dict[int, dict[str, Any]] = {}  # bucket -> memoryviews of read inputs
 
     def _all_inputs(self) -> dict[str, StaticInput]:
         return {**self.inputs, **self.host_inputs, **self.ctx_inputs}
@@ -299,18 +303,20 @@ class GraphRunner:
             self._held = (key, batch, bucket)
         return outputs if batch == bucket else slice_rows(outputs, batch)
 
-    def replay_held(self, key: Any, batch: int, values: Mapping[str, Any]) -> Any | None:
+    def replay_held(self, key: Any, batch: int, values: Mapping[str, Sequence[int]]) -> Any | None:
         """Mode ``tape``: replay the batch ``run`` last ran with this ``key`` (the same
-        object) and ``batch``, after writing ``values`` -- the inputs that changed since,
-        NumPy arrays of the rows' values -- straight into the bucket's static buffers;
+        object) and ``batch``, after writing ``values`` -- the inputs that changed since, each
+        its rows' integers flat, row after row -- straight into the bucket's static buffers;
         None: this does not apply (another batch ran since, the recording writes its inputs
-        or was refused, the step has host steps) or a native call declined, and the caller
-        runs the batch through ``run``.
+        or was refused, the step has host steps, an input is not an integer buffer) or a
+        native call declined, and the caller runs the batch through ``run``.
 
         The caller vouches that every other input is what ``run`` copied in: its scheduler
         keeps a batch's per-request tensors unchanged while it holds the same requests (the
         ``key``). What this skips is the Python around the replay: the step's context, the
         inputs' dictionaries and their copies, each a few cold microseconds after a forward.
+        The values are written through memoryviews of the buffers, a few CPython
+        instructions each where a torch or NumPy call costs tens of microseconds there.
         """
         held = self._held
         if held is None or held[0] is not key or held[1] != batch or self.host_inputs:
@@ -321,19 +327,38 @@ class GraphRunner:
             return None
         views = self._views.setdefault(bucket, {})
         for name, value in values.items():
-            if name not in views:  # a NumPy view of the static input, None: never read
-                static = self._static[bucket].get(name)
-                unread = name in self._unread.get(bucket, ())
-                views[name] = None if static is None or unread else static.numpy()
-            view = views[name]
-            if view is not None:
-                view[:batch] = value
+            view = views.get(name, _NOT_MADE)
+            if view is _NOT_MADE:
+                view = views[name] = self._word_view(bucket, name)
+            if view is None:  # never read
+                continue
+            if view is _NO_VIEW or len(value) != batch * view[1]:
+                return None
+            words = view[0]
+            for i, word in enumerate(value):
+                words[i] = word
         if not tape.replay():
             return None  # declined before any lasting write: ``run`` reruns it eagerly
         self.replays += 1
         self.held_replays += 1
         outputs = self._outputs[bucket]
         return outputs if batch == bucket else slice_rows(outputs, batch)
+
+    def _word_view(self, bucket: int, name: str) -> Any:
+        """The static input ``name`` of ``bucket`` as a flat memoryview of its integers and
+        its row's length; None: its recording never reads it (or there is none);
+        ``_NO_VIEW``: it cannot be written this way."""
+        static = self._static[bucket].get(name)
+        if static is None or name in self._unread.get(bucket, ()):
+            return None
+        if static.device.type != "cpu" or not static.is_contiguous():
+            return _NO_VIEW
+        row = static[0].numel() if static.dim() > 1 else 1
+        if static.dtype == torch.int64:
+            return static.numpy().data.cast("B").cast("q"), row
+        if static.dtype == torch.int32:
+            return static.numpy().data.cast("B").cast("i"), row
+        return _NO_VIEW
 
     def _copy_in(
         self,

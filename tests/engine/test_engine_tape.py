@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayc.engine import Engine, LlamaForCausalLM, ModelConfig, SamplingParams, random_model
+from relayc.engine import (
+    Engine,
+    LlamaForCausalLM,
+    ModelConfig,
+    SamplingParams,
+    native,
+    random_model,
+)
 from relayc.engine.draft import Eagle3Head
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 
@@ -88,6 +95,9 @@ def test_recorded_steps_match_eager(
     # a steady batch replays from its new lengths and slots alone (GraphRunner.replay_held);
     # n-gram's host steps feed every replay new drafts, so it copies its inputs each time
     assert (runner.held_replays > 0) == (algorithm != "ngram"), runner.held_replays
+    # one request at a time runs inline, so its steady iterations skip the scheduling too
+    assert (taped.scheduler.stats.held_steps > 0) == (algorithm != "ngram")
+    assert torch.is_grad_enabled()  # the held steps switch autograd off and back
 
 
 @pytest.mark.parametrize(("algorithm", "sizes"), CONFIGS[:3], ids=IDS[:3])
@@ -150,3 +160,55 @@ def test_tape_mode_is_for_the_cpu(model: LlamaForCausalLM) -> None:
     assert resolve_mode("tape", "cpu") == "tape"
     with pytest.raises(ValueError, match=r"'tape' records CPU steps.*use 'graph' on CUDA"):
         resolve_mode("tape", "cuda")
+
+
+@pytest.mark.parametrize(("algorithm", "sizes"), CONFIGS[:3], ids=IDS[:3])
+def test_a_held_step_whose_replay_declines_is_scheduled(
+    model: LlamaForCausalLM,
+    head_dir: Path,
+    algorithm: str,
+    sizes: dict[str, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A native call that declines in a steady batch's held step: its KV slots go back and
+    the iteration is scheduled as any other (where the held replay and then the recorded
+    step decline too, and it reruns eagerly); the tokens are eager's and every KV slot is free at the end."""
+    from relayc.runtime.tape import Tape
+
+    eager = _engine(model, algorithm, "off", False, head_dir, **sizes)
+    taped = _engine(model, algorithm, "tape", False, head_dir, **sizes)
+    prompts, params = _prompts(1, seed=4)
+    params = [SamplingParams(max_new_tokens=9)]
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    replay, calls = Tape.replay, [0]
+
+    def declines_thrice(tape: Tape) -> bool:
+        calls[0] += 1
+        return False if calls[0] in (4, 5, 6) else replay(tape)
+
+    monkeypatch.setattr(Tape, "replay", declines_thrice)
+    with torch.no_grad():
+        got = [o.token_ids for o in taped.generate(prompts, params)]
+        assert not torch.is_grad_enabled()  # a held step restores the caller's mode
+    assert got == want
+    stats, runner = taped.scheduler.stats, taped.algorithm.graphs.runners[True]
+    assert calls[0] > 6 and stats.held_steps > 0 and runner.tape_reruns == 1
+    assert taped.scheduler.kv_pool.available_size() == 1024
+
+
+@pytest.mark.parametrize(("algorithm", "sizes"), CONFIGS[:3], ids=IDS[:3])
+def test_held_steps_keep_each_requests_counts_exact(
+    model: LlamaForCausalLM, head_dir: Path, algorithm: str, sizes: dict[str, int]
+) -> None:
+    """Between held steps nothing is in flight, so a request's host counts are exact: every
+    sampled token scheduled and seen, every token but the last committed."""
+    taped = _engine(model, algorithm, "tape", False, head_dir, **sizes)
+    prompts, _ = _prompts(1, seed=6)
+    seen = 0
+    for delta in taped.stream(prompts, [SamplingParams(max_new_tokens=12)]):
+        seen += len(delta.token_ids)
+        for request in taped.scheduler.running:
+            assert request.inflight == request.inflight_decodes == 0
+            assert request.scheduled_samples == len(request.output_ids) == seen
+            assert request.kv_len == request.prompt_len + seen - 1
+    assert seen == 12 and taped.scheduler.stats.held_steps > 0
