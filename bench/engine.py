@@ -203,6 +203,7 @@ class NativeTimer:
         "relayc_head_argmax",
         "relayc_argmax",
         "relayc_linear",
+        "relayc_tape_run",  # a recorded step's native calls, run by the library in one call
     )
 
     def __init__(self, forwards: ForwardTimer) -> None:
@@ -232,6 +233,7 @@ class NativeTimer:
                         self.inside += seconds
                     self.calls += 1
 
+            timed.__wrapped__ = inner  # type: ignore[attr-defined]  # a tape batches it still
             setattr(lib, name, timed)
         return True
 

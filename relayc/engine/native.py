@@ -226,6 +226,11 @@ def _load(path: Path) -> ctypes.CDLL:
     # lengths, accept lengths; then the new sequence lengths
     lib.relayc_compact.argtypes = [i, i, p, q, p, p, q, q, q, p, q, q, p, p, p, p]
     lib.relayc_compact.restype = i
+    # a recorded step's native calls in one call (relayc.runtime.tape), and their names
+    lib.relayc_tape_run.argtypes = [p, ctypes.c_int64, p]
+    lib.relayc_tape_run.restype = ctypes.c_int64
+    lib.relayc_tape_name.argtypes = [i]
+    lib.relayc_tape_name.restype = ctypes.c_char_p
     lib.relayc_bf16_kernels.argtypes = []
     lib.relayc_bf16_kernels.restype = i
     lib.relayc_bf16_kernel.argtypes = [i]

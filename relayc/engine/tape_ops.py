@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from relayc.runtime.tape import register_lowering
+from relayc.runtime.tape import register_lowering, register_native_batch
 
 aten = torch.ops.aten
 
@@ -205,3 +205,8 @@ def install(lib: ctypes.CDLL) -> None:
     ):
         register_lowering(factory, full)
     register_lowering(aten.copy_.default, to_copy)
+    # the library's own runner of recorded calls: a tape's runs of them in one call each
+    names: list[str] = []
+    while (name := lib.relayc_tape_name(len(names))) is not None:
+        names.append(name.decode())
+    register_native_batch(lib, names)

@@ -38,6 +38,7 @@ CUDA graph holds it: a tape is stale once those move (``DecodeGraphs.reset``).
 from __future__ import annotations
 
 import ctypes
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -87,7 +88,13 @@ _NO_CODE = object()
 
 
 class Tape:
-    """The recorded calls of one step on one bucket's buffers; :meth:`replay` runs them."""
+    """The recorded calls of one step on one bucket's buffers; :meth:`replay` runs them.
+
+    Runs of native calls whose library runs recorded calls itself
+    (:func:`register_native_batch`) replay as one call into it (``batched`` counts them):
+    a call made from Python pays ctypes' conversion of each argument, some ten microseconds
+    a call right after a forward, where the library's loop makes the same calls on the
+    same arguments, in the same order, checking the same codes."""
 
     def __init__(
         self,
@@ -99,6 +106,9 @@ class Tape:
         self._restart_before = restart_before  # a declining call at or before it may rerun
         self._keep = tuple(keep)  # what the calls point into
         self.names = tuple(name for *_, name in self._calls)  # what each call is, in order
+        self._code = ctypes.c_int64()  # what a batch's declining call returned
+        self._segments, self._records = _segments(self._calls, ctypes.addressof(self._code))
+        self.batched = sum(count for _, count, run, _ in self._segments if run is not None)
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -106,17 +116,147 @@ class Tape:
     def replay(self) -> bool:
         """Run the calls; False: a native call declined before any lasting write (see the
         module), so the caller reruns the step eagerly."""
-        for index, (fn, args, kwargs, code, name) in enumerate(self._calls):
-            got = fn(*args, **kwargs)
-            if code is not _NO_CODE and got != code:
-                if index <= self._restart_before:
-                    return False
-                raise RuntimeError(
-                    f"the replayed step's call {index} ({name}) returned {got!r}, not "
-                    f"{code!r} as when it was recorded, after earlier calls had written the "
-                    "step's state; run with graphs='off' to see what it refuses"
-                )
+        calls = self._calls
+        for first, count, run, args in self._segments:
+            if run is None:
+                fn, call_args, kwargs, code, _ = calls[first]
+                got = fn(*call_args, **kwargs)
+                if code is not _NO_CODE and got != code:
+                    return self._stopped(first, got)
+            else:
+                done = run(*args)
+                if done != count:
+                    return self._stopped(first + done, self._code.value)
         return True
+
+    def _stopped(self, index: int, got: Any) -> bool:
+        if index <= self._restart_before:
+            return False
+        _, _, _, code, name = self._calls[index]
+        raise RuntimeError(
+            f"the replayed step's call {index} ({name}) returned {got!r}, not "
+            f"{code!r} as when it was recorded, after earlier calls had written the "
+            "step's state; run with graphs='off' to see what it refuses"
+        )
+
+
+# Native libraries that run recorded calls themselves (register_native_batch), and their
+# functions' numbers in that runner, by name.
+_BATCHERS: list[tuple[Any, dict[str, int]]] = []
+_ANY_CODE = -(1 << 63)  # a batched call whose code is not checked
+
+
+def register_native_batch(lib: Any, names: Sequence[str]) -> None:
+    """``lib`` runs recorded calls of its functions ``names`` (numbered in that order) in
+    one call: ``lib.relayc_tape_run(records, n, code)`` (the engine's native library;
+    decoder.c says the layout). A tape batches each run of calls to them."""
+    if all(known is not lib for known, _ in _BATCHERS):
+        _BATCHERS.append((lib, {name: number for number, name in enumerate(names)}))
+
+
+Segment = tuple[int, int, Any, tuple[Any, ...]]
+
+
+def _segments(
+    calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], object, str]],
+    code_address: int,
+) -> tuple[tuple[Segment, ...], tuple[Any, ...]]:
+    """(first call, how many, runner, its arguments): a run of calls one native runner makes,
+    or (first, 1, None, ()) a call made from Python; and the runners' records, which the
+    tape must hold."""
+    segments: list[Segment] = []
+    records: list[Any] = []
+    index = 0
+    while index < len(calls):
+        found = _batchable(calls[index])
+        if found is None:
+            segments.append((index, 1, None, ()))
+            index += 1
+            continue
+        lib, words = found
+        end = index + 1
+        while end < len(calls):
+            more = _batchable(calls[end])
+            if more is None or more[0] is not lib:
+                break
+            words.extend(more[1])
+            end += 1
+        record = (ctypes.c_int64 * len(words))(*words)
+        records.append(record)
+        run_args = (ctypes.addressof(record), end - index, code_address)
+        segments.append((index, end - index, lib.relayc_tape_run, run_args))
+        index = end
+    return tuple(segments), tuple(records)
+
+
+def _batchable(
+    call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], object, str],
+) -> tuple[Any, list[int]] | None:
+    """The library that can make ``call`` and its record there; None: call it from Python."""
+    fn, args, kwargs, code, _ = call
+    fn = getattr(fn, "__wrapped__", fn)  # a timing wrapper (the benchmarks')
+    symbol = getattr(fn, "__name__", None)
+    argtypes = getattr(fn, "argtypes", None)
+    if kwargs or symbol is None or argtypes is None or len(argtypes) != len(args):
+        return None
+    for lib, numbers in _BATCHERS:
+        number = numbers.get(symbol)
+        own = getattr(lib, symbol, None)
+        if number is None or _address(getattr(own, "__wrapped__", own)) != _address(fn):
+            continue
+        words = [_word(arg, kind) for arg, kind in zip(args, argtypes, strict=True)]
+        if any(word is None for word in words):
+            return None
+        want = _ANY_CODE if code is _NO_CODE else code
+        if not isinstance(want, int):
+            return None
+        return lib, [number, len(words), want, *(w for w in words if w is not None)]
+    return None
+
+
+def _address(fn: Any) -> int | None:
+    try:
+        return ctypes.cast(fn, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return None
+
+
+def _word(arg: Any, kind: Any) -> int | None:
+    """``arg`` as the 64-bit word the runner passes for a parameter of ctypes type ``kind``:
+    an integer or pointer as it is, a float's bits; None: not one of those."""
+    if kind is ctypes.c_float:
+        if not isinstance(arg, (int, float)):
+            return None
+        return int.from_bytes(struct.pack("<f", arg), "little")
+    if kind is ctypes.c_double:
+        return None
+    word: int | None
+    if isinstance(arg, int):
+        word = int(arg)
+    elif arg is None:
+        word = 0
+    elif isinstance(arg, ctypes.Array):
+        word = ctypes.addressof(arg)
+    elif isinstance(arg, ctypes._SimpleCData):
+        value = arg.value
+        word = 0 if value is None else value if isinstance(value, int) else None
+    else:
+        word = _reference(arg)
+    if word is None or not -(1 << 63) <= word < (1 << 63):
+        return None
+    return word
+
+
+def _reference(arg: Any) -> int | None:
+    """The address a ``ctypes.byref(obj)`` passes, where it is ``obj``'s own (no offset)."""
+    obj = getattr(arg, "_obj", None)
+    if type(arg).__name__ != "CArgObject" or obj is None:
+        return None
+    try:
+        address = ctypes.addressof(obj)
+    except TypeError:
+        return None
+    return address if f"({address:#x})" in repr(arg) else None
 
 
 class Recorder(CaptureCheck):

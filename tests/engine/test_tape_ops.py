@@ -40,6 +40,7 @@ def test_row_ops_are_native_and_replay_as_aten_runs_them(dtype: torch.dtype) -> 
     lowered = [name for name in tape.names if name.endswith("(native)")]
     # index_select, clone, zero_, index_copy_, copy_, rows - 7, index, full_like, cat
     assert len(lowered) == 9, tape.names
+    assert tape.batched == 9  # replayed by the library in one call (no ATen op between)
     for seed in (1, 2):
         gen.manual_seed(seed)
         fresh = (torch.randn(7, 3, 2, generator=gen) * 9).to(dtype)
@@ -129,4 +130,31 @@ def test_a_refused_row_stops_the_replay_or_raises_after_a_lasting_write() -> Non
     tape = recorder.tape()
     rows.copy_(torch.tensor([0, -1]))
     with pytest.raises(RuntimeError, match=r"index_copy_.* returned -2"):
+        tape.replay()
+
+
+def test_a_call_refused_inside_a_batch_stops_the_replay_or_raises_after_a_lasting_write() -> None:
+    """Four native calls replayed as one batch: a refusal before the lasting write (the
+    third call) stops the replay with nothing written; one after it raises, naming it."""
+    table = torch.arange(10.0).reshape(5, 2)
+    rows, others, last = torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([0])
+    with Recorder() as recorder:
+        picked = table.index_select(0, rows)
+        swapped = table.index_select(0, others)
+        table.index_copy_(0, rows, swapped)  # lasting: the table existed before the step
+        end = table.index_select(0, last)
+    tape = recorder.tape()
+    assert tape.batched == len(tape) == 4
+    table.copy_(torch.arange(10.0).reshape(5, 2) * 2)
+    assert tape.replay()
+    assert torch.equal(picked, torch.tensor([[4.0, 6.0], [8.0, 10.0]]))
+    assert torch.equal(end, torch.tensor([[0.0, 2.0]]))
+    assert torch.equal(table[1:3], torch.tensor([[12.0, 14.0], [16.0, 18.0]]))
+    others.copy_(torch.tensor([3, 7]))  # the second call's row is outside the table
+    before = table.clone()
+    assert tape.replay() is False
+    assert torch.equal(table, before)
+    others.copy_(torch.tensor([3, 4]))
+    last.copy_(torch.tensor([5]))  # the fourth's, after the write
+    with pytest.raises(RuntimeError, match=r"call 3 \(aten.index_select.default \(native\)\)"):
         tape.replay()
