@@ -13,7 +13,12 @@ native code, whose footprint is small) can.
 
     python bench/cold_ops.py [--repeats 40]
 
-Prints the median microseconds of the first call after each pause.
+Prints the median microseconds of the first call after each pause. Then, after streaming
+only, a held decode step's host bookkeeping three ways -- a KV slot and a length stored, a
+slot-table entry committed and a token read, through NumPy and ``tolist``, through
+memoryviews of the same memory (what ``Scheduler._held_step`` does), and nothing but the
+Python call -- and ``torch.no_grad()`` entered and left against
+``torch._C._set_grad_enabled`` switched off and on.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from relayc.engine.draft.paged import last_rows
@@ -81,7 +87,53 @@ def main() -> None:
                 print(f"{name:<26} {label:<22} {us:>8.1f}")
         us = first_call_us(op, stream.sum, args.repeats)
         print(f"{name:<26} {'streaming 128 MB':<22} {us:>8.1f}")
+    bookkeeping = _bookkeeping()
+    for name, op in bookkeeping.items():
+        us = first_call_us(op, stream.sum, args.repeats)
+        print(f"{name:<26} {'streaming 128 MB':<22} {us:>8.1f}")
     print(f"cpu/wall {(time.process_time() - cpu) / (time.perf_counter() - wall):.2f}")
+
+
+def _bookkeeping() -> dict[str, Callable[[], object]]:
+    """A held step's host work on the same memory: NumPy, memoryviews, nothing."""
+    lengths = torch.zeros(8, dtype=torch.int64)
+    table = torch.zeros(16, 64, dtype=torch.int32)
+    tokens = torch.tensor([7])
+    host_lengths, host_table = lengths.numpy(), table.numpy()
+    prefix = np.array([5], dtype=np.int64)
+    words = host_lengths.data.cast("B").cast("q")
+    table_words = host_table.data.cast("B").cast("i", host_table.shape)
+    token_words = tokens.numpy().data.cast("B").cast("q")
+
+    def through_numpy() -> object:
+        host_lengths[:1] = prefix
+        np.add(host_lengths[:1], 1, out=host_lengths[1:2])
+        host_table[3, 17] = host_lengths[0]
+        return tokens.tolist()
+
+    def through_memoryviews() -> object:
+        length = 5
+        words[0] = length
+        words[1] = length + 1
+        table_words[3, 17] = length
+        return [token_words[0]]
+
+    def grad_switched() -> None:
+        if torch.is_grad_enabled():
+            torch._C._set_grad_enabled(False)
+            torch._C._set_grad_enabled(True)
+
+    def no_grad() -> None:
+        with torch.no_grad():
+            pass
+
+    return {
+        "bookkeeping, NumPy": through_numpy,
+        "bookkeeping, memoryviews": through_memoryviews,
+        "bookkeeping, nothing": lambda: [5],
+        "torch.no_grad()": no_grad,
+        "_set_grad_enabled x2": grad_switched,
+    }
 
 
 if __name__ == "__main__":
