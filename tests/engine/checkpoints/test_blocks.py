@@ -429,8 +429,9 @@ def test_native_panels_are_the_torch_panels_byte_for_byte(
 def test_every_row_count_and_panel_remainder_is_float32_panels_bit_for_bit(kind: str) -> None:
     """decoder.c's block GEMMs take one to eight rows at a time over one to eight panels of
     16 output columns (a kernel per row count, as wide as measured fastest, and a one-panel
-    kernel for the panels left over): every row count, alone and past eight, and every
-    panel remainder gives the bits of float32 panels over the dequantized weights."""
+    kernel for the panels left over): every row count, alone and past eight (whole blocks of
+    eight and a remainder), and every panel remainder gives the bits of float32 panels over
+    the dequantized weights."""
     lib = native_decoder()
     assert lib is not None, "the native decoder should build here"
     cols = 256  # a whole K-quant super-block
@@ -439,7 +440,7 @@ def test_every_row_count_and_panel_remainder_is_float32_panels_bit_for_bit(kind:
         blocks = random_blocks(kind, out_features, cols, seed=panels)
         packed, dense = blocks.panels(), _pack(blocks.dequantize())
         ones = torch.ones(cols)
-        for rows in (*range(10), 17):  # no rows at all too: nothing to write
+        for rows in (*range(10), 15, 16, 17, 41):  # no rows at all too: nothing to write
             x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
             got, want = torch.empty(rows, out_features), torch.empty(rows, out_features)
             args = (rows, cols, out_features, x.data_ptr(), ones.data_ptr(), 1e-6)
