@@ -184,6 +184,9 @@ class SchedulerStats:
         return self.accept_tokens / self.accept_steps if self.accept_steps else 0.0
 
 
+# Integers the host holds: a list, or a NumPy view of a CPU tensor.
+_Ints = Sequence[int] | np.ndarray
+
 # A step's results on the host: tokens [B, K] and counts [B], or next_tokens [B] and None
 # (one token a request).
 _HostResult = tuple[torch.Tensor, torch.Tensor | None]
@@ -401,13 +404,10 @@ class Scheduler:
             return None
         if not out.committed:
             self._check_uncommitted(width)
-            table = self.req_pool.host_words
-            assert table is not None  # the CPU's steady batch
-            for req_row, position, slot in zip(rows.slots, prefix_lens, slots, strict=True):
-                table[req_row, position] = slot
+            self._commit_host(rows.slots, prefix_lens, slots)
         self._check_counts(out)
         tokens, counts = self._read_tokens(out)
-        self._free_unaccepted_words(width, slots, counts)
+        self._free_unaccepted(width, slots, None, counts)
         touched = []
         for request, row, count in zip(requests, tokens, counts, strict=True):
             request.scheduled_samples += 1  # as _decode_step would, then _process
@@ -458,19 +458,6 @@ class Scheduler:
             self._words.clear()
         self._words[id(tensor)] = (tensor, made)
         return made
-
-    def _free_unaccepted_words(self, width: int, slots: list[int], counts: list[int]) -> None:
-        """:meth:`_free_unaccepted` for windows the host holds as integers."""
-        self._check_window_counts(width, counts)
-        if width == 1:
-            return
-        unaccepted = [
-            slot
-            for b, count in enumerate(counts)
-            for slot in slots[b * width + count : (b + 1) * width]
-        ]
-        if unaccepted:
-            self.kv_pool.free_host(unaccepted)
 
     def drain(self) -> list[Request]:
         """Step until nothing is queued, running or in flight."""
@@ -693,28 +680,31 @@ class Scheduler:
     def _free_unaccepted(
         self,
         width: int,
-        host_slots: np.ndarray | None,
-        out_cache_loc: torch.Tensor,
+        host_slots: _Ints | None,
+        out_cache_loc: torch.Tensor | None,
         counts: list[int],
     ) -> None:
         """Free each window's slots past its committed ``count``; the job is done with them.
-        ``host_slots``: ``out_cache_loc`` as a NumPy view (the CPU), else None."""
+        ``host_slots``: the windows' slots as integers on the host (the CPU: a NumPy view of
+        ``out_cache_loc``, or a held step's ints), freed without a torch op; else None and
+        ``out_cache_loc`` on the device."""
         self._check_window_counts(width, counts)
         if width == 1:
             return
-        if host_slots is not None:  # NumPy on the CPU: no torch op right after a forward
-            parts = [
-                host_slots[b * width + c : (b + 1) * width]
-                for b, c in enumerate(counts)
-                if c < width
+        if host_slots is not None:  # no torch op right after a forward
+            unaccepted = [
+                slot
+                for b, count in enumerate(counts)
+                for slot in host_slots[b * width + count : (b + 1) * width]
             ]
-            if parts:
-                self.kv_pool.free_host(parts[0] if len(parts) == 1 else np.concatenate(parts))
+            if unaccepted:
+                self.kv_pool.free_host(unaccepted)
             return
-        unaccepted = [b * width + j for b, count in enumerate(counts) for j in range(count, width)]
-        if unaccepted:
-            index = torch.tensor(unaccepted, dtype=torch.int64, device=self.device)
-            self.kv_pool.free(out_cache_loc[index])
+        assert out_cache_loc is not None
+        index = [b * width + j for b, count in enumerate(counts) for j in range(count, width)]
+        if index:
+            taken = torch.tensor(index, dtype=torch.int64, device=self.device)
+            self.kv_pool.free(out_cache_loc[taken])
 
     def _check_window_counts(self, width: int, counts: list[int]) -> None:
         for count in counts:
@@ -736,10 +726,10 @@ class Scheduler:
         if out.tokens is not None and out.counts is None:
             raise RuntimeError(f"`{self.algorithm.name}` returned tokens without counts")
 
-    def _commit_host(self, rows: Sequence[int], positions: np.ndarray, slots: np.ndarray) -> None:
-        """One token a request (a decode step of width 1) into ``req_to_token`` as NumPy
-        stores at each request's prefix length (the CPU's ``ReqToTokenPool.host_table``)."""
-        table = self.req_pool.host_table
+    def _commit_host(self, rows: Sequence[int], positions: _Ints, slots: _Ints) -> None:
+        """One token a request (a decode step of width 1) into ``req_to_token``, stored at
+        each request's prefix length through the CPU's ``ReqToTokenPool.host_words``."""
+        table = self.req_pool.host_words
         assert table is not None
         for row, position, slot in zip(rows, positions, slots, strict=True):
             table[row, position] = slot
@@ -766,7 +756,7 @@ class Scheduler:
             return t if on_cpu else t.to("cpu", non_blocking=True)
 
         req_to_token = self.req_pool.req_to_token
-        table = self.req_pool.host_table  # the CPU's NumPy view of it
+        table = self.req_pool.host_words  # the CPU's memoryview of it
 
         def run() -> tuple[list[_HostResult], float, bool]:
             start = time.perf_counter()
