@@ -30,12 +30,12 @@ from collections.abc import Callable
 
 import torch
 
-import relayc.engine.native as native_module
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
-from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
-from relayc.engine.shipped import DEMO_DIR
-from relayc.engine.weights import load_checkpoint
+import relayc.engine.native.library as native_module
+from relayc.engine.checkpoints.shipped import DEMO_DIR
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
+from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.model.weights import load_checkpoint
 
 
 def _no_native() -> None:

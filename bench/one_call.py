@@ -8,7 +8,7 @@ Loads SmolLM2-135M once (the engine's defaults: float32 over the GGUF file's blo
 thread, overlap off so every op runs on the calling thread) and runs the same greedy
 workload -- ``--prompts`` of the held-out chat prompts, one request at a time -- with the
 one-call paths on, and with them off, round robin for ``--rounds`` rounds in one process:
-``relayc.engine.fused_forward`` (the target's decodes and verifies; off, the attention
+``relayc.engine.decoder.fused_forward`` (the target's decodes and verifies; off, the attention
 metadata, the layers and the head are called one by one with the Python between them) and,
 for ``eagle3``, ``relayc.engine.draft.native_draft`` (the head's draft extend and greedy
 chain; off, step by step). ``--switch`` picks which of the two the second side turns off.
@@ -38,8 +38,8 @@ import torch
 from engine import ForwardTimer, NativeTimer  # bench/, this script's folder
 
 from relayc.engine import Engine, SamplingParams
+from relayc.engine.decoder.fused_forward import FusedForward
 from relayc.engine.draft.native_draft import NativeDraft
-from relayc.engine.fused_forward import FusedForward
 from relayc.tools.demo import chat_prompts
 
 

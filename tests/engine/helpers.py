@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.cpu_decoder as cpu_module
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.fused_forward import FusedForward
-from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
-from relayc.engine.model import LlamaForCausalLM
+import relayc.engine.decoder.cpu_decoder as cpu_module
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
+from relayc.engine.decoder.fused_forward import FusedForward
+from relayc.engine.model.llama import LlamaForCausalLM
 
 
 def record_native_forwards(

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.cpu_decoder as cpu_module
-import relayc.engine.native as native_module
-from relayc.engine.config import ModelConfig
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
-from relayc.engine.weights import random_model
+import relayc.engine.decoder.cpu_decoder as cpu_module
+import relayc.engine.native.library as native_module
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver, record_native_forwards
 
 CONFIG = ModelConfig(num_layers=5)
@@ -44,7 +44,7 @@ def _batch(driver: PagedDriver, model: LlamaForCausalLM, width: int) -> ForwardB
 
 def _eager_layer_inputs(model: LlamaForCausalLM, batch: ForwardBatch) -> list[torch.Tensor]:
     """The input of every layer (and the last output), by the plain module loop."""
-    from relayc.engine.attention import PagedAttend
+    from relayc.engine.core.attention import PagedAttend
 
     x = model.model.embed_tokens(batch.input_ids)
     rope = model.rotary.tables(batch.positions, x.dtype)

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.cpu_decoder as cpu_module
-import relayc.engine.native as native_module
+import relayc.engine.decoder.cpu_decoder as cpu_module
+import relayc.engine.native.library as native_module
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.config import ModelConfig
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
-from relayc.engine.weights import random_model
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver, record_native_forwards
 from tests.engine.test_cpu_decoder import _session, _tokens
 

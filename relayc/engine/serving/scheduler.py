@@ -133,12 +133,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from relayc.engine.algorithms import DecodeAlgorithm, StepOutput
-from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.overlap import ForwardRunner, Pending
-from relayc.engine.request import FinishReason, Request
-from relayc.engine.step_batch import DecodeRows, HostStep, StepKind
+from relayc.engine.core.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.serving.algorithms import DecodeAlgorithm, StepOutput
+from relayc.engine.serving.overlap import ForwardRunner, Pending
+from relayc.engine.serving.request import FinishReason, Request
+from relayc.engine.serving.step_batch import DecodeRows, HostStep, StepKind
 
 
 @dataclass(frozen=True)

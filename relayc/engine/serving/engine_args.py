@@ -4,7 +4,7 @@ loads a model or allocates anything.
 Types are checked strictly where a loose value would silently mean something else:
 ``block_verification="no"`` is truthy, ``draft_confidence=True`` is 1.0, a bucket of 2.5
 pads batches to a size that does not exist. What needs the model (``topk`` against the
-vocabulary) is checked once it is loaded (``relayc.engine.engine``).
+vocabulary) is checked once it is loaded (``relayc.engine.serving.engine``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from relayc.engine.algorithms import DecodeAlgorithm, check_generated
 from relayc.engine.checkpoints.quantize import QUANTIZATIONS
-from relayc.engine.graphs import check_batch_sizes
+from relayc.engine.serving.algorithms import DecodeAlgorithm, check_generated
+from relayc.engine.serving.graphs import check_batch_sizes
 
 
 def positive_int(name: str, value: object) -> int:

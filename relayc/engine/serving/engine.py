@@ -29,23 +29,23 @@ from typing import Any
 
 import torch
 
-from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
-from relayc.engine.checkpoints.blocks import BLOCK
 from relayc.engine.checkpoints.loader import AnyTokenizer, Progress, load_model, resolve_dtype
 from relayc.engine.checkpoints.quantize import quantize_linears
-from relayc.engine.engine_args import check_engine_args, positive_int
-from relayc.engine.graphs import DecodeGraphs
-from relayc.engine.model import (
+from relayc.engine.checkpoints.shipped import shipped_drafter
+from relayc.engine.core.sampling import SamplingParams
+from relayc.engine.model.llama import (
     LlamaForCausalLM,
     native_weights_pinned,
     prepare_cpu_decoders,
     use_cpu_matmul_layout,
 )
-from relayc.engine.overlap import make_runner
-from relayc.engine.request import FinishReason, Output, Request, StreamDelta
-from relayc.engine.sampling import SamplingParams
-from relayc.engine.scheduler import Scheduler, SchedulerConfig
-from relayc.engine.shipped import shipped_drafter
+from relayc.engine.native.blocks import BLOCK
+from relayc.engine.serving.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
+from relayc.engine.serving.engine_args import check_engine_args, positive_int
+from relayc.engine.serving.graphs import DecodeGraphs
+from relayc.engine.serving.overlap import make_runner
+from relayc.engine.serving.request import FinishReason, Output, Request, StreamDelta
+from relayc.engine.serving.scheduler import Scheduler, SchedulerConfig
 from relayc.engine.text.chat import Chat, ChatError
 from relayc.engine.text.detok import Detokenizer
 
@@ -196,7 +196,7 @@ class Engine:
     ``impls``: op name -> ``fn(ctx, **inputs) -> dict of outputs``, merged over the
     engine's own implementations (user ops, or replacing a built-in one); an op the
     module runs without an implementation raises here.
-    ``graphs``: how decode steps run (``relayc.engine.graphs``): ``"auto"`` (CUDA graphs
+    ``graphs``: how decode steps run (``relayc.engine.serving.graphs``): ``"auto"`` (CUDA graphs
     on CUDA, ``"tape"`` on a CPU with the native decoder, else eager), ``"graph"``,
     ``"tape"`` (on the CPU: each batch size's step recorded once and replayed without its
     Python, ``relayc.runtime.tape``), ``"static"`` (the graph path's static buffers and

@@ -1,7 +1,7 @@
 """Where forward jobs run: inline, on a worker thread (CPU) or on a forward stream (CUDA).
 
 This module is only the mechanism; the overlap contract (what may be touched
-while a job runs, and when) is the docstring of ``relayc.engine.scheduler``.
+while a job runs, and when) is the docstring of ``relayc.engine.serving.scheduler``.
 
 ``submit(job)`` starts ``job`` after every earlier job (FIFO, like a stream)
 and returns a ``Pending``; ``Pending.wait()`` blocks until the job's results,

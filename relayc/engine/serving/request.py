@@ -16,7 +16,7 @@ import codecs
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from relayc.engine.sampling import SamplingParams
+from relayc.engine.core.sampling import SamplingParams
 
 
 class FinishReason(StrEnum):
@@ -105,7 +105,7 @@ class Request:
         """The ``n`` tokens after the committed KV: prompt tokens, then sampled ones.
 
         A prompt chunk reads the prompt; a one-token tail step (a speculative request
-        whose decode window no longer fits the context, see ``relayc.engine.scheduler``)
+        whose decode window no longer fits the context, see ``relayc.engine.serving.scheduler``)
         reads its last sampled token, which the host knows once no step is in flight.
         """
         start, prompt = self.kv_len, self.prompt_len

@@ -1,10 +1,10 @@
 """The decoder layers of a CPU forward in one call: native (decoder.c) or TorchScript.
 
-``use_cpu_matmul_layout`` (relayc.engine.model) gives every decoder stack a
+``use_cpu_matmul_layout`` (relayc.engine.model.llama) gives every decoder stack a
 :class:`ScriptedLayers`, and the model a :class:`NativeHead`. Per forward,
 ``ScriptedLayers`` runs the layers natively for uniform batches of at most
-``native_max_tokens(dtype)`` tokens (relayc.engine.native), else -- float32 only -- as one
-TorchScript function (relayc.engine.scripted: the eager ops, same bits), else returns None
+``native_max_tokens(dtype)`` tokens (relayc.engine.native.library), else -- float32 only -- as one
+TorchScript function (relayc.engine.native.scripted: the eager ops, same bits), else returns None
 and the caller runs the eager modules. Both read the weights as lists, checked still
 current on every call.
 
@@ -26,12 +26,12 @@ other      eager                                     eager
 =========  ========================================  =======================================
 
 Where the layers and the LM head both run natively, a decode or verify forward of the
-whole model is one native call (relayc.engine.fused_forward: the embedding, rotary rows,
+whole model is one native call (relayc.engine.decoder.fused_forward: the embedding, rotary rows,
 attention metadata, layers and head with its argmax), the same functions on the same
 values; the classes here hold what that call reads.
 
 A model loaded from a GGUF file keeps its block-quantized matrices beside the float32
-weights (relayc.engine.checkpoints.blocks); each matrix that still holds its blocks'
+weights (relayc.engine.native.blocks); each matrix that still holds its blocks'
 values is read as those blocks by the native layers (decoder.c's ``gemm_blocks``), the
 others as float32 panels (a weight edited since loading, a type with no block kernel),
 and the same for the LM head. On SmolLM2's Q4_1 file that is what makes float32 decoding
@@ -48,7 +48,7 @@ tokens often, so decodes and verifies stay native at any size
 
 The native bfloat16 GEMMs round their input activations to bfloat16 and sum the exact
 products in float32, with the best kernel the CPU has, one per process (decoder.c's
-gemm_bf16; relayc.engine.native.bf16_kernel): AMX tiles, AVX512-BF16 (vdpbf16ps), or
+gemm_bf16; relayc.engine.native.library.bf16_kernel): AMX tiles, AVX512-BF16 (vdpbf16ps), or
 weights widened to float32 (any CPU). With AVX512-BF16 (AMD Zen 5, no AMX) they are 0.9x
 oneDNN's time at 64 rows and faster below (an 8-row verify 1.7x a decode; 2.6-2.9x widened);
 so the limit is 64, as for float32, also because 8 requests verifying 8 tokens each -- the
@@ -68,13 +68,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relayc.engine import head_argmax, native, scripted
-from relayc.engine.attention import PagedAttend
-from relayc.engine.checkpoints.blocks import BlockStack, BlockWeight, native_blocks
-from relayc.engine.forward_batch import ForwardMode
+from relayc.engine.core.attention import PagedAttend
+from relayc.engine.core.forward_batch import ForwardMode
+from relayc.engine.native import head_argmax, scripted
+from relayc.engine.native import library as native
+from relayc.engine.native.blocks import BlockStack, BlockWeight, native_blocks
 
 if TYPE_CHECKING:
-    from relayc.engine.model import Linear, LlamaDecoderLayer, RMSNorm, RopeTables
+    from relayc.engine.core.layers import Linear, LlamaDecoderLayer, RMSNorm, RopeTables
 
 # Above this many tokens (a prompt's prefill) a forward is compute-bound and MKL's GEMMs,
 # through the TorchScript layers, are faster than the native decoder's.
@@ -360,7 +361,7 @@ def _layer_blocks(
 ) -> dict[str, list[BlockStack | None]] | None:
     """Each matrix of ``layers`` (q/k/v and gate/up stacked as the fused weights are) as
     the blocks the native decoder reads instead of float32 panels when every part has them
-    (relayc.engine.checkpoints.blocks.native_blocks: a GGUF file's blocks while the weight
+    (relayc.engine.native.blocks.native_blocks: a GGUF file's blocks while the weight
     still holds their values, or the two-byte words of a weight that is exactly bfloat16 or
     float16: an EAGLE-3 head's layer as well as a model's), else
     None for that matrix: its float32 panels (a weight edited since loading, a type with no
@@ -466,7 +467,7 @@ class NativeHead:
             out.data_ptr(),
         )
         if rows <= head_argmax.MAX_ROWS:
-            # the greedy token of each row comes with its logits (see relayc.engine.head_argmax)
+            # the greedy token of each row comes with its logits (see relayc.engine.native.head_argmax)
             argmax = torch.empty(rows, dtype=torch.int64)
             kind = self.format or (0 if self.dtype == torch.float32 else -1)
             code = lib.relayc_head_argmax(
