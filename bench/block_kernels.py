@@ -39,7 +39,7 @@ import torch
 from native_ab import _base_library  # bench/, this script's folder
 from real_model_forward import _time as round_robin_best
 
-from relayc.engine.decoder.cpu_decoder import _pack
+from relayc.engine.decoder.packing import _pack
 from relayc.engine.native.blocks import BLOCK_TYPES, PANEL_BYTES, BlockWeight, random_blocks
 from relayc.engine.native.library import native_decoder
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import relayc.engine.decoder.cpu_decoder as cpu_module
+import relayc.engine.decoder.packing as packing_module
 import relayc.engine.native.library as native_module
 from relayc.engine.core.config import ModelConfig
 from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
@@ -89,7 +90,7 @@ def test_captured_forward_keeps_its_outputs_and_returns_the_layer_inputs(
         # The native GEMMs sum in another order than MKL's: close to the eager bits.
         scale = float(expected.abs().max())
         torch.testing.assert_close(captured.aux_hidden_states, expected, rtol=0, atol=1e-5 * scale)
-    if path == "native" and 2 * width <= cpu_module.NATIVE_MAX_TOKENS:
+    if path == "native" and 2 * width <= packing_module.NATIVE_MAX_TOKENS:
         # The whole stack in one native call that copies the captured inputs out.
         assert len(native_runs) - runs_before == 1
 

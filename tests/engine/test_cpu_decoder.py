@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.decoder.cpu_decoder as cpu_module
+import relayc.engine.decoder.head as head_module
 import relayc.engine.native.library as native_module
 import relayc.engine.native.scripted as scripted_module
 from relayc.engine import Engine, SamplingParams
@@ -371,13 +371,13 @@ def test_forward_train_without_autograd_takes_batches_of_sequences(
     a model an Engine laid out: the native LM head takes the ``[B, S, H]`` hidden states
     (its rows are independent) and gives the eager logits' shape and values."""
     heads: list[tuple[int, ...]] = []
-    real = cpu_module.NativeHead.logits
+    real = head_module.NativeHead.logits
 
     def logits(self: Any, lib: Any, hidden: torch.Tensor) -> torch.Tensor:
         heads.append(tuple(hidden.shape))
         return real(self, lib, hidden)
 
-    monkeypatch.setattr(cpu_module.NativeHead, "logits", logits)
+    monkeypatch.setattr(head_module.NativeHead, "logits", logits)
     model = random_model(seed=13)
     eager = random_model(seed=13)
     use_cpu_matmul_layout(model)

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import relayc.engine.native.library as native_module
-from relayc.engine.decoder.cpu_decoder import _pack
+from relayc.engine.decoder.packing import _pack
 from relayc.engine.model.llama import use_cpu_matmul_layout
 from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver

@@ -15,7 +15,8 @@ import threading
 import pytest
 import torch
 
-from relayc.engine.decoder.cpu_decoder import NativeHead, _pack
+from relayc.engine.decoder.head import NativeHead
+from relayc.engine.decoder.packing import _pack
 from relayc.engine.native import head_argmax
 from relayc.engine.native import library as native
 from relayc.engine.native.blocks import random_blocks

@@ -8,7 +8,7 @@ import torch
 
 from relayc.engine.checkpoints.quantize import quantize_linears
 from relayc.engine.core.layers import Linear
-from relayc.engine.decoder.cpu_decoder import NativeLinear
+from relayc.engine.decoder.head import NativeLinear
 from relayc.engine.native import library as native
 
 

@@ -28,12 +28,9 @@ from typing import Any
 import torch
 
 from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.decoder.cpu_decoder import (
-    NativeHead,
-    NativeWeights,
-    ScriptedLayers,
-    native_max_tokens,
-)
+from relayc.engine.decoder.cpu_decoder import ScriptedLayers
+from relayc.engine.decoder.head import NativeHead
+from relayc.engine.decoder.packing import NativeWeights, native_max_tokens
 from relayc.engine.native import head_argmax
 from relayc.engine.native import library as native
 

@@ -48,13 +48,13 @@ from relayc.engine.core.layers import (
     RMSNorm,
     RotaryEmbedding,
 )
-from relayc.engine.decoder.cpu_decoder import (
-    NATIVE_DTYPES,
+from relayc.engine.decoder.head import (
     NativeHead,
     NativeLinear,
     native_head_eligible,
     native_head_library,
 )
+from relayc.engine.decoder.packing import NATIVE_DTYPES
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.layers import Eagle3Layer, TargetParts, check_head_config
 from relayc.engine.draft.native_draft import NativeDraft

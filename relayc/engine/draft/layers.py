@@ -25,7 +25,7 @@ from relayc.engine.core.layers import (
     RMSNorm,
     RotaryEmbedding,
 )
-from relayc.engine.decoder.cpu_decoder import NativeDraftLayer
+from relayc.engine.decoder.draft_layer import NativeDraftLayer
 from relayc.engine.model.llama import LlamaForCausalLM
 
 

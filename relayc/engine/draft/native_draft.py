@@ -51,13 +51,9 @@ import torch
 from relayc.engine.core.config import ModelConfig
 from relayc.engine.core.kv_cache import KVCache
 from relayc.engine.core.layers import Linear, RMSNorm, RotaryEmbedding
-from relayc.engine.decoder.cpu_decoder import (
-    NativeHead,
-    NativeLinear,
-    native_head_eligible,
-    native_max_tokens,
-)
 from relayc.engine.decoder.fused_forward import ModelSlot, index_arrays
+from relayc.engine.decoder.head import NativeHead, NativeLinear, native_head_eligible
+from relayc.engine.decoder.packing import native_max_tokens
 from relayc.engine.draft.layers import Eagle3Layer, TargetParts
 from relayc.engine.native import head_argmax
 from relayc.engine.native import library as native

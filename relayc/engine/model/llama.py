@@ -42,13 +42,9 @@ from relayc.engine.core.layers import (
     batched_causal_attention,
 )
 from relayc.engine.core.walk import submodules
-from relayc.engine.decoder.cpu_decoder import (
-    NativeHead,
-    ScriptedLayers,
-    native_head_eligible,
-    native_head_library,
-)
+from relayc.engine.decoder.cpu_decoder import ScriptedLayers
 from relayc.engine.decoder.fused_forward import FusedForward
+from relayc.engine.decoder.head import NativeHead, native_head_eligible, native_head_library
 from relayc.engine.native import library as native
 
 

@@ -14,7 +14,7 @@ import torch
 
 from relayc.engine.checkpoints.gguf import load_gguf_model, open_gguf, save_gguf
 from relayc.engine.core.config import ModelConfig
-from relayc.engine.decoder.cpu_decoder import _pack
+from relayc.engine.decoder.packing import _pack
 from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.model.weights import random_model
 from relayc.engine.native.blocks import (

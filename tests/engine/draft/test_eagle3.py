@@ -272,7 +272,7 @@ def test_native_draft_layer_matches_the_modules(
     q/k/v read [norm(embed); hidden_norm(hidden)], the hidden input the residual) -- in
     float32 the whole draft extend does (relayc_draft_extend) -- and draft extend gives
     what the modules give, up to the kernels' summation order."""
-    from relayc.engine.decoder.cpu_decoder import NativeDraftLayer
+    from relayc.engine.decoder.draft_layer import NativeDraftLayer
     from relayc.engine.draft.native_draft import NativeDraft
     from relayc.engine.native import library as native
 
