@@ -71,7 +71,7 @@ import torch
 from torch import nn
 
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.serving.engine import Prompt
+from relayc.engine.serving.request import Prompt
 
 
 class ForwardTimer:

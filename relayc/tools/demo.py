@@ -30,7 +30,7 @@ from relayc.tools.args import int_in, model_arg, writable_file
 
 if TYPE_CHECKING:  # the peers import torch: `relayc validate` and friends should not
     from relayc.engine import Engine
-    from relayc.engine.serving.engine import Prompt
+    from relayc.engine.serving.request import Prompt
     from relayc.engine.text.chat import Chat
     from relayc.tools.peers import Peer, Timing
 

@@ -31,7 +31,8 @@ DRAFT_QUANTIZATIONS = ("q8_0", "q4_1", "q4_0")
 
 if TYPE_CHECKING:  # torch: `relayc validate` imports this module and should not pay for it
     from relayc.engine.core.sampling import SamplingParams
-    from relayc.engine.serving.engine import Engine, Prompt
+    from relayc.engine.serving.engine import Engine
+    from relayc.engine.serving.request import Prompt
 
 # Control characters a random model happily samples (ESC among them) would
 # drive the terminal; print them escaped. Newlines and tabs stay.

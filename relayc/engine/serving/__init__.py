@@ -5,8 +5,8 @@ algorithms.py   DecodeAlgorithm, and GeneratedAlgorithm: any spec's generated pr
                 decode steps on the op implementations (one or several tokens per step)
 graphs.py       CUDA graphs and native tapes of a decode step, by batch bucket
 step_batch.py   one forward as prepared on the host, and its move to the device
-overlap.py      forward runners: inline, worker thread (CPU), forward stream (CUDA)
-scheduler.py    admission, batching and the overlap contract
+overlap.py      the overlap contract; forward runners: inline, thread (CPU), stream (CUDA)
+scheduler.py    admission and batching
 engine.py       Engine: generate / stream, bad-input handling
 engine_args.py  the Engine's arguments, checked
 """

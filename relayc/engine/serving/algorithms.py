@@ -19,7 +19,7 @@ applies: one token per request, committed by the scheduler.
 The host hooks (``on_prompt``, ``on_tokens``, ``release``) run on the
 scheduler's thread, possibly while a forward job runs on the runner: host state
 they update and a decode step reads needs the algorithm's own care (the host's
-view lags one iteration; see ``relayc.engine.serving.scheduler``).
+view lags one iteration; see ``relayc.engine.serving.overlap``).
 
 Every bundled algorithm, ``none`` included, is one :class:`GeneratedAlgorithm`: the
 ``PrefillStep`` / ``DecodeStep`` relayc generated from ``relayc/specs/NAME.yaml``, run
