@@ -40,13 +40,13 @@ from relayc.tools.train.chat_features import (
 )
 from relayc.tools.train.chat_prompts import (
     FAMILIES,
-    SNIPPETS,
     Family,
     build_prompts,
     heldout_texts,
     leaks,
     prompts_sha256,
 )
+from relayc.tools.train.chat_quoted import SNIPPETS
 
 HELDOUT = [entry["content"] for entry in json.loads(CHAT_PROMPTS.read_text())["prompts"]]
 
