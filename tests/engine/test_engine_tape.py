@@ -16,10 +16,10 @@ from relayc.engine import (
     LlamaForCausalLM,
     ModelConfig,
     SamplingParams,
-    native,
     random_model,
 )
 from relayc.engine.draft import Eagle3Head
+from relayc.engine.native import library as native
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 
 CONFIGS = [
