@@ -37,7 +37,13 @@ ENGINE_DIR = Path(__file__).resolve().parents[2] / "relayc" / "engine"
 # The scheduler loop: what one step runs on the host, where an interrupt can land.
 LOOP_FILES = {
     str(ENGINE_DIR / name)
-    for name in ("scheduler.py", "kv_cache.py", "step_batch.py", "request.py", "sampling.py")
+    for name in (
+        "serving/scheduler.py",
+        "core/kv_cache.py",
+        "serving/step_batch.py",
+        "serving/request.py",
+        "core/sampling.py",
+    )
 }
 FEW = settings(
     max_examples=12,
@@ -291,6 +297,12 @@ def test_decode_dims_are_accepted_exactly_when_they_run(
             assert_idle(engine)
 
     bounded(body)
+
+
+def test_the_fault_injection_traces_files_that_exist() -> None:
+    # a moved file would leave the tracer matching nothing, and the fault tests vacuous
+    missing = sorted(name for name in LOOP_FILES if not Path(name).is_file())
+    assert not missing, f"LOOP_FILES names files that do not exist: {missing}"
 
 
 # -- interrupts and failing steps -------------------------------------------------------------
