@@ -6,7 +6,7 @@ it reads for float32 weights that are exactly such numbers.
 
 Each format is timed on the same random weights, written in GGUF's own bytes for its type
 (random blocks with small finite scales; the `gguf` package cannot write the K-quants) and
-packed as the engine packs them (relayc.engine.checkpoints.blocks), through the native LM
+packed as the engine packs them (relayc.engine.native.blocks), through the native LM
 head entry (an RMSNorm, then the GEMM) over two layers of TinyLlama-1.1B's shapes (hidden
 2048, 4 KV heads of 64, intermediate 5632: every width a whole number of the K-quants'
 256-weight super-blocks, which SmolLM2's 576 is not): each layer's fused q/k/v, o, fused
@@ -39,9 +39,9 @@ import torch
 from native_ab import _base_library  # bench/, this script's folder
 from real_model_forward import _time as round_robin_best
 
-from relayc.engine.checkpoints.blocks import BLOCK_TYPES, PANEL_BYTES, BlockWeight, random_blocks
-from relayc.engine.cpu_decoder import _pack
-from relayc.engine.native import native_decoder
+from relayc.engine.decoder.packing import _pack
+from relayc.engine.native.blocks import BLOCK_TYPES, PANEL_BYTES, BlockWeight, random_blocks
+from relayc.engine.native.library import native_decoder
 
 # TinyLlama-1.1B's layer matrices [out, in], fused as the engine fuses them
 SHAPES = [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]

@@ -57,7 +57,7 @@ def compare_block_verification(
     from the first diverging token on, so the accept lengths are compared as means."""
 
     from relayc.engine import Engine, SamplingParams
-    from relayc.engine.overlap import set_cpu_threads
+    from relayc.engine.serving.overlap import set_cpu_threads
 
     set_cpu_threads()
     modes = [False, True]
@@ -136,7 +136,7 @@ def compare_draft_length(
 ) -> str:
     """Fixed vs dynamic chain length of `standalone`, greedy, runs round-robin."""
     from relayc.engine import Engine, SamplingParams
-    from relayc.engine.overlap import set_cpu_threads
+    from relayc.engine.serving.overlap import set_cpu_threads
 
     set_cpu_threads()
     variants = [(steps, c) for steps in chain_steps for c in (None, confidence)]

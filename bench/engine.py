@@ -71,7 +71,7 @@ import torch
 from torch import nn
 
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.engine import Prompt
+from relayc.engine.serving.request import Prompt
 
 
 class ForwardTimer:
@@ -214,7 +214,7 @@ class NativeTimer:
 
     def attach(self) -> bool:
         """Wrap the library's functions; False where no native library runs."""
-        from relayc.engine import native
+        from relayc.engine.native import library as native
 
         lib = native.native_decoder()
         if lib is None:

@@ -35,7 +35,7 @@ from peers import _llama_without_extra_bufts  # bench/, this script's folder
 
 from relayc.engine import Engine, SamplingParams
 from relayc.engine.checkpoints.named import named_model_file
-from relayc.engine.overlap import set_cpu_threads
+from relayc.engine.serving.overlap import set_cpu_threads
 from relayc.engine.text.chat import Chat
 
 README = Path(__file__).resolve().parents[1] / "README.md"

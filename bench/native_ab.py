@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from real_model_forward import paged_steps  # bench/, this script's folder
 
-import relayc.engine.native as native_module
+import relayc.engine.native.library as native_module
 from relayc.engine.checkpoints.loader import load_model
-from relayc.engine.model import use_cpu_matmul_layout
+from relayc.engine.model.llama import use_cpu_matmul_layout
 
 REPO = Path(__file__).resolve().parents[1]
 

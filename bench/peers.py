@@ -57,9 +57,9 @@ from typing import Any
 
 import torch
 
-from relayc.engine.overlap import set_cpu_threads
-from relayc.engine.shipped import DEMO_DIR, heldout_prompts
-from relayc.engine.tokenizer import ByteTokenizer
+from relayc.engine.checkpoints.shipped import DEMO_DIR, heldout_prompts
+from relayc.engine.serving.overlap import set_cpu_threads
+from relayc.engine.text.bytes import ByteTokenizer
 from relayc.tools.peers import (
     HF_ASSISTED_DEFAULTS,
     HF_GREEDY,
@@ -518,8 +518,8 @@ def real_relayc_peers(
     if dtype == "float32" and first is not None:
         # The file's Q4_1 / Q8_0 blocks are what float32 reads natively; the same model
         # over float32 panels (the same bits, four bytes a weight) shows what they buy.
-        from relayc.engine.checkpoints.blocks import forget_blocks
-        from relayc.engine.model import prepare_cpu_decoders, use_cpu_matmul_layout
+        from relayc.engine.model.llama import prepare_cpu_decoders, use_cpu_matmul_layout
+        from relayc.engine.native.blocks import forget_blocks
 
         panels = Engine("smollm2", dtype=dtype, overlap=overlap, graphs=graphs)
         forget_blocks(panels.model)

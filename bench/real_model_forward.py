@@ -6,10 +6,10 @@
 Times ``LlamaForCausalLM.forward`` over a cached context of ``--prefix`` tokens: width 1
 is a one-token decode, wider a chain verify of that many tokens. Paths: ``f32-blocks``
 (decoder.c over the file's Q4_1 / Q8_0 blocks, the engine's float32 default for this file:
-relayc.engine.checkpoints.blocks), ``f32-native`` (decoder.c, float32 panels: the same
+relayc.engine.native.blocks), ``f32-native`` (decoder.c, float32 panels: the same
 bits), ``f32-scripted`` (the TorchScript layers, MKL), ``f32-eager``,
 ``bf16-amx``, ``bf16-avx512bf16``, ``bf16-portable`` (decoder.c, bfloat16 weights, with
-that GEMM kernel: relayc.engine.native.BF16_KERNELS; those the CPU lacks are left out),
+that GEMM kernel: relayc.engine.native.library.BF16_KERNELS; those the CPU lacks are left out),
 ``bf16-eager`` (torch's bfloat16 ops, oneDNN). Every (path, width) is timed round robin,
 best of ``--iters``; the wall time and the process CPU time of that best run are printed,
 so a run that was starved of the CPU (cpu/wall well under 1 with one thread) is visible.
@@ -32,12 +32,12 @@ from collections.abc import Callable
 
 import torch
 
-import relayc.engine.native as native_module
-from relayc.engine.checkpoints.blocks import forget_blocks
+import relayc.engine.native.library as native_module
 from relayc.engine.checkpoints.loader import load_model
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
-from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
+from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.native.blocks import forget_blocks
 
 KERNEL_PATHS = tuple(f"bf16-{name}" for name in native_module.BF16_KERNELS)
 PATHS = ("f32-blocks", "f32-native", "f32-scripted", "f32-eager", *KERNEL_PATHS, "bf16-eager")

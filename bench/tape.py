@@ -45,7 +45,7 @@ class Iterations:
     rest. Wraps ``Scheduler.step`` and ``Tape.replay`` on their classes."""
 
     def __init__(self, inside: Inside) -> None:
-        from relayc.engine.scheduler import Scheduler
+        from relayc.engine.serving.scheduler import Scheduler
         from relayc.runtime.tape import Tape
 
         self.rows: list[tuple[float, float, float]] = []  # wall, native, replay (seconds)

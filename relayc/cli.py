@@ -337,7 +337,7 @@ def _is_checkpoint_error(exc: Exception) -> bool:
     config.json, and any format added later) raises or subclasses. Looked up among the
     loaded modules: a command that never imported the loaders cannot have raised one, and
     `relayc validate` should not import torch to find that out."""
-    weights = sys.modules.get("relayc.engine.weights")
+    weights = sys.modules.get("relayc.engine.model.weights")
     return weights is not None and isinstance(exc, weights.CheckpointError)
 
 

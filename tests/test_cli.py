@@ -149,7 +149,7 @@ def _one_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
 @pytest.fixture
 def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Argument errors must be reported before any model is loaded."""
-    from relayc.engine import engine
+    from relayc.engine.serving import engine
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model was loaded before the arguments were checked")
@@ -254,7 +254,7 @@ def test_generate_numbers_parse_or_fail_in_one_line(option: str, value: str) -> 
     import contextlib
     import io
 
-    from relayc.engine.sampling import SamplingParams
+    from relayc.engine.core.sampling import SamplingParams
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -392,7 +392,7 @@ def _interrupted(capsys: pytest.CaptureFixture[str], command: str) -> str:
 def test_ctrl_c_in_generate_ends_the_line_and_exits_130(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from relayc.engine.engine import Engine
+    from relayc.engine.serving.engine import Engine
 
     real_stream, real_close = Engine.stream, Engine.close
     closed: list[Engine] = []
@@ -444,7 +444,7 @@ _SLOW_GENERATE = """
 import signal, sys, time
 # A shell's background job inherits SIGINT ignored; a terminal's Ctrl-C is what is tested.
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from relayc.engine.engine import Engine
+from relayc.engine.serving.engine import Engine
 real = Engine.stream
 def stream(self, *args, **kwargs):
     for delta in real(self, *args, **kwargs):

@@ -25,14 +25,17 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def imported_names(tree: ast.Module, module: str, is_package: bool) -> list[tuple[str, int]]:
+def imported_names(
+    tree: ast.Module, module: str, is_package: bool, type_checking: bool = False
+) -> list[tuple[str, int]]:
     """(module, line) of every import: module level and function-local alike (a cycle hidden
-    behind a local import is still a cycle), except those under `if TYPE_CHECKING:`."""
+    behind a local import is still a cycle), except those under `if TYPE_CHECKING:` unless
+    ``type_checking`` (a type a module names is still a module a reader must know)."""
     found: list[tuple[str, int]] = []
     package = module if is_package else module.rpartition(".")[0]
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             for child in node.orelse:
                 visit(child)
             return
@@ -55,7 +58,7 @@ def imported_names(tree: ast.Module, module: str, is_package: bool) -> list[tupl
     return found
 
 
-def import_graph() -> dict[str, dict[str, int]]:
+def import_graph(type_checking: bool = False) -> dict[str, dict[str, int]]:
     """relayc module -> {relayc module it imports: line}."""
     files = {
         module_name(p): p
@@ -66,7 +69,8 @@ def import_graph() -> dict[str, dict[str, int]]:
     for name, path in sorted(files.items()):
         tree = ast.parse(path.read_text(), filename=str(path))
         edges: dict[str, int] = {}
-        for target, line in imported_names(tree, name, path.name == "__init__.py"):
+        imports = imported_names(tree, name, path.name == "__init__.py", type_checking)
+        for target, line in imports:
             # importing a.b.c runs a/__init__ and a/b/__init__ too; only the module itself
             # counts here (package inits are modules in the graph with their own edges)
             if target in files and target != name:
@@ -176,3 +180,105 @@ def test_a_generated_module_imports_only_torch_triton_and_the_runtime() -> None:
     relayc_modules = {m for m in loaded if m.startswith("relayc")}
     allowed = {"relayc", "relayc.generated", "relayc.generated.eagle"}
     assert {m for m in relayc_modules if not m.startswith("relayc.runtime")} <= allowed
+
+
+ENGINE = "relayc.engine"
+# The engine's rooms, bottom to top (relayc/engine/__init__.py says what lives in each): a
+# module imports modules of its own room and of the rooms below it, never of one above.
+# The package's own __init__ (the public names, loaded lazily) stands above them all.
+ENGINE_ROOMS = (
+    "errors",
+    "text",
+    "native",
+    "core",
+    "decoder",
+    "model",
+    "checkpoints",
+    "draft",
+    "ops",
+    "serving",
+)
+
+
+def source_path(module: str) -> str:
+    base = ROOT.joinpath(*module.split("."))
+    path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    return str(path.relative_to(ROOT))
+
+
+def upward_imports(
+    graph: dict[str, dict[str, int]], package: str, rooms: tuple[str, ...]
+) -> list[str]:
+    """Each import in ``package`` that runs up the room order, and each module in no room."""
+
+    def room(module: str) -> int | None:
+        if module == package:
+            return len(rooms)
+        first = module.removeprefix(package + ".").split(".")[0]
+        return rooms.index(first) if first in rooms else None
+
+    def name(index: int) -> str:
+        return rooms[index] if index < len(rooms) else f"{package} itself (its exports)"
+
+    problems: list[str] = []
+    for module, edges in sorted(graph.items()):
+        if not module.startswith(package + "."):
+            continue
+        here = room(module)
+        if here is None:
+            problems.append(
+                f"  {source_path(module)}: {module} is in no room of {package}: move it into "
+                f"one of {', '.join(rooms)} (or add its room to the order in this test)"
+            )
+            continue
+        for target, line in sorted(edges.items(), key=lambda edge: edge[1]):
+            there = room(target) if target.startswith(package) else None
+            if there is not None and there > here:
+                problems.append(
+                    f"  {source_path(module)}:{line}: {module} (room {name(here)}) imports "
+                    f"{target} (room {name(there)}, above it): move what both need down"
+                )
+    return problems
+
+
+def test_the_room_check_names_the_file_line_and_rooms() -> None:
+    graph = {
+        "relayc.engine": {"relayc.engine.serving.engine": 9},
+        "relayc.engine.core.config": {"relayc.engine.text.bytes": 3},
+        "relayc.engine.core.layers": {"relayc.engine.decoder.cpu_decoder": 12},
+        "relayc.engine.decoder.cpu_decoder": {"relayc.engine": 7, "relayc.engine.core": 8},
+        "relayc.engine.stray": {},
+    }
+    problems = upward_imports(graph, ENGINE, ENGINE_ROOMS)
+    assert len(problems) == 3, problems
+    assert "relayc/engine/core/layers.py:12:" in problems[0]
+    assert "(room core) imports relayc.engine.decoder.cpu_decoder (room decoder" in problems[0]
+    assert "relayc/engine/decoder/cpu_decoder.py:7:" in problems[1]
+    assert "(room relayc.engine itself (its exports)" in problems[1]
+    assert "relayc.engine.stray is in no room" in problems[2]
+
+
+def test_the_engine_rooms_import_only_downward() -> None:
+    # Imports under `if TYPE_CHECKING:` count here: a type named from a room above is the
+    # same tangle for a reader as an import run.
+    problems = upward_imports(import_graph(type_checking=True), ENGINE, ENGINE_ROOMS)
+    assert not problems, (
+        "imports running up the engine's rooms (bottom to top: "
+        + ", ".join(ENGINE_ROOMS)
+        + "):\n"
+        + "\n".join(problems)
+    )
+
+
+def test_the_engine_has_no_import_cycle_even_through_type_checking() -> None:
+    graph = import_graph(type_checking=True)
+    engine = {
+        module: {target: line for target, line in edges.items() if target.startswith(ENGINE)}
+        for module, edges in graph.items()
+        if module.startswith(ENGINE)
+    }
+    cycles = find_cycles(engine)
+    assert not cycles, (
+        "import cycles in relayc/engine/, counting `if TYPE_CHECKING:` imports (move the "
+        "shared type down into a third module):\n" + "\n".join(describe(c, engine) for c in cycles)
+    )

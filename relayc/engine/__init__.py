@@ -1,23 +1,19 @@
 """The reference engine: a Llama-architecture model, paged KV cache and an overlap scheduler.
 
-config.py         ModelConfig and the tiny byte-level default
-kv_cache.py       ReqToTokenPool, TokenToKVPool (KV-slot allocator), KVCache
-forward_batch.py  ForwardBatch: one forward's tokens, slots and attention mode
-attention.py      batched attention over the paged cache, and the dense path
-model.py          LlamaForCausalLM
-weights.py        seeded init, Hugging Face checkpoint load / save
-sampling.py       SamplingParams and the counter-keyed batched sampler
-tokenizer.py      ByteTokenizer
-naive.py          greedy_generate_naive, the cache-free reference
-request.py        Request (the scheduler's record), Output, StreamDelta, FinishReason
-algorithms.py     DecodeAlgorithm, and GeneratedAlgorithm: any spec's generated prefill /
-                  decode steps on the op implementations (one or several tokens per step)
-speculative.py    each algorithm's drafter and decode KV window
-step_batch.py     one forward as prepared on the host, and its move to the device
-overlap.py        forward runners: inline, worker thread (CPU), forward stream (CUDA)
-scheduler.py      admission, batching and the overlap contract
-engine.py         Engine: generate / stream, bad-input handling
-ops/              the implementations of the spec's ops on this engine
+Its rooms, bottom to top; a room imports only the rooms below it (tests/test_layering.py):
+
+errors.py     CheckpointError, which every checkpoint and tokenizer reader raises
+text/         tokenizers (byte-level, a model's own BPE), chat templates, detokenization
+native/       the C library (decoder.c): build and load, call tapes, quantized blocks
+core/         the types every forward shares: config, KV pools, forward batch,
+              attention, the Llama layers, sampling
+decoder/      the native CPU decoder: packed weights, layer stacks and heads in one call
+model/        LlamaForCausalLM, its weights (seeded init, checkpoints), the naive reference
+checkpoints/  GGUF files, named and shipped models, quantization, the one loader
+draft/        the drafters (EAGLE, EAGLE-3, MTP, n-gram, standalone) and each
+              algorithm's drafter
+ops/          the implementations of the spec's ops on this engine
+serving/      requests, step batches, overlap runners, scheduler, Engine
 
 The tools over the engine (``relayc generate``, ``relayc demo``, training) live in
 ``relayc.tools``. The names below load on first use (PEP 562), so ``relayc.tools.generate``
@@ -30,51 +26,51 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from relayc.engine.algorithms import DecodeAlgorithm, StepInputs, StepOutput
-    from relayc.engine.config import TINY_CONFIG, ModelConfig
-    from relayc.engine.engine import Engine
-    from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-    from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
-    from relayc.engine.model import ForwardOutput, LlamaForCausalLM
-    from relayc.engine.naive import greedy_generate_naive
-    from relayc.engine.request import FinishReason, Output, StreamDelta
-    from relayc.engine.sampling import SamplingBatch, SamplingParams, sample
-    from relayc.engine.tokenizer import ByteTokenizer
-    from relayc.engine.weights import (
-        CheckpointError,
+    from relayc.engine.core.config import TINY_CONFIG, ModelConfig
+    from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+    from relayc.engine.core.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
+    from relayc.engine.core.sampling import SamplingBatch, SamplingParams, sample
+    from relayc.engine.errors import CheckpointError
+    from relayc.engine.model.llama import ForwardOutput, LlamaForCausalLM
+    from relayc.engine.model.naive import greedy_generate_naive
+    from relayc.engine.model.weights import (
         init_random,
         load_checkpoint,
         random_model,
         save_checkpoint,
     )
+    from relayc.engine.serving.algorithms import DecodeAlgorithm, StepInputs, StepOutput
+    from relayc.engine.serving.engine import Engine
+    from relayc.engine.serving.request import FinishReason, Output, StreamDelta
+    from relayc.engine.text.bytes import ByteTokenizer
 
 _EXPORTS: dict[str, str] = {
-    "DecodeAlgorithm": "relayc.engine.algorithms",
-    "StepInputs": "relayc.engine.algorithms",
-    "StepOutput": "relayc.engine.algorithms",
-    "TINY_CONFIG": "relayc.engine.config",
-    "ModelConfig": "relayc.engine.config",
-    "Engine": "relayc.engine.engine",
-    "ForwardBatch": "relayc.engine.forward_batch",
-    "ForwardMode": "relayc.engine.forward_batch",
-    "KVCache": "relayc.engine.kv_cache",
-    "ReqToTokenPool": "relayc.engine.kv_cache",
-    "TokenToKVPool": "relayc.engine.kv_cache",
-    "ForwardOutput": "relayc.engine.model",
-    "LlamaForCausalLM": "relayc.engine.model",
-    "greedy_generate_naive": "relayc.engine.naive",
-    "FinishReason": "relayc.engine.request",
-    "Output": "relayc.engine.request",
-    "StreamDelta": "relayc.engine.request",
-    "SamplingBatch": "relayc.engine.sampling",
-    "SamplingParams": "relayc.engine.sampling",
-    "sample": "relayc.engine.sampling",
-    "ByteTokenizer": "relayc.engine.tokenizer",
-    "CheckpointError": "relayc.engine.weights",
-    "init_random": "relayc.engine.weights",
-    "load_checkpoint": "relayc.engine.weights",
-    "random_model": "relayc.engine.weights",
-    "save_checkpoint": "relayc.engine.weights",
+    "DecodeAlgorithm": "relayc.engine.serving.algorithms",
+    "StepInputs": "relayc.engine.serving.algorithms",
+    "StepOutput": "relayc.engine.serving.algorithms",
+    "TINY_CONFIG": "relayc.engine.core.config",
+    "ModelConfig": "relayc.engine.core.config",
+    "Engine": "relayc.engine.serving.engine",
+    "ForwardBatch": "relayc.engine.core.forward_batch",
+    "ForwardMode": "relayc.engine.core.forward_batch",
+    "KVCache": "relayc.engine.core.kv_cache",
+    "ReqToTokenPool": "relayc.engine.core.kv_cache",
+    "TokenToKVPool": "relayc.engine.core.kv_cache",
+    "ForwardOutput": "relayc.engine.model.llama",
+    "LlamaForCausalLM": "relayc.engine.model.llama",
+    "greedy_generate_naive": "relayc.engine.model.naive",
+    "FinishReason": "relayc.engine.serving.request",
+    "Output": "relayc.engine.serving.request",
+    "StreamDelta": "relayc.engine.serving.request",
+    "SamplingBatch": "relayc.engine.core.sampling",
+    "SamplingParams": "relayc.engine.core.sampling",
+    "sample": "relayc.engine.core.sampling",
+    "ByteTokenizer": "relayc.engine.text.bytes",
+    "CheckpointError": "relayc.engine.errors",
+    "init_random": "relayc.engine.model.weights",
+    "load_checkpoint": "relayc.engine.model.weights",
+    "random_model": "relayc.engine.model.weights",
+    "save_checkpoint": "relayc.engine.model.weights",
 }
 
 __all__ = [

@@ -13,7 +13,7 @@ line runs cold. :class:`Recorder` runs the step once on a bucket's static buffer
   returned at the recording (``_to_copy`` as a ``copy_`` into them); views and
   allocations not at all (their tensors are the recording's, kept by the tape);
 - every call into a native library the engine makes through :func:`native_library`
-  (``relayc.engine.native``), with its arguments -- pointers into the static buffers, the
+  (``relayc.engine.native.library``), with its arguments -- pointers into the static buffers, the
   model, the caches and the tensors the recording allocated -- and the code it returned.
 
 :meth:`Tape.replay` makes those calls again, in order, on the same memory: the bits of the
@@ -76,7 +76,7 @@ _LOWERINGS: dict[Any, Lowering] = {}
 def register_lowering(op: Any, lowering: Lowering) -> None:
     """Record ``op`` (an ATen overload) as the native call ``lowering`` gives, where it
     gives one: the engine's native library registers its row gathers, scatters, fills and
-    copies (``relayc.engine.tape_ops``)."""
+    copies (``relayc.engine.native.tape_ops``)."""
     _LOWERINGS[op] = lowering
 
 

@@ -30,7 +30,7 @@ from relayc.tools.args import int_in, model_arg, writable_file
 
 if TYPE_CHECKING:  # the peers import torch: `relayc validate` and friends should not
     from relayc.engine import Engine
-    from relayc.engine.engine import Prompt
+    from relayc.engine.serving.request import Prompt
     from relayc.engine.text.chat import Chat
     from relayc.tools.peers import Peer, Timing
 
@@ -53,7 +53,7 @@ CHAT_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "chat" / "heldou
 def demo_prompts(model: str | None) -> list[str]:
     """The shipped models' held-out prompts (code from standard-library files their training
     left out); the fixed `PROMPTS` for any other model."""
-    from relayc.engine.shipped import heldout_prompts
+    from relayc.engine.checkpoints.shipped import heldout_prompts
 
     return (heldout_prompts() if model is None else []) or list(PROMPTS)
 
@@ -141,7 +141,7 @@ def measure(
     prompts, encoded as the engine encodes them; a peer that decodes one request at a
     time runs so whatever ``batch_size`` is. Their rows follow the algorithms'."""
     from relayc.engine import Engine, SamplingParams
-    from relayc.engine.overlap import set_cpu_threads
+    from relayc.engine.serving.overlap import set_cpu_threads
     from relayc.tools.peers import round_robin
 
     set_cpu_threads()  # as `relayc generate` and the benchmarks do
@@ -347,7 +347,7 @@ def _answers(prompts: Sequence[Prompt], answers: Sequence[str], shown: int) -> s
 def run_demo(args: argparse.Namespace) -> int:
     from relayc.compiler.writer import GENERATED_DIR, regenerate_bundled
     from relayc.engine.checkpoints.named import named_model_file
-    from relayc.engine.weights import CheckpointError
+    from relayc.engine.errors import CheckpointError
     from relayc.tools.peers import transformers_missing
 
     model: str | None = None if args.toy else (args.model or REAL_MODEL)

@@ -30,8 +30,9 @@ from relayc.tools.args import (
 DRAFT_QUANTIZATIONS = ("q8_0", "q4_1", "q4_0")
 
 if TYPE_CHECKING:  # torch: `relayc validate` imports this module and should not pay for it
-    from relayc.engine.engine import Engine, Prompt
-    from relayc.engine.sampling import SamplingParams
+    from relayc.engine.core.sampling import SamplingParams
+    from relayc.engine.serving.engine import Engine
+    from relayc.engine.serving.request import Prompt
 
 # Control characters a random model happily samples (ESC among them) would
 # drive the terminal; print them escaped. Newlines and tabs stay.
@@ -153,9 +154,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """``relayc generate``: 0 ok, 2 usage errors (raised as ``UsageError``; a checkpoint's
     ``CheckpointError`` from anywhere reaches ``relayc.cli.main`` as one, too)."""
     # Imported here: torch is slow to import, and `relayc validate` should not pay for it.
-    from relayc.engine.engine import Engine
-    from relayc.engine.overlap import set_cpu_threads
-    from relayc.engine.sampling import SamplingParams
+    from relayc.engine.core.sampling import SamplingParams
+    from relayc.engine.serving.engine import Engine
+    from relayc.engine.serving.overlap import set_cpu_threads
     from relayc.engine.text.chat import Chat
 
     set_cpu_threads()  # as `relayc demo` and the benchmarks do

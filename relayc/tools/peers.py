@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from relayc.engine.shipped import DEMO_DIR
-from relayc.engine.tokenizer import ByteTokenizer
+from relayc.engine.checkpoints.shipped import DEMO_DIR
+from relayc.engine.text.bytes import ByteTokenizer
 
 PAD_ID = ByteTokenizer.pad_id
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import relayc.engine.native as native_module
+import relayc.engine.native.library as native_module
 from tests.engine.helpers import record_native_forwards
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, greedy_generate_naive
-from relayc.engine.overlap import ForwardRunner, Pending
+from relayc.engine.serving.overlap import ForwardRunner, Pending
 
 
 @pytest.fixture(autouse=True, scope="module")

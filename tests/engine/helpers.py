@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.cpu_decoder as cpu_module
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.fused_forward import FusedForward
-from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
-from relayc.engine.model import LlamaForCausalLM
+import relayc.engine.decoder.packing as packing_module
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
+from relayc.engine.decoder.fused_forward import FusedForward
+from relayc.engine.model.llama import LlamaForCausalLM
 
 
 def record_native_forwards(
@@ -21,7 +21,7 @@ def record_native_forwards(
     """``record(tokens, dtype)`` for every forward whose layers the native decoder ran: the
     layers' own call (``NativeWeights.run``, dtype that of its input) and a decode or verify
     made in one call (``FusedForward.run``, dtype the weights')."""
-    real_run = cpu_module.NativeWeights.run
+    real_run = packing_module.NativeWeights.run
     real_fused = FusedForward.run
 
     def run(self: Any, lib: Any, args: Any, x: torch.Tensor, *rest: Any) -> torch.Tensor:
@@ -34,7 +34,7 @@ def record_native_forwards(
             record(batch.input_ids.numel(), made[1].dtype)
         return made
 
-    monkeypatch.setattr(cpu_module.NativeWeights, "run", run)
+    monkeypatch.setattr(packing_module.NativeWeights, "run", run)
     monkeypatch.setattr(FusedForward, "run", fused)
 
 

@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from relayc.engine.algorithms import DecodeAlgorithm, StepInputs, StepOutput
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.sampling import sample
+from relayc.engine.core.sampling import sample
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.serving.algorithms import DecodeAlgorithm, StepInputs, StepOutput
 
 
 class OracleDrafting(DecodeAlgorithm):

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.cpu_decoder as cpu_module
-import relayc.engine.native as native_module
-from relayc.engine.config import ModelConfig
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
-from relayc.engine.weights import random_model
+import relayc.engine.decoder.cpu_decoder as cpu_module
+import relayc.engine.decoder.packing as packing_module
+import relayc.engine.native.library as native_module
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver, record_native_forwards
 
 CONFIG = ModelConfig(num_layers=5)
@@ -44,7 +45,7 @@ def _batch(driver: PagedDriver, model: LlamaForCausalLM, width: int) -> ForwardB
 
 def _eager_layer_inputs(model: LlamaForCausalLM, batch: ForwardBatch) -> list[torch.Tensor]:
     """The input of every layer (and the last output), by the plain module loop."""
-    from relayc.engine.attention import PagedAttend
+    from relayc.engine.core.attention import PagedAttend
 
     x = model.model.embed_tokens(batch.input_ids)
     rope = model.rotary.tables(batch.positions, x.dtype)
@@ -89,7 +90,7 @@ def test_captured_forward_keeps_its_outputs_and_returns_the_layer_inputs(
         # The native GEMMs sum in another order than MKL's: close to the eager bits.
         scale = float(expected.abs().max())
         torch.testing.assert_close(captured.aux_hidden_states, expected, rtol=0, atol=1e-5 * scale)
-    if path == "native" and 2 * width <= cpu_module.NATIVE_MAX_TOKENS:
+    if path == "native" and 2 * width <= packing_module.NATIVE_MAX_TOKENS:
         # The whole stack in one native call that copies the captured inputs out.
         assert len(native_runs) - runs_before == 1
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from relayc.engine.config import ModelConfig
+from relayc.engine.core.config import ModelConfig
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.mtp import MtpDrafter
-from relayc.engine.weights import (
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.weights import (
     INDEX_FILE,
     SINGLE_FILE,
-    CheckpointError,
     load_checkpoint,
     random_model,
     save_checkpoint,
@@ -93,7 +93,7 @@ def test_from_hf_config_raises_config_errors_naming_the_key(
 ) -> None:
     """The dict-level API: the same message (no file to name), a ConfigError -- which is a
     ValueError, as before."""
-    from relayc.engine.config import ConfigError
+    from relayc.engine.core.config import ConfigError
 
     assert case.edit is not None
     hf = case.edit(json.loads((checkpoints["target"] / "config.json").read_text()))

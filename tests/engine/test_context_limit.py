@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from relayc.engine import Engine, LlamaForCausalLM, ModelConfig, SamplingParams, random_model
-from relayc.engine.request import FinishReason, Output
-from relayc.engine.scheduler import SchedulerStats
-from relayc.engine.shipped import shipped_target
+from relayc.engine.checkpoints.shipped import shipped_target
+from relayc.engine.serving.request import FinishReason, Output
+from relayc.engine.serving.scheduler import SchedulerStats
 from tests.engine.engine_helpers import (
     assert_idle,
     one_intra_op_thread,  # noqa: F401 - autouse fixture

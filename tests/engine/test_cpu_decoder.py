@@ -1,7 +1,7 @@
 """The CPU decoder paths against the eager layers.
 
 Three paths run a paged forward's decoder layers on the CPU: the native decoder
-(decoder.c, small uniform batches), the TorchScript layers (relayc.engine.scripted: the
+(decoder.c, small uniform batches), the TorchScript layers (relayc.engine.native.scripted: the
 eager ops, same bits) and the eager layers themselves.
 """
 
@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.cpu_decoder as cpu_module
-import relayc.engine.native as native_module
-import relayc.engine.scripted as scripted_module
+import relayc.engine.decoder.head as head_module
+import relayc.engine.native.library as native_module
+import relayc.engine.native.scripted as scripted_module
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.cpu_decoder import ScriptedLayers
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
-from relayc.engine.weights import random_model
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.decoder.cpu_decoder import ScriptedLayers
+from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver
 
 
@@ -167,7 +167,7 @@ def test_the_native_decoder_does_not_need_torchscript(
 def test_shapes_the_native_layers_cannot_take_fall_back_per_part() -> None:
     """A width that is no whole number of 16-column panels (hidden 40) keeps the layers on
     TorchScript; the LM head, whose output is padded, still runs natively."""
-    from relayc.engine.config import ModelConfig
+    from relayc.engine.core.config import ModelConfig
 
     config = ModelConfig(hidden_size=40, intermediate_size=96, head_dim=10)
     model = random_model(config, seed=3)
@@ -371,13 +371,13 @@ def test_forward_train_without_autograd_takes_batches_of_sequences(
     a model an Engine laid out: the native LM head takes the ``[B, S, H]`` hidden states
     (its rows are independent) and gives the eager logits' shape and values."""
     heads: list[tuple[int, ...]] = []
-    real = cpu_module.NativeHead.logits
+    real = head_module.NativeHead.logits
 
     def logits(self: Any, lib: Any, hidden: torch.Tensor) -> torch.Tensor:
         heads.append(tuple(hidden.shape))
         return real(self, lib, hidden)
 
-    monkeypatch.setattr(cpu_module.NativeHead, "logits", logits)
+    monkeypatch.setattr(head_module.NativeHead, "logits", logits)
     model = random_model(seed=13)
     eager = random_model(seed=13)
     use_cpu_matmul_layout(model)

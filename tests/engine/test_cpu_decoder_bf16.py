@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.cpu_decoder as cpu_module
-import relayc.engine.native as native_module
+import relayc.engine.decoder.head as head_module
+import relayc.engine.native.library as native_module
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.config import ModelConfig
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
-from relayc.engine.weights import random_model
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver, record_native_forwards
 from tests.engine.test_cpu_decoder import _session, _tokens
 
@@ -162,13 +162,13 @@ def test_bf16_odd_width_falls_back_to_eager_layers_and_a_native_head(
     of its (widened) weights and its bfloat16-rounded input (the native GEMMs round their
     activations as torch's bfloat16 matmul does)."""
     heads: list[int] = []
-    real = cpu_module.NativeHead.logits
+    real = head_module.NativeHead.logits
 
     def logits(self: Any, lib: Any, hidden: torch.Tensor) -> torch.Tensor:
         heads.append(hidden.shape[0])
         return real(self, lib, hidden)
 
-    monkeypatch.setattr(cpu_module.NativeHead, "logits", logits)
+    monkeypatch.setattr(head_module.NativeHead, "logits", logits)
     config = ModelConfig(hidden_size=41, intermediate_size=96, head_dim=10, dtype=torch.bfloat16)
     model = random_model(config, seed=3)
     eager = random_model(config, seed=3)

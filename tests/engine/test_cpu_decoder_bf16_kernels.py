@@ -1,7 +1,7 @@
 """decoder.c's bfloat16 GEMM kernels (portable, avx512bf16, amx), each on its own.
 
 Every kernel runs under each test its CPU supports (one at a time, through
-relayc.engine.native.use_bf16_kernel); the others skip, saying why. What they must give:
+relayc.engine.native.library.use_bf16_kernel); the others skip, saying why. What they must give:
 
 - portable and avx512bf16: exactly the sums decoder.c documents (gemm_bf16): the input
   rounded to bfloat16, each output summed over the k pairs in order, odd product then even,
@@ -21,10 +21,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-import relayc.engine.native as native_module
-from relayc.engine.cpu_decoder import _pack
-from relayc.engine.model import use_cpu_matmul_layout
-from relayc.engine.weights import random_model
+import relayc.engine.native.library as native_module
+from relayc.engine.decoder.packing import _pack
+from relayc.engine.model.llama import use_cpu_matmul_layout
+from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver
 from tests.engine.test_cpu_decoder import _session, _tokens
 from tests.engine.test_cpu_decoder_bf16 import BF16, _float32_twin

@@ -14,7 +14,7 @@ import torch
 
 from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.draft.standalone import DraftConfidence, drafted_mask
-from relayc.engine.weights import random_model as make_model
+from relayc.engine.model.weights import random_model as make_model
 from relayc.runtime.backend import graph_safe_paths
 from tests.engine.engine_helpers import (
     one_intra_op_thread,  # noqa: F401 - autouse fixture
@@ -155,7 +155,7 @@ def test_sampling_stays_lossless(block_verification: bool) -> None:
 def test_the_draft_loop_stops_once_every_request_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
     """A threshold of 1 stops every chain after its first draft: on the CPU outside
     graph-safe paths the draft model runs no chain forward; the drafts are masked either way."""
-    from relayc.engine.config import ModelConfig
+    from relayc.engine.core.config import ModelConfig
     from relayc.engine.draft.standalone import StandaloneDrafter
 
     config = ModelConfig(

@@ -152,7 +152,7 @@ def test_the_engine_packs_the_native_weights_while_it_loads(
     """``Engine(...)`` packs what the native CPU decoder runs -- the target's layers and LM
     head, the head's layer and LM head -- before its first request (a GGUF model's block
     checks are loading time, not the first request's), and requests reuse those packs."""
-    from relayc.engine.native import native_decoder
+    from relayc.engine.native.library import native_decoder
 
     if native_decoder() is None:
         pytest.skip("the native library does not build here")

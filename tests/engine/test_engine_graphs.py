@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from relayc.engine import Engine, LlamaForCausalLM, ModelConfig, SamplingParams, random_model
-from relayc.engine.graphs import TAPE_BUCKETS, DecodeGraphs, capture_buckets
-from relayc.engine.native import native_decoder
+from relayc.engine.native.library import native_decoder
+from relayc.engine.serving.graphs import TAPE_BUCKETS, DecodeGraphs, capture_buckets
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 
 CONFIGS = [

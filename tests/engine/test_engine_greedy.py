@@ -16,7 +16,7 @@ from relayc.engine import (
     random_model,
     save_checkpoint,
 )
-from relayc.engine.overlap import ThreadRunner
+from relayc.engine.serving.overlap import ThreadRunner
 from relayc.generated import none as none_relay
 from tests.engine.engine_helpers import (
     assert_idle,

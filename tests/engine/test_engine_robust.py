@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
-from relayc.engine.sampling import MIN_TEMPERATURE, SamplingBatch, sample
+from relayc.engine.core.sampling import MIN_TEMPERATURE, SamplingBatch, sample
 from tests.engine.engine_helpers import (
     assert_idle,
     one_intra_op_thread,  # noqa: F401 - autouse fixture
@@ -37,7 +37,13 @@ ENGINE_DIR = Path(__file__).resolve().parents[2] / "relayc" / "engine"
 # The scheduler loop: what one step runs on the host, where an interrupt can land.
 LOOP_FILES = {
     str(ENGINE_DIR / name)
-    for name in ("scheduler.py", "kv_cache.py", "step_batch.py", "request.py", "sampling.py")
+    for name in (
+        "serving/scheduler.py",
+        "core/kv_cache.py",
+        "serving/step_batch.py",
+        "serving/request.py",
+        "core/sampling.py",
+    )
 }
 FEW = settings(
     max_examples=12,
@@ -259,8 +265,8 @@ def test_bad_decode_dims_raise_before_anything_is_built(
     def built(*args: object, **kw: object) -> None:
         raise AssertionError("the engine built something before checking its dims")
 
-    monkeypatch.setattr("relayc.engine.engine.load_model", built)
-    monkeypatch.setattr("relayc.engine.engine.make_algorithm", built)
+    monkeypatch.setattr("relayc.engine.serving.engine.load_model", built)
+    monkeypatch.setattr("relayc.engine.serving.engine.make_algorithm", built)
     with pytest.raises(ValueError, match=message):
         Engine("random", **kwargs)
 
@@ -291,6 +297,12 @@ def test_decode_dims_are_accepted_exactly_when_they_run(
             assert_idle(engine)
 
     bounded(body)
+
+
+def test_the_fault_injection_traces_files_that_exist() -> None:
+    # a moved file would leave the tracer matching nothing, and the fault tests vacuous
+    missing = sorted(name for name in LOOP_FILES if not Path(name).is_file())
+    assert not missing, f"LOOP_FILES names files that do not exist: {missing}"
 
 
 # -- interrupts and failing steps -------------------------------------------------------------

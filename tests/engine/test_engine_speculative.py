@@ -22,7 +22,7 @@ from relayc.engine import (
     StepOutput,
     random_model,
 )
-from relayc.engine.step_batch import StepKind
+from relayc.engine.serving.step_batch import StepKind
 from tests.engine.engine_helpers import (
     DeferredRunner,
     Workload,

@@ -13,7 +13,7 @@ import pytest
 
 from relayc.cli import main
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
-from relayc.engine.overlap import InlineRunner, ThreadRunner
+from relayc.engine.serving.overlap import InlineRunner, ThreadRunner
 from relayc.tools.generate import _printable
 from tests.engine.engine_helpers import (
     assert_idle,

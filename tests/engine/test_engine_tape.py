@@ -16,10 +16,10 @@ from relayc.engine import (
     LlamaForCausalLM,
     ModelConfig,
     SamplingParams,
-    native,
     random_model,
 )
 from relayc.engine.draft import Eagle3Head
+from relayc.engine.native import library as native
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 
 CONFIGS = [
@@ -143,7 +143,7 @@ def test_a_refusal_inside_torchscript_runs_the_static_path(
     """Without the native library the layers run as TorchScript, whose SDPA has no out=
     form: the recorder refuses from inside the interpreter (which re-raises a bare
     RuntimeError), and the bucket runs from its static buffers, with the same tokens."""
-    from relayc.engine import native
+    from relayc.engine.native import library as native
 
     monkeypatch.setattr(native, "_tried", True)
     monkeypatch.setattr(native, "_lib", None)

@@ -1,4 +1,4 @@
-"""A decode or verify forward in one native call (relayc.engine.fused_forward): the bits of
+"""A decode or verify forward in one native call (relayc.engine.decoder.fused_forward): the bits of
 the calls made one by one -- logits, hidden states, captured layer inputs, the K/V it
 writes, the argmax it leaves -- for float32, bfloat16 and GGUF-block weights; bad indices
 still raise the usual path's errors and write nothing; a replaced embedding or another
@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayc.engine import head_argmax
 from relayc.engine.checkpoints.gguf import load_gguf_model, open_gguf, save_gguf
-from relayc.engine.config import ModelConfig
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.fused_forward import FusedForward
-from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
-from relayc.engine.native import native_decoder
-from relayc.engine.weights import random_model
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.decoder.fused_forward import FusedForward
+from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.model.weights import random_model
+from relayc.engine.native import head_argmax
+from relayc.engine.native.library import native_decoder
 from tests.engine.helpers import PagedDriver
 
 # whole 32-weight blocks for the GGUF case; 3 layers so a capture can skip one

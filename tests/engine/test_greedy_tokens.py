@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayc.engine import native
+from relayc.engine.native import library as native
 from relayc.engine.ops.target import _ARGMAX_CHUNK, greedy_tokens
 
 

@@ -1,5 +1,5 @@
 """The native LM head's argmax (``relayc_head_argmax``) and the memo that hands it to the ops
-(`relayc.engine.head_argmax`).
+(`relayc.engine.native.head_argmax`).
 
 The head must give the same logits as the plain head entries, bit for bit, and the argmax
 ``torch.argmax`` gives on those logits over the vocabulary (never a padding column), for
@@ -15,9 +15,11 @@ import threading
 import pytest
 import torch
 
-from relayc.engine import head_argmax, native
-from relayc.engine.checkpoints.blocks import random_blocks
-from relayc.engine.cpu_decoder import NativeHead, _pack
+from relayc.engine.decoder.head import NativeHead
+from relayc.engine.decoder.packing import _pack
+from relayc.engine.native import head_argmax
+from relayc.engine.native import library as native
+from relayc.engine.native.blocks import random_blocks
 from relayc.engine.ops.target import greedy_tokens
 
 CHUNK = 1024  # decoder.c's ARGMAX_CHUNK

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.weights import load_checkpoint
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import load_checkpoint
 from tests.engine.helpers import PagedDriver
 
 transformers = pytest.importorskip(
@@ -122,7 +122,7 @@ def test_the_cpu_decoder_paths_match_transformers(pair, monkeypatch, record_prop
     transformers, as the eager layers are above."""
     import copy
 
-    from relayc.engine.model import use_cpu_matmul_layout
+    from relayc.engine.model.llama import use_cpu_matmul_layout
     from tests.engine.helpers import record_native_forwards
 
     calls: list[int] = []

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from relayc.engine.config import ModelConfig
-from relayc.engine.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
 
 
 def test_kv_pool_hands_out_every_slot_but_zero_then_reports_full() -> None:

@@ -13,10 +13,10 @@ from types import ModuleType
 import pytest
 
 from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, random_model
-from relayc.engine.algorithms import GeneratedAlgorithm
 from relayc.engine.draft import Eagle3Head
+from relayc.engine.draft.speculative import ALGORITHMS
 from relayc.engine.ops import implementations
-from relayc.engine.speculative import ALGORITHMS
+from relayc.engine.serving.algorithms import GeneratedAlgorithm
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 
 # Dims every algorithm accepts (standalone: a chain of num_steps + 1).

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-import relayc.engine.native as native_module
-from relayc.engine.config import ModelConfig
-from relayc.engine.model import use_cpu_matmul_layout
-from relayc.engine.weights import random_model
+import relayc.engine.native.library as native_module
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.model.llama import use_cpu_matmul_layout
+from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver
 
 

@@ -1,4 +1,4 @@
-"""Building, caching and switching the native CPU decoder (relayc.engine.native).
+"""Building, caching and switching the native CPU decoder (relayc.engine.native.library).
 
 Most tests stand a fake compiler in for ``cc`` (it writes fixed bytes where ``-o`` says),
 so the cache's bookkeeping is tested in milliseconds; the end-to-end tests compile and
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-import relayc.engine.native as native_module
+import relayc.engine.native.library as native_module
 from relayc.engine import Engine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,7 +144,7 @@ def test_a_truncated_cached_library_does_not_kill_the_engine(
     _truncate(target)
     script = textwrap.dedent(
         """
-        import relayc.engine.native as native
+        import relayc.engine.native.library as native
         from relayc.engine import Engine, SamplingParams
 
         with Engine("random", algorithm="none", overlap=False) as engine:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayc.engine import native
 from relayc.engine.checkpoints.quantize import quantize_linears
-from relayc.engine.cpu_decoder import NativeLinear
-from relayc.engine.model import Linear
+from relayc.engine.core.layers import Linear
+from relayc.engine.decoder.head import NativeLinear
+from relayc.engine.native import library as native
 
 
 def _linear(rows: int, cols: int, layout: str, seed: int) -> Linear:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayc.engine.config import ModelConfig
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.weights import random_model
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver
 
 ATOL = 1e-4  # float32 with different reduction orders; logits are O(1-10)

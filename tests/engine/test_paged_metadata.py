@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayc.engine import native
-from relayc.engine.attention import PagedAttentionMetadata
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.kv_cache import KVCache
+from relayc.engine.core.attention import PagedAttentionMetadata
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.kv_cache import KVCache
+from relayc.engine.native import library as native
 
 
 def _batch(

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.checkpoints.blocks import BLOCKS_Q4, BLOCKS_Q8
+from relayc.engine.native.blocks import BLOCKS_Q4, BLOCKS_Q8
 from relayc.engine.text.detok import Detokenizer
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - fixture
 from tests.engine.real_model import (
@@ -63,7 +63,7 @@ def test_greedy_tokens_are_transformers_argmax_under_teacher_forcing() -> None:
         assert clear.sum() >= len(out.token_ids) - 1
         got = torch.tensor(out.token_ids)
         assert torch.equal(got[clear], logits.argmax(-1)[clear]), loaded.tokenizer.decode(got)
-    # ... decoded over the file's own blocks (relayc.engine.checkpoints.blocks): the Q4_1
+    # ... decoded over the file's own blocks (relayc.engine.native.blocks): the Q4_1
     # layers and the Q8_0 head, read as stored
     model = loaded.model
     assert model.scripted is not None and model.scripted._native is not None

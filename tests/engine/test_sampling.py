@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayc.engine.sampling import SamplingBatch, SamplingParams, keyed_uniform, sample
+from relayc.engine.core.sampling import SamplingBatch, SamplingParams, keyed_uniform, sample
 
 VOCAB = 37
 

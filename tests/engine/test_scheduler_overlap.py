@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
-from relayc.engine.kv_cache import ReqToTokenPool, TokenToKVPool
-from relayc.engine.step_batch import LengthRing
+from relayc.engine.core.kv_cache import ReqToTokenPool, TokenToKVPool
+from relayc.engine.serving.step_batch import LengthRing
 from tests.engine.engine_helpers import (
     DeferredRunner,
     naive_outputs,
@@ -64,7 +64,7 @@ def test_without_overlap_the_stop_costs_no_extra_forward(model: LlamaForCausalLM
 
 
 def test_set_cpu_threads_defaults_to_one_and_rejects_zero() -> None:
-    from relayc.engine.overlap import set_cpu_threads
+    from relayc.engine.serving.overlap import set_cpu_threads
 
     before = torch.get_num_threads()
     try:

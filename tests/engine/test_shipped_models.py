@@ -6,10 +6,15 @@ from __future__ import annotations
 import pytest
 
 from relayc.engine import Engine, SamplingParams
+from relayc.engine.checkpoints.shipped import (
+    DEMO_DIR,
+    heldout_prompts,
+    shipped_drafter,
+    shipped_target,
+)
 from relayc.engine.draft import EagleHead, StandaloneDrafter
-from relayc.engine.naive import greedy_generate_naive
-from relayc.engine.shipped import DEMO_DIR, heldout_prompts, shipped_drafter, shipped_target
-from relayc.engine.tokenizer import BOS_ID, ByteTokenizer
+from relayc.engine.model.naive import greedy_generate_naive
+from relayc.engine.text.bytes import BOS_ID, ByteTokenizer
 from relayc.tools.demo import ALGORITHMS
 from relayc.tools.train import eagle_chain_proposer, simulate_chain, standalone_chain_proposer
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture

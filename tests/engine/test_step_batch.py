@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from relayc.engine import SamplingParams
-from relayc.engine.request import Request
-from relayc.engine.step_batch import DecodeRows, HostStep, LengthRing
+from relayc.engine.serving.request import Request
+from relayc.engine.serving.step_batch import DecodeRows, HostStep, LengthRing
 
 
 def _request(rid: int, slot: int, kv_len: int, inflight: int, temperature: float) -> Request:

@@ -1,4 +1,4 @@
-"""relayc.engine.tape_ops: a recorded step's row gathers, scatters, fills and copies as
+"""relayc.engine.native.tape_ops: a recorded step's row gathers, scatters, fills and copies as
 native calls -- the same values as ATen's ops, ATen's own op where the tensors are not
 plain memory, and a refused index stopping the replay."""
 
@@ -9,7 +9,7 @@ import gc
 import pytest
 import torch
 
-from relayc.engine import native
+from relayc.engine.native import library as native
 from relayc.runtime.tape import Recorder
 
 pytestmark = pytest.mark.skipif(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.naive import greedy_generate_naive
-from relayc.engine.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
-from relayc.engine.weights import random_model
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.naive import greedy_generate_naive
+from relayc.engine.model.weights import random_model
+from relayc.engine.text.bytes import BOS_ID, EOS_ID, ByteTokenizer
 from tests.engine.helpers import PagedDriver
 
 

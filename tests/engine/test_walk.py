@@ -1,4 +1,4 @@
-"""relayc.engine.walk: the per-call checks' module walk sees what ``modules()`` and
+"""relayc.engine.core.walk: the per-call checks' module walk sees what ``modules()`` and
 ``parameters()`` see, and a parameter changed in place or replaced changes the stamps."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from relayc.engine.walk import parameter_stamps, submodules
+from relayc.engine.core.walk import parameter_stamps, submodules
 
 
 def _tree() -> tuple[nn.Module, nn.Module]:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayc.engine.config import TINY_CONFIG, ModelConfig
-from relayc.engine.weights import CheckpointError, load_checkpoint, random_model, save_checkpoint
+from relayc.engine.core.config import TINY_CONFIG, ModelConfig
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.weights import load_checkpoint, random_model, save_checkpoint
 
 SMALL = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, head_dim=8)
 
@@ -122,7 +123,8 @@ def test_hf_config_both_rope_layouts_and_rejections() -> None:
 
 def test_cpu_matmul_layout_keeps_values_ties_and_outputs(tmp_path: Path) -> None:
     from relayc.engine import Engine
-    from relayc.engine.model import Embedding, Linear, use_cpu_matmul_layout
+    from relayc.engine.core.layers import Embedding, Linear
+    from relayc.engine.model.llama import use_cpu_matmul_layout
 
     model = random_model(TINY_CONFIG.replace(tie_word_embeddings=True), seed=3)
     ids = torch.tensor([256, 5, 9, 14, 200])
@@ -165,7 +167,7 @@ def test_cpu_matmul_layout_keeps_values_ties_and_outputs(tmp_path: Path) -> None
 def test_fused_projections_follow_replaced_weights() -> None:
     """A weight replaced after fusing (new ``.data``) must not be shadowed by the stale
     fused copy: the layer falls back to its separate projections."""
-    from relayc.engine.model import use_cpu_matmul_layout
+    from relayc.engine.model.llama import use_cpu_matmul_layout
 
     model = random_model(TINY_CONFIG, seed=5)
     reference = random_model(TINY_CONFIG, seed=5)
@@ -189,7 +191,7 @@ def test_fused_projections_follow_replaced_weights() -> None:
 
 
 def test_rope_tables_rotate_exactly_like_rotate_half() -> None:
-    from relayc.engine.model import RotaryEmbedding
+    from relayc.engine.core.layers import RotaryEmbedding
 
     rotary = RotaryEmbedding(head_dim=24, theta=500000.0, max_position=300)
     generator = torch.Generator().manual_seed(2)

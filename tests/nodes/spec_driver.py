@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
-from relayc.engine.algorithms import GeneratedAlgorithm, StepInputs
-from relayc.engine.config import ModelConfig
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.sampling import SamplingBatch, SamplingParams
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.sampling import SamplingBatch, SamplingParams
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.serving.algorithms import GeneratedAlgorithm, StepInputs
 from relayc.runtime.capture import capture_check
 from tests.engine.helpers import PagedDriver
 

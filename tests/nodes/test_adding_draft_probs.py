@@ -13,7 +13,7 @@ import torch
 
 from relayc.cli import main
 from relayc.engine import Engine, SamplingParams, random_model
-from relayc.engine.naive import greedy_generate_naive
+from relayc.engine.model.naive import greedy_generate_naive
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 from tests.nodes.spec_driver import SpecDriver
 from tests.nodes.test_spec_sampling import (

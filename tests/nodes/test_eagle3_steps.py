@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from relayc.engine.core.sampling import SamplingParams
 from relayc.engine.draft import Eagle3Head
-from relayc.engine.sampling import SamplingParams
-from relayc.engine.weights import random_model
+from relayc.engine.model.weights import random_model
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 from tests.nodes.spec_driver import SMALL, SpecDriver
 from tests.nodes.test_spec_sampling import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from relayc.engine.naive import greedy_generate_naive
-from relayc.engine.sampling import SamplingParams
-from relayc.engine.weights import random_model
+from relayc.engine.core.sampling import SamplingParams
+from relayc.engine.model.naive import greedy_generate_naive
+from relayc.engine.model.weights import random_model
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 from tests.nodes.spec_driver import SMALL, SpecDriver
 

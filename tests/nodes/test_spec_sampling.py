@@ -12,10 +12,10 @@ from collections import Counter
 import pytest
 import torch
 
-from relayc.engine.config import ModelConfig
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.sampling import SamplingParams
+from relayc.engine.model.weights import random_model
 from relayc.engine.ops.verify import impl_accept_tree
-from relayc.engine.sampling import SamplingParams
-from relayc.engine.weights import random_model
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
 from tests.nodes.spec_driver import SpecDriver
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from relayc.engine.config import ModelConfig
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.request import FinishReason, Output
-from relayc.engine.weights import random_model
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import random_model
+from relayc.engine.serving.request import FinishReason, Output
 from relayc.specs.errors import UsageError
 from relayc.tools.demo import CHAT_PROMPTS
 from relayc.tools.train import chat_prompts
@@ -40,13 +40,13 @@ from relayc.tools.train.chat_features import (
 )
 from relayc.tools.train.chat_prompts import (
     FAMILIES,
-    SNIPPETS,
     Family,
     build_prompts,
     heldout_texts,
     leaks,
     prompts_sha256,
 )
+from relayc.tools.train.chat_quoted import SNIPPETS
 
 HELDOUT = [entry["content"] for entry in json.loads(CHAT_PROMPTS.read_text())["prompts"]]
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from relayc.cli import EXIT_OK, EXIT_USAGE, main
-from relayc.engine.config import ModelConfig
+from relayc.engine.core.config import ModelConfig
 from relayc.engine.draft.eagle import EagleHead
-from relayc.engine.weights import CheckpointError, random_model, save_checkpoint
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.weights import random_model, save_checkpoint
 from tests.engine.checkpoint_cases import BAD_CONFIGS, BadConfig, break_checkpoint
 
 NO_TOKENIZER = ModelConfig(vocab_size=300)  # not the byte-level vocabulary: no tokenizer
@@ -84,7 +85,7 @@ def test_every_checkpoint_error_is_one_line_exit_2(
 ) -> None:
     """Wherever a command meets a checkpoint error -- loading the engine, or later (a
     tokenizer file read once the model is up) -- relayc's main reports it."""
-    from relayc.engine import engine
+    from relayc.engine.serving import engine
 
     def fail(*args: object, **kwargs: object) -> None:
         raise TokenizerFileError("the vocabulary is not a list", "/ckpt/tokenizer.json")
@@ -125,7 +126,7 @@ def test_text_prompt_on_a_model_without_a_tokenizer_points_to_prompt_ids(
 def test_prompt_ids_on_a_model_with_a_tokenizer_print_its_text(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from relayc.engine.tokenizer import ByteTokenizer
+    from relayc.engine.text.bytes import ByteTokenizer
 
     ids = ByteTokenizer().encode("def f(x):", add_bos=True)
     argv = ["generate", "--model", "random", "--max-new-tokens", "5"]
@@ -162,7 +163,7 @@ def test_prompt_ids_are_checked_before_any_model_loads(
     argv: list[str],
     message: str,
 ) -> None:
-    from relayc.engine import engine
+    from relayc.engine.serving import engine
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model was loaded before the arguments were checked")

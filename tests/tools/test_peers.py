@@ -32,8 +32,8 @@ def test_transformers_missing_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_hf_mode_equals_relayc_greedy_none() -> None:
     pytest.importorskip("transformers", reason="the HF peers need transformers (a test extra)")
     from relayc.engine import Engine, SamplingParams
-    from relayc.engine.shipped import heldout_prompts
-    from relayc.engine.tokenizer import ByteTokenizer
+    from relayc.engine.checkpoints.shipped import heldout_prompts
+    from relayc.engine.text.bytes import ByteTokenizer
 
     tokens = 8
     prompts = [ByteTokenizer().encode(p, add_bos=True) for p in heldout_prompts()[:2]]

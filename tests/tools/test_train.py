@@ -13,7 +13,7 @@ import torch
 
 import relayc
 from relayc.engine.draft import EagleHead, MtpDrafter, StandaloneDrafter
-from relayc.engine.weights import load_checkpoint
+from relayc.engine.model.weights import load_checkpoint
 from relayc.tools.train import (
     NUM_PROMPTS,
     PROMPT_BYTES,

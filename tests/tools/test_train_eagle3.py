@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 
 import relayc
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.config import ModelConfig
+from relayc.engine.checkpoints.shipped import heldout_prompts, shipped_target
+from relayc.engine.core.config import ModelConfig
 from relayc.engine.draft import Eagle3Head
-from relayc.engine.shipped import heldout_prompts, shipped_target
-from relayc.engine.weights import random_model
+from relayc.engine.model.weights import random_model
 from relayc.tools.train.corpus import assemble_corpus, sample_batch
 from relayc.tools.train.eagle3 import (
     choose_vocabulary,

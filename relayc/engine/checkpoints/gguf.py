@@ -7,7 +7,7 @@ Q2_K..Q6_K and the rest it knows) straight into the model's parameter, so the fi
 copied whole and at most one dequantized tensor is alive besides the model.
 
 A float32 model also keeps each Q4/Q5/Q8 and Q4_K-Q6_K matrix's blocks, attached to its
-parameter (``relayc.engine.checkpoints.blocks``): float32 holds those weights exactly, and
+parameter (``relayc.engine.native.blocks``): float32 holds those weights exactly, and
 the native decoder reads the blocks instead of four bytes a weight.
 
 llama.cpp's converter (``convert_hf_to_gguf.py``) permutes the rows of q_proj and k_proj
@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relayc.engine.checkpoints.blocks import BLOCK_TYPES, BlockWeight, attach, dequantize_gguf
-from relayc.engine.config import ModelConfig
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.weights import CheckpointError, expected_tensors
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import expected_tensors
+from relayc.engine.native.blocks import BLOCK_TYPES, BlockWeight, attach, dequantize_gguf
 
 if TYPE_CHECKING:
     import numpy as np
@@ -291,7 +292,7 @@ def load_gguf_model(
             target.copy_(values)
             if raw is not None and target.dtype == torch.float32 and target.device.type == "cpu":
                 # float32 holds these weights exactly: the native (CPU) decoder may read
-                # the blocks instead (relayc.engine.checkpoints.blocks)
+                # the blocks instead (relayc.engine.native.blocks)
                 attach(
                     model.get_parameter(name), BlockWeight(tensor.tensor_type.name, raw, want[1])
                 )

@@ -1,10 +1,10 @@
 """``Engine(model=...)``'s one entry point: a name, a file or a folder -> model and tokenizer.
 
-- ``None``: the shipped byte-level demo target (``relayc.engine.shipped``), or the tiny
+- ``None``: the shipped byte-level demo target (``relayc.engine.checkpoints.shipped``), or the tiny
   random model in an install without it; ``"random"``: the tiny random model;
 - a name from ``relayc.engine.checkpoints.named`` (``"smollm2"``);
 - a ``.gguf`` file (``relayc.engine.checkpoints.gguf``), with the tokenizer in its metadata;
-- a Hugging Face checkpoint folder (``relayc.engine.weights``), with its ``tokenizer.json``
+- a Hugging Face checkpoint folder (``relayc.engine.model.weights``), with its ``tokenizer.json``
   when it has one.
 
 The byte-level tokenizer serves the byte-level vocabulary (the demo models). A model
@@ -25,17 +25,18 @@ import torch
 
 from relayc.engine.checkpoints.gguf import load_gguf_model, open_gguf
 from relayc.engine.checkpoints.named import NAMED_MODELS, named_model_file
-from relayc.engine.config import ModelConfig, dtype_from_name
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.shipped import RANDOM, mark_named_target, shipped_target
+from relayc.engine.checkpoints.shipped import RANDOM, mark_named_target, shipped_target
+from relayc.engine.core.config import ModelConfig, dtype_from_name
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import load_checkpoint, random_model
+from relayc.engine.text.bytes import VOCAB_SIZE, ByteTokenizer
 from relayc.engine.text.tokenizer import (
     Tokenizer,
     TokenizerError,
     tokenizer_from_dir,
     tokenizer_from_gguf,
 )
-from relayc.engine.tokenizer import VOCAB_SIZE, ByteTokenizer
-from relayc.engine.weights import CheckpointError, load_checkpoint, random_model
 
 AnyTokenizer = Union[Tokenizer, ByteTokenizer]  # noqa: UP007 - a runtime alias
 ModelArg = str | PathLike[str] | LlamaForCausalLM | None
@@ -50,7 +51,9 @@ class LoadedModel:
     source: str  # what was loaded, for messages: "shipped demo target", a path, a name
     shipped: bool = False  # the demo target: `draft_model=None` means the shipped drafter
     tokenizer_error: str | None = None  # why `tokenizer` is None, when it should not be
-    name: str | None = None  # the named model loaded (relayc.engine.shipped.NAMED_DRAFTERS)
+    name: str | None = (
+        None  # the named model loaded (relayc.engine.checkpoints.shipped.NAMED_DRAFTERS)
+    )
 
 
 def resolve_dtype(dtype: object) -> torch.dtype | None:

@@ -12,7 +12,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from relayc.engine.weights import CheckpointError
+from relayc.engine.errors import CheckpointError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ and its vocabulary head are memory-bound. Against 64 bytes for 32 bfloat16 words
 stores 32 weights in 34 bytes (a float16 scale ``d`` and 32 signed bytes ``q``, each weight
 ``d * q``), Q4_1 in 20 (float16 ``d`` and ``m``, 32 nibbles, each weight ``d * q + m``) and
 Q4_0 in 18 (float16 ``d``, each weight ``d * (q - 8)``), so the native decoder reads the head
-in about a half, a third or a quarter of the time (``relayc.engine.checkpoints.blocks``:
+in about a half, a third or a quarter of the time (``relayc.engine.native.blocks``:
 ``gemm_blocks`` rebuilds each weight in registers).
 
 :func:`quantize_q8_0`, :func:`quantize_q4_1` and :func:`quantize_q4_0` give the bytes
@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from relayc.engine.checkpoints.blocks import BLOCK, BlockWeight, attach
-from relayc.engine.model import Linear
+from relayc.engine.core.layers import Linear
+from relayc.engine.native.blocks import BLOCK, BlockWeight, attach
 
 
 def _blocks(weight: torch.Tensor, qtype: str) -> torch.Tensor:

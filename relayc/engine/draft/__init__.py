@@ -10,6 +10,7 @@ mtp.py         MtpDrafter: one draft layer per step, all steps drafted in draft 
 standalone.py  StandaloneDrafter: a small Llama with its own cache, chain drafting
 ngram.py       NgramIndex / NgramProposer: host-side suffix-match trees, lag-keyed proposals
 weights.py     seeded init and config.json + model.safetensors checkpoints of the heads
+speculative.py each algorithm's drafter and decode KV window (the engine builds them here)
 """
 
 from __future__ import annotations

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import NamedTuple, cast
 
 import torch
 from torch import nn
 
-from relayc.engine.attention import PagedAttend, dense_causal_attention
-from relayc.engine.config import ModelConfig
+from relayc.engine.core.attention import PagedAttend, dense_causal_attention
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.kv_cache import KVCache
+from relayc.engine.core.layers import AttendFn, RotaryEmbedding
 from relayc.engine.draft.layers import DraftLayer, TargetParts, check_head_config
-from relayc.engine.draft.native_draft import NativeDraft
+from relayc.engine.draft.native_draft import NativeDraft, NativeDraftHead
 from relayc.engine.draft.paged import (
     ScratchAttention,
     first_column_sampled,
@@ -55,15 +57,7 @@ from relayc.engine.draft.weights import (
     read_draft_config,
     save_draft,
 )
-from relayc.engine.kv_cache import KVCache
-from relayc.engine.model import (
-    AttendFn,
-    LlamaForCausalLM,
-    RotaryEmbedding,
-)
-
-if TYPE_CHECKING:
-    from relayc.engine.draft.eagle3 import Eagle3Head
+from relayc.engine.model.llama import LlamaForCausalLM
 
 
 class EagleExtendOutput(NamedTuple):
@@ -243,7 +237,7 @@ class EagleHead(nn.Module):
             return chain_tree(topk_index[:, :1])  # the relayed top-1 is the whole chain
         if chain and self.native_draft is not None:
             made = self.native_draft.chain(
-                cast("Eagle3Head", self),  # only an EAGLE-3 head has a NativeDraft
+                cast("NativeDraftHead", self),  # only an EAGLE-3 head has a NativeDraft
                 topk_index[:, 0],
                 hidden_states,
                 seq_lens,

@@ -39,18 +39,24 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from relayc.engine.attention import PagedAttend, dense_causal_attention
-from relayc.engine.config import ModelConfig
-from relayc.engine.cpu_decoder import (
-    NATIVE_DTYPES,
-    NativeDraftLayer,
+from relayc.engine.core.attention import PagedAttend, dense_causal_attention
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.kv_cache import KVCache
+from relayc.engine.core.layers import (
+    AttendFn,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+)
+from relayc.engine.decoder.head import (
     NativeHead,
     NativeLinear,
     native_head_eligible,
     native_head_library,
 )
+from relayc.engine.decoder.packing import NATIVE_DTYPES
 from relayc.engine.draft.eagle import EagleHead
-from relayc.engine.draft.layers import TargetParts, check_head_config
+from relayc.engine.draft.layers import Eagle3Layer, TargetParts, check_head_config
 from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.draft.paged import (
     gather_rows,
@@ -60,17 +66,8 @@ from relayc.engine.draft.paged import (
     top_k_probs,
 )
 from relayc.engine.draft.weights import init_module_random
-from relayc.engine.kv_cache import KVCache
-from relayc.engine.model import (
-    AttendFn,
-    Linear,
-    LlamaAttention,
-    LlamaForCausalLM,
-    LlamaMLP,
-    RMSNorm,
-    RotaryEmbedding,
-)
-from relayc.engine.weights import CheckpointError
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.llama import LlamaForCausalLM
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 NUM_FEATURE_LAYERS = 3  # the eagle3 spec's `3*hidden` features (SGLang's default count)
@@ -112,49 +109,6 @@ class Eagle3ExtendOutput(NamedTuple):
     topk_p: torch.Tensor  # [B, topk] float32
     topk_index: torch.Tensor  # [B, topk] int64, ids of the head's draft vocabulary
     hidden_states: torch.Tensor  # [B, hidden] model dtype, the head's g at the last position
-
-
-class Eagle3Layer(nn.Module):
-    """SGLang's EAGLE-3 input layer: attention over ``[norm(embed); hidden_norm(hidden)]``."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        c, dt = config, config.dtype
-        self.self_attn = LlamaAttention(config)
-        # q/k/v read the concatenation [embed; hidden]: twice the hidden size.
-        self.self_attn.q_proj = Linear(2 * c.hidden_size, c.num_heads * c.head_dim, dt)
-        self.self_attn.k_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, dt)
-        self.self_attn.v_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, dt)
-        self.mlp = LlamaMLP(config)
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
-        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
-        self.native = NativeDraftLayer(self)
-
-    def prepare_native(self) -> bool:
-        """Pack the layer for the native decoder now (``prepare_cpu_decoders``)."""
-        return self.native.prepare()
-
-    def forward(
-        self,
-        embeds: torch.Tensor,  # [T, hidden]
-        hidden: torch.Tensor,  # [T, hidden]: fc(target features) or the head's previous g
-        positions: torch.Tensor,  # [T]
-        rotary: RotaryEmbedding,
-        attend: AttendFn,
-    ) -> torch.Tensor:
-        hidden = hidden.to(embeds.dtype)
-        x = self.native.attn_in(embeds, hidden, attend)  # both norms in one native call
-        if x is None:
-            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        # On the CPU with paged attention and autograd off: one native call (float32 rotary
-        # tables, as the target's native layers take them); else the modules.
-        out = self.native(x, hidden, rotary.tables(positions, torch.float32), attend)
-        if out is not None:
-            return out
-        rope = rotary.tables(positions, embeds.dtype)
-        residual = hidden + self.self_attn(x, rope, 0, attend)
-        return residual + self.mlp(self.post_attention_layernorm(residual))
 
 
 class Eagle3Head(EagleHead):
@@ -333,7 +287,7 @@ class Eagle3Head(EagleHead):
 
     def prepare_native(self) -> bool:
         """Pack the head's LM head and ``fc`` for the native decoder now rather than at the
-        first draft (``relayc.engine.model.prepare_cpu_decoders``); False where they would
+        first draft (``relayc.engine.model.llama.prepare_cpu_decoders``); False where they would
         not run natively."""
         if not native_head_eligible(self.norm, self.lm_head):
             return False

@@ -1,4 +1,4 @@
-"""The building blocks the EAGLE head and the MTP drafter share.
+"""The building blocks the EAGLE heads and the MTP drafter share.
 
 A draft layer is ``fc(cat(embed(token), hidden))`` followed by one of the
 engine's ``LlamaDecoderLayer`` s (attention through whatever ``AttendFn`` the
@@ -14,16 +14,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from relayc.engine.config import ModelConfig
-from relayc.engine.model import (
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.layers import (
     AttendFn,
     Embedding,
     Linear,
+    LlamaAttention,
     LlamaDecoderLayer,
-    LlamaForCausalLM,
+    LlamaMLP,
     RMSNorm,
     RotaryEmbedding,
 )
+from relayc.engine.decoder.draft_layer import NativeDraftLayer
+from relayc.engine.model.llama import LlamaForCausalLM
 
 
 @dataclass(frozen=True)
@@ -67,3 +70,46 @@ class DraftLayer(nn.Module):
     ) -> torch.Tensor:
         x = self.fc(torch.cat([embeds, hidden.to(embeds.dtype)], dim=-1))
         return self.layer(x, positions, rotary, cache_layer, attend)
+
+
+class Eagle3Layer(nn.Module):
+    """SGLang's EAGLE-3 input layer: attention over ``[norm(embed); hidden_norm(hidden)]``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c, dt = config, config.dtype
+        self.self_attn = LlamaAttention(config)
+        # q/k/v read the concatenation [embed; hidden]: twice the hidden size.
+        self.self_attn.q_proj = Linear(2 * c.hidden_size, c.num_heads * c.head_dim, dt)
+        self.self_attn.k_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, dt)
+        self.self_attn.v_proj = Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, dt)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dt)
+        self.native = NativeDraftLayer(self)
+
+    def prepare_native(self) -> bool:
+        """Pack the layer for the native decoder now (``prepare_cpu_decoders``)."""
+        return self.native.prepare()
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [T, hidden]
+        hidden: torch.Tensor,  # [T, hidden]: fc(target features) or the head's previous g
+        positions: torch.Tensor,  # [T]
+        rotary: RotaryEmbedding,
+        attend: AttendFn,
+    ) -> torch.Tensor:
+        hidden = hidden.to(embeds.dtype)
+        x = self.native.attn_in(embeds, hidden, attend)  # both norms in one native call
+        if x is None:
+            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        # On the CPU with paged attention and autograd off: one native call (float32 rotary
+        # tables, as the target's native layers take them); else the modules.
+        out = self.native(x, hidden, rotary.tables(positions, torch.float32), attend)
+        if out is not None:
+            return out
+        rope = rotary.tables(positions, embeds.dtype)
+        residual = hidden + self.self_attn(x, rope, 0, attend)
+        return residual + self.mlp(self.post_attention_layernorm(residual))

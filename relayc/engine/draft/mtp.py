@@ -21,8 +21,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from relayc.engine.attention import PagedAttend, dense_causal_attention
-from relayc.engine.config import ModelConfig
+from relayc.engine.core.attention import PagedAttend, dense_causal_attention
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.kv_cache import KVCache
+from relayc.engine.core.layers import AttendFn, RotaryEmbedding
 from relayc.engine.draft.layers import DraftLayer, TargetParts, check_head_config
 from relayc.engine.draft.paged import (
     last_rows,
@@ -37,8 +39,7 @@ from relayc.engine.draft.weights import (
     read_draft_config,
     save_draft,
 )
-from relayc.engine.kv_cache import KVCache
-from relayc.engine.model import AttendFn, LlamaForCausalLM, RotaryEmbedding
+from relayc.engine.model.llama import LlamaForCausalLM
 
 
 class MtpExtendOutput(NamedTuple):

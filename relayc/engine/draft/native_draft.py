@@ -44,25 +44,38 @@ raises the error that names a bad index.
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from relayc.engine import head_argmax, native
-from relayc.engine.cpu_decoder import (
-    NativeHead,
-    NativeLinear,
-    native_head_eligible,
-    native_max_tokens,
-)
-from relayc.engine.fused_forward import ModelSlot, index_arrays
-from relayc.engine.kv_cache import KVCache
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.kv_cache import KVCache
+from relayc.engine.core.layers import Linear, RMSNorm, RotaryEmbedding
+from relayc.engine.decoder.fused_forward import ModelSlot, index_arrays
+from relayc.engine.decoder.head import NativeHead, NativeLinear, native_head_eligible
+from relayc.engine.decoder.packing import native_max_tokens
+from relayc.engine.draft.layers import Eagle3Layer, TargetParts
+from relayc.engine.native import head_argmax
+from relayc.engine.native import library as native
 from relayc.kernels._backend import native_paths
 
-if TYPE_CHECKING:
-    from relayc.engine.draft.eagle3 import Eagle3Head
-
 _INDEX = torch.int64
+
+
+class NativeDraftHead(Protocol):
+    """What the native drafter reads of an EAGLE-3 head (``Eagle3Head``, which holds this
+    drafter and so sits above it), and the packs it keeps on the head."""
+
+    config: ModelConfig
+    target: TargetParts
+    fc: Linear
+    midlayer: Eagle3Layer
+    norm: RMSNorm
+    lm_head: Linear
+    rotary: RotaryEmbedding
+    d2t: torch.Tensor
+    _native_head: NativeHead | None
+    _native_fc: NativeLinear | None
 
 
 class NativeDraft:
@@ -77,7 +90,7 @@ class NativeDraft:
         self._norms: tuple[tuple[torch.Tensor, int], ...] = ()
         self._norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def _float_norms(self, head: Eagle3Head) -> tuple[torch.Tensor, torch.Tensor]:
+    def _float_norms(self, head: NativeDraftHead) -> tuple[torch.Tensor, torch.Tensor]:
         """The input norm's and hidden norm's weights as float32 (themselves when they are
         float32 already), kept while the weights are unchanged."""
         weights = (head.midlayer.input_layernorm.weight, head.midlayer.hidden_norm.weight)
@@ -95,7 +108,7 @@ class NativeDraft:
         return NativeDraft()
 
     def _model(
-        self, head: Eagle3Head, kv_cache: KVCache, req_to_token: torch.Tensor, rows: int
+        self, head: NativeDraftHead, kv_cache: KVCache, req_to_token: torch.Tensor, rows: int
     ) -> tuple[ctypes.CDLL, native.NativeModel] | None:
         """The library and the head's filled struct when a call over ``rows`` rows can run
         natively as the step-by-step path would (the CPU, autograd off, the layer and the
@@ -138,7 +151,7 @@ class NativeDraft:
 
     def extend(
         self,
-        head: Eagle3Head,
+        head: NativeDraftHead,
         input_ids: torch.Tensor,
         target_features: torch.Tensor,
         lens: torch.Tensor,
@@ -224,7 +237,7 @@ class NativeDraft:
 
     def chain(
         self,
-        head: Eagle3Head,
+        head: NativeDraftHead,
         first: torch.Tensor,
         hidden_states: torch.Tensor,
         seq_lens: torch.Tensor,

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from relayc.engine.attention import PagedAttend, PagedAttentionMetadata, additive_mask
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.kv_cache import KVCache
+from relayc.engine.core.attention import PagedAttend, PagedAttentionMetadata, additive_mask
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.kv_cache import KVCache
 
 
 def extend_cache_loc(

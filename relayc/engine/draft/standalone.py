@@ -40,7 +40,9 @@ from typing import NamedTuple
 
 import torch
 
-from relayc.engine.config import ModelConfig
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.kv_cache import KVCache
 from relayc.engine.draft.paged import (
     first_column_sampled,
     last_rows,
@@ -49,10 +51,8 @@ from relayc.engine.draft.paged import (
     top_k_probs,
 )
 from relayc.engine.draft.tree import ChainDraft, chain_tree
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.kv_cache import KVCache
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.weights import load_checkpoint, random_model, save_checkpoint
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import load_checkpoint, random_model, save_checkpoint
 from relayc.kernels._backend import graph_safe
 
 

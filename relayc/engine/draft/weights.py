@@ -1,6 +1,6 @@
 """Seeded init and local-directory checkpoints of the draft heads (EAGLE, MTP).
 
-Same format as ``relayc.engine.weights`` writes for the target: ``config.json``
+Same format as ``relayc.engine.model.weights`` writes for the target: ``config.json``
 plus ``model.safetensors`` (the standalone draft model *is* a target-style Llama
 and uses those functions directly). ``config.json`` holds the Hugging Face
 fields of the head's ``ModelConfig`` plus ``draft_type`` and the head's own
@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from relayc.engine.config import ConfigError, ModelConfig, positive_int
-from relayc.engine.weights import (
+from relayc.engine.core.config import ConfigError, ModelConfig, positive_int
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.weights import (
     SINGLE_FILE,
-    CheckpointError,
     config_from_hf,
     read_json_object,
     reading_safetensors,
@@ -31,7 +31,7 @@ DRAFT_TYPE_KEY = "draft_type"
 
 
 def init_module_random(module: nn.Module, seed: int, std: float = 0.2) -> nn.Module:
-    """Fill ``module``'s parameters in place like ``relayc.engine.weights.init_random``:
+    """Fill ``module``'s parameters in place like ``relayc.engine.model.weights.init_random``:
     N(0, std) in name order from a private CPU generator, norms to ones."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     with torch.no_grad():

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from relayc.engine.forward_batch import ForwardBatch
-from relayc.engine.kv_cache import KVCache
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.sampling import SamplingBatch
+from relayc.engine.core.forward_batch import ForwardBatch
+from relayc.engine.core.kv_cache import KVCache
+from relayc.engine.core.sampling import SamplingBatch
+from relayc.engine.model.llama import LlamaForCausalLM
 
 
 @dataclass

@@ -3,7 +3,7 @@ contract every implementation -- the engine's or a user's -- is held to when a s
 
 ``@implements(op, drafter=ALGORITHM)`` also records that the implementation drives the
 drafter of ``ALGORITHM`` (``ctx.drafter``): a relay module whose ops need one algorithm's
-drafter cannot run under another's (``relayc.engine.algorithms.check_pairing``).
+drafter cannot run under another's (``relayc.engine.serving.algorithms.check_pairing``).
 
 :func:`checked` wraps an implementation so that what it returns is checked against the
 op's declaration (:mod:`relayc.nodes`) when the op returns, before the next step of the

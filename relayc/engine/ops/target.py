@@ -12,10 +12,11 @@ from collections.abc import Sequence
 
 import torch
 
-from relayc.engine import head_argmax, native
+from relayc.engine.core.sampling import sample
+from relayc.engine.native import head_argmax
+from relayc.engine.native import library as native
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.registry import implements
-from relayc.engine.sampling import sample
 
 # Vocabulary chunk of `greedy_tokens`' torch path (measured on 2 CPU cores, SmolLM2's 49152
 # tokens: 1024, 512 and 2048 within 15% of each other).
@@ -26,7 +27,7 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """``torch.argmax(logits, dim=-1)``, the same indices, faster on the CPU for wide rows.
 
     Logits the native LM head has just made come with their argmax, taken as it made them
-    (:mod:`relayc.engine.head_argmax`): that is returned as is. ATen's CPU argmax is a
+    (:mod:`relayc.engine.native.head_argmax`): that is returned as is. ATen's CPU argmax is a
     scalar loop (about 0.55 ns per element here: 220 us for a verify of 8 rows of a
     49152-token vocabulary, more than the rest of the tree bookkeeping). Other float32 CPU
     logits go to the native library's ``relayc_argmax`` (one vectorised pass

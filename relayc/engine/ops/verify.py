@@ -22,14 +22,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from relayc.engine import native
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.sampling import filter_logits
+from relayc.engine.decoder.fused_forward import index_arrays
 from relayc.engine.draft.tree import keeps_every_draft, layout_constant
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.fused_forward import index_arrays
+from relayc.engine.native import library as native
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.registry import implements
 from relayc.engine.ops.target import greedy_tokens
-from relayc.engine.sampling import filter_logits
 from relayc.kernels import (
     TreeMaskMode,
     build_tree,

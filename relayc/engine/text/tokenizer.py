@@ -22,15 +22,24 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from relayc.engine.errors import CheckpointError
 from relayc.engine.text.chat import ChatError, render_chat
-from relayc.engine.weights import CheckpointError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HFTokenizer
 
-    from relayc.engine.checkpoints.gguf import GGUFFile
+
+class GGUFMetadata(Protocol):
+    """What the tokenizer reads of an open GGUF file (``relayc.engine.checkpoints.gguf``'s
+    ``GGUFFile``, a room above this one): its path and its metadata values by key."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def get(self, key: str, default: Any = None) -> Any: ...
+
 
 # Control-token texts that end a turn in the chat formats in use (llama.cpp's list).
 _EOG_TEXTS = frozenset(
@@ -177,7 +186,7 @@ def _pre_tokenizer(pre: str | None, where: str) -> Any:
     )
 
 
-def tokenizer_from_gguf(file: GGUFFile) -> Tokenizer:
+def tokenizer_from_gguf(file: GGUFMetadata) -> Tokenizer:
     """The tokenizer in ``file``'s metadata; ``TokenizerError`` when it has none or one that
     cannot be built."""
     where = str(file.path)
@@ -206,7 +215,7 @@ def tokenizer_from_gguf(file: GGUFFile) -> Tokenizer:
     )
 
 
-def _gpt2_backend(file: GGUFFile, tokens: Sequence[str]) -> HFTokenizer:
+def _gpt2_backend(file: GGUFMetadata, tokens: Sequence[str]) -> HFTokenizer:
     from tokenizers import AddedToken, decoders, models
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -237,7 +246,7 @@ def _gpt2_backend(file: GGUFFile, tokens: Sequence[str]) -> HFTokenizer:
     return backend
 
 
-def _converted_backend(file: GGUFFile, kind: str) -> HFTokenizer:
+def _converted_backend(file: GGUFMetadata, kind: str) -> HFTokenizer:
     """Tokenizer models other than GPT-2 BPE, through transformers' GGUF conversion (its
     public ``AutoTokenizer.from_pretrained(folder, gguf_file=...)``)."""
     try:

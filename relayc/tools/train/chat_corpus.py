@@ -15,7 +15,7 @@ than mixed. ``DIR/prompts.json`` holds the whole prompt list.
 
 Greedy answers are the target's own up to the batch: a prompt's prefill may share an
 eager bfloat16 forward with other prompts, whose rows can differ in the last bits from a
-forward alone (relayc.engine.cpu_decoder), so the same settings (``--batch``, ``--chunk``)
+forward alone (relayc.engine.decoder.cpu_decoder), so the same settings (``--batch``, ``--chunk``)
 reproduce the corpus, and another batch size can change a few answers.
 """
 
@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sha256 {prompts_sha256(prompts)}", file=sys.stderr)
         return 0
     from relayc.engine import Engine
-    from relayc.engine.overlap import set_cpu_threads
+    from relayc.engine.serving.overlap import set_cpu_threads
 
     set_cpu_threads(1)
     settings = Settings(

@@ -26,7 +26,8 @@ from typing import cast
 
 import torch
 
-from relayc.engine.model import LlamaDecoderLayer, LlamaForCausalLM, batched_causal_attention
+from relayc.engine.core.layers import LlamaDecoderLayer, batched_causal_attention
+from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.tools.train.chat_corpus import EXAMPLES
 
 

@@ -19,8 +19,8 @@ from torch import nn
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.mtp import MtpDrafter
 from relayc.engine.draft.standalone import StandaloneDrafter
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.weights import load_checkpoint, save_checkpoint
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import load_checkpoint, save_checkpoint
 from relayc.specs.errors import OneLineParser
 from relayc.tools.args import MAX_SEED, float_in, int_in
 from relayc.tools.train.card import write_outputs
@@ -127,7 +127,7 @@ def run_training(args: argparse.Namespace) -> dict[str, Any]:
         "target_loss": round(prompt_loss(target, text_prompts), 5),
     }
     log["models"]["target"] = {
-        "loader": "relayc.engine.weights.load_checkpoint",
+        "loader": "relayc.engine.model.weights.load_checkpoint",
         "architecture": "LlamaForCausalLM " + _config_summary(plan.target) + ", tied embeddings",
         "params": count_params(target),
         "bytes": dir_bytes(out / "target"),

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from relayc.engine.tokenizer import BOS_ID
+from relayc.engine.text.bytes import BOS_ID
 
 # Directories (any path component) left out of the corpus: tests, the IDE, third-party
 # packages, demos, generated tables and bundled wheels.

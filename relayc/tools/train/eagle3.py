@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from relayc.engine.draft.eagle3 import Eagle3Head
-from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.tools.train.losses import EAGLE_DEPTH, STEP_WEIGHTS, _shift, soft_kl, ttt_attend
 
 

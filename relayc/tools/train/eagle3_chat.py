@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from relayc.engine.draft.eagle3 import capture_layers
-from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.tools.train.eagle3 import (
     Eagle3Teacher,
     choose_vocabulary,
@@ -213,8 +213,8 @@ def _target_and_corpus(
     args: argparse.Namespace,
 ) -> tuple[LlamaForCausalLM, list[dict[str, Any]], dict[str, Any]]:
     if args.smoke:
-        from relayc.engine.config import ModelConfig
-        from relayc.engine.weights import random_model
+        from relayc.engine.core.config import ModelConfig
+        from relayc.engine.model.weights import random_model
 
         config = ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=8,
                              num_heads=2, num_kv_heads=1, head_dim=16, max_position=512)  # fmt: skip

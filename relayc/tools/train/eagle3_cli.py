@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from relayc.engine.config import ModelConfig
-from relayc.engine.shipped import heldout_prompts, shipped_target
-from relayc.engine.weights import load_checkpoint, random_model
+from relayc.engine.checkpoints.shipped import heldout_prompts, shipped_target
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.model.weights import load_checkpoint, random_model
 from relayc.specs.errors import OneLineParser
 from relayc.tools.args import MAX_SEED, float_in, int_in
 from relayc.tools.train.corpus import assemble_corpus, sample_batch

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from relayc.engine.draft.eagle3 import Eagle3Head, capture_layers
-from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.tools.train.chat_corpus import file_sha256
 from relayc.tools.train.eagle3 import eagle3_eval, eagle3_losses, out_of_vocab_rate, warm_start
 from relayc.tools.train.loop import Checkpoint, train_loop

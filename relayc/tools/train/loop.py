@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.tokenizer import BOS_ID
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.text.bytes import BOS_ID
 from relayc.tools.train.losses import STEP_WEIGHTS, TargetOut
 
 

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from relayc.engine.core.layers import AttendFn, batched_causal_attention
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.mtp import MtpDrafter
-from relayc.engine.model import AttendFn, LlamaForCausalLM, batched_causal_attention
+from relayc.engine.model.llama import LlamaForCausalLM
 
 EAGLE_DEPTH = 3  # training-time-test passes = the engine's num_steps for EAGLE
 STEP_WEIGHTS = (1.0, 0.8, 0.64)  # loss weight of draft step s (later steps matter less)

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.standalone import StandaloneDrafter
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.tokenizer import BOS_ID
-from relayc.engine.weights import load_checkpoint
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import load_checkpoint
+from relayc.engine.text.bytes import BOS_ID
 from relayc.tools.train.plan import MTP_STEPS
 
 

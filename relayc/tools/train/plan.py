@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from relayc.engine.config import ModelConfig
-from relayc.engine.weights import SINGLE_FILE
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.model.weights import SINGLE_FILE
 
 MTP_STEPS = 3
 SUBDIRS = ("target", "eagle", "eagle_multilayer", "standalone")

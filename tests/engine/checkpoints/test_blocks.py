@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from relayc.engine.checkpoints.blocks import (
+from relayc.engine.checkpoints.gguf import load_gguf_model, open_gguf, save_gguf
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.decoder.packing import _pack
+from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
+from relayc.engine.model.weights import random_model
+from relayc.engine.native.blocks import (
     BLOCK_TYPES,
     BLOCKS_I8F,
     BLOCKS_Q4,
@@ -25,12 +30,7 @@ from relayc.engine.checkpoints.blocks import (
     forget_blocks,
     random_blocks,
 )
-from relayc.engine.checkpoints.gguf import load_gguf_model, open_gguf, save_gguf
-from relayc.engine.config import ModelConfig
-from relayc.engine.cpu_decoder import _pack
-from relayc.engine.model import LlamaForCausalLM, use_cpu_matmul_layout
-from relayc.engine.native import native_decoder
-from relayc.engine.weights import random_model
+from relayc.engine.native.library import native_decoder
 from tests.engine.checkpoints.test_gguf import _write_raw
 from tests.engine.test_cpu_decoder import _session
 
@@ -345,7 +345,7 @@ def _special_bytes(kind: str, rows: int, cols: int, seed: int) -> torch.Tensor:
 def test_native_dequantize_is_the_gguf_package_bit_for_bit(kind: str) -> None:
     if native_decoder() is None:
         pytest.skip("no native library here")
-    from relayc.engine.checkpoints.blocks import dequantize_gguf
+    from relayc.engine.native.blocks import dequantize_gguf
 
     raw = _special_bytes(kind, 48, 96, seed=len(kind))
     got = dequantize_gguf(raw, kind, 48, 96)
@@ -368,7 +368,7 @@ def test_native_block_check_agrees_with_the_torch_one(
     weight (q of q/k/v)."""
     if native_decoder() is None:
         pytest.skip("no native library here")
-    import relayc.engine.native as native_module
+    import relayc.engine.native.library as native_module
 
     ordinary = BlockWeight(kind, random_blocks(kind, 32, 64, seed=5).data, 64)
     special = BlockWeight(kind, _special_bytes(kind, 32, 64, seed=7), 64)
@@ -415,7 +415,7 @@ def test_native_panels_are_the_torch_panels_byte_for_byte(
     packing makes, scales of every kind and a last panel of zero columns included."""
     if native_decoder() is None:
         pytest.skip("no native library here")
-    import relayc.engine.native as native_module
+    import relayc.engine.native.library as native_module
 
     blocks = BlockWeight(kind, _special_bytes(kind, rows, 96, seed=rows), 96)
     got = blocks.panels()

@@ -20,8 +20,9 @@ from relayc.engine.checkpoints.gguf import (
     save_gguf,
     unpermute_rope_rows,
 )
-from relayc.engine.config import ModelConfig
-from relayc.engine.weights import CheckpointError, random_model
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.weights import random_model
 
 # Widths that are whole blocks of every type (K-quants: 256 values per block).
 CONFIG = ModelConfig(

@@ -10,10 +10,10 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize as gguf_quantize
 
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.checkpoints.blocks import blocks_of, native_blocks
 from relayc.engine.checkpoints.quantize import QUANTIZATIONS, QUANTIZERS, quantize_linears
-from relayc.engine.engine_args import check_draft_quantization
-from relayc.engine.model import Linear
+from relayc.engine.core.layers import Linear
+from relayc.engine.native.blocks import blocks_of, native_blocks
+from relayc.engine.serving.engine_args import check_draft_quantization
 from relayc.tools.generate import DRAFT_QUANTIZATIONS
 
 

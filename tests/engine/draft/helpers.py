@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from relayc.engine.config import ModelConfig
+from relayc.engine.core.config import ModelConfig
 from relayc.engine.draft.eagle import EagleHead
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.weights import random_model
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import random_model
 from relayc.kernels._backend import graph_safe_paths
 from tests.engine.helpers import PagedDriver
 

@@ -7,8 +7,8 @@ import torch
 
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.tree import DraftTree
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.weights import random_model
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import random_model
 from relayc.kernels import build_tree
 from tests.engine.draft.helpers import (
     MAX_CONTEXT,

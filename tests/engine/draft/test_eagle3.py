@@ -11,11 +11,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from relayc.engine.attention import dense_causal_attention
+from relayc.engine.core.attention import dense_causal_attention
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.draft.eagle3 import Eagle3Head, capture_layers
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.weights import CheckpointError, random_model
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import random_model
 from tests.engine.draft.helpers import MAX_CONTEXT, SMALL, NoHostSync, padded, padded_states
 from tests.engine.draft.test_eagle import brute_force_tree
 from tests.engine.helpers import PagedDriver
@@ -243,9 +244,9 @@ def test_bad_checkpoints_say_what_is_wrong(
 def test_native_draft_logits_match_the_modules(dtype: torch.dtype) -> None:
     """On the CPU the head's norm + LM head (most of its weights) run on the native
     decoder's head; the modules give the same logits up to the kernels' summation order."""
-    from relayc.engine import native
-    from relayc.engine.config import ModelConfig
-    from relayc.engine.model import use_cpu_matmul_layout
+    from relayc.engine.core.config import ModelConfig
+    from relayc.engine.model.llama import use_cpu_matmul_layout
+    from relayc.engine.native import library as native
 
     if native.native_decoder() is None:
         pytest.skip("no C compiler: the native decoder is not built (the modules run)")
@@ -271,9 +272,9 @@ def test_native_draft_layer_matches_the_modules(
     q/k/v read [norm(embed); hidden_norm(hidden)], the hidden input the residual) -- in
     float32 the whole draft extend does (relayc_draft_extend) -- and draft extend gives
     what the modules give, up to the kernels' summation order."""
-    from relayc.engine import native
-    from relayc.engine.cpu_decoder import NativeDraftLayer
+    from relayc.engine.decoder.draft_layer import NativeDraftLayer
     from relayc.engine.draft.native_draft import NativeDraft
+    from relayc.engine.native import library as native
 
     if native.native_decoder() is None:
         pytest.skip("no C compiler: the native decoder is not built (the modules run)")
@@ -313,7 +314,7 @@ def test_native_draft_layer_matches_the_modules(
 
 def test_native_draft_layer_follows_changed_weights() -> None:
     """A parameter changed in place (a training step) repacks the native weights."""
-    from relayc.engine import native
+    from relayc.engine.native import library as native
 
     if native.native_decoder() is None:
         pytest.skip("no C compiler: the native decoder is not built (the modules run)")
@@ -335,7 +336,7 @@ def test_the_native_attention_input_is_the_two_norms(
 ) -> None:
     """`[input_layernorm(embeds); hidden_norm(hidden)]` in one native call (relayc_norm_pair)
     where the layer runs natively: the modules' values, each row on its own."""
-    from relayc.engine import native
+    from relayc.engine.native import library as native
 
     lib = native.native_decoder()
     assert lib is not None

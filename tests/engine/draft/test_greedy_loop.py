@@ -13,15 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.mtp import MtpDrafter
 from relayc.engine.draft.ngram import NgramProposer, splice_proposals
 from relayc.engine.draft.standalone import StandaloneDrafter
 from relayc.engine.draft.tree import DraftTree, tree_from_parents
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.naive import greedy_generate_naive
-from relayc.engine.weights import random_model
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.naive import greedy_generate_naive
+from relayc.engine.model.weights import random_model
 from relayc.kernels import TreeMaskMode, build_tree, verify_tree_greedy
 from tests.engine.draft.helpers import (
     MAX_CONTEXT,

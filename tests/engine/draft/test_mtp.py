@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayc.engine.attention import dense_causal_attention
+from relayc.engine.core.attention import dense_causal_attention
 from relayc.engine.draft.mtp import MtpDrafter
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.weights import random_model
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import random_model
 from relayc.kernels import build_tree
 from tests.engine.draft.helpers import (
     MAX_CONTEXT,

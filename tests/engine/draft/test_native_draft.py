@@ -13,9 +13,9 @@ import torch
 from relayc.engine.draft.eagle3 import Eagle3Head
 from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.draft.tree import DraftTree
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.native import native_decoder
-from relayc.engine.weights import random_model
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import random_model
+from relayc.engine.native.library import native_decoder
 from tests.engine.draft import test_eagle3 as eagle3_tests
 from tests.engine.draft.helpers import MAX_CONTEXT, SMALL, padded, padded_states
 from tests.engine.draft.test_eagle3 import DRAFT_VOCAB, Prefilled, draft, extend

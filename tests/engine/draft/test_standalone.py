@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayc.engine.config import ModelConfig
+from relayc.engine.core.config import ModelConfig
 from relayc.engine.draft.standalone import StandaloneDrafter
 from relayc.kernels import build_tree
 from tests.engine.draft.helpers import MAX_CONTEXT, SMALL, NoHostSync, padded, prefill

@@ -10,7 +10,8 @@ import torch
 
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.mtp import MtpDrafter
-from relayc.engine.weights import CheckpointError, random_model
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.weights import random_model
 from tests.engine.draft.helpers import SMALL
 
 

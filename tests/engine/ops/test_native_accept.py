@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayc.engine.native import native_decoder
+from relayc.engine.native.library import native_decoder
 from relayc.engine.ops.verify import _accept_outputs, _native_greedy
 from relayc.kernels.verify_greedy import verify_tree_greedy_reference
 from tests.kernels.test_verify_greedy import agreeing_targets

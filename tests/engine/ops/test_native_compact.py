@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relayc.engine import native
-from relayc.engine.kv_cache import KVCache
+from relayc.engine.core.kv_cache import KVCache
+from relayc.engine.native import library as native
 from relayc.engine.ops.verify import _native_compact, impl_compact_accepted_kv
 from relayc.kernels._backend import graph_safe_paths
 

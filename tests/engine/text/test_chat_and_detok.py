@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.config import ModelConfig
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.model.weights import random_model, save_checkpoint
+from relayc.engine.text.bytes import ByteTokenizer
 from relayc.engine.text.chat import ChatError, check_messages, render_chat
 from relayc.engine.text.detok import Detokenizer
 from relayc.engine.text.tokenizer import TokenizerError, tokenizer_from_dir
-from relayc.engine.tokenizer import ByteTokenizer
-from relayc.engine.weights import random_model, save_checkpoint
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

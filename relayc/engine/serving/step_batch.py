@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from relayc.engine.algorithms import StepInputs
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.kv_cache import KVCache
-from relayc.engine.request import Request
-from relayc.engine.sampling import SamplingBatch
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.kv_cache import KVCache
+from relayc.engine.core.sampling import SamplingBatch
+from relayc.engine.serving.algorithms import StepInputs
+from relayc.engine.serving.request import Request
 
 
 class StepKind(enum.Enum):

@@ -19,12 +19,12 @@ applies: one token per request, committed by the scheduler.
 The host hooks (``on_prompt``, ``on_tokens``, ``release``) run on the
 scheduler's thread, possibly while a forward job runs on the runner: host state
 they update and a decode step reads needs the algorithm's own care (the host's
-view lags one iteration; see ``relayc.engine.scheduler``).
+view lags one iteration; see ``relayc.engine.serving.overlap``).
 
 Every bundled algorithm, ``none`` included, is one :class:`GeneratedAlgorithm`: the
 ``PrefillStep`` / ``DecodeStep`` relayc generated from ``relayc/specs/NAME.yaml``, run
 on the engine's op implementations (:mod:`relayc.engine.ops`) with the drafter of
-:mod:`relayc.engine.speculative`. The engine reads what the spec's ``outputs:`` section
+:mod:`relayc.engine.draft.speculative`. The engine reads what the spec's ``outputs:`` section
 names, as attributes of the generated ``PrefillOutputs`` / ``DecodeOutputs``.
 """
 
@@ -43,16 +43,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from relayc.engine.core.forward_batch import ForwardBatch
+from relayc.engine.core.sampling import SamplingBatch
+from relayc.engine.draft.speculative import ALGORITHMS, Drafting, check_sizes, make_drafting
 from relayc.engine.draft.standalone import DraftConfidence
-from relayc.engine.forward_batch import ForwardBatch
-from relayc.engine.graphs import EAGER, DecodeGraphs
-from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.engine.ops import implementations
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.draft import proposer_lock
 from relayc.engine.ops.registry import DRAFTER_OF, checked, declaration
-from relayc.engine.sampling import SamplingBatch
-from relayc.engine.speculative import ALGORITHMS, Drafting, check_sizes, make_drafting
+from relayc.engine.serving.graphs import EAGER, DecodeGraphs
 
 
 @dataclass
@@ -99,7 +99,7 @@ class DecodeAlgorithm(ABC):
     name: str
     decode_width: int = 1  # KV slots per request per decode step (the window W)
     max_tokens_per_step: int = 1  # most tokens one decode step emits per request (K <= W)
-    # How decode() runs the generated DecodeStep (relayc.engine.graphs); the engine sets it.
+    # How decode() runs the generated DecodeStep (relayc.engine.serving.graphs); the engine sets it.
     graphs: DecodeGraphs = EAGER
     capture_batch_sizes: tuple[int, ...] = ()  # the spec's graph buckets (CAPTURE_BATCH_SIZES)
 

@@ -344,7 +344,9 @@ def native_gguf(
         return None
     if raw.numel() != rows * (cols // BLOCK) * BLOCK_TYPES[qtype][1]:
         return None
-    from relayc.engine import native  # the checkpoint formats load without the library
+    from relayc.engine.native import (
+        library as native,  # the checkpoint formats load without the library
+    )
 
     lib = native.native_decoder()
     return None if lib is None else (lib, code, raw.contiguous())

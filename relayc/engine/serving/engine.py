@@ -22,76 +22,39 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from os import PathLike
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from relayc.engine.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
-from relayc.engine.checkpoints.blocks import BLOCK
 from relayc.engine.checkpoints.loader import AnyTokenizer, Progress, load_model, resolve_dtype
 from relayc.engine.checkpoints.quantize import quantize_linears
-from relayc.engine.engine_args import check_engine_args, positive_int
-from relayc.engine.graphs import DecodeGraphs
-from relayc.engine.model import (
+from relayc.engine.checkpoints.shipped import shipped_drafter
+from relayc.engine.core.sampling import SamplingParams
+from relayc.engine.model.llama import (
     LlamaForCausalLM,
     native_weights_pinned,
     prepare_cpu_decoders,
     use_cpu_matmul_layout,
 )
-from relayc.engine.overlap import make_runner
-from relayc.engine.request import FinishReason, Output, Request, StreamDelta
-from relayc.engine.sampling import SamplingParams
-from relayc.engine.scheduler import Scheduler, SchedulerConfig
-from relayc.engine.shipped import shipped_drafter
+from relayc.engine.native.blocks import BLOCK
+from relayc.engine.serving.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
+from relayc.engine.serving.engine_args import check_decode_dims, check_engine_args
+from relayc.engine.serving.graphs import DecodeGraphs
+from relayc.engine.serving.overlap import make_runner
+from relayc.engine.serving.request import (
+    Call,
+    Conversation,
+    FinishReason,
+    Output,
+    Prompt,
+    Request,
+    StreamDelta,
+)
+from relayc.engine.serving.scheduler import Scheduler, SchedulerConfig
 from relayc.engine.text.chat import Chat, ChatError
 from relayc.engine.text.detok import Detokenizer
-
-Prompt = str | Sequence[int] | Chat
-Conversation = Sequence[Mapping[str, Any]]  # [{"role": ..., "content": ...}, ...]
-
-
-def check_decode_dims(
-    algorithm: str,
-    num_steps: object,
-    topk: object,
-    num_draft_tokens: object,
-    *,
-    vocab_size: int | None = None,
-) -> None:
-    """Raise ``ValueError`` when the dims cannot run ``algorithm``, before anything is built.
-
-    Otherwise the first decode step fails, with requests already holding KV slots.
-    ``vocab_size`` (known once the model is loaded) bounds ``topk`` too.
-    """
-    if algorithm == "none":
-        return  # no drafts: the dims are unused
-    steps = positive_int("num_steps", num_steps)
-    k = positive_int("topk", topk)
-    n = positive_int("num_draft_tokens", num_draft_tokens)
-    # The root plus the candidates drafting produces (drafts beyond them have no source);
-    # eagle's count is relayc.engine.draft.tree.max_candidates, kept out of this import.
-    most = {"eagle": k + (steps - 1) * k * k + 1, "eagle_multilayer": k * steps + 1}
-    most["eagle3"] = most["eagle"]  # EAGLE-3 drafts the same tree
-    if algorithm in most and n > most[algorithm]:
-        tree = algorithm in ("eagle", "eagle3")
-        shape = "topk + (num_steps - 1) * topk**2" if tree else "topk * num_steps"
-        raise ValueError(
-            f"`num_draft_tokens` must lie in 1..{most[algorithm]} for `{algorithm}` with "
-            f"topk={k}, num_steps={steps} (the root plus {shape} drafted candidates); "
-            f"got {n}: lower it or raise `topk` / `num_steps`"
-        )
-    if algorithm == "ngram" and n < 2:
-        raise ValueError(f"`num_draft_tokens` must be >= 2 for `ngram` (root + drafts); got {n}")
-    if algorithm == "standalone" and (k != 1 or n != steps + 1):
-        raise ValueError(
-            "`standalone` drafts a chain: it needs topk=1 and num_draft_tokens = "
-            f"num_steps + 1 = {steps + 1}; got topk={k}, num_draft_tokens={n}"
-        )
-    if vocab_size is not None and algorithm in most and k > vocab_size:
-        raise ValueError(f"`topk` must not exceed the vocabulary size {vocab_size}; got {k}")
 
 
 class _Busy(Exception):
@@ -133,17 +96,6 @@ class _Exclusive:
                 engine._recover(f"a call failed with {what}")
         finally:
             engine._lock.release()
-
-
-@dataclass(eq=False)
-class _Call:
-    """One ``generate`` / ``stream`` call: its requests and the deltas not yet yielded."""
-
-    requests: list[Request]
-    live: dict[int, Request]  # unfinished, by index in the call
-    deltas: deque[StreamDelta]
-    text: dict[int, Detokenizer]  # the streamed text of each request, by index
-    final: bool = False  # one delta a request, when it finishes (``generate``)
 
 
 class Engine:
@@ -196,7 +148,7 @@ class Engine:
     ``impls``: op name -> ``fn(ctx, **inputs) -> dict of outputs``, merged over the
     engine's own implementations (user ops, or replacing a built-in one); an op the
     module runs without an implementation raises here.
-    ``graphs``: how decode steps run (``relayc.engine.graphs``): ``"auto"`` (CUDA graphs
+    ``graphs``: how decode steps run (``relayc.engine.serving.graphs``): ``"auto"`` (CUDA graphs
     on CUDA, ``"tape"`` on a CPU with the native decoder, else eager), ``"graph"``,
     ``"tape"`` (on the CPU: each batch size's step recorded once and replayed without its
     Python, ``relayc.runtime.tape``), ``"static"`` (the graph path's static buffers and
@@ -358,8 +310,8 @@ class Engine:
         )
         # Calls share the scheduler; the lock serialises its steps (see the class docstring).
         self._lock = threading.Lock()
-        self._calls: dict[Request, _Call] = {}  # unfinished requests of open calls
-        self._orphans: list[_Call] = []  # closed while the engine was busy: abort next time
+        self._calls: dict[Request, Call] = {}  # unfinished requests of open calls
+        self._orphans: list[Call] = []  # closed while the engine was busy: abort next time
         self._dirty = False  # a scheduler block was cut short: recover before the next
 
     def close(self) -> None:
@@ -540,7 +492,7 @@ class Engine:
         two tokenizer calls a request a step."""
         # Requests reach the scheduler on the first next(), so a stream that is
         # never iterated leaves nothing behind; arrivals count from then.
-        call = _Call(
+        call = Call(
             list(requests.values()),
             dict(requests),
             deque(rejected),
@@ -608,12 +560,12 @@ class Engine:
             call.live.pop(request.rid, None)
             del self._calls[request]
 
-    def _abort(self, call: _Call) -> None:
+    def _abort(self, call: Call) -> None:
         for request in list(call.live.values()):
             self.scheduler.abort(request)
             self._route(request)  # its ABORT delta, for a caller still reading (close())
 
-    def _close(self, call: _Call, *, wait: bool) -> None:
+    def _close(self, call: Call, *, wait: bool) -> None:
         """Abort what ``call`` left unfinished and step until its slots are back.
 
         ``wait=False`` (the stream was closed early): if the engine is busy, leave the

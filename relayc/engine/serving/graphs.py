@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relayc.engine.forward_batch import ForwardBatch
-from relayc.engine.native import native_decoder
-from relayc.engine.sampling import SamplingBatch
-from relayc.engine.walk import parameter_stamps
+from relayc.engine.core.forward_batch import ForwardBatch
+from relayc.engine.core.sampling import SamplingBatch
+from relayc.engine.core.walk import parameter_stamps
+from relayc.engine.native.library import native_decoder
 from relayc.runtime.graph_runner import GraphRunner, StaticInput, resolve_mode
 
 if TYPE_CHECKING:  # the ops package imports every op implementation; only the type is used

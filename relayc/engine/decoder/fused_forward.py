@@ -8,7 +8,7 @@ SmolLM2's Q4_1 file) through the caches, and right after it each of them runs co
 SmolLM2 the forward's own Python took 0.6-0.9 ms an iteration beside 15 ms of native
 compute (``bench/engine.py --steps``). Here the per-model part -- every pointer the layers,
 caches, embedding, rotary tables and head need -- is filled once into a
-:class:`relayc.engine.native.NativeModel` and kept while it stays current; a forward then
+:class:`relayc.engine.native.library.NativeModel` and kept while it stays current; a forward then
 checks its batch, makes its outputs and calls once. The same bits as the calls made one by
 one: the same functions run inside, on the same inputs.
 
@@ -27,14 +27,12 @@ from typing import Any
 
 import torch
 
-from relayc.engine import head_argmax, native
-from relayc.engine.cpu_decoder import (
-    NativeHead,
-    NativeWeights,
-    ScriptedLayers,
-    native_max_tokens,
-)
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.decoder.cpu_decoder import ScriptedLayers
+from relayc.engine.decoder.head import NativeHead
+from relayc.engine.decoder.packing import NativeWeights, native_max_tokens
+from relayc.engine.native import head_argmax
+from relayc.engine.native import library as native
 
 _INDEX = torch.int64
 
@@ -47,7 +45,7 @@ def index_arrays(*tensors: torch.Tensor) -> bool:
 
 
 class ModelSlot:
-    """A :class:`relayc.engine.native.NativeModel` of one set of packed layers, K/V caches,
+    """A :class:`relayc.engine.native.library.NativeModel` of one set of packed layers, K/V caches,
     embedding, rotary tables and LM head: filled once, kept while each is the same object
     and its data unchanged, refilled otherwise. The struct holds (``held``) every object it
     points into, so a call that holds the struct keeps its pointers valid while the slot

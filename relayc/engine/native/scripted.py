@@ -14,7 +14,7 @@ save on two cores, after a 35 s compile), and it would change the bits.
 ``torch.jit.script`` is deprecated (its warning is silenced here); if scripting fails on
 some torch build the model runs eagerly with one warning. Eligible: CPU, float32 weights
 and cache, autograd off, fused projections current (``use_cpu_matmul_layout``), paged
-attention (:class:`relayc.engine.attention.PagedAttend`). Anything else runs eagerly.
+attention (:class:`relayc.engine.core.attention.PagedAttend`). Anything else runs eagerly.
 """
 
 from __future__ import annotations

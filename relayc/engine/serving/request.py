@@ -13,10 +13,18 @@ the host has seen. ``Output`` is the finished result, ``StreamDelta`` one piece 
 from __future__ import annotations
 
 import codecs
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
-from relayc.engine.sampling import SamplingParams
+from relayc.engine.core.sampling import SamplingParams
+from relayc.engine.text.chat import Chat
+from relayc.engine.text.detok import Detokenizer
+
+Prompt = str | Sequence[int] | Chat
+Conversation = Sequence[Mapping[str, Any]]  # [{"role": ..., "content": ...}, ...]
 
 
 class FinishReason(StrEnum):
@@ -105,7 +113,7 @@ class Request:
         """The ``n`` tokens after the committed KV: prompt tokens, then sampled ones.
 
         A prompt chunk reads the prompt; a one-token tail step (a speculative request
-        whose decode window no longer fits the context, see ``relayc.engine.scheduler``)
+        whose decode window no longer fits the context, see ``relayc.engine.serving.overlap``)
         reads its last sampled token, which the host knows once no step is in flight.
         """
         start, prompt = self.kv_len, self.prompt_len
@@ -144,3 +152,14 @@ class Request:
                 bytes(t for t in new if t < 256), final=self.finish_reason is not None
             )
         return StreamDelta(self.rid, new, text, self.finish_reason, self.error)
+
+
+@dataclass(eq=False)
+class Call:
+    """One ``generate`` / ``stream`` call: its requests and the deltas not yet yielded."""
+
+    requests: list[Request]
+    live: dict[int, Request]  # unfinished, by index in the call
+    deltas: deque[StreamDelta]
+    text: dict[int, Detokenizer]  # the streamed text of each request, by index
+    final: bool = False  # one delta a request, when it finishes (``generate``)

@@ -17,7 +17,7 @@ import json
 import weakref
 from pathlib import Path
 
-ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 DEMO_DIR = ASSETS_DIR / "demo"
 RANDOM = "random"  # `Engine(model=RANDOM)`: the tiny default config, random weights
 # subdirectories of DEMO_DIR

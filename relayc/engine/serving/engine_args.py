@@ -4,7 +4,7 @@ loads a model or allocates anything.
 Types are checked strictly where a loose value would silently mean something else:
 ``block_verification="no"`` is truthy, ``draft_confidence=True`` is 1.0, a bucket of 2.5
 pads batches to a size that does not exist. What needs the model (``topk`` against the
-vocabulary) is checked once it is loaded (``relayc.engine.engine``).
+vocabulary) is checked once it is loaded (``relayc.engine.serving.engine``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from relayc.engine.algorithms import DecodeAlgorithm, check_generated
 from relayc.engine.checkpoints.quantize import QUANTIZATIONS
-from relayc.engine.graphs import check_batch_sizes
+from relayc.engine.serving.algorithms import DecodeAlgorithm, check_generated
+from relayc.engine.serving.graphs import check_batch_sizes
 
 
 def positive_int(name: str, value: object) -> int:
@@ -158,3 +158,44 @@ def check_engine_args(
             draft_confidence=confidence,
         )
     return EngineArgs(module, sizes, confidence, quantization)
+
+
+def check_decode_dims(
+    algorithm: str,
+    num_steps: object,
+    topk: object,
+    num_draft_tokens: object,
+    *,
+    vocab_size: int | None = None,
+) -> None:
+    """Raise ``ValueError`` when the dims cannot run ``algorithm``, before anything is built.
+
+    Otherwise the first decode step fails, with requests already holding KV slots.
+    ``vocab_size`` (known once the model is loaded) bounds ``topk`` too.
+    """
+    if algorithm == "none":
+        return  # no drafts: the dims are unused
+    steps = positive_int("num_steps", num_steps)
+    k = positive_int("topk", topk)
+    n = positive_int("num_draft_tokens", num_draft_tokens)
+    # The root plus the candidates drafting produces (drafts beyond them have no source);
+    # eagle's count is relayc.engine.draft.tree.max_candidates, kept out of this import.
+    most = {"eagle": k + (steps - 1) * k * k + 1, "eagle_multilayer": k * steps + 1}
+    most["eagle3"] = most["eagle"]  # EAGLE-3 drafts the same tree
+    if algorithm in most and n > most[algorithm]:
+        tree = algorithm in ("eagle", "eagle3")
+        shape = "topk + (num_steps - 1) * topk**2" if tree else "topk * num_steps"
+        raise ValueError(
+            f"`num_draft_tokens` must lie in 1..{most[algorithm]} for `{algorithm}` with "
+            f"topk={k}, num_steps={steps} (the root plus {shape} drafted candidates); "
+            f"got {n}: lower it or raise `topk` / `num_steps`"
+        )
+    if algorithm == "ngram" and n < 2:
+        raise ValueError(f"`num_draft_tokens` must be >= 2 for `ngram` (root + drafts); got {n}")
+    if algorithm == "standalone" and (k != 1 or n != steps + 1):
+        raise ValueError(
+            "`standalone` drafts a chain: it needs topk=1 and num_draft_tokens = "
+            f"num_steps + 1 = {steps + 1}; got topk={k}, num_draft_tokens={n}"
+        )
+    if vocab_size is not None and algorithm in most and k > vocab_size:
+        raise ValueError(f"`topk` must not exceed the vocabulary size {vocab_size}; got {k}")

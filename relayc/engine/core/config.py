@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from relayc.engine.tokenizer import VOCAB_SIZE
+from relayc.engine.text.bytes import VOCAB_SIZE
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -39,7 +39,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 class ConfigError(ValueError):
     """A ``config.json`` dict the reference model cannot be built from; the message names
-    the key and the fix. The loaders add the file (``relayc.engine.weights.CheckpointError``)."""
+    the key and the fix. The loaders add the file (``relayc.engine.errors.CheckpointError``)."""
 
 
 # The keys a Llama config.json must have; every other one has a default.

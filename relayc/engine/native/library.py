@@ -29,10 +29,10 @@ import threading
 import warnings
 from pathlib import Path
 
-from relayc.engine import tape_ops
+from relayc.engine.native import tape_ops
 from relayc.runtime.tape import native_library
 
-SOURCE = Path(__file__).with_name("decoder.c")
+SOURCE = Path(__file__).parents[1] / "decoder.c"
 # -ffp-contract=off: a * b + c rounds twice whatever the compiler's default (GCC's ISO
 # mode already does; clang would fuse), so the bits depend on the source, not the compiler.
 # -x c (last: it applies to the source after it): C whatever the driver, so CC=g++ or
@@ -240,7 +240,7 @@ def _load(path: Path) -> ctypes.CDLL:
 
 class NativeModel(ctypes.Structure):
     """decoder.c's ``struct relayc_model``: what ``relayc_forward`` reads of one model
-    (relayc.engine.fused_forward fills it and keeps every tensor it points into alive)."""
+    (relayc.engine.decoder.fused_forward fills it and keeps every tensor it points into alive)."""
 
     _fields_ = [
         *((name, ctypes.c_int) for name in ("hidden", "heads", "kv_heads", "head_dim")),

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from relayc.engine.config import ModelConfig
+from relayc.engine.core.config import ModelConfig
 
 
 class ReqToTokenPool:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.model.llama import LlamaForCausalLM
 
 
 def greedy_generate_naive(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relayc.engine.kv_cache import KVCache
+from relayc.engine.core.kv_cache import KVCache
 
 
 class ForwardMode(enum.Enum):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from relayc.engine import native
-from relayc.engine.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
+from relayc.engine.native import library as native
 
 
 @dataclass
@@ -173,7 +173,7 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class PagedAttend:
     """The attention callback of one paged forward (``AttendFn``): ``paged_attention`` over
     ``batch`` and ``meta``. A value rather than a closure, so a decoder that runs its
-    layers in one call (relayc.engine.scripted) can read what it attends over."""
+    layers in one call (relayc.engine.native.scripted) can read what it attends over."""
 
     batch: ForwardBatch  # read: kv_cache and out_cache_loc
     meta: PagedAttentionMetadata

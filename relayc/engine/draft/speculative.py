@@ -1,6 +1,6 @@
 """What speculation adds to an algorithm: its drafter and the KV window of a decode step.
 
-The generated steps of every algorithm run the same way (`relayc.engine.algorithms`);
+The generated steps of every algorithm run the same way (`relayc.engine.serving.algorithms`);
 what differs is the drafter the draft ops read as ``ctx.drafter`` and how many KV slots
 a decode step needs per request. :func:`make_drafting` builds both for an algorithm
 name; ``none`` drafts nothing and decodes one token per request in a one-slot window.
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relayc.engine.checkpoints.shipped import named_drafter
 from relayc.engine.draft import (
     Eagle3Head,
     EagleHead,
@@ -21,8 +22,7 @@ from relayc.engine.draft import (
     StandaloneDrafter,
 )
 from relayc.engine.draft.standalone import default_standalone_config
-from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.shipped import named_drafter
+from relayc.engine.model.llama import LlamaForCausalLM
 
 ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone")
 TREE_DRAFTING = ("eagle", "eagle3")  # a head drafting a tree level by level in scratch slots

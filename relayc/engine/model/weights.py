@@ -16,26 +16,14 @@ from typing import Any
 
 import torch
 
-from relayc.engine.config import ConfigError, ModelConfig, json_kind
-from relayc.engine.model import LlamaForCausalLM
+from relayc.engine.core.config import ConfigError, ModelConfig, json_kind
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.llama import LlamaForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 # Old transformers versions stored the RoPE frequencies; we recompute them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded into the model; the message says why and, when
-    one file is at fault, starts with it (``path``).
-
-    Every checkpoint format's reader raises this or a subclass, so one ``except`` (the
-    command line's, which turns it into one line and exit 2) covers them all.
-    """
-
-    def __init__(self, message: str, path: str | Path | None = None) -> None:
-        self.path = None if path is None else Path(path)
-        super().__init__(message if path is None else f"{path}: {message}")
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
