@@ -9,7 +9,7 @@ Times one forward of the shipped demo target over a cached prefix of ``--prefix`
 a ``DynamicCache`` cropped back after each call), interleaved, best of ``--iters``.
 ``--profile`` adds torch.profiler's table of relayc's forward, op by op (self CPU time).
 ``--paths`` picks relayc's CPU decoder paths to time side by side (the first one is the
-"relayc" column and the one ``--profile`` profiles): ``native`` (decoder.c, what the
+"relayc" column and the one ``--profile`` profiles): ``native`` (native/csrc/, what the
 engine runs for small batches), ``scripted`` (the TorchScript layers, same ops as eager),
 ``eager`` (plain torch modules).
 """

@@ -1,4 +1,4 @@
-"""The decoder layers of a CPU forward in one call: native (decoder.c) or TorchScript.
+"""The decoder layers of a CPU forward in one call: native (native/csrc/) or TorchScript.
 
 ``use_cpu_matmul_layout`` (relayc.engine.model) gives every decoder stack a
 :class:`ScriptedLayers`, and the model a :class:`NativeHead`. Per forward,
@@ -32,7 +32,7 @@ values; the classes here hold what that call reads.
 
 A model loaded from a GGUF file keeps its block-quantized matrices beside the float32
 weights (relayc.engine.checkpoints.blocks); each matrix that still holds its blocks'
-values is read as those blocks by the native layers (decoder.c's ``gemm_blocks``), the
+values is read as those blocks by the native layers (quants.c's ``gemm_blocks``), the
 others as float32 panels (a weight edited since loading, a type with no block kernel),
 and the same for the LM head. On SmolLM2's Q4_1 file that is what makes float32 decoding
 faster than bfloat16: a one-token decode streams 96 MB instead of 540 (270 in bfloat16).
@@ -47,7 +47,7 @@ tokens often, so decodes and verifies stay native at any size
 (``NATIVE_MAX_DECODE_ROWS_BF16``) and only prefills above 64 tokens go to oneDNN.
 
 The native bfloat16 GEMMs round their input activations to bfloat16 and sum the exact
-products in float32, with the best kernel the CPU has, one per process (decoder.c's
+products in float32, with the best kernel the CPU has, one per process (gemm_bf16.c's
 gemm_bf16; relayc.engine.native.bf16_kernel): AMX tiles, AVX512-BF16 (vdpbf16ps), or
 weights widened to float32 (any CPU). With AVX512-BF16 (AMD Zen 5, no AMX) they are 0.9x
 oneDNN's time at 64 rows and faster below (an 8-row verify 1.7x a decode; 2.6-2.9x widened);
@@ -352,7 +352,7 @@ def _unchanged(stamps: _Stamps) -> bool:
     )
 
 
-_MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")  # decoder.c's formats[4 * l + i] order
+_MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")  # layer.c's formats[4 * l + i] order
 
 
 def _layer_blocks(
@@ -391,7 +391,7 @@ def _decoding(attend: PagedAttend) -> bool:
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
-    """A ``[out, in]`` weight as decoder.c reads it: panels of 16 output columns (``out``
+    """A ``[out, in]`` weight as gemm.c reads it: panels of 16 output columns (``out``
     padded with zero columns to a multiple of 16). float32: each panel ``[in, 16]``
     contiguous. bfloat16: each panel ``[in' / 2, 16, 2]``, k in pairs, ``in`` padded with
     zero rows to ``in'``, a multiple of 32 -- AMX's VNNI layout, one B tile per 32 k, and
@@ -445,10 +445,10 @@ class NativeHead:
         """Logits ``[..., vocab]`` float32 of ``hidden [..., hidden_size]`` (any leading
         shape: rows are independent, so they are flattened and shaped back). The norm runs
         in float32; with bfloat16 weights the products take its output rounded to
-        bfloat16 (decoder.c's gemm_bf16)."""
+        bfloat16 (gemm_bf16.c's gemm_bf16)."""
         width = self.width
         if hidden.dim() == 0 or hidden.shape[-1] != width:
-            # decoder.c reads ``width`` floats per row: a narrower row would read past it.
+            # head.c reads ``width`` floats per row: a narrower row would read past it.
             raise ValueError(
                 f"the native LM head takes hidden states [..., {width}], got {list(hidden.shape)}"
             )
@@ -557,9 +557,9 @@ class _CachePointers:
 
 
 class NativeWeights:
-    """The per-layer pointers the native decoder (decoder.c) takes, for one weight set."""
+    """The per-layer pointers the native decoder (layer.c) takes, for one weight set."""
 
-    # what each of ``arrays`` points to, in decoder.c's parameter order
+    # what each of ``arrays`` points to, in layer.c's parameter order
     ARRAY_NAMES = ("ln1", "w_qkv", "w_o", "ln2", "w_gate_up", "w_down")
 
     def __init__(
@@ -571,7 +571,7 @@ class NativeWeights:
         blocks: dict[str, list[BlockStack | None]] | None = None,
     ) -> None:
         """``blocks`` (float32 only): per matrix, GGUF blocks read instead of its float32
-        panels, or None (decoder.c's ``relayc_decoder_blocks_ex``: the same bits)."""
+        panels, or None (layer.c's ``relayc_decoder_blocks_ex``: the same bits)."""
         self.dtype = dtype
         tensors: dict[str, list[torch.Tensor]] = {}
         # each layer's q/k/v, o, gate/up and down: 0 (float32 panels) or a block format
@@ -646,7 +646,7 @@ class NativeWeights:
         """The layers over ``x`` (float32 inside); ``attn_in [T, K]`` (float32): the first
         layer's attention reads it instead of its input norm of ``x`` (EAGLE-3's draft
         layer); ``capture`` (indices into these layers): the input of each is appended to
-        ``captured`` in ``x``'s dtype (EAGLE-3's target features) -- decoder.c's
+        ``captured`` in ``x``'s dtype (EAGLE-3's target features) -- layer.c's
         ``relayc_decoder_ex``."""
         if capture and captured is None:
             raise ValueError("capture needs a list to append the captured states to")
@@ -737,7 +737,7 @@ class NativeWeights:
 class NativeDraftLayer:
     """An EAGLE-3 draft layer (``relayc.engine.draft.eagle3.Eagle3Layer``) in one native
     call: its q/k/v read ``[input_layernorm(embed); hidden_norm(hidden)]`` (computed by the
-    caller, ``attn_in``) and ``hidden`` is the residual (decoder.c's ``relayc_decoder_ex``).
+    caller, ``attn_in``) and ``hidden`` is the residual (layer.c's ``relayc_decoder_ex``).
 
     The eager layer costs about five native forwards' worth of small library GEMMs per
     draft step on the CPU; the packed weights are rebuilt when a parameter changes (a

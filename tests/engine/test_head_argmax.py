@@ -20,7 +20,7 @@ from relayc.engine.checkpoints.blocks import random_blocks
 from relayc.engine.cpu_decoder import NativeHead, _pack
 from relayc.engine.ops.target import greedy_tokens
 
-CHUNK = 1024  # decoder.c's ARGMAX_CHUNK
+CHUNK = 1024  # head.c's ARGMAX_CHUNK
 
 
 def _lib() -> ctypes.CDLL:
