@@ -1,4 +1,4 @@
-"""decoder.c's GEMM per weight format, on a 1B Llama's matrix shapes: float32 panels
+"""The native decoder's GEMM per weight format, on a 1B Llama's matrix shapes: float32 panels
 against each GGUF block format the native decoder reads, and the bfloat16 / float16 words
 it reads for float32 weights that are exactly such numbers.
 
@@ -16,8 +16,8 @@ wall ms per pass, the weights read a second (G/s), and the process CPU time over
 time of that best pass. Each format's output is checked bit for bit against float32 panels
 over the dequantized weights first.
 
-``--base REV`` times each (format, rows) with decoder.c as it is at git revision ``REV``
-too (bench/native_ab.py's build of it), round robin in the same process, and prints the
+``--base REV`` times each (format, rows) with the C sources as they are at git revision
+``REV`` too (bench/native_ab.py's build of them), round robin in the same process, and prints the
 work tree's time over it (``new/base``): what a kernel change buys per format.
 """
 
@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,8")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--base", default=None, help="a git revision's decoder.c to compare")
+    parser.add_argument("--base", default=None, help="a git revision's C sources to compare")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lib = native_decoder()

@@ -1,16 +1,18 @@
-"""decoder.c of a git revision against the work tree's, on the real model's forward.
+"""The native decoder's C sources of a git revision against the work tree's, on the real
+model's forward.
 
     python bench/native_ab.py [--base HEAD] [--prefix 50,200,1000] [--widths 1,4]
                               [--iters 16] [--threads 1]
 
-Builds ``relayc/engine/decoder.c`` as it is at ``--base`` (any revision ``git show``
-takes) beside the work tree's, loads SmolLM2-135M once (float32 over the GGUF file's
+Builds the C units in ``relayc/engine/native/csrc/`` (before they were split,
+``relayc/engine/decoder.c``) as they are at ``--base`` (any revision ``git show`` takes)
+beside the work tree's, loads SmolLM2-135M once (float32 over the GGUF file's
 blocks, the engine's default), and times one paged forward per (``--prefix`` tokens
 cached, ``--widths`` new tokens: 1 a decode, more a chain verify), switching the library
 the native layers call between the two -- one process, the same weights and caches,
 round robin, best of ``--iters``, the process CPU time over the wall time of each best run
 printed beside it so a starved run shows. For native kernel work: what a change to
-decoder.c buys, measured on this noisy machine the only way that holds up.
+the C sources buys, measured on this noisy machine the only way that holds up.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class _Older:
-    """A library built from an older decoder.c: entry points it lacks read as stand-ins,
+    """A library built from older C sources: entry points it lacks read as stand-ins,
     so native._load can set every signature it knows (the forward never calls them)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -53,26 +55,36 @@ class _Older:
             return ctypes.CFUNCTYPE(None)()
 
 
-def _base_library(revision: str, folder: Path) -> Any:
-    source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{revision}:relayc/engine/decoder.c"],
-        capture_output=True,
-        text=True,
-        check=True,
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
     ).stdout
-    path = folder / "decoder.c"
-    path.write_text(source)
+
+
+def _base_sources(revision: str, folder: Path) -> None:
+    """The C sources at ``revision`` into ``folder``: its csrc/ units and header, or, before
+    the split, its one decoder.c (which includes no header: an empty one stands in)."""
+    paths = _git("ls-tree", "--name-only", revision, "relayc/engine/native/csrc/").split()
+    for path in paths:
+        (folder / Path(path).name).write_text(_git("show", f"{revision}:{path}"))
+    if not paths:
+        (folder / "decoder.c").write_text(_git("show", f"{revision}:relayc/engine/decoder.c"))
+        (folder / native_module.HEADER).write_text("")
+
+
+def _base_library(revision: str, folder: Path) -> Any:
+    _base_sources(revision, folder)
     compiler = native_module._compiler()
     if compiler is None:
         raise SystemExit("no C compiler found (set $CC)")
-    real_source, real_cdll = native_module.SOURCE, native_module.ctypes.CDLL
-    native_module.SOURCE = path
+    real_csrc, real_cdll = native_module.CSRC, native_module.ctypes.CDLL
+    native_module.CSRC = folder
     try:
         built = native_module._build(compiler)
         native_module.ctypes.CDLL = lambda name: _Older(real_cdll(name))  # type: ignore[assignment,misc]
         return native_module._load(built)
     finally:
-        native_module.SOURCE, native_module.ctypes.CDLL = real_source, real_cdll
+        native_module.CSRC, native_module.ctypes.CDLL = real_csrc, real_cdll
 
 
 def main() -> None:
@@ -112,7 +124,7 @@ def main() -> None:
         native_module._lib = new
     print(
         f"SmolLM2-135M float32 (GGUF blocks), {args.threads} thread(s), best of {args.iters}: "
-        f"decoder.c at {args.base} (base) against the work tree's (new), ms (cpu/wall)"
+        f"the C sources at {args.base} (base) against the work tree's (new), ms (cpu/wall)"
     )
     for p in prefixes:
         for w in widths:

@@ -5,10 +5,10 @@
 
 Times ``LlamaForCausalLM.forward`` over a cached context of ``--prefix`` tokens: width 1
 is a one-token decode, wider a chain verify of that many tokens. Paths: ``f32-blocks``
-(decoder.c over the file's Q4_1 / Q8_0 blocks, the engine's float32 default for this file:
-relayc.engine.native.blocks), ``f32-native`` (decoder.c, float32 panels: the same
+(native/csrc/ over the file's Q4_1 / Q8_0 blocks, the engine's float32 default for this file:
+relayc.engine.native.blocks), ``f32-native`` (native/csrc/, float32 panels: the same
 bits), ``f32-scripted`` (the TorchScript layers, MKL), ``f32-eager``,
-``bf16-amx``, ``bf16-avx512bf16``, ``bf16-portable`` (decoder.c, bfloat16 weights, with
+``bf16-amx``, ``bf16-avx512bf16``, ``bf16-portable`` (native/csrc/, bfloat16 weights, with
 that GEMM kernel: relayc.engine.native.library.BF16_KERNELS; those the CPU lacks are left out),
 ``bf16-eager`` (torch's bfloat16 ops, oneDNN). Every (path, width) is timed round robin,
 best of ``--iters``; the wall time and the process CPU time of that best run are printed,

@@ -4,7 +4,7 @@ Its rooms, bottom to top; a room imports only the rooms below it (tests/test_lay
 
 errors.py     CheckpointError, which every checkpoint and tokenizer reader raises
 text/         tokenizers (byte-level, a model's own BPE), chat templates, detokenization
-native/       the C library (decoder.c): build and load, call tapes, quantized blocks
+native/       the C library (its C units in csrc/): build and load, call tapes, quantized blocks
 core/         the types every forward shares: config, KV pools, forward batch,
               attention, the Llama layers, sampling
 decoder/      the native CPU decoder: packed weights, layer stacks and heads in one call

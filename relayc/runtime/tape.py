@@ -149,7 +149,7 @@ _ANY_CODE = -(1 << 63)  # a batched call whose code is not checked
 def register_native_batch(lib: Any, names: Sequence[str]) -> None:
     """``lib`` runs recorded calls of its functions ``names`` (numbered in that order) in
     one call: ``lib.relayc_tape_run(records, n, code)`` (the engine's native library;
-    decoder.c says the layout). A tape batches each run of calls to them."""
+    csrc/tape.c says the layout). A tape batches each run of calls to them."""
     if all(known is not lib for known, _ in _BATCHERS):
         _BATCHERS.append((lib, {name: number for number, name in enumerate(names)}))
 

@@ -24,7 +24,7 @@ def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def seeded_cache(tmp_path: Path) -> Path:
     """``tmp_path`` holding a copy of the native library this run has built (and its
     record) under the same cache key, so ``native._build`` with ``RELAYC_CACHE_DIR`` there
-    finds it instead of compiling decoder.c again (some 15 s on two cores); the path of
+    finds it instead of compiling the C units again (some 15 s on two cores); the path of
     the copy."""
     compiler = native_module._compiler()
     assert compiler is not None, "a C compiler should be installed here"

@@ -99,7 +99,7 @@ def test_captured_forward_keeps_its_outputs_and_returns_the_layer_inputs(
 def test_one_native_call_captures_what_the_segments_do(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The captured forward's one native call (decoder.c copies each captured layer's input
+    """The captured forward's one native call (layer.c copies each captured layer's input
     out) gives the bits of running the layers in native segments, the captured states
     included; a call that cannot capture natively falls back to the segments."""
     assert native_module.native_decoder() is not None, "the native decoder should build here"

@@ -1,7 +1,7 @@
 """The CPU decoder paths against the eager layers.
 
 Three paths run a paged forward's decoder layers on the CPU: the native decoder
-(decoder.c, small uniform batches), the TorchScript layers (relayc.engine.native.scripted: the
+(native/csrc/, small uniform batches), the TorchScript layers (relayc.engine.native.scripted: the
 eager ops, same bits) and the eager layers themselves.
 """
 

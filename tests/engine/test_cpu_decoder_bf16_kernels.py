@@ -1,9 +1,9 @@
-"""decoder.c's bfloat16 GEMM kernels (portable, avx512bf16, amx), each on its own.
+"""gemm_bf16.c's bfloat16 GEMM kernels (portable, avx512bf16, amx), each on its own.
 
 Every kernel runs under each test its CPU supports (one at a time, through
 relayc.engine.native.library.use_bf16_kernel); the others skip, saying why. What they must give:
 
-- portable and avx512bf16: exactly the sums decoder.c documents (gemm_bf16): the input
+- portable and avx512bf16: exactly the sums gemm_bf16.c documents: the input
   rounded to bfloat16, each output summed over the k pairs in order, odd product then even,
   in float32 -- computed here by a naive torch loop that is never edited to match;
 - amx: that sum within float32 rounding (AMX's rounding inside a tile op is the

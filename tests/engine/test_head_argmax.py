@@ -22,7 +22,7 @@ from relayc.engine.native import library as native
 from relayc.engine.native.blocks import random_blocks
 from relayc.engine.ops.target import greedy_tokens
 
-CHUNK = 1024  # decoder.c's ARGMAX_CHUNK
+CHUNK = 1024  # head.c's ARGMAX_CHUNK
 
 
 def _lib() -> ctypes.CDLL:

@@ -1,4 +1,4 @@
-"""decoder.c's attention over long cached contexts, and the exponential it and SiLU share.
+"""attention.c's attention over long cached contexts, and the exponential it and SiLU share.
 
 The native layers attend each KV head's keys once for all the query heads that share it
 and all the rows of a verify (`attend_group`), four keys at a time, with the head size

@@ -8,10 +8,12 @@ load the real library.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,6 +88,96 @@ def test_an_intact_build_is_reused(fake_cc: FakeCompiler) -> None:
     assert first.read_bytes() == fake_cc.last and first.with_suffix(".json").is_file()
     assert native_module._build("cc") == first
     assert len(fake_cc.builds) == 1
+
+
+@pytest.fixture
+def csrc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A copy of the C sources that native.py builds from instead, free to edit."""
+    folder = tmp_path / "csrc"
+    shutil.copytree(native_module.CSRC, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(native_module, "CSRC", folder)
+    return folder
+
+
+def _compiled(cmd: list[str]) -> list[str]:
+    """The sources of one compile command (between the output path and ``-lm``), each after
+    its own ``-x c``: C for every unit, whatever the driver."""
+    sources = cmd[cmd.index("-o") + 2 : cmd.index("-lm")]
+    assert sources[0::3] == ["-x"] * len(sources[2::3]) and set(sources[1::3]) == {"c"}
+    return sources[2::3]
+
+
+def test_every_unit_is_compiled_in_one_call_and_every_source_keys_the_build(
+    fake_cc: FakeCompiler, csrc: Path
+) -> None:
+    """One compiler call gets every unit, sorted; an edit to the header or to any unit, a
+    unit added or renamed, is another build under another name, never the stale library."""
+
+    def edit(name: str) -> Callable[[], None]:
+        return lambda: (csrc / name).write_text((csrc / name).read_text() + "\n/* edited */\n")
+
+    units = sorted(path.name for path in csrc.glob("*.c"))
+    assert len(units) > 1 and (csrc / native_module.HEADER).is_file()
+    changes: list[Callable[[], None]] = [
+        edit(native_module.HEADER),
+        edit(units[0]),
+        edit(units[-1]),
+        lambda: (csrc / "zz_added.c").write_text('#include "decoder.h"\n'),
+        # the same place among the sorted units, the same text: only the name tells
+        lambda: (csrc / units[1]).rename(csrc / units[1].replace(".c", "_renamed.c")),
+    ]
+    targets = [native_module._build("cc")]
+    for change in changes:
+        change()
+        targets.append(native_module._build("cc"))
+        assert native_module._build("cc") == targets[-1]  # and then reused
+    assert len(set(targets)) == len(targets) == len(fake_cc.builds)
+    assert _compiled(fake_cc.builds[0]) == [str(csrc / name) for name in units]
+    assert _compiled(fake_cc.builds[-1]) == sorted(str(path) for path in csrc.glob("*.c"))
+
+
+@pytest.mark.parametrize("missing", ["the header", "every unit"])
+def test_missing_sources_are_named_not_compiled(
+    fake_cc: FakeCompiler, csrc: Path, fresh: None, missing: str
+) -> None:
+    """An install without the header (or without the units) says which folder lacks what,
+    and the engine falls back to the TorchScript layers with that message."""
+    doomed = [csrc / native_module.HEADER] if missing == "the header" else csrc.glob("*.c")
+    for path in list(doomed):
+        path.unlink()
+    message = f"C sources are incomplete: {re.escape(str(csrc))} needs decoder.h and its"
+    with pytest.raises(RuntimeError, match=message):
+        native_module._build("cc")
+    with pytest.warns(RuntimeWarning, match=message):
+        assert native_module.native_decoder() is None
+    assert fake_cc.builds == []
+
+
+def test_the_package_data_ships_every_unit_and_the_header() -> None:
+    """pyproject's package data for relayc.engine covers every file of the C sources: a
+    wheel without one could not build the library on first use."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["relayc.engine"]
+    engine = REPO / "relayc" / "engine"
+    shipped = {path for pattern in patterns for path in engine.glob(pattern)}
+    folder = engine / "native" / "csrc"
+    sources = {path for path in folder.iterdir() if path.suffix in (".c", ".h")}
+    assert folder / native_module.HEADER in sources and len(sources) > 2
+    assert sorted(p.name for p in sources - shipped) == []
+    assert sorted(p.name for p in shipped - sources) == []
+
+
+def test_the_library_exports_its_entry_points_alone(seeded_cache: Path) -> None:
+    """The units' shared helpers are hidden: a process loading another library with a
+    ``gemm_any`` or ``rms_norm`` of its own gets its own."""
+    lib = native_module._load(seeded_cache)
+    assert lib.relayc_forward is not None and lib.relayc_tape_run is not None
+    for name in ("gemm_any", "gemm_blocks", "gemm_bf16", "block_bytes", "rms_norm"):
+        with pytest.raises(AttributeError):
+            getattr(lib, name)
+    for name in ("exp_rows", "attend_group", "decode_layers", "paged_meta_fill", "live_prefix"):
+        with pytest.raises(AttributeError):
+            getattr(lib, name)
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
@@ -164,7 +256,7 @@ def test_a_truncated_cached_library_does_not_kill_the_engine(
 def test_a_cpp_compiler_in_cc_still_builds_c(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """``CC=g++`` compiles decoder.c as C: the exported names are not mangled."""
+    """``CC=g++`` compiles the C units as C: the exported names are not mangled."""
     monkeypatch.setenv("RELAYC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "g++")
     compiler = native_module._compiler()

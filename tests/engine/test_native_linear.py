@@ -1,4 +1,4 @@
-"""The native GEMM of a plain Linear (``NativeLinear``, decoder.c's ``relayc_linear``): an
+"""The native GEMM of a plain Linear (``NativeLinear``, gemm.c's ``relayc_linear``): an
 EAGLE-3 head's ``fc`` in every weight layout the native decoder reads."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Attention metadata made by one native call (decoder.c's ``relayc_paged_meta``) against the
+"""Attention metadata made by one native call (paged_meta.c's ``relayc_paged_meta``) against the
 torch path it stands in for: the same key slots and the same additive mask, bit for bit."""
 
 from __future__ import annotations

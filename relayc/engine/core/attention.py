@@ -105,7 +105,7 @@ class PagedAttentionMetadata:
     @classmethod
     def _native_uniform(cls, batch: ForwardBatch) -> PagedAttentionMetadata | None:
         """:meth:`build`'s result for a CPU batch of ``max_extend_len`` new tokens per
-        request, made by one native call (decoder.c's ``relayc_paged_meta``): the same
+        request, made by one native call (paged_meta.c's ``relayc_paged_meta``): the same
         values, where the torch calls cost some 20 us each right after a forward has
         streamed its weights. None (the torch path) without the library, for other index
         types or layouts, or for bad indices (the torch path raises their error)."""

@@ -1,4 +1,4 @@
-"""The decoder layers of a CPU forward in one call: native (decoder.c) or TorchScript.
+"""The decoder layers of a CPU forward in one call: native (native/csrc/) or TorchScript.
 
 ``use_cpu_matmul_layout`` (relayc.engine.model.llama) gives every decoder stack a
 :class:`ScriptedLayers`, and the model a :class:`NativeHead`. Per forward,
@@ -32,7 +32,7 @@ values; the classes here hold what that call reads.
 
 A model loaded from a GGUF file keeps its block-quantized matrices beside the float32
 weights (relayc.engine.native.blocks); each matrix that still holds its blocks'
-values is read as those blocks by the native layers (decoder.c's ``gemm_blocks``), the
+values is read as those blocks by the native layers (quants.c's ``gemm_blocks``), the
 others as float32 panels (a weight edited since loading, a type with no block kernel),
 and the same for the LM head. On SmolLM2's Q4_1 file that is what makes float32 decoding
 faster than bfloat16: a one-token decode streams 96 MB instead of 540 (270 in bfloat16).
@@ -47,7 +47,7 @@ tokens often, so decodes and verifies stay native at any size
 (``NATIVE_MAX_DECODE_ROWS_BF16``) and only prefills above 64 tokens go to oneDNN.
 
 The native bfloat16 GEMMs round their input activations to bfloat16 and sum the exact
-products in float32, with the best kernel the CPU has, one per process (decoder.c's
+products in float32, with the best kernel the CPU has, one per process (gemm_bf16.c's
 gemm_bf16; relayc.engine.native.library.bf16_kernel): AMX tiles, AVX512-BF16 (vdpbf16ps), or
 weights widened to float32 (any CPU). With AVX512-BF16 (AMD Zen 5, no AMX) they are 0.9x
 oneDNN's time at 64 rows and faster below (an 8-row verify 1.7x a decode; 2.6-2.9x widened);

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class NativeDraftLayer:
     """An EAGLE-3 draft layer (``relayc.engine.draft.eagle3.Eagle3Layer``) in one native
     call: its q/k/v read ``[input_layernorm(embed); hidden_norm(hidden)]`` (computed by the
-    caller, ``attn_in``) and ``hidden`` is the residual (decoder.c's ``relayc_decoder_ex``).
+    caller, ``attn_in``) and ``hidden`` is the residual (layer.c's ``relayc_decoder_ex``).
 
     The eager layer costs about five native forwards' worth of small library GEMMs per
     draft step on the CPU; the packed weights are rebuilt when a parameter changes (a

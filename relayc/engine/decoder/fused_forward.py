@@ -1,4 +1,4 @@
-"""A decode or verify forward of the CPU model in one native call (decoder.c's ``relayc_forward``).
+"""A decode or verify forward of the CPU model in one native call (forward.c's ``relayc_forward``).
 
 Run op by op, such a forward made three native calls -- the attention metadata, the layers,
 the LM head with its argmax -- and some thirty torch calls and Python checks around them:

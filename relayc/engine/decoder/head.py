@@ -71,10 +71,10 @@ class NativeHead:
         """Logits ``[..., vocab]`` float32 of ``hidden [..., hidden_size]`` (any leading
         shape: rows are independent, so they are flattened and shaped back). The norm runs
         in float32; with bfloat16 weights the products take its output rounded to
-        bfloat16 (decoder.c's gemm_bf16)."""
+        bfloat16 (gemm_bf16.c's gemm_bf16)."""
         width = self.width
         if hidden.dim() == 0 or hidden.shape[-1] != width:
-            # decoder.c reads ``width`` floats per row: a narrower row would read past it.
+            # head.c reads ``width`` floats per row: a narrower row would read past it.
             raise ValueError(
                 f"the native LM head takes hidden states [..., {width}], got {list(hidden.shape)}"
             )

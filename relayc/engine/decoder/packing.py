@@ -1,4 +1,4 @@
-"""The weights of a decoder stack packed for decoder.c, and how many rows a native call
+"""The weights of a decoder stack packed for the native decoder, and how many rows a native call
 takes.
 
 ``NativeWeights`` holds one stack's packed matrices (float32 panels, bfloat16 words or a GGUF
@@ -86,7 +86,7 @@ def _unchanged(stamps: _Stamps) -> bool:
     )
 
 
-_MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")  # decoder.c's formats[4 * l + i] order
+_MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")  # layer.c's formats[4 * l + i] order
 
 
 def _layer_blocks(
@@ -125,7 +125,7 @@ def _decoding(attend: PagedAttend) -> bool:
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
-    """A ``[out, in]`` weight as decoder.c reads it: panels of 16 output columns (``out``
+    """A ``[out, in]`` weight as gemm.c reads it: panels of 16 output columns (``out``
     padded with zero columns to a multiple of 16). float32: each panel ``[in, 16]``
     contiguous. bfloat16: each panel ``[in' / 2, 16, 2]``, k in pairs, ``in`` padded with
     zero rows to ``in'``, a multiple of 32 -- AMX's VNNI layout, one B tile per 32 k, and
@@ -159,9 +159,9 @@ class _CachePointers:
 
 
 class NativeWeights:
-    """The per-layer pointers the native decoder (decoder.c) takes, for one weight set."""
+    """The per-layer pointers the native decoder (layer.c) takes, for one weight set."""
 
-    # what each of ``arrays`` points to, in decoder.c's parameter order
+    # what each of ``arrays`` points to, in layer.c's parameter order
     ARRAY_NAMES = ("ln1", "w_qkv", "w_o", "ln2", "w_gate_up", "w_down")
 
     def __init__(
@@ -173,7 +173,7 @@ class NativeWeights:
         blocks: dict[str, list[BlockStack | None]] | None = None,
     ) -> None:
         """``blocks`` (float32 only): per matrix, GGUF blocks read instead of its float32
-        panels, or None (decoder.c's ``relayc_decoder_blocks_ex``: the same bits)."""
+        panels, or None (layer.c's ``relayc_decoder_blocks_ex``: the same bits)."""
         self.dtype = dtype
         tensors: dict[str, list[torch.Tensor]] = {}
         # each layer's q/k/v, o, gate/up and down: 0 (float32 panels) or a block format
@@ -248,7 +248,7 @@ class NativeWeights:
         """The layers over ``x`` (float32 inside); ``attn_in [T, K]`` (float32): the first
         layer's attention reads it instead of its input norm of ``x`` (EAGLE-3's draft
         layer); ``capture`` (indices into these layers): the input of each is appended to
-        ``captured`` in ``x``'s dtype (EAGLE-3's target features) -- decoder.c's
+        ``captured`` in ``x``'s dtype (EAGLE-3's target features) -- layer.c's
         ``relayc_decoder_ex``."""
         if capture and captured is None:
             raise ValueError("capture needs a list to append the captured states to")

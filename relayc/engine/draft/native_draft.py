@@ -5,7 +5,7 @@ caches, where every torch call costs some 20 us; step by step, they were the lar
 of an EAGLE-3 iteration's Python (``bench/engine.py --steps``: some 1.2 ms the extend and
 1 ms the chain of a 4-token chain, beside 1 ms for the rest of the step).
 
-**Draft extend** (decoder.c's ``relayc_draft_extend``, :meth:`NativeDraft.extend`): what
+**Draft extend** (draft.c's ``relayc_draft_extend``, :meth:`NativeDraft.extend`): what
 ``Eagle3Head.extend`` runs as about twenty torch calls and four native ones -- the
 accepted nodes' features gathered from the verify's (``feature_rows``), padding rows
 zeroed, the padded batch's slots and positions, ``fc``, the embedding, the two input
@@ -14,7 +14,7 @@ with the same native functions on the same values: the same ``g``, logits and K/
 The relayed top-k (a softmax and its top-k) stays in torch, so its probabilities keep
 their bits.
 
-**The chain** (decoder.c's ``relayc_draft_chain``, :meth:`NativeDraft.chain`): a chain
+**The chain** (draft.c's ``relayc_draft_chain``, :meth:`NativeDraft.chain`): a chain
 that keeps every draft (``topk`` 1, ``num_draft_tokens = num_steps + 1``: the best
 speculative rows on the real model) runs ``num_steps - 1`` head steps after the relayed
 first draft. Step by step (``EagleHead._chain_tokens``), each made a dozen torch calls and
@@ -36,7 +36,7 @@ The one place the chain's two paths could part is the pick. The step-by-step cha
 the top-1 of the softmax, as the beam search does; the native call takes the greedy token
 of the logits. They agree unless two logits nearly tie at the top, where rounding can make
 their probabilities equal (the first index then wins the softmax's tie). The native call checks
-every step's row for that (decoder.c's ``clear_top``) and hands such a chain back; so does
+every step's row for that (draft.c's ``clear_top``) and hands such a chain back; so does
 any bad index. The caller then drafts step by step, which decides the tie as before and
 raises the error that names a bad index.
 """
@@ -164,7 +164,7 @@ class NativeDraft:
         feature_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``Eagle3Head.extend``'s ``g [B, hidden]`` of each request's last real row and
-        its logits ``[B, draft_vocab]``, in one native call (decoder.c's
+        its logits ``[B, draft_vocab]``, in one native call (draft.c's
         ``relayc_draft_extend``; ``feature_rows`` as ``Eagle3Head.extend`` takes it); None:
         run it step by step."""
         batch, width = input_ids.shape

@@ -72,7 +72,7 @@ def use_cpu_matmul_layout(module: nn.Module, scripted: bool = True) -> int:
     neither; call this for CPU inference only. Idempotent.
 
     ``scripted`` (default) also runs each decoder stack's layers in one call: natively
-    (decoder.c through relayc.engine.native.library) for uniform batches of at most
+    (native/csrc/ through relayc.engine.native.library) for uniform batches of at most
     ``native_max_tokens(dtype)`` tokens, else as one TorchScript function (relayc.engine.native.scripted:
     same ops, same bits); ``False`` turns that off again. The native decoder reads a packed
     copy of the weights, rebuilt when a parameter is replaced or changed in place through

@@ -13,14 +13,14 @@ and Q5_K are Q4_0, Q4_1 and Q4_K with a fifth bit. The 4-bit types keep their ow
 formats; Q6_K, the 5-bit ones and stacks of mixed types use an 8-bit one. So the
 float32 model a GGUF loads into holds exactly these values, and a kernel that rebuilds them
 in registers computes the float32 model's forward while reading 0.625 (Q4) or 1.0625 (Q8)
-bytes a weight instead of four -- decoder.c's ``gemm_blocks``, the same bits as its float32
+bytes a weight instead of four -- quants.c's ``gemm_blocks``, the same bits as gemm.c's float32
 ``gemm``.
 
 :func:`attach` records a parameter's blocks when the GGUF loader fills it
 (``relayc.engine.checkpoints.gguf``); :func:`blocks_of` hands them back only while the
 parameter is float32 and still holds exactly their values, so a model that was trained,
 converted or edited after loading runs its current weights.
-:meth:`BlockWeight.panels` lays the blocks out as decoder.c reads them.
+:meth:`BlockWeight.panels` lays the blocks out as quants.c reads them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 if TYPE_CHECKING:
     import ctypes
 
-# decoder.c's panel formats and their bytes per 16 columns x 32 k: BLOCKS_Q4 (float16 d, m;
+# quants.c's panel formats and their bytes per 16 columns x 32 k: BLOCKS_Q4 (float16 d, m;
 # 4-bit q), BLOCKS_Q8 (float16 d; 8-bit q), BLOCKS_Q4F (float32 d, m; 4-bit q), BLOCKS_I8F
 # (float32 d, m per 16 k; 8-bit q: any type, and stacks of mixed types).
 BLOCKS_Q4, BLOCKS_Q8, BLOCKS_Q4F, BLOCKS_I8F, BLOCKS_BF16, BLOCKS_F16 = 1, 2, 3, 4, 5, 6
@@ -48,7 +48,7 @@ PANEL_BYTES = {
     BLOCKS_F16: 1024,
 }
 _WORDS = (BLOCKS_BF16, BLOCKS_F16)  # two-byte words widened exactly, no scales
-# GGUF type -> (weights a block, bytes a block, decoder.c's panel format)
+# GGUF type -> (weights a block, bytes a block, quants.c's panel format)
 BLOCK_TYPES = {
     "Q4_0": (32, 18, BLOCKS_Q4),
     "Q4_1": (32, 20, BLOCKS_Q4),
@@ -102,7 +102,7 @@ class BlockWeight:
 
     @property
     def format(self) -> int:
-        """decoder.c's panel format for this type."""
+        """quants.c's panel format for this type."""
         return BLOCK_TYPES[self.qtype][2]
 
     def _fields(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -151,14 +151,14 @@ class BlockWeight:
         return w.reshape(self.rows, self.cols)
 
     def panels(self, format: int | None = None) -> torch.Tensor:
-        """The blocks as decoder.c's panels of 16 output columns (rows padded with zero
+        """The blocks as quants.c's panels of 16 output columns (rows padded with zero
         blocks to a multiple of 16), flat uint8: panel p, then block b, :data:`PANEL_BYTES`
         each, in this type's own format or ``format`` (only BLOCKS_I8F, which every type
         fits) -- Q4: ``d[16]``, ``m[16]`` (float16), 16 rows of 16 bytes (row r, byte c:
         column c's ``q[2r]`` low nibble, ``q[2r + 1]`` high); Q4F: the same with float32
         ``d`` and ``m``; Q8: ``d[16]`` (float16), 32 rows of 16 signed bytes; I8F: float32
         ``d[16]``, ``m[16]`` for k 0-15, again for k 16-31, 32 rows of 16 signed bytes.
-        Q4_1 and Q8_0 in their own format are laid out by decoder.c (``relayc_gguf_panels``,
+        Q4_1 and Q8_0 in their own format are laid out by gguf.c (``relayc_gguf_panels``,
         the same bytes) where the library is built; the rest by torch ops."""
         format = self.format if format is None else format
         if format not in (self.format, BLOCKS_I8F) or (format != self.format in _WORDS):
@@ -176,7 +176,7 @@ class BlockWeight:
         if format == self.format and self.qtype in NATIVE_PANEL_TYPES:
             found = native_gguf(self.data, self.qtype, self.rows, self.cols)
         if found is not None:
-            lib, code, raw = found  # the same bytes, one pass in decoder.c
+            lib, code, raw = found  # the same bytes, one pass in gguf.c
             size = -(-self.rows // 16) * (self.cols // BLOCK) * PANEL_BYTES[format]
             out = torch.empty(size, dtype=torch.uint8)
             status = lib.relayc_gguf_panels(
@@ -326,7 +326,7 @@ def attach(weight: torch.Tensor, blocks: BlockWeight) -> None:
     setattr(weight, _ATTRIBUTE, blocks)
 
 
-# The types decoder.c reads straight from a file's bytes (its GGUF_* codes): dequantized
+# The types gguf.c reads straight from a file's bytes (its GGUF_* codes): dequantized
 # and compared there, not by NumPy's or torch's passes over the whole matrix.
 NATIVE_GGUF_TYPES = {"Q4_0": 1, "Q4_1": 2, "Q8_0": 3}
 # ... and those whose panels it lays out from them (Q4_0's offset is computed, in torch)
@@ -336,7 +336,7 @@ NATIVE_PANEL_TYPES = ("Q4_1", "Q8_0")
 def native_gguf(
     raw: torch.Tensor, qtype: str, rows: int, cols: int
 ) -> tuple[ctypes.CDLL, int, torch.Tensor] | None:
-    """``(library, type code, contiguous raw bytes)`` when decoder.c reads ``qtype``'s bytes
+    """``(library, type code, contiguous raw bytes)`` when gguf.c reads ``qtype``'s bytes
     ``raw [rows, row bytes]`` itself (:data:`NATIVE_GGUF_TYPES`, the library built), else
     None."""
     code = NATIVE_GGUF_TYPES.get(qtype)
@@ -354,7 +354,7 @@ def native_gguf(
 
 def dequantize_gguf(raw: torch.Tensor, qtype: str, rows: int, cols: int) -> torch.Tensor | None:
     """The float32 ``[rows, cols]`` weights of GGUF bytes ``raw`` -- the `gguf` package's
-    values, bit for bit -- computed by decoder.c, or None where it does not read ``qtype``."""
+    values, bit for bit -- computed by gguf.c, or None where it does not read ``qtype``."""
     found = native_gguf(raw, qtype, rows, cols)
     if found is None:
         return None
@@ -393,7 +393,7 @@ def blocks_of(weight: torch.Tensor | None) -> BlockWeight | None:
     values = blocks.dequantize()
     if not torch.equal(values, weight.detach()):
         return None
-    # decoder.c's float16 conversion takes finite scales only; a non-finite scale or offset
+    # quants.c's float16 conversion takes finite scales only; a non-finite scale or offset
     # makes every weight of its block non-finite. Finite float16 scales bound every weight
     # by 2^29 or so, so finite weights cannot sum to infinity: one reduction tells (a
     # torch.isfinite pass allocated a mask the size of the model's weights).
@@ -407,7 +407,7 @@ def exact_word_blocks(weight: torch.Tensor | None) -> BlockWeight | None:
     value is a finite bfloat16 (float16) number -- a checkpoint stored at that precision and
     loaded as float32, such as the shipped EAGLE-3 heads -- and its width is whole blocks
     of 32, else None. Such a weight is read from two bytes instead of four, with the same
-    bits (decoder.c's BLOCKS_BF16 / BLOCKS_F16)."""
+    bits (decoder.h's BLOCKS_BF16 / BLOCKS_F16)."""
     if (
         weight is None
         or weight.dtype != torch.float32

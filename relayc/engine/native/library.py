@@ -1,11 +1,13 @@
-"""The native CPU decoder (decoder.c): built once per machine, loaded through ctypes.
+"""The native CPU decoder (C units in relayc/engine/native/csrc/ behind one header,
+decoder.h): built once per machine, loaded through ctypes.
 
-``native_decoder()`` compiles ``decoder.c`` as C (``-x c``, whatever ``$CC`` is: a C++
-driver would mangle the exported names) with the C compiler (``$CC``, else ``cc``,
-``-O3 -march=native``) into a cache folder (``$RELAYC_CACHE_DIR``, ``~`` expanded and
-made absolute, else ``~/.cache/relayc``), named by a hash of the source, the flags, the
-compiler's version and the CPU (model and feature flags: ``-march=native``), so a changed
-source, compiler or machine builds anew and nothing stale is loaded; about a second, once.
+``native_decoder()`` compiles every unit in one compiler call into one library, as C
+(``-x c``, whatever ``$CC`` is: a C++ driver would mangle the exported names) with the C
+compiler (``$CC``, else ``cc``, ``-O3 -march=native``) into a cache folder
+(``$RELAYC_CACHE_DIR``, ``~`` expanded and made absolute, else ``~/.cache/relayc``), named
+by a hash of every unit and the header (with their names), the flags, the compiler's
+version and the CPU (model and feature flags: ``-march=native``), so a changed source,
+compiler or machine builds anew and nothing stale is loaded; some seconds, once.
 Beside each build a ``.json`` records its size and SHA-256; a build is loaded only when it
 matches them, else rebuilt (a truncated library would kill the process with SIGBUS when
 mapped). Both files are written beside their targets and renamed, so no process sees half
@@ -32,14 +34,13 @@ from pathlib import Path
 from relayc.engine.native import tape_ops
 from relayc.runtime.tape import native_library
 
-SOURCE = Path(__file__).parents[1] / "decoder.c"
+CSRC = Path(__file__).with_name("csrc")
+HEADER = "decoder.h"  # what every unit includes: without it no unit compiles
 # -ffp-contract=off: a * b + c rounds twice whatever the compiler's default (GCC's ISO
 # mode already does; clang would fuse), so the bits depend on the source, not the compiler.
-# -x c (last: it applies to the source after it): C whatever the driver, so CC=g++ or
-# clang++ still exports relayc_decoder unmangled.
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-x", "c"]
-# decoder.c's bfloat16 GEMM kernels, by number (BF16_PORTABLE, BF16_AVX512, BF16_AMX):
-# one runs every bfloat16 GEMM of a process, the last this CPU and OS support (gemm_bf16).
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
+# The bfloat16 GEMM kernels, by number (decoder.h's BF16_PORTABLE, BF16_AVX512, BF16_AMX):
+# one runs every bfloat16 GEMM of a process, the last this CPU and OS support (gemm_bf16.c).
 BF16_KERNELS = ("portable", "avx512bf16", "amx")
 _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
@@ -104,12 +105,29 @@ def _intact(target: Path, record: Path) -> bool:
         return False
 
 
+def sources() -> list[Path]:
+    """The decoder's C units, sorted by name: every ``*.c`` in :data:`CSRC`, all compiled
+    into the one library. An error that names the folder where the header or every unit is
+    missing (an install without its package data)."""
+    units = sorted(CSRC.glob("*.c"))
+    if not (CSRC / HEADER).is_file() or not units:
+        raise RuntimeError(
+            f"the native decoder's C sources are incomplete: {CSRC} needs {HEADER} and "
+            "its *.c units (reinstall relayc, or restore the folder from its repository)"
+        )
+    return units
+
+
 def _build(compiler: str) -> Path:
+    units = sources()
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
-    # A cache folder shared between machines must not hand one CPU another's build.
-    key = "\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu()])
+    # Every unit and the header, with their names: an edit to any of them, a unit added,
+    # removed or renamed builds anew. A cache folder shared between machines must not hand
+    # one CPU another's build.
+    texts = [f"{path.name}\0{path.read_text()}" for path in [*units, CSRC / HEADER]]
+    key = "\0".join([*texts, " ".join(FLAGS), version, _cpu()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     target = cache_dir() / f"decoder-{digest}.so"
     record = target.with_suffix(".json")
@@ -123,8 +141,11 @@ def _build(compiler: str) -> Path:
     # mismatch and builds again, never a record vouching for other bytes.
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
+        # -x c before every unit: C whatever the driver, so CC=g++ or clang++ still exports
+        # relayc_decoder unmangled (g++ takes only the one file after an -x c as C).
+        as_c = [arg for unit in units for arg in ("-x", "c", str(unit))]
         result = subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"],
+            [compiler, *FLAGS, "-o", str(built), *as_c, "-lm"],
             capture_output=True,
             text=True,
             check=False,
@@ -239,7 +260,7 @@ def _load(path: Path) -> ctypes.CDLL:
 
 
 class NativeModel(ctypes.Structure):
-    """decoder.c's ``struct relayc_model``: what ``relayc_forward`` reads of one model
+    """decoder.h's ``struct relayc_model``: what ``relayc_forward`` reads of one model
     (relayc.engine.decoder.fused_forward fills it and keeps every tensor it points into alive)."""
 
     _fields_ = [

@@ -239,7 +239,7 @@ def _native_greedy(
     target: torch.Tensor,
 ) -> dict[str, torch.Tensor] | None:
     """The greedy accept's outputs (``verify_tree_greedy`` then :func:`_accept_outputs`,
-    every draft acceptable) in one native call (decoder.c's ``relayc_accept_greedy``) on
+    every draft acceptable) in one native call (verify.c's ``relayc_accept_greedy``) on
     the CPU: the host loop and some fifteen torch calls ran right after the verify forward,
     each slow there. None: the kernel's way (no library, a graph-safe check, other dtypes,
     an index outside the trees)."""
@@ -422,7 +422,7 @@ def _native_compact(
     seq_lens: torch.Tensor,
     req_pool_indices: torch.Tensor,
 ) -> torch.Tensor | None:
-    """``compact_accepted_kv`` in one native call (decoder.c's ``relayc_compact``: the
+    """``compact_accepted_kv`` in one native call (verify.c's ``relayc_compact``: the
     moved slots' K/V in every layer, the window's ``req_to_token`` entries, the new
     lengths), where some twelve torch calls ran right after the verify forward; None: the
     torch way (no library, other dtypes or layouts, an index it refuses)."""

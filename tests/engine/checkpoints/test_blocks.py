@@ -1,5 +1,5 @@
 """A GGUF file's Q4_0 / Q4_1 / Q8_0 matrices read as blocks by the native decoder: kept on
-the parameters they load into, laid out as decoder.c reads them, and a forward over them
+the parameters they load into, laid out as quants.c reads them, and a forward over them
 gives the same bits as the float32 forward over the dequantized weights -- until a weight
 changes, after which it runs the current weights."""
 
@@ -134,7 +134,7 @@ def _q4_1(d: torch.Tensor, m: torch.Tensor, q: torch.Tensor) -> BlockWeight:
 
 
 def test_panel_layout() -> None:
-    """decoder.c's Q4 panel: d[16], m[16] as float16, then byte (r, c) = column c's
+    """quants.c's Q4 panel: d[16], m[16] as float16, then byte (r, c) = column c's
     q[2r] | q[2r + 1] << 4; panels of 16 rows (the matrix's rows: output columns)."""
     rows, cols = 20, 64  # two panels (the second padded with zero rows), two blocks
     q = (torch.arange(rows)[:, None] * 3 + torch.arange(cols)[None]) % 16
@@ -188,7 +188,7 @@ def test_blocks_that_do_not_fit_are_refused() -> None:
     weight = _q4_1(torch.full((16, 1), float("inf")), torch.zeros(16, 1), q)
     param = torch.nn.Parameter(weight.dequantize())
     attach(param, weight)
-    assert blocks_of(param) is None  # decoder.c's float16 conversion takes finite scales
+    assert blocks_of(param) is None  # quants.c's float16 conversion takes finite scales
     # infinite weights equal to the parameter's (inf * 1 + 0): refused all the same
     infinite = _q4_1(torch.full((16, 1), float("inf")), torch.zeros(16, 1), q + 1)
     param = torch.nn.Parameter(infinite.dequantize())
@@ -318,7 +318,7 @@ def test_word_blocks_only_for_exact_finite_float32_matrices() -> None:
     assert BlockWeight.cat([q8, exact_word_blocks(half)]) is None  # type: ignore[list-item]
 
 
-NATIVE_KINDS = ["Q4_0", "Q4_1", "Q8_0"]  # decoder.c reads these types' bytes itself
+NATIVE_KINDS = ["Q4_0", "Q4_1", "Q8_0"]  # gguf.c reads these types' bytes itself
 
 
 def _special_bytes(kind: str, rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -361,7 +361,7 @@ def test_native_dequantize_is_the_gguf_package_bit_for_bit(kind: str) -> None:
 def test_native_block_check_agrees_with_the_torch_one(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """blocks_of through decoder.c says what the torch comparison says: kept for the
+    """blocks_of through gguf.c says what the torch comparison says: kept for the
     file's values (a zero of either sign, as torch.equal compares), refused for one
     changed weight and for blocks with non-finite weights -- row-major, column-major (the
     CPU GEMMs' layout, compared in place) or a block of rows of a fused column-major
@@ -411,7 +411,7 @@ def test_native_block_check_agrees_with_the_torch_one(
 def test_native_panels_are_the_torch_panels_byte_for_byte(
     kind: str, rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """decoder.c lays Q4_1 and Q8_0 blocks out as panels itself: the bytes the torch
+    """gguf.c lays Q4_1 and Q8_0 blocks out as panels itself: the bytes the torch
     packing makes, scales of every kind and a last panel of zero columns included."""
     if native_decoder() is None:
         pytest.skip("no native library here")
@@ -427,7 +427,7 @@ def test_native_panels_are_the_torch_panels_byte_for_byte(
 
 @pytest.mark.parametrize("kind", sorted(BLOCK_TYPES))
 def test_every_row_count_and_panel_remainder_is_float32_panels_bit_for_bit(kind: str) -> None:
-    """decoder.c's block GEMMs take one to eight rows at a time over one to eight panels of
+    """quants.c's block GEMMs take one to eight rows at a time over one to eight panels of
     16 output columns (a kernel per row count, as wide as measured fastest, and a one-panel
     kernel for the panels left over): every row count, alone and past eight (whole blocks of
     eight and a remainder), and every panel remainder gives the bits of float32 panels over

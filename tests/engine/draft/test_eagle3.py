@@ -268,7 +268,7 @@ def test_native_draft_logits_match_the_modules(dtype: torch.dtype) -> None:
 def test_native_draft_layer_matches_the_modules(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On the CPU the head's layer runs as one native call (decoder.c's relayc_decoder_in:
+    """On the CPU the head's layer runs as one native call (layer.c's relayc_decoder_ex:
     q/k/v read [norm(embed); hidden_norm(hidden)], the hidden input the residual) -- in
     float32 the whole draft extend does (relayc_draft_extend) -- and draft extend gives
     what the modules give, up to the kernels' summation order."""

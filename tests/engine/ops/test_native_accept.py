@@ -1,4 +1,4 @@
-"""The greedy accept of a verify in one native call (decoder.c's ``relayc_accept_greedy``,
+"""The greedy accept of a verify in one native call (verify.c's ``relayc_accept_greedy``,
 ``relayc.engine.ops.verify._native_greedy``): the outputs of the kernel's host loop and
 ``_accept_outputs``, for random trees and chains; trees it cannot read go the kernel's way."""
 

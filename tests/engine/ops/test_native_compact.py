@@ -1,4 +1,4 @@
-"""The KV compaction after a verify in one native call (decoder.c's ``relayc_compact``,
+"""The KV compaction after a verify in one native call (verify.c's ``relayc_compact``,
 ``relayc.engine.ops.verify._native_compact``): the K/V every layer ends with, the
 ``req_to_token`` entries and the new lengths of the torch path; indices it refuses go the
 torch way, which raises."""
