@@ -119,6 +119,19 @@ def positive_int(hf: dict[str, Any], key: str, default: int = _REQUIRED) -> int:
     return value
 
 
+def finite_positive(value: object, key: str) -> float:
+    """``value`` as a float when it is a finite number > 0, else ``ConfigError`` naming
+    ``key``: a RoPE base or an RMS-norm epsilon of 0, NaN or -1 makes every logit NaN. The
+    one check of every path (config.json, GGUF metadata, ``ModelConfig`` itself)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _wrong_type(key, value, "a number")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(
+            f"`{key}` must be a finite positive number; got {value} (the model would compute NaN)"
+        )
+    return float(value)
+
+
 def _positive_number(
     hf: dict[str, Any], key: str, default: float, within: str | None = None
 ) -> float:
@@ -126,12 +139,7 @@ def _positive_number(
     value = hf.get(key)
     if value is None:
         return default
-    shown = f"{within}.{key}" if within else key
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _wrong_type(shown, value, "a number")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"`{shown}` must be a finite positive number; got {value}")
-    return float(value)
+    return finite_positive(value, f"{within}.{key}" if within else key)
 
 
 def _dtype(hf: dict[str, Any]) -> torch.dtype:
@@ -182,6 +190,8 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"`head_dim` must be even for RoPE; got {self.head_dim}")
+        finite_positive(self.rope_theta, "rope_theta")
+        finite_positive(self.rms_norm_eps, "rms_norm_eps")
         object.__setattr__(self, "dtype", dtype_from_name(self.dtype))
 
     def replace(self, **changes: Any) -> ModelConfig:
