@@ -195,10 +195,15 @@ def read_whole(path: str | Path) -> np.ndarray:
     """
     # O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused just below)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb", buffering=0) as handle:
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ValueError("not a regular file")
+        handle = os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
         size = info.st_size
         data = np.empty(size, dtype=np.uint8)
         view, done = data.data, 0
