@@ -132,6 +132,22 @@ def finite_positive(value: object, key: str) -> float:
     return float(value)
 
 
+# The RoPE tables are [context, head_dim] float32 (cos and sin), built with the model:
+# 2**20 positions of a 128-wide head are 1 GiB, more than any model relayc runs needs.
+MAX_CONTEXT = 1 << 20
+
+
+def check_context(value: int, key: str) -> int:
+    """``value`` when it is a context length relayc builds RoPE tables for, else
+    ``ConfigError`` naming ``key`` (no tensor's shape in a file checks it)."""
+    if value > MAX_CONTEXT:
+        raise ConfigError(
+            f"`{key}` is {value}, past the {MAX_CONTEXT} positions relayc builds RoPE tables "
+            "for; the file is damaged, or lower the value"
+        )
+    return value
+
+
 def _positive_number(
     hf: dict[str, Any], key: str, default: float, within: str | None = None
 ) -> float:
@@ -260,7 +276,9 @@ class ModelConfig:
                 head_dim=head_dim,
                 rope_theta=rope_theta,
                 rms_norm_eps=_positive_number(hf, "rms_norm_eps", 1e-6),
-                max_position=positive_int(hf, "max_position_embeddings", 2048),
+                max_position=check_context(
+                    positive_int(hf, "max_position_embeddings", 2048), "max_position_embeddings"
+                ),
                 tie_word_embeddings=_optional(hf, "tie_word_embeddings", bool, False),
                 dtype=_dtype(hf),
             )

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from relayc.engine.checkpoints.limits import check_context, check_tensor_table
+from relayc.engine.checkpoints.limits import check_tensor_table
 from relayc.engine.config import ConfigError, ModelConfig, json_kind
 from relayc.engine.model import LlamaForCausalLM
 
@@ -164,10 +164,6 @@ def load_checkpoint(
         raise CheckpointError(f"checkpoint directory {directory} has no config.json")
     hf = read_json_object(config_path)
     config = config_from_hf(hf, config_path)
-    try:
-        check_context(config.max_position, "max_position_embeddings")
-    except ValueError as exc:
-        raise CheckpointError(str(exc), config_path) from None
     if dtype is not None:
         config = config.replace(dtype=dtype)
     shards = _shard_files(directory)

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relayc.engine.checkpoints.blocks import BLOCK_TYPES, BlockWeight, attach, dequantize_gguf
-from relayc.engine.checkpoints.limits import check_context, check_tensor_table
-from relayc.engine.config import ModelConfig, finite_positive
+from relayc.engine.checkpoints.limits import check_tensor_table
+from relayc.engine.config import ModelConfig, check_context, finite_positive
 from relayc.engine.model import LlamaForCausalLM
 from relayc.engine.weights import CheckpointError, expected_tensors
 

@@ -5,7 +5,7 @@ metadata, then -- before the model is built -- compares the tensors that config 
 with the file's own tensor table (:func:`check_tensor_table`), so a damaged or hostile
 count (``block_count = 2**30``, ``vocab_size = 2**40``) is an error naming the key rather
 than gigabytes allocated. The context length, which no tensor's shape checks, has its own
-bound (:data:`MAX_CONTEXT`); the RoPE base and the RMS-norm epsilon must be finite and
+bound (``relayc.engine.config.MAX_CONTEXT``); the RoPE base and the RMS-norm epsilon must be finite and
 positive (``relayc.engine.config.finite_positive``, which both loaders and
 ``ModelConfig`` itself call), or every logit is NaN.
 
@@ -18,21 +18,8 @@ from collections.abc import Mapping
 
 from relayc.engine.config import ModelConfig
 
-# The RoPE tables are [context, head_dim] float32 (cos and sin), built when the model is:
-# 2**20 positions of a 128-wide head are 1 GiB, more than any model relayc runs needs.
-MAX_CONTEXT = 1 << 20
 # Tensors each decoder layer has (relayc.engine.model.LlamaDecoderLayer).
 LAYER_TENSORS = 9
-
-
-def check_context(value: int, key: str) -> int:
-    """``value`` when it is a context length relayc can build RoPE tables for."""
-    if value > MAX_CONTEXT:
-        raise ValueError(
-            f"`{key}` is {value}, past the {MAX_CONTEXT} positions relayc builds RoPE tables "
-            "for; the file is damaged, or lower the value"
-        )
-    return value
 
 
 def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -19,8 +19,8 @@ import torch
 from relayc.engine.checkpoints import gguf as gguf_module
 from relayc.engine.checkpoints.gguf import GGUFError, load_gguf_model, open_gguf, save_gguf
 from relayc.engine.checkpoints.gguf_reader import read_whole
-from relayc.engine.checkpoints.limits import MAX_CONTEXT, tensor_shapes
-from relayc.engine.config import ModelConfig
+from relayc.engine.checkpoints.limits import tensor_shapes
+from relayc.engine.config import MAX_CONTEXT, ModelConfig
 from relayc.engine.weights import (
     CheckpointError,
     expected_tensors,
