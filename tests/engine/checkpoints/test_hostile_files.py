@@ -237,3 +237,28 @@ def test_hf_sizes_are_checked_before_the_model_is_built(
 
 def test_context_limit_is_what_is_allowed() -> None:
     assert MAX_CONTEXT >= 131072  # Llama 3's context loads
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "kind"),
+    [
+        ("llama.attention.head_count", 0, T.UINT32),  # was a ZeroDivisionError
+        ("llama.context_length", [1, 2], T.ARRAY),  # was a TypeError
+        ("llama.rope.freq_base", float("nan"), T.FLOAT32),  # loaded, decoded NaN
+    ],
+)
+def test_the_command_line_gives_one_line_and_exit_2(
+    source: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    key: str,
+    value: Any,
+    kind: T,
+) -> None:
+    from relayc.cli import main
+
+    path = _rewrite(source, tmp_path / "bad.gguf", {key: (value, kind)})
+    argv = ["generate", "--model", str(path), "--prompt-ids", "1,2", "--max-new-tokens", "1"]
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress lines
+    assert last.startswith(f"relayc generate: error: {path}: ") and f"`{key}`" in last
