@@ -152,7 +152,8 @@ def load_checkpoint(
     ``dtype`` overrides the checkpoint's ``torch_dtype``. Raises ``CheckpointError``
     naming the file and the key when ``config.json`` is not a Llama config the model can
     be built from, the file when a shard is damaged, and the tensor when one is missing,
-    unexpected or has the wrong shape.
+    unexpected or has the wrong shape -- the last three from the shards' headers, before
+    the model is built from the config's sizes.
     """
     from safetensors import safe_open
 

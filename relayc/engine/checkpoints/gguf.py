@@ -14,10 +14,12 @@ llama.cpp's converter (``convert_hf_to_gguf.py``) permutes the rows of q_proj an
 (for its interleaved-pair RoPE); they are permuted back here, so the weights are the
 Hugging Face layout this model and transformers use.
 
-Every problem -- not a GGUF file, a truncated one, another architecture, a tensor type
-``gguf`` cannot dequantize, a missing, unexpected or misshapen tensor -- is one
-``GGUFError`` naming the file and the key or tensor, raised before the model is returned
-(nothing half-loaded escapes).
+Every problem -- not a GGUF file, a truncated one, another architecture, a metadata value
+of the wrong type or out of range, a tensor type ``gguf`` cannot dequantize, a missing,
+unexpected or misshapen tensor -- is one ``GGUFError`` naming the file and the key or
+tensor. The sizes the metadata gives are checked against the tensor table
+(``relayc.engine.checkpoints.limits``) before the model is built from them, so a hostile
+count is an error, not gigabytes allocated; nothing half-loaded escapes.
 """
 
 from __future__ import annotations
