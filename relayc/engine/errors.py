@@ -17,3 +17,8 @@ class CheckpointError(ValueError):
     def __init__(self, message: str, path: str | Path | None = None) -> None:
         self.path = None if path is None else Path(path)
         super().__init__(message if path is None else f"{path}: {message}")
+
+
+class GGUFError(CheckpointError):
+    """A GGUF file that cannot be loaded; the message names the file and what is wrong
+    (here, beside ``CheckpointError``, because the tokenizer reads a GGUF file's keys too)."""

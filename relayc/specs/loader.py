@@ -8,8 +8,12 @@ libraries it imports) are raised together as :class:`SpecErrors`.
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import os
+import stat
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path as FsPath
@@ -91,11 +95,50 @@ def load_spec(path: str | os.PathLike[str], *, ops: Sequence[str] = ()) -> Spec:
     return document
 
 
+# A spec is a few kilobytes (the bundled ones are under 10 kB); past this it is no spec.
+MAX_SPEC_BYTES = 1 << 20
+
+
+@functools.cache
+def importable_modules() -> frozenset[str]:
+    """Top-level modules an algorithm's generated ``<algorithm>.py`` must not be named
+    like: the standard library's, the built-in ones and every installed distribution's
+    (``torch``, ``numpy``, ``relayc`` ...). Files in the working directory are not
+    counted: generated modules live there."""
+    from importlib.metadata import packages_distributions
+
+    return frozenset(
+        {*sys.stdlib_module_names, *sys.builtin_module_names, *packages_distributions()}
+    )
+
+
+def read_spec_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of the spec file ``path``: a regular file of at most MAX_SPEC_BYTES.
+
+    ``OSError`` (its ``strerror`` says why) for a device (``/dev/zero`` would be read until
+    memory runs out), a FIFO (opened without waiting for a writer), a directory, or a file
+    past the limit -- as for a file that cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a device, a FIFO or a directory)")
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        data = handle.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {MAX_SPEC_BYTES} bytes; a spec is a few kilobytes")
+    return data
+
+
 def load_document(path: str | os.PathLike[str], *, ops: Sequence[str] = ()) -> Spec | Library:
     """Load and validate a spec file of either kind; raises :class:`SpecErrors`."""
     shown = display_path(path)
     try:
-        data = FsPath(path).read_bytes()
+        data = read_spec_bytes(path)
     except OSError as exc:
         raise SpecErrors(
             [SpecError(SourceLoc(shown, 1, 1), f"cannot read spec: {_why(exc)}", "check the path")]
@@ -113,6 +156,15 @@ def load_spec_text(
     parts = parse_parts(text, path, errors)
     if parts is None:
         raise SpecErrors(errors)
+    if parts.algorithm is not None and parts.algorithm in importable_modules():
+        errors.append(
+            SpecError(
+                parts.index.value(("algorithm",)),
+                f"algorithm `{parts.algorithm}` is named like an importable module: the "
+                f"generated `{parts.algorithm}.py` would shadow `import {parts.algorithm}`",
+                f"rename it, e.g. `algorithm: {parts.algorithm}_spec`",
+            )
+        )
     libraries = _load_imports(parts, base_dir or FsPath.cwd(), errors)
     spec = check_algorithm(parts, libraries, errors, _hash(text, libraries))
     if not errors and parts.library is not None and not parts.broken:
@@ -266,7 +318,7 @@ def _load_imports(
         loc = parts.index.value((*path, "file"))
         target = (base_dir / imp.file).resolve()
         try:
-            text = decode_spec_bytes(target.read_bytes(), display_path(target))
+            text = decode_spec_bytes(read_spec_bytes(target), display_path(target))
         except SpecErrors as exc:
             errors.extend(exc.errors)
             parts.broken.add(("imports", imp.file))

@@ -215,6 +215,9 @@ def load_yaml(text: str, path: str) -> tuple[Any, LocIndex, list[SpecError]]:
         mark = exc.problem_mark or exc.context_mark
         message = f"YAML syntax error: {exc.problem or exc.context}"
         hint = exc.context if exc.context and exc.problem else None
+        indentation = _indentation_hint(exc, text)
+        if indentation is not None:
+            mark, hint = indentation
         return None, builder.index, [SpecError(_mark(path, mark), message, hint)]
     except yaml.reader.ReaderError as exc:  # a byte YAML does not allow, e.g. NUL
         return None, builder.index, [_reader_error(exc, text, path)]
@@ -252,6 +255,47 @@ def load_yaml(text: str, path: str) -> tuple[Any, LocIndex, list[SpecError]]:
         return None, builder.index, [*builder.errors, too_large]
     data = builder.build(nodes[0], (), frozenset())
     return data, builder.index, builder.errors
+
+
+def _indentation_hint(exc: yaml.MarkedYAMLError, text: str) -> tuple[yaml.Mark, str] | None:
+    """For the errors a mis-indented line gives, the mark of the line that is likely wrong
+    and a hint naming it: PyYAML reports where it noticed, often the line after."""
+    problem, at, context = exc.problem or "", exc.problem_mark, exc.context_mark
+    if at is None:
+        return None
+    lines = text.splitlines()
+    if problem.startswith("could not find expected ':'") and context is not None:
+        # a key whose `:` never came: the scanner gave up on the next line
+        return context, (
+            f"line {context.line + 1} is likely wrong: add the `:` after its key, or check "
+            f"its indentation and that of line {at.line + 1}"
+        )
+    if problem.startswith("mapping values are not allowed"):
+        before = lines[at.line][: at.column] if at.line < len(lines) else ""
+        if ": " in before or before.rstrip().endswith(":"):  # `key: a: b` on one line
+            return at, 'a value holding `: ` must be quoted: `key: "a: b"`'
+        above = _line_above(lines, at.line)
+        where = f"than line {above + 1}" if above is not None else "than the line above"
+        return at, (
+            f"line {at.line + 1} is likely wrong: it is indented deeper {where}, so YAML "
+            "reads it as part of that line's value; check its indentation"
+        )
+    if problem.startswith("expected <block end>") and context is not None:
+        return at, (
+            f"line {at.line + 1} is likely wrong: its indentation does not line up with the "
+            f"entries of the block that starts at line {context.line + 1}; check its "
+            "indentation"
+        )
+    return None
+
+
+def _line_above(lines: list[str], line: int) -> int | None:
+    """The index of the nearest line before ``line`` that holds more than a comment."""
+    for index in range(min(line, len(lines)) - 1, -1, -1):
+        stripped = lines[index].strip()
+        if stripped and not stripped.startswith("#"):
+            return index
+    return None
 
 
 def text_position(text: str, offset: int) -> tuple[int, int]:

@@ -190,9 +190,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     with engine:
         if (args.prompt is not None or args.chat is not None) and engine.tokenizer is None:
+            why = f": {engine.tokenizer_error}" if engine.tokenizer_error else ""
             raise UsageError(
-                f"this model has no tokenizer (vocabulary of {engine.model.config.vocab_size}); "
-                "give the prompt as token ids: --prompt-ids 1,2,3"
+                f"this model has no tokenizer (vocabulary of {engine.model.config.vocab_size})"
+                f"{why}; give the prompt as token ids: --prompt-ids 1,2,3"
             )
         prompt: Prompt
         if args.chat is not None:

@@ -62,6 +62,14 @@ BAD_CONFIGS = [
     BadConfig("odd-head", _set("head_dim", 31), "even for RoPE; got 31 (`head_dim`)"),
     BadConfig("json", None, "invalid JSON at line 1 column 20", b'{"vocab_size": 259,,}'),
     BadConfig("not-utf8", None, "not UTF-8 text", b'{"vocab_size": "\xff"}'),
+    BadConfig(  # the RoPE tables (of target and heads) are sized by it
+        "context", _set("max_position_embeddings", 2**40), "`max_position_embeddings` is 1099"
+    ),
+    # json's own limits: not JSONDecodeError, and once stray exceptions naming no file
+    BadConfig(
+        "5000-digits", None, "cannot be read as JSON", b'{"vocab_size": ' + b"9" * 5000 + b"}"
+    ),
+    BadConfig("nested", None, "cannot be read as JSON", b'{"a": ' + b"[" * 100_000 + b"}"),
 ]
 
 

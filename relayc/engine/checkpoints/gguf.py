@@ -14,10 +14,12 @@ llama.cpp's converter (``convert_hf_to_gguf.py``) permutes the rows of q_proj an
 (for its interleaved-pair RoPE); they are permuted back here, so the weights are the
 Hugging Face layout this model and transformers use.
 
-Every problem -- not a GGUF file, a truncated one, another architecture, a tensor type
-``gguf`` cannot dequantize, a missing, unexpected or misshapen tensor -- is one
-``GGUFError`` naming the file and the key or tensor, raised before the model is returned
-(nothing half-loaded escapes).
+Every problem -- not a GGUF file, a truncated one, another architecture, a metadata value
+of the wrong type or out of range, a tensor type ``gguf`` cannot dequantize, a missing,
+unexpected or misshapen tensor -- is one ``GGUFError`` naming the file and the key or
+tensor. The sizes the metadata gives are checked against the tensor table
+(``relayc.engine.core.limits``) before the model is built from them, so a hostile
+count is an error, not gigabytes allocated; nothing half-loaded escapes.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relayc.engine.core.config import ModelConfig
-from relayc.engine.errors import CheckpointError
+from relayc.engine.core.config import ModelConfig, check_context, finite_positive
+from relayc.engine.core.limits import check_tensor_table
+from relayc.engine.errors import GGUFError
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.engine.model.weights import expected_tensors
 from relayc.engine.native.blocks import BLOCK_TYPES, BlockWeight, attach, dequantize_gguf
@@ -65,13 +68,10 @@ _GLOBAL_TENSORS = {
 _IGNORED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
-class GGUFError(CheckpointError):
-    """A GGUF file that cannot be loaded; the message names the file and what is wrong."""
-
-
 @dataclass
 class GGUFFile:
-    """An opened GGUF file: its metadata (plain Python values) and its tensors (memory-mapped)."""
+    """An opened GGUF file: its metadata (plain Python values) and its tensors (views of
+    the file's bytes, read into memory)."""
 
     path: Path
     reader: GGUFContents  # fields and tensors (relayc.engine.checkpoints.gguf_reader)
@@ -83,13 +83,32 @@ class GGUFFile:
     def require(self, key: str, kind: type | tuple[type, ...]) -> Any:
         if key not in self.metadata:
             raise GGUFError(f"{self.path}: metadata key `{key}` is missing; the file is incomplete")
+        return self.optional(key, kind, None)
+
+    def optional(self, key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        """``metadata[key]`` when it is a ``kind`` (a bool is no number), ``default`` when
+        absent; ``GGUFError`` naming the key when it is another type (an array where a
+        number belongs)."""
+        if key not in self.metadata:
+            return default
         value = self.metadata[key]
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
             raise GGUFError(
-                f"{self.path}: metadata key `{key}` has {type(value).__name__} {value!r}, "
-                f"expected {getattr(kind, '__name__', kind)}"
+                f"{self.path}: metadata key `{key}` has {type(value).__name__} {shown}, "
+                f"expected {' or '.join(k.__name__ for k in kinds)}"
             )
         return value
+
+    def count(self, key: str, default: int | None = None) -> int:
+        """``metadata[key]``, a whole number > 0 (required unless ``default`` is given)."""
+        if default is not None and key not in self.metadata:
+            return default
+        value = self.require(key, int)
+        if value <= 0:
+            raise GGUFError(f"{self.path}: metadata key `{key}` is {value}; it must be positive")
+        return int(value)
 
     @property
     def architecture(self) -> str:
@@ -97,7 +116,7 @@ class GGUFFile:
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
-    """Open ``path`` (memory-mapped) and read its metadata; ``GGUFError`` if it is no GGUF file
+    """Read ``path`` and its metadata; ``GGUFError`` if it is no GGUF file
     or is cut short."""
     try:
         from relayc.engine.checkpoints.gguf_reader import read_gguf
@@ -105,7 +124,9 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise GGUFError(f"reading {path} needs the `gguf` package: pip install gguf") from exc
     path = Path(path)
     if not path.is_file():
-        raise GGUFError(f"GGUF file {path} does not exist")
+        raise GGUFError(
+            f"{path} is not a regular file" if path.exists() else f"GGUF file {path} does not exist"
+        )
     with path.open("rb") as handle:
         magic = handle.read(4)
     if magic != MAGIC:
@@ -138,37 +159,42 @@ def config_from_gguf(file: GGUFFile) -> ModelConfig:
             f"{file.path}: `{arch}.rope.scaling.type` is {scaling!r}; only plain RoPE is supported"
         )
 
-    def count(key: str) -> int:
-        return int(file.require(f"{arch}.{key}", int))
-
-    num_heads = count("attention.head_count")
-    hidden = count("embedding_length")
-    kv_heads = file.get(f"{arch}.attention.head_count_kv", num_heads)
-    if not isinstance(kv_heads, int):  # a per-layer list (variable GQA) is not this model
+    num_heads = file.count(f"{arch}.attention.head_count")
+    hidden = file.count(f"{arch}.embedding_length")
+    kv_key = f"{arch}.attention.head_count_kv"
+    if isinstance(file.get(kv_key), list):  # a per-layer list (variable GQA) is not this model
         raise GGUFError(
-            f"{file.path}: `{arch}.attention.head_count_kv` is {kv_heads!r}; one value for "
-            "every layer is supported"
+            f"{file.path}: `{kv_key}` is {file.get(kv_key)!r}; one value for every layer is "
+            "supported"
         )
-    head_dim = file.get(f"{arch}.attention.key_length") or file.get(
-        f"{arch}.rope.dimension_count", hidden // num_heads
+    kv_heads = file.count(kv_key, num_heads)
+    rope_dims = file.count(f"{arch}.rope.dimension_count", max(hidden // num_heads, 1))
+    head_dim = file.count(f"{arch}.attention.key_length", rope_dims)
+    tokens = file.optional("tokenizer.ggml.tokens", list, None)
+    vocab = file.count(f"{arch}.vocab_size", len(tokens) if tokens else 0) or _tensor_rows(
+        file, "token_embd.weight"
     )
-    tokens = file.get("tokenizer.ggml.tokens")
-    vocab = file.get(f"{arch}.vocab_size") or (len(tokens) if tokens else None)
-    if vocab is None:
-        vocab = _tensor_rows(file, "token_embd.weight")
     tied = not any(t.name == "output.weight" for t in file.reader.tensors)
+    number = (int, float)
     try:
         return ModelConfig(
-            vocab_size=int(vocab),
+            vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=count("feed_forward_length"),
-            num_layers=count("block_count"),
+            intermediate_size=file.count(f"{arch}.feed_forward_length"),
+            num_layers=file.count(f"{arch}.block_count"),
             num_heads=num_heads,
-            num_kv_heads=int(kv_heads),
-            head_dim=int(head_dim),
-            rope_theta=float(file.get(f"{arch}.rope.freq_base", 10000.0)),
-            rms_norm_eps=float(file.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            max_position=int(file.get(f"{arch}.context_length", 2048)),
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rope_theta=finite_positive(
+                file.optional(f"{arch}.rope.freq_base", number, 10000.0), f"{arch}.rope.freq_base"
+            ),
+            rms_norm_eps=finite_positive(
+                file.optional(f"{arch}.attention.layer_norm_rms_epsilon", number, 1e-5),
+                f"{arch}.attention.layer_norm_rms_epsilon",
+            ),
+            max_position=check_context(
+                file.count(f"{arch}.context_length", 2048), f"{arch}.context_length"
+            ),
             tie_word_embeddings=tied,
         )
     except ValueError as exc:
@@ -255,28 +281,34 @@ def load_gguf_model(
     config = config_from_gguf(file)
     if dtype is not None:
         config = config.replace(dtype=dtype)
+    # Every size the metadata gives is checked against the tensor table (whose bytes the
+    # reader checked against the file) before the model is built from them.
+    table: dict[str, tuple[int, ...]] = {}
+    gguf_names: dict[str, str] = {}
+    for tensor in file.reader.tensors:
+        name = hf_name(tensor.name)
+        if name == "":
+            raise GGUFError(
+                f"{file.path}: unexpected tensor `{tensor.name}` for a "
+                f"{config.num_layers}-layer Llama model"
+            )
+        if name is not None:
+            # GGUF lists dimensions innermost first: [in, out] is torch's [out, in].
+            table[name] = tuple(int(d) for d in reversed(tensor.shape))
+            gguf_names[name] = tensor.name
+    try:
+        check_tensor_table(config, table, f"{file.architecture}.block_count", gguf_names)
+    except ValueError as exc:
+        raise GGUFError(f"{file.path}: {exc}") from None
     model = LlamaForCausalLM(config, device=device)
     expected = expected_tensors(model)
-    loaded: set[str] = set()
     with torch.no_grad():
         for tensor in file.reader.tensors:
             name = hf_name(tensor.name)
             if name is None:
                 continue
-            if name == "" or name not in expected:
-                raise GGUFError(
-                    f"{file.path}: unexpected tensor `{tensor.name}` for a "
-                    f"{config.num_layers}-layer Llama model"
-                )
             target = expected[name]
-            # GGUF lists dimensions innermost first: [in, out] is torch's [out, in].
-            got = tuple(int(d) for d in reversed(tensor.shape))
             want = tuple(target.shape)
-            if got != want:
-                raise GGUFError(
-                    f"{file.path}: tensor `{tensor.name}` has shape {list(got)}, the "
-                    f"metadata's model needs {list(want)} (for `{name}`)"
-                )
             raw = _raw_blocks(tensor, want)
             values = None
             if raw is not None and len(want) == 2:
@@ -296,11 +328,6 @@ def load_gguf_model(
                 attach(
                     model.get_parameter(name), BlockWeight(tensor.tensor_type.name, raw, want[1])
                 )
-            loaded.add(name)
-    missing = sorted(set(expected) - loaded)
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise GGUFError(f"{file.path}: tensor for `{missing[0]}` is missing{more}")
     return model
 
 

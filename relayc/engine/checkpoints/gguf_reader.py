@@ -5,8 +5,9 @@ one per string of a tokenizer's vocabulary and merges: about a second of SmolLM2
 of which the values themselves need a tenth. :func:`read_gguf` reads the same file format
 (GGUF versions 2 and 3, either byte order) into the same shapes the rest of
 ``relayc.engine.checkpoints`` uses -- ``fields[key].contents()`` and ``.types``,
-``tensors[i].name / tensor_type / shape / data`` -- with the tensors' data still
-memory-mapped views of the file (nothing is copied), and ``gguf``'s own type tables
+``tensors[i].name / tensor_type / shape / data`` -- with the tensors' data views of the
+file's bytes, read once into memory (never memory-mapped: see :func:`read_whole`), and
+``gguf``'s own type tables
 (``GGMLQuantizationType``, ``GGML_QUANT_SIZES``, ``GGUFValueType``), so both readers agree
 on every value and byte (tested). A file cut short, a value of an unknown type, a
 duplicated tensor or a tensor past the end of the file is a ``ValueError`` saying which.
@@ -14,7 +15,9 @@ duplicated tensor or a tensor past the end of the file is a ``ValueError`` sayin
 
 from __future__ import annotations
 
-import mmap
+import math
+import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +30,7 @@ from gguf.quants import quant_shape_to_byte_shape
 MAGIC = 0x46554747  # b"GGUF" read as a little-endian uint32
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS
 
 # scalar value types: struct format and size
 _SCALARS = {
@@ -70,7 +74,7 @@ class GGUFField:
 @dataclass(frozen=True)
 class GGUFTensor:
     """One tensor: ``shape`` innermost dimension first (GGUF's order); ``data`` a view of the
-    memory-mapped file, as ``gguf`` gives it (elements for the plain types, else bytes
+    file's bytes in memory, as ``gguf`` gives it (elements for the plain types, else bytes
     ``[..., row bytes]``)."""
 
     name: str
@@ -168,22 +172,55 @@ class _Cursor:
 def read_gguf(path: str | Path) -> GGUFContents:
     """The metadata (every field, with ``gguf``'s ``GGUF.version`` / ``tensor_count`` /
     ``kv_count`` first) and tensor table of the GGUF file at ``path``."""
-    with open(path, "rb") as handle:
-        size = handle.seek(0, 2)
-        if size < 24:
-            raise ValueError(f"{size} bytes: shorter than a GGUF header")
-        header = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-    buf = memoryview(header)
+    plain = read_whole(path)
+    if plain.size < 24:
+        raise ValueError(f"{plain.size} bytes: shorter than a GGUF header")
+    buf = plain.data
     try:
-        return _read(path, buf, size)
+        return _read(plain, buf)
     except struct.error as exc:
         raise ValueError(f"the file ends inside its header ({exc})") from exc
     finally:
         buf.release()
-        header.close()
 
 
-def _read(path: str | Path, buf: memoryview, size: int) -> GGUFContents:
+def read_whole(path: str | Path) -> np.ndarray:
+    """The bytes of the regular file ``path``, read into memory (uint8).
+
+    Not memory-mapped: a mapped file cut short while it is read (a download or copy
+    still being written, a file replaced) kills the process with SIGBUS at the first page
+    past its new end. Read, a file that shrinks gives a short read, an error here. The
+    loader copies every tensor into the model anyway, so the bytes are held only while it
+    loads (93 MB for SmolLM2: a few tens of ms from the page cache).
+    """
+    # O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused just below)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        handle = os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        size = info.st_size
+        data = np.empty(size, dtype=np.uint8)
+        view, done = data.data, 0
+        while done < size:
+            count = handle.readinto(view[done:])
+            if not count:
+                raise ValueError(
+                    f"the file shrank while it was read ({done} of its {size} bytes came): "
+                    "is it still being written?"
+                )
+            done += count
+        view.release()
+    return data
+
+
+def _read(plain: np.ndarray, buf: memoryview) -> GGUFContents:
+    size = plain.size
     (magic,) = struct.unpack_from("<I", buf, 0)
     if magic != MAGIC:
         raise ValueError("GGUF magic invalid")
@@ -215,7 +252,10 @@ def _read(path: str | Path, buf: memoryview, size: int) -> GGUFContents:
     table = []
     for _ in range(tensor_count):
         name = cursor.string()
-        dims = tuple(cursor.scalar("Q") for _ in range(cursor.scalar("I")))
+        n_dims = cursor.scalar("I")
+        if n_dims > MAX_DIMS:
+            raise ValueError(f"tensor `{name}` has {n_dims} dimensions; GGUF allows {MAX_DIMS}")
+        dims = tuple(cursor.scalar("Q") for _ in range(n_dims))
         raw_type, offset = cursor.scalar("I"), cursor.scalar("Q")
         try:
             kind = GGMLQuantizationType(raw_type)
@@ -231,13 +271,12 @@ def _read(path: str | Path, buf: memoryview, size: int) -> GGUFContents:
         contents.alignment = alignment.value
     start = -(-cursor.offset // contents.alignment) * contents.alignment
     contents.data_offset = start
-    plain = np.memmap(path, mode="r").view(np.ndarray)  # views of it run no Python code
     names: set[str] = set()
     for name, dims, kind, offset in table:
         if name in names:
             raise ValueError(f"tensor `{name}` appears twice")
         names.add(name)
-        elements = int(np.prod(dims, dtype=np.int64)) if dims else 1
+        elements = math.prod(dims)  # Python ints: a product past 2**63 must not wrap
         block, type_size = GGML_QUANT_SIZES[kind]
         n_bytes = elements * type_size // block
         begin = start + offset

@@ -119,6 +119,35 @@ def positive_int(hf: dict[str, Any], key: str, default: int = _REQUIRED) -> int:
     return value
 
 
+def finite_positive(value: object, key: str) -> float:
+    """``value`` as a float when it is a finite number > 0, else ``ConfigError`` naming
+    ``key``: a RoPE base or an RMS-norm epsilon of 0, NaN or -1 makes every logit NaN. The
+    one check of every path (config.json, GGUF metadata, ``ModelConfig`` itself)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _wrong_type(key, value, "a number")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(
+            f"`{key}` must be a finite positive number; got {value} (the model would compute NaN)"
+        )
+    return float(value)
+
+
+# The RoPE tables are [context, head_dim] float32 (cos and sin), built with the model:
+# 2**20 positions of a 128-wide head are 1 GiB, more than any model relayc runs needs.
+MAX_CONTEXT = 1 << 20
+
+
+def check_context(value: int, key: str) -> int:
+    """``value`` when it is a context length relayc builds RoPE tables for, else
+    ``ConfigError`` naming ``key`` (no tensor's shape in a file checks it)."""
+    if value > MAX_CONTEXT:
+        raise ConfigError(
+            f"`{key}` is {value}, past the {MAX_CONTEXT} positions relayc builds RoPE tables "
+            "for; the file is damaged, or lower the value"
+        )
+    return value
+
+
 def _positive_number(
     hf: dict[str, Any], key: str, default: float, within: str | None = None
 ) -> float:
@@ -126,12 +155,7 @@ def _positive_number(
     value = hf.get(key)
     if value is None:
         return default
-    shown = f"{within}.{key}" if within else key
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _wrong_type(shown, value, "a number")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"`{shown}` must be a finite positive number; got {value}")
-    return float(value)
+    return finite_positive(value, f"{within}.{key}" if within else key)
 
 
 def _dtype(hf: dict[str, Any]) -> torch.dtype:
@@ -182,6 +206,8 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"`head_dim` must be even for RoPE; got {self.head_dim}")
+        finite_positive(self.rope_theta, "rope_theta")
+        finite_positive(self.rms_norm_eps, "rms_norm_eps")
         object.__setattr__(self, "dtype", dtype_from_name(self.dtype))
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -250,7 +276,9 @@ class ModelConfig:
                 head_dim=head_dim,
                 rope_theta=rope_theta,
                 rms_norm_eps=_positive_number(hf, "rms_norm_eps", 1e-6),
-                max_position=positive_int(hf, "max_position_embeddings", 2048),
+                max_position=check_context(
+                    positive_int(hf, "max_position_embeddings", 2048), "max_position_embeddings"
+                ),
                 tie_word_embeddings=_optional(hf, "tie_word_embeddings", bool, False),
                 dtype=_dtype(hf),
             )

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from relayc.engine.core.config import ConfigError, ModelConfig, json_kind
+from relayc.engine.core.limits import check_tensor_table
 from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
 
@@ -41,6 +42,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path
         ) from None
+    except (ValueError, RecursionError) as exc:  # a 5000-digit number, 100,000 nested `[`
+        raise CheckpointError(f"cannot be read as JSON: {exc}", path) from None
     if not isinstance(value, dict):
         raise CheckpointError(
             f"must hold a JSON object ({{...}}) at the top level; found {json_kind(value)}", path
@@ -137,7 +140,8 @@ def load_checkpoint(
     ``dtype`` overrides the checkpoint's ``torch_dtype``. Raises ``CheckpointError``
     naming the file and the key when ``config.json`` is not a Llama config the model can
     be built from, the file when a shard is damaged, and the tensor when one is missing,
-    unexpected or has the wrong shape.
+    unexpected or has the wrong shape -- the last three from the shards' headers, before
+    the model is built from the config's sizes.
     """
     from safetensors import safe_open
 
@@ -147,43 +151,41 @@ def load_checkpoint(
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"checkpoint directory {directory} has no config.json")
-    config = config_from_hf(read_json_object(config_path), config_path)
+    hf = read_json_object(config_path)
+    config = config_from_hf(hf, config_path)
     if dtype is not None:
         config = config.replace(dtype=dtype)
+    shards = _shard_files(directory)
+    # The shards' headers (safetensors checks them against the files' sizes) list every
+    # tensor's shape: the config's sizes are checked against them before the model is built.
+    table: dict[str, tuple[int, ...]] = {}
+    where: dict[str, str] = {}
+    for path in shards:
+        if not path.is_file():
+            raise CheckpointError(f"shard {path.name} named in {INDEX_FILE} is missing")
+        with reading_safetensors(path), safe_open(str(path), framework="pt") as shard:
+            for name in shard.keys():
+                if name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                if name == "lm_head.weight" and config.tie_word_embeddings:
+                    continue
+                table[name] = tuple(shard.get_slice(name).get_shape())
+                where[name] = f"{name}` in `{path.name}"
+    try:
+        check_tensor_table(config, table, "num_hidden_layers", where)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"checkpoint {directory}: {exc} (the sizes are `config.json`'s)"
+        ) from None
     model = LlamaForCausalLM(config, device=device)
     expected = expected_tensors(model)
-    loaded: set[str] = set()
     with torch.no_grad():
-        for path in _shard_files(directory):
-            if not path.is_file():
-                raise CheckpointError(f"shard {path.name} named in {INDEX_FILE} is missing")
+        for path in shards:
             with reading_safetensors(path), safe_open(str(path), framework="pt") as shard:
                 for name in shard.keys():
-                    if name.endswith(_IGNORED_SUFFIXES):
-                        continue
-                    if name == "lm_head.weight" and config.tie_word_embeddings:
-                        continue
-                    if name not in expected:
-                        raise CheckpointError(f"unexpected tensor `{name}` in {path.name}")
-                    tensor = shard.get_tensor(name)
-                    target = expected[name]
-                    if tensor.shape != target.shape:
-                        raise CheckpointError(
-                            f"tensor `{name}` in {path.name} has shape {list(tensor.shape)}, "
-                            f"the config needs {list(target.shape)}"
-                        )
-                    target.copy_(tensor.to(dtype=target.dtype))
-                    loaded.add(name)
-    missing = sorted(set(expected) - loaded)
-    if missing:
-        raise CheckpointError(
-            f"checkpoint {directory} lacks tensor `{missing[0]}`"
-            + (
-                f" and {len(missing) - 1} more: {', '.join(missing[1:])}"
-                if len(missing) > 1
-                else ""
-            )
-        )
+                    if name in table:
+                        target = expected[name]
+                        target.copy_(shard.get_tensor(name).to(dtype=target.dtype))
     return model
 
 

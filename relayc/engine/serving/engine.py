@@ -620,6 +620,12 @@ class Engine:
             raise ValueError("`arrivals` needs one non-negative iteration per prompt (an integer)")
         return [int(a) for a in arrivals]
 
+    @property
+    def tokenizer_error(self) -> str | None:
+        """Why the model's own tokenizer could not be built (it names the file); None when
+        it was, or the model ships none."""
+        return self._tokenizer_error
+
     def _no_tokenizer(self, what: str) -> str:
         why = self._tokenizer_error or "this model has none"
         return f"{what} need a tokenizer and {why}; pass token ids"

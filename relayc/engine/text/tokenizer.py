@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relayc.engine.errors import CheckpointError
+from relayc.engine.errors import CheckpointError, GGUFError
 from relayc.engine.text.chat import ChatError, render_chat
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ class GGUFMetadata(Protocol):
     def path(self) -> Path: ...
 
     def get(self, key: str, default: Any = None) -> Any: ...
+
+    def optional(self, key: str, kind: type | tuple[type, ...], default: Any) -> Any: ...
 
 
 # Control-token texts that end a turn in the chat formats in use (llama.cpp's list).
@@ -138,13 +140,16 @@ class Tokenizer:
                 f"this model's tokenizer ({self.source}) has no chat template; "
                 "pass the prompt text or token ids instead"
             )
-        return render_chat(
-            self.chat_template,
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self._text(self.bos_id),
-            eos_token=self._text(self.eos_id),
-        )
+        try:
+            return render_chat(
+                self.chat_template,
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._text(self.bos_id),
+                eos_token=self._text(self.eos_id),
+            )
+        except ChatError as exc:  # the file the template came from, for the fix
+            raise ChatError(f"{self.source}: {exc}") from exc
 
     def encode_chat(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
@@ -188,39 +193,74 @@ def _pre_tokenizer(pre: str | None, where: str) -> Any:
 
 def tokenizer_from_gguf(file: GGUFMetadata) -> Tokenizer:
     """The tokenizer in ``file``'s metadata; ``TokenizerError`` when it has none or one that
-    cannot be built."""
+    cannot be built (a key of the wrong type or length, an id outside the vocabulary)."""
     where = str(file.path)
-    kind = file.get("tokenizer.ggml.model")
-    tokens = file.get("tokenizer.ggml.tokens")
+    kind = _gguf_value(file, "tokenizer.ggml.model", str)
+    tokens = _gguf_list(file, "tokenizer.ggml.tokens", str)
     if kind is None or not tokens:
         raise TokenizerError(f"{where} holds no tokenizer (no `tokenizer.ggml.model` / tokens)")
+    types = _gguf_list(file, "tokenizer.ggml.token_type", int)
+    if types is not None and len(types) != len(tokens):
+        raise TokenizerError(
+            f"{where}: `tokenizer.ggml.token_type` has {len(types)} entries for "
+            f"{len(tokens)} tokens; one a token"
+        )
+    ids: dict[str, int | None] = {}
+    for name in ("bos", "eos", "eot", "eom"):
+        key = f"tokenizer.ggml.{name}_token_id"
+        value = _gguf_value(file, key, int)
+        if value is not None and value < 0:  # ids past the vocabulary: checked per request
+            raise TokenizerError(f"{where}: `{key}` is {value}, not a token id")
+        ids[name] = value
+    add_bos = _gguf_value(file, "tokenizer.ggml.add_bos_token", bool)
+    template = _gguf_value(file, "tokenizer.chat_template", str)
     if kind == "gpt2":
-        backend = _gpt2_backend(file, tokens)
+        backend = _gpt2_backend(file, tokens, types)
     else:
         backend = _converted_backend(file, kind)
-    types = file.get("tokenizer.ggml.token_type")
-    ids = {
-        name: file.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "eot", "eom")
-    }
-    eog = {t for t in (ids["eos"], ids["eot"], ids["eom"]) if isinstance(t, int)}
+    eog = {t for t in (ids["eos"], ids["eot"], ids["eom"]) if t is not None}
     eog |= _eog_from_texts(tokens, types)
     return Tokenizer(
         backend,
         bos_id=ids["bos"],
         eos_id=ids["eos"],
         eog_ids=eog,
-        add_bos=bool(file.get("tokenizer.ggml.add_bos_token", kind == "llama")),
-        chat_template=file.get("tokenizer.chat_template"),
+        add_bos=add_bos if add_bos is not None else kind == "llama",
+        chat_template=template,
         source=Path(where).name,
     )
 
 
-def _gpt2_backend(file: GGUFMetadata, tokens: Sequence[str]) -> HFTokenizer:
+def _gguf_value(file: GGUFMetadata, key: str, kind: type) -> Any:
+    """``file``'s ``key`` when it is a ``kind`` (a bool is no int), None when absent."""
+    try:
+        return file.optional(key, kind, None)
+    except GGUFError as exc:
+        raise TokenizerError(str(exc)) from None
+
+
+def _gguf_list(file: GGUFMetadata, key: str, item: type) -> list[Any] | None:
+    """``file``'s array ``key`` when every element is an ``item``, None when absent."""
+    values = _gguf_value(file, key, list)
+    if values is None:
+        return None
+    for index, value in enumerate(values):
+        if not isinstance(value, item) or (isinstance(value, bool) and item is not bool):
+            raise TokenizerError(
+                f"{file.path}: `{key}[{index}]` is {type(value).__name__} {value!r:.40}, "
+                f"expected {item.__name__}"
+            )
+    return values
+
+
+def _gpt2_backend(
+    file: GGUFMetadata, tokens: Sequence[str], types: Sequence[int] | None
+) -> HFTokenizer:
     from tokenizers import AddedToken, decoders, models
     from tokenizers import Tokenizer as HFTokenizer
 
     where = str(file.path)
-    merges_text = file.get("tokenizer.ggml.merges") or []
+    merges_text = _gguf_list(file, "tokenizer.ggml.merges", str) or []
     merges: list[tuple[str, str]] = []
     for index, merge in enumerate(merges_text):
         left, sep, right = merge.partition(" ")
@@ -234,12 +274,11 @@ def _gpt2_backend(file: GGUFMetadata, tokens: Sequence[str]) -> HFTokenizer:
         backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     except Exception as exc:
         raise TokenizerError(f"{where}: the BPE vocabulary and merges do not fit ({exc})") from exc
-    backend.pre_tokenizer = _pre_tokenizer(file.get("tokenizer.ggml.pre"), where)
+    backend.pre_tokenizer = _pre_tokenizer(_gguf_value(file, "tokenizer.ggml.pre", str), where)
     backend.decoder = decoders.ByteLevel()
-    types = file.get("tokenizer.ggml.token_type") or []
     added = [
         AddedToken(tokens[i], special=t == _CONTROL, normalized=False)
-        for i, t in enumerate(types)
+        for i, t in enumerate(types or [])
         if t in (_CONTROL, _USER_DEFINED)
     ]
     backend.add_tokens(added)
@@ -296,20 +335,35 @@ def tokenizer_from_dir(directory: Path, vocab_size: int) -> Tokenizer | None:
         for value in source if isinstance(source, list) else [source]:
             if (found := token_id(value)) is not None:
                 eog.add(found)
+    # ids as the vocabulary gives them, never a list as long as the largest id (one id of
+    # 1.5e9 in a hostile tokenizer.json would be a 12 GB list)
     vocab = backend.get_vocab(with_added_tokens=True)
-    texts = [""] * (max(vocab.values(), default=-1) + 1)
-    for text, index in vocab.items():
-        texts[index] = text
     special = {tok.content for tok in backend.get_added_tokens_decoder().values() if tok.special}
-    eog |= {i for i in _eog_from_texts(texts, None) if texts[i] in special}
+    eog |= {index for text, index in vocab.items() if text in _EOG_TEXTS and text in special}
     eog = {t for t in eog if 0 <= t < vocab_size}
+    for name, value, source in (
+        ("bos", bos, "tokenizer_config.json / config.json"),
+        ("eos", eos, "tokenizer_config.json"),
+    ):
+        if value is not None and value < 0:  # ids past the vocabulary: checked per request
+            raise TokenizerError(
+                f"{directory}: the {name} token's id is {value} ({source} `{name}_token` / "
+                f"`{name}_token_id`), not a token id"
+            )
     template = settings.get("chat_template")
     if isinstance(template, list):  # named templates: the default one
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
         template = named.get("default")
     jinja = directory / "chat_template.jinja"
     if template is None and jinja.is_file():
-        template = jinja.read_text()
+        try:
+            template = jinja.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise TokenizerError(
+                f"{jinja}: not UTF-8 text (byte {exc.start}); save the template as UTF-8"
+            ) from None
+        except OSError as exc:
+            raise TokenizerError(f"{jinja}: cannot read: {exc.strerror or exc}") from None
     return Tokenizer(
         backend,
         bos_id=bos,
@@ -325,8 +379,8 @@ def _json_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        value = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: JSON, UTF-8, digits
         raise TokenizerError(f"{path} is not valid JSON ({exc}); fix or remove it") from exc
     if not isinstance(value, dict):
         raise TokenizerError(f"{path} must hold a JSON object, not {type(value).__name__}")
