@@ -42,6 +42,7 @@ from relayc.engine.model import (
     use_cpu_matmul_layout,
 )
 from relayc.engine.overlap import make_runner
+from relayc.engine.prompt_checks import chat_text_error, text_error, token_ids_error
 from relayc.engine.request import FinishReason, Output, Request, StreamDelta
 from relayc.engine.sampling import SamplingParams
 from relayc.engine.scheduler import Scheduler, SchedulerConfig
@@ -680,15 +681,23 @@ class Engine:
                 return "prompt is empty"
             if self.tokenizer is None:
                 return self._no_tokenizer("string prompts")
-            ids = self.tokenizer.encode_prompt(prompt)
-            return ids if ids else "prompt encodes to no tokens"
+            ids = text_error(prompt) or self.tokenizer.encode_prompt(prompt)
+            if isinstance(ids, str):
+                return ids
+            return (
+                token_ids_error(ids, vocab, "the tokenizer") or ids or "prompt encodes to no tokens"
+            )
         if isinstance(prompt, Chat):
             if self.tokenizer is None:
                 return self._no_tokenizer("chat prompts")
+            error = chat_text_error(prompt.messages)
+            if error is not None:
+                return error
             try:
-                return self.tokenizer.encode_chat(prompt.messages, prompt.add_generation_prompt)
+                ids = self.tokenizer.encode_chat(prompt.messages, prompt.add_generation_prompt)
             except ChatError as exc:
                 return str(exc)
+            return token_ids_error(ids, vocab, "the tokenizer") or ids
         if not isinstance(prompt, Sequence) or isinstance(prompt, bytes):
             return f"a prompt must be a string or a list of token ids; got {type(prompt).__name__}"
         ids = list(prompt)
@@ -696,11 +705,7 @@ class Engine:
             return "prompt is empty"
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             return "prompt token ids must be integers"
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-            return f"prompt token ids [{shown}] are outside the vocabulary [0, {vocab})"
-        return ids
+        return token_ids_error(ids, vocab) or ids
 
     def _make_request(
         self, index: int, prompt: Prompt, params: object, arrival: int
