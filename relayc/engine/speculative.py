@@ -23,7 +23,7 @@ from relayc.engine.draft import (
 )
 from relayc.engine.draft.standalone import default_standalone_config
 from relayc.engine.model import LlamaForCausalLM
-from relayc.engine.shipped import named_drafter
+from relayc.engine.shipped import named_drafter, refuse_untrained_drafter
 
 ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone")
 TREE_DRAFTING = ("eagle", "eagle3")  # a head drafting a tree level by level in scratch slots
@@ -117,6 +117,8 @@ def _make_drafter(
     num_draft_tokens: int,
     seed: int,
 ) -> Any:
+    if draft_model is None and name in ("standalone", "eagle", "eagle_multilayer"):
+        refuse_untrained_drafter(model, name)  # a named model: random weights draft garbage
     if name == "standalone":
         if draft_model is not None:
             drafter = StandaloneDrafter.load(draft_model, model.device)
