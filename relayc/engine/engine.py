@@ -269,6 +269,10 @@ class Engine:
             max_batch_size=max_batch_size,
             capture_batch_sizes=capture_batch_sizes,
             draft_quantization=draft_quantization,
+            max_context=max_context,
+            req_pool_size=req_pool_size,
+            kv_pool_tokens=kv_pool_tokens,
+            max_prefill_tokens=max_prefill_tokens,
         )
         model_dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
@@ -299,13 +303,13 @@ class Engine:
             )
         self.overlap, self.seed = overlap, seed
         config = self.model.config
-        context = min(max_context or config.max_position, config.max_position)
+        context = config.max_position if max_context is None else max_context
         self.config = SchedulerConfig(
             max_batch_size=max_batch_size,
             # A finished request holds its slot until its last forward is processed.
-            req_pool_size=req_pool_size or 2 * max_batch_size,
+            req_pool_size=2 * max_batch_size if req_pool_size is None else req_pool_size,
             kv_pool_tokens=kv_pool_tokens,
-            max_context=context,
+            max_context=min(context, config.max_position),
             max_prefill_tokens=max_prefill_tokens,
         )
         if isinstance(algorithm, DecodeAlgorithm):
