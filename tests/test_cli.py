@@ -194,7 +194,8 @@ def test_schema_output_errors(tmp_path: Path, monkeypatch, capsys, where: str) -
 
 GENERATE_ERRORS = [
     (["--top-k", "1e23"], "expected a whole number"),
-    (["--top-k", str(10**23)], "must be at least 0"),
+    (["--top-k", str(10**23)], f"is too large: must be at most {2**31 - 1}, got {10**23}"),
+    (["--max-new-tokens", str(10**26)], f"is too large: must be at most {2**31 - 1}"),
     (["--top-k", "-1"], "must be at least 0"),
     (["--max-new-tokens", "0"], "must be at least 1"),
     (["--temperature", "nan"], "finite number"),

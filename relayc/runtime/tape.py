@@ -259,6 +259,14 @@ def _reference(arg: Any) -> int | None:
     return address if f"({address:#x})" in repr(arg) else None
 
 
+def warm_up() -> None:
+    """Pay now what the first recording would pay: a ``TorchDispatchMode``'s first op imports
+    ``torch._dynamo`` (about 1.5 s here, once a process), so without this the first request
+    of a process waited that much longer than the rest. ``DecodeGraphs`` calls it when the
+    engine is built with recorded steps."""
+    import torch._dynamo  # noqa: F401  (what torch._compile's wrappers import on first use)
+
+
 class Recorder(CaptureCheck):
     """Records a step's ATen ops and native calls into a :class:`Tape` (see the module)."""
 

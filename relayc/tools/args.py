@@ -26,6 +26,8 @@ def int_in(low: int, high: int = MAX_COUNT) -> Callable[[str], int]:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value > high and high == MAX_COUNT:  # 10**26 is not "below 1": say the bound
+            raise argparse.ArgumentTypeError(f"is too large: must be at most {high}, got {value}")
         if not low <= value <= high:
             bounds = f"at least {low}" if high == MAX_COUNT else f"between {low} and {high}"
             raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")

@@ -28,6 +28,7 @@ from relayc.tools.args import (
 # relayc.engine.checkpoints.quantize.QUANTIZATIONS (a test keeps them equal), not imported
 # here: it imports torch
 DRAFT_QUANTIZATIONS = ("q8_0", "q4_1", "q4_0")
+REAL_MODEL = "smollm2"  # the default model, as `relayc demo`'s (relayc.tools.demo)
 
 if TYPE_CHECKING:  # torch: `relayc validate` imports this module and should not pay for it
     from relayc.engine.core.sampling import SamplingParams
@@ -54,10 +55,10 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         "generate",
         help="generate text with the reference engine (streamed)",
         description="Stream a completion of --prompt, --chat (one user message through the "
-        "model's chat template) or --prompt-ids from the reference engine: the shipped "
-        "byte-level demo model (trained on Python source) with its draft models, "
-        "`--model smollm2` (SmolLM2-135M-Instruct), a Llama GGUF file, a local Hugging "
-        "Face Llama checkpoint, or `--model random`. "
+        "model's chat template) or --prompt-ids from the reference engine: SmolLM2-135M-"
+        "Instruct by default (as `relayc demo`), a Llama GGUF file, a local Hugging Face "
+        "Llama checkpoint, `--model random`, or `--toy`: the shipped byte-level demo model "
+        "(trained on Python source) with its draft models. "
         "Text goes to stdout (token ids when the model has no tokenizer); loading progress "
         "and a summary line (tokens, tokens/s, mean accept length: tokens per decode step) "
         "to stderr.",
@@ -117,12 +118,19 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     p.add_argument(
         "--no-overlap", action="store_true", help="run scheduling and the forward synchronously"
     )
-    p.add_argument(
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
         "--model",
         type=model_arg,
         metavar="MODEL",
-        help="`smollm2`, a Llama .gguf file, a Hugging Face Llama checkpoint directory, or "
-        "`random` (default: the shipped byte-level model)",
+        help="`smollm2` (the default), a Llama .gguf file, a Hugging Face Llama checkpoint "
+        "directory, or `random`",
+    )
+    which.add_argument(
+        "--toy",
+        action="store_true",
+        help="the shipped byte-level demo model (trained here on Python source; no chat "
+        "template) and its drafters: eagle, eagle_multilayer, standalone, eagle3",
     )
     p.add_argument(
         "--dtype",
@@ -154,7 +162,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """``relayc generate``: 0 ok, 2 usage errors (raised as ``UsageError``; a checkpoint's
     ``CheckpointError`` from anywhere reaches ``relayc.cli.main`` as one, too)."""
     # Imported here: torch is slow to import, and `relayc validate` should not pay for it.
+    from relayc.engine.checkpoints.named import named_model_file
     from relayc.engine.core.sampling import SamplingParams
+    from relayc.engine.errors import CheckpointError
     from relayc.engine.serving.engine import Engine
     from relayc.engine.serving.overlap import set_cpu_threads
     from relayc.engine.text.chat import Chat
@@ -164,9 +174,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    model = None if args.toy else (args.model or REAL_MODEL)
+    try:
+        if model == REAL_MODEL:
+            named_model_file(REAL_MODEL)  # not installed: say how, and name the alternative
+    except CheckpointError as exc:
+        raise UsageError(f"{exc}; or pass --toy for the byte-level demo model") from None
     try:
         engine = Engine(
-            model=args.model,
+            model=model,
             dtype=args.dtype,
             progress=progress,
             algorithm=args.algorithm,

@@ -23,6 +23,7 @@ from relayc.engine.decoder.cpu_decoder import ScriptedLayers
 from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
 from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver
+from tests.tolerance import assert_forwards_close
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -113,7 +114,7 @@ def test_replaced_weights_are_never_stale(counted: list[int], no_native: None) -
         reference.model.layers[0].post_attention_layernorm.weight.copy_(new_norm)
     # (close, not equal: the new o_proj weight is row-major, the reference's column-major)
     for a, b in zip(_session(model), _session(reference), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        assert_forwards_close(a, b, model.config)
     assert counted  # still scripted
     counted.clear()
     with torch.no_grad():
@@ -122,7 +123,7 @@ def test_replaced_weights_are_never_stale(counted: list[int], no_native: None) -
         k_proj.weight.data = new_k.clone()  # the fused q/k/v copy is stale now
         reference.model.layers[0].self_attn.k_proj.weight.copy_(new_k)
     for a, b in zip(_session(model), _session(reference), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)  # eager, unfused for k
+        assert_forwards_close(a, b, model.config)  # eager, unfused for k
     assert counted == []
     use_cpu_matmul_layout(model)  # fuse again: scripted again
     _session(model)
@@ -160,7 +161,7 @@ def test_the_native_decoder_does_not_need_torchscript(
     use_cpu_matmul_layout(model)
     use_cpu_matmul_layout(reference, scripted=False)
     for a, b in zip(_session(model), _session(reference), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        assert_forwards_close(a, b, model.config)
     assert native_calls == [8, 3, 3, 3, 8]  # the mixed prefill ran eagerly
 
 
@@ -177,7 +178,7 @@ def test_shapes_the_native_layers_cannot_take_fall_back_per_part() -> None:
     assert model.scripted is not None and model.scripted.args() is not None
     assert model.scripted._native is None
     for a, b in zip(_session(model), _session(reference), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        assert_forwards_close(a, b, model.config)
     assert model._native_head is not None
 
 
@@ -190,7 +191,7 @@ def test_native_decoder_matches_the_eager_layers(native_calls: list[int]) -> Non
     # prefill of mixed lengths is not uniform: TorchScript; the rest runs natively
     assert native_calls == [8, 3, 3, 3, 8], native_calls  # chunk of 2 x 4, decodes, verify
     for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        assert_forwards_close(a, b, eager.config)
         assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
@@ -261,7 +262,7 @@ def test_native_weights_follow_in_place_updates(native_calls: list[int]) -> None
         model.lm_head.weight.mul_(2.0)  # the native LM head reads a packed copy
         reference.lm_head.weight.mul_(2.0)
     for a, b in zip(_session(model), _session(reference), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        assert_forwards_close(a, b, model.config)
     # A write through .data moves no version counter: laying the model out again repacks.
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight.data.mul_(3.0)
@@ -270,7 +271,7 @@ def test_native_weights_follow_in_place_updates(native_calls: list[int]) -> None
         reference.lm_head.weight.mul_(0.5)
     use_cpu_matmul_layout(model)
     for a, b in zip(_session(model), _session(reference), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        assert_forwards_close(a, b, model.config)
 
 
 def test_a_slot_outside_the_cache_is_an_error_not_a_stray_write(
@@ -388,7 +389,7 @@ def test_forward_train_without_autograd_takes_batches_of_sequences(
         got = model.forward_train(ids)
     assert heads == [(2, 7, model.config.hidden_size)]  # the native head took it
     assert got.logits.shape == expected.logits.shape == (2, 7, model.config.vocab_size)
-    torch.testing.assert_close(got.logits, expected.logits.detach(), atol=1e-4, rtol=0)
+    assert_forwards_close(got.logits, expected.logits.detach(), model.config)
     torch.testing.assert_close(got.hidden_states, expected.hidden_states.detach())
     with context:  # more rows than the native head takes: the eager head, same shape
         long = model.forward_train(torch.tensor([_tokens(40, seed=3)] * 2))

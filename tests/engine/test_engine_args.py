@@ -39,6 +39,26 @@ def test_switches_are_bools(tmp_path: Path, name: str, value: object) -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "value", "default"),
+    [
+        ("max_context", 0, "the model's context length"),  # 0 used to mean the default
+        ("max_context", -5, "the model's context length"),
+        ("max_context", 2.5, "the model's context length"),
+        ("req_pool_size", 0, "2 \\* max_batch_size"),  # 0 used to be accepted
+        ("req_pool_size", True, "2 \\* max_batch_size"),
+    ],
+)
+def test_sizes_are_positive_or_none(tmp_path: Path, name: str, value: object, default: str) -> None:
+    match = rf"`{name}` must be a positive integer, or None for {default}; got {value!r}"
+    _rejected(tmp_path, ValueError, match, **CHAIN, **{name: value})
+
+
+@pytest.mark.parametrize("name", ["kv_pool_tokens", "max_prefill_tokens"])
+def test_pool_sizes_are_positive(tmp_path: Path, name: str) -> None:
+    _rejected(tmp_path, ValueError, rf"`{name}` must be a positive integer; got 0", **{name: 0})
+
+
+@pytest.mark.parametrize(
     ("value", "error", "match"),
     [
         (True, TypeError, r"`draft_confidence` must be a number in \(0, 1\] \(e.g. 0.4\) or None"),

@@ -5,6 +5,9 @@ batches that fill a bucket, are padded to one, and exceed the largest (eager).""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -129,3 +132,24 @@ def test_graph_modes_are_checked(model: LlamaForCausalLM) -> None:
     assert given.batch_sizes == (2, 16)
     # debug's relay checks read the device on the host, which a recording refuses
     assert DecodeGraphs.build("auto", "cpu", (1, 2), max_batch_size=4, debug=True).mode == "off"
+
+
+def test_the_engine_pays_the_first_recording_s_imports_when_it_is_built() -> None:
+    """The first recorded step enters a TorchDispatchMode, whose first op imports
+    torch._dynamo (about 1.5 s): built with recorded steps, the engine imports it, so the
+    first request is not that much slower than the rest (checked by the import, in a fresh
+    process, not by a time)."""
+    if native_decoder() is None:
+        pytest.skip("recorded steps (graphs='tape') need the native decoder")
+    script = (
+        "import sys\n"
+        "from relayc.engine import Engine\n"
+        "engine = Engine('random', overlap=False)\n"
+        "assert engine.algorithm.graphs.mode == 'tape', engine.algorithm.graphs.mode\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]

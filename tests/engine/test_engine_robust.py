@@ -11,6 +11,7 @@ import _thread
 import faulthandler
 import math
 import random
+import re
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from hypothesis import strategies as st
 
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.core.sampling import MIN_TEMPERATURE, SamplingBatch, sample
+from relayc.engine.text.bytes import VOCAB_SIZE, ByteTokenizer
 from tests.engine.engine_helpers import (
     assert_idle,
     one_intra_op_thread,  # noqa: F401 - autouse fixture
@@ -124,6 +126,53 @@ def test_a_parameter_of_the_wrong_type_fails_its_request_alone(
                 assert _tokens([outs[0], outs[2]]) == expected
                 assert outs[1].finish_reason is FinishReason.ERROR and outs[1].token_ids == []
                 assert outs[1].error is not None and f"`{field}`" in outs[1].error, outs[1].error
+
+    bounded(body)
+
+
+class _MismatchedTokenizer(ByteTokenizer):
+    """A tokenizer that disagrees with its model: a ``bos_token_id`` of 4e9 (as a broken
+    ``tokenizer.json`` or GGUF gives), and ids past the embedding for the letter z."""
+
+    bos_id = 4_000_000_000
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        ids = [VOCAB_SIZE + 7 if t == ord("z") else t for t in super().encode(text)]
+        return [self.bos_id, *ids] if add_bos else ids
+
+
+def test_a_prompt_the_tokenizer_cannot_run_fails_alone(model: LlamaForCausalLM) -> None:
+    """Ids a tokenizer makes are checked against the model at submission, and a string no
+    tokenizer encodes (a lone surrogate) is that request's error: the requests beside them
+    get the tokens they get alone, overlapped or not."""
+    innocent = [[5, 6, 7], [9, 9, 4, 1]]
+    params = [SP(max_new_tokens=6), SP(max_new_tokens=6, temperature=0.8, seed=2)]
+
+    def body() -> None:
+        for overlap in (True, False):
+            with _engine(model, overlap=overlap, tokenizer=_MismatchedTokenizer()) as engine:
+                alone = [
+                    engine.generate([p], q)[0].token_ids
+                    for p, q in zip(innocent, params, strict=True)
+                ]
+                for bad, message in [
+                    ("hello", r"the tokenizer gave token ids \[4000000000\] outside"),
+                    ([3, 4], None),  # a good one between them
+                    ("lone \ud800 surrogate", r"lone surrogate U\+D800 at character 5"),
+                ]:
+                    outs = engine.generate(
+                        [innocent[0], bad, innocent[1]], [params[0], SP(), params[1]]
+                    )
+                    assert_idle(engine)
+                    assert [outs[0].token_ids, outs[2].token_ids] == alone
+                    if message is None:
+                        assert outs[1].finish_reason is not FinishReason.ERROR
+                    else:
+                        assert outs[1].finish_reason is FinishReason.ERROR, outs[1]
+                        assert outs[1].error is not None
+                        assert re.search(message, outs[1].error), outs[1].error
+                with pytest.raises(ValueError, match=r"ids \[4000000000, 266\] outside"):
+                    engine.encode("hz")
 
     bounded(body)
 

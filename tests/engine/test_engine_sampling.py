@@ -87,3 +87,28 @@ def test_top_k_one_is_greedy_and_sampled_stop_tokens_end_a_request(
         (out,) = engine.generate([work.prompts[0]], stopped)
     assert out.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
     assert out.finish_reason is FinishReason.STOP
+
+
+def test_ngram_sampling_is_the_same_alone_batched_and_staggered() -> None:
+    """n-gram's tree depends on what the host knew when it proposed (overlap in a batch
+    proposes one iteration behind, a request alone does not); its sampled tokens must not:
+    each node draws its token keyed by seed and position, so they are ``none``'s."""
+    prompts = [
+        "def foo(x):\n    return x\n\ndef foo(y):\n    return",
+        "import os\nimport sys\nimport os\n",
+        "class A:\n    def f(self):\n        pass\n\nclass B:\n    def",
+        "for i in range(10):\n    print(i)\nfor j in range(10):\n",
+    ]
+    params = [SamplingParams(max_new_tokens=24, temperature=0.8, seed=7 + i) for i in range(4)]
+    with Engine(algorithm="none", overlap=False) as plain:
+        want = [o.token_ids for o in plain.generate(prompts, params)]
+    with Engine(algorithm="ngram", num_draft_tokens=6, max_batch_size=8) as engine:
+        solo = [engine.generate([p], [q])[0] for p, q in zip(prompts, params, strict=True)]
+        assert [o.token_ids for o in solo] == want
+        assert any(max(o.accept_lengths) > 1 for o in solo)  # drafts were accepted
+        for i, j in [(0, 1), (1, 0), (2, 3), (3, 2), (0, 2), (3, 1)]:
+            for arrival in (0, 1, 3):  # together, and j a few iterations after i
+                pair = engine.generate(
+                    [prompts[i], prompts[j]], [params[i], params[j]], arrivals=[0, arrival]
+                )
+                assert [o.token_ids for o in pair] == [want[i], want[j]], (i, j, arrival)

@@ -16,6 +16,7 @@ import pytest
 from relayc.cli import main
 from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.draft import EagleHead, StandaloneDrafter
+from relayc.engine.draft.standalone import default_standalone_config
 from relayc.engine.ops import implementations
 from relayc.nodes import Op, TensorType, register
 from relayc.specs.loader import BUNDLED_DIR
@@ -103,6 +104,16 @@ def test_the_target_as_its_own_standalone_draft_model_accepts_every_chain(
         # every verify but a request's last (cut at max_new_tokens) accepts the whole chain
         assert all(a == 4 for a in out.accept_lengths[:-1]), out.accept_lengths
     engine.close()
+
+
+def test_a_standalone_draft_model_with_another_vocabulary_is_refused_at_load(
+    model: LlamaForCausalLM, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    directory = tmp_path / "other"
+    other = model.config.replace(vocab_size=model.config.vocab_size + 5)
+    StandaloneDrafter.random(default_standalone_config(other), seed=1).save(directory)
+    with pytest.raises(ValueError, match=r"vocabulary of 264 tokens but the target has 259"):
+        Engine(model, algorithm="standalone", draft_model=directory)
 
 
 def test_standalone_needs_a_chain() -> None:

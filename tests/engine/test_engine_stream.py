@@ -124,21 +124,24 @@ def _generate_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[
 
 
 def test_relayc_generate_streams_text_and_a_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    # --toy: the engine's default model (the CLI's default is SmolLM2)
     with Engine(seed=0) as engine:
         (out,) = engine.generate(["Hello"], SamplingParams(max_new_tokens=6, seed=0))
-    code, stdout, stderr = _generate_cli(["--prompt", "Hello", "--max-new-tokens", "6"], capsys)
+    code, stdout, stderr = _generate_cli(
+        ["--toy", "--prompt", "Hello", "--max-new-tokens", "6"], capsys
+    )
     assert code == 0 and stdout == _printable(out.text) + "\n"
     assert "6 tokens in " in stderr and "finish: length, overlap on)" in stderr
     # the prefill's wait apart from the decoding speed
     assert re.search(r"\(first token after \d+\.\d\d s, then \d+\.\d tokens/s; ", stderr)
     assert stderr.rstrip().endswith("algorithm none, mean accept length 1.00")
-    code, _, stderr = _generate_cli(["--prompt", "x", "--algorithm", "beam"], capsys)
+    code, _, stderr = _generate_cli(["--toy", "--prompt", "x", "--algorithm", "beam"], capsys)
     assert code == 2 and "unknown algorithm `beam`" in stderr
     code, same, _ = _generate_cli(
-        ["--prompt", "Hello", "--max-new-tokens", "6", "--no-overlap"], capsys
+        ["--toy", "--prompt", "Hello", "--max-new-tokens", "6", "--no-overlap"], capsys
     )
     assert code == 0 and same == stdout
-    sampled = ["--prompt", "Hi", "--temperature", "0.9", "--top-k", "40", "--top-p", "0.9"]
+    sampled = ["--toy", "--prompt", "Hi", "--temperature", "0.9", "--top-k", "40", "--top-p", "0.9"]
     assert (
         _generate_cli([*sampled, "--seed", "4"], capsys)[1]
         == _generate_cli([*sampled, "--seed", "4"], capsys)[1]

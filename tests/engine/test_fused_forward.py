@@ -23,6 +23,7 @@ from relayc.engine.model.weights import random_model
 from relayc.engine.native import head_argmax
 from relayc.engine.native.library import native_decoder
 from tests.engine.helpers import PagedDriver
+from tests.tolerance import assert_forwards_close
 
 # whole 32-weight blocks for the GGUF case; 3 layers so a capture can skip one
 CONFIG = ModelConfig(
@@ -231,7 +232,7 @@ def _close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
     same greedy tokens: ``got`` and ``want`` alternate logits and hidden states."""
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+        assert_forwards_close(a, b, CONFIG)
     for a, b in zip(got[::2], want[::2], strict=True):
         assert torch.equal(a.argmax(-1), b.argmax(-1))
 

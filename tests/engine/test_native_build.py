@@ -294,6 +294,42 @@ def test_relayc_native_other_values_are_an_error_before_any_work(
     assert fake_cc.builds == []
 
 
+@pytest.mark.parametrize("name", native_module.BF16_KERNELS)
+def test_relayc_bf16_kernel_forces_a_kernel_or_says_this_cpu_lacks_it(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The switch CI runs the bfloat16 tests under (scripts/test.sh): the named kernel runs
+    every bfloat16 GEMM of the process; one this CPU lacks is an error, not a fallback."""
+    lib = native_module.native_decoder()
+    assert lib is not None, "the native decoder should build here"
+    previous = native_module.bf16_kernel(lib)
+    monkeypatch.setenv("RELAYC_BF16_KERNEL", f" {name.upper()} ")
+    monkeypatch.setattr(native_module, "_lib", None)
+    monkeypatch.setattr(native_module, "_tried", False)
+    try:
+        if name in native_module.bf16_kernels(lib):
+            assert native_module.native_decoder() is not None
+            assert native_module.bf16_kernel(lib) == name
+        else:
+            with pytest.raises(ValueError, match=f"RELAYC_BF16_KERNEL={name} does not run on"):
+                native_module.native_decoder()
+    finally:
+        native_module.use_bf16_kernel(lib, previous)
+
+
+@pytest.mark.parametrize("value", ["tiles", "avx512", "1"])
+def test_relayc_bf16_kernel_other_values_are_an_error_before_any_work(
+    value: str, monkeypatch: pytest.MonkeyPatch, fake_cc: FakeCompiler, fresh: None
+) -> None:
+    monkeypatch.setenv("RELAYC_BF16_KERNEL", value)
+    message = rf"RELAYC_BF16_KERNEL='{value}' is not a bfloat16 kernel: set it to one of portable"
+    with pytest.raises(ValueError, match=message):
+        native_module.native_decoder()
+    assert fake_cc.builds == []
+    monkeypatch.setenv("RELAYC_BF16_KERNEL", "auto")
+    assert native_module.bf16_kernel_choice() is None
+
+
 def test_relayc_cache_dir_expands_home_and_resolves_relative_paths(
     monkeypatch: pytest.MonkeyPatch, fake_cc: FakeCompiler, tmp_path: Path
 ) -> None:

@@ -10,8 +10,7 @@ from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.engine.model.weights import random_model
 from tests.engine.helpers import PagedDriver
-
-ATOL = 1e-4  # float32 with different reduction orders; logits are O(1-10)
+from tests.tolerance import assert_forwards_close
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,7 @@ def test_extend_matches_dense_for_mixed_lengths(model: LlamaForCausalLM) -> None
     got = driver.extend(reqs, prompts).split([len(p) for p in prompts])
     for prompt, logits in zip(prompts, got, strict=True):
         expected = model.forward_dense(torch.tensor(prompt)).logits
-        torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
+        assert_forwards_close(logits, expected, model.config)
 
 
 def test_extend_returns_last_logits_per_request(model: LlamaForCausalLM) -> None:
@@ -40,7 +39,7 @@ def test_extend_returns_last_logits_per_request(model: LlamaForCausalLM) -> None
     last = PagedDriver(model)
     got = last.extend([last.new_request() for _ in prompts], prompts, all_logits=False)
     ends = torch.tensor([5, 7, 15]) - 1
-    torch.testing.assert_close(got, everything[ends], atol=ATOL, rtol=0)
+    assert_forwards_close(got, everything[ends], model.config)
 
 
 def test_chunked_prefill_matches_one_shot(model: LlamaForCausalLM) -> None:
@@ -50,7 +49,7 @@ def test_chunked_prefill_matches_one_shot(model: LlamaForCausalLM) -> None:
     chunked = PagedDriver(model, shuffle_seed=3)
     req = chunked.new_request()
     pieces = [chunked.extend([req], [prompt[a:b]]) for a, b in ((0, 7), (7, 8), (8, 20), (20, 23))]
-    torch.testing.assert_close(torch.cat(pieces), expected, atol=ATOL, rtol=0)
+    assert_forwards_close(torch.cat(pieces), expected, model.config)
 
 
 def test_chunks_of_different_requests_share_one_batch(model: LlamaForCausalLM) -> None:
@@ -60,12 +59,8 @@ def test_chunks_of_different_requests_share_one_batch(model: LlamaForCausalLM) -
     ra, rb = driver.new_request(), driver.new_request()
     driver.extend([ra], [a[:5]])
     got = driver.extend([ra, rb], [a[5:], b]).split([7, 9])
-    torch.testing.assert_close(
-        got[0], model.forward_dense(torch.tensor(a)).logits[5:], atol=ATOL, rtol=0
-    )
-    torch.testing.assert_close(
-        got[1], model.forward_dense(torch.tensor(b)).logits, atol=ATOL, rtol=0
-    )
+    assert_forwards_close(got[0], model.forward_dense(torch.tensor(a)).logits[5:], model.config)
+    assert_forwards_close(got[1], model.forward_dense(torch.tensor(b)).logits, model.config)
 
 
 def _decode_run(model: LlamaForCausalLM, shuffle_seed: int | None) -> torch.Tensor:
@@ -81,7 +76,7 @@ def _decode_run(model: LlamaForCausalLM, shuffle_seed: int | None) -> torch.Tens
 def test_decode_on_shuffled_slots_matches_contiguous(model: LlamaForCausalLM) -> None:
     contiguous = _decode_run(model, shuffle_seed=None)
     shuffled = _decode_run(model, shuffle_seed=9)
-    torch.testing.assert_close(shuffled, contiguous, atol=ATOL, rtol=0)
+    assert_forwards_close(shuffled, contiguous, model.config)
 
 
 def test_padding_row_and_static_bounds_leave_real_rows_unchanged(model: LlamaForCausalLM) -> None:
@@ -106,7 +101,7 @@ def test_padding_row_and_static_bounds_leave_real_rows_unchanged(model: LlamaFor
     batch.max_prefix_len = driver.req_pool.max_context  # the static bucket width
     logits = model(batch).logits
     assert torch.isfinite(logits).all()
-    torch.testing.assert_close(logits[:1], reference, atol=ATOL, rtol=0)
+    assert_forwards_close(logits[:1], reference, model.config)
 
 
 def test_verify_with_chain_mask_matches_sequential_decode(model: LlamaForCausalLM) -> None:
@@ -121,7 +116,7 @@ def test_verify_with_chain_mask_matches_sequential_decode(model: LlamaForCausalL
     verifier.extend([req], [prompt], all_logits=False)
     chain = torch.ones(5, 5, dtype=torch.bool).tril()[None]
     got = verifier.verify([req], [draft], [list(range(5))], chain)
-    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    assert_forwards_close(got, expected, model.config)
 
 
 # A draft tree of 7 nodes (parent index per node, -1 = root):
@@ -163,7 +158,7 @@ def test_verify_with_tree_mask_matches_each_branch_alone(model: LlamaForCausalLM
         for branch in BRANCHES:
             path = prompt + [tree[node] for node in branch]
             expected = model.forward_dense(torch.tensor(path)).logits[len(prompt) :]
-            torch.testing.assert_close(got[b, branch], expected, atol=ATOL, rtol=0)
+            assert_forwards_close(got[b, branch], expected, model.config)
 
 
 def test_verify_rejects_a_mask_of_the_wrong_shape(model: LlamaForCausalLM) -> None:

@@ -12,6 +12,7 @@ import torch
 from relayc.engine.core.config import TINY_CONFIG, ModelConfig
 from relayc.engine.errors import CheckpointError
 from relayc.engine.model.weights import load_checkpoint, random_model, save_checkpoint
+from tests.tolerance import assert_forwards_close
 
 SMALL = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, head_dim=8)
 
@@ -173,8 +174,8 @@ def test_fused_projections_follow_replaced_weights() -> None:
     reference = random_model(TINY_CONFIG, seed=5)
     use_cpu_matmul_layout(model)
     ids = torch.tensor([256, 7, 1, 99, 3, 42])
-    assert torch.allclose(
-        model.forward_dense(ids).logits, reference.forward_dense(ids).logits, atol=1e-4
+    assert_forwards_close(
+        model.forward_dense(ids).logits, reference.forward_dense(ids).logits, TINY_CONFIG
     )
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[0].mlp
     with torch.no_grad():
@@ -185,8 +186,8 @@ def test_fused_projections_follow_replaced_weights() -> None:
         reference.model.layers[0].mlp.up_proj.weight.mul_(0.5)
     assert attn.qkv is not None and not attn.qkv.current()
     assert mlp.gate_up is not None and mlp.gate_up.current()
-    assert torch.allclose(
-        model.forward_dense(ids).logits, reference.forward_dense(ids).logits, atol=1e-4
+    assert_forwards_close(
+        model.forward_dense(ids).logits, reference.forward_dense(ids).logits, TINY_CONFIG
     )
 
 

@@ -138,7 +138,7 @@ def test_prompt_ids_on_a_model_with_a_tokenizer_print_its_text(
 
 def test_a_quantized_drafter_prints_the_same_text(capsys: pytest.CaptureFixture[str]) -> None:
     """`--draft-quantization q8_0` changes the drafts, never the tokens."""
-    argv = ["generate", "--prompt", "def f(x):", "--max-new-tokens", "12", "--algorithm"]
+    argv = ["generate", "--toy", "--prompt", "def f(x):", "--max-new-tokens", "12", "--algorithm"]
     assert main([*argv, "eagle3"]) == EXIT_OK
     plain = capsys.readouterr().out
     assert main([*argv, "eagle3", "--draft-quantization", "q8_0"]) == EXIT_OK
@@ -184,12 +184,35 @@ def test_chat_with_the_real_model_streams_the_answer(capsys: pytest.CaptureFixtu
     from tests.engine.real_model import smollm2_file
 
     smollm2_file()
-    argv = ["generate", "--model", "smollm2", "--chat", "What is the capital of France?"]
+    argv = ["generate", "--chat", "What is the capital of France?"]  # smollm2: the default
     assert main([*argv, "--max-new-tokens", "24", "--dtype", "bfloat16"]) == EXIT_OK
     captured = capsys.readouterr()
     assert "Paris" in captured.out
     assert "loaded smollm2" in captured.err and "bfloat16" in captured.err  # progress line
     assert "finish: stop" in captured.err and "mean accept length 1.00" in captured.err
+
+
+def test_a_drafter_that_would_be_random_on_the_real_model_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No EAGLE head ships for SmolLM2: `--algorithm eagle` used to draft with a random one
+    (accept length 1.00) without a word; the toy model keeps its shipped drafters."""
+    from tests.engine.real_model import smollm2_file
+
+    smollm2_file()
+    for algorithm in ("eagle", "standalone"):
+        assert main(["generate", "--chat", "hi", "--algorithm", algorithm]) == EXIT_USAGE
+        err = capsys.readouterr().err  # the loader's progress lines, then the error
+        assert "Traceback" not in err
+        line = err.splitlines()[-1]
+        assert line.startswith("relayc generate: error: "), err
+        assert f"no `{algorithm}` drafter ships for 'smollm2'" in line
+        assert "(`eagle3`)" in line and "--draft-model DIR" in line
+    argv = ["generate", "--toy", "--prompt", "def f(x):", "--max-new-tokens", "2"]
+    assert main([*argv, "--algorithm", "eagle"]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["generate", "--toy", "--chat", "hi"]) == EXIT_USAGE
+    assert "no chat template" in _error_line(capsys)
 
 
 def test_chat_needs_a_tokenizer(

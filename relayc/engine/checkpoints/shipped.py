@@ -48,6 +48,21 @@ def named_drafter(model: object, algorithm: str) -> Path | None:
     return directory
 
 
+def refuse_untrained_drafter(model: object, algorithm: str) -> None:
+    """``ValueError`` when ``model`` was loaded by name and ``algorithm`` would draft for it
+    with random weights (no ``draft_model``, none shipped): it accepts next to nothing, and
+    silently. Names what ships for the model instead."""
+    name = _named_targets.get(model)
+    if name is None:
+        return
+    ships = ", ".join(f"`{a}`" for a in NAMED_DRAFTERS.get(name, {})) or "no drafter"
+    raise ValueError(
+        f"no `{algorithm}` drafter ships for {name!r} and a random one would draft garbage: "
+        f"use an algorithm whose drafter ships ({ships}) or `ngram` (needs none), or pass "
+        "a trained one as draft_model=DIR (`--draft-model DIR`)"
+    )
+
+
 def shipped_target() -> Path | None:
     """The shipped target's checkpoint directory, or None in an install without it."""
     target = DEMO_DIR / "target"

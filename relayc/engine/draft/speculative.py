@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relayc.engine.checkpoints.shipped import named_drafter
+from relayc.engine.checkpoints.shipped import named_drafter, refuse_untrained_drafter
+from relayc.engine.core.config import ModelConfig
 from relayc.engine.draft import (
     Eagle3Head,
     EagleHead,
@@ -61,6 +62,17 @@ def check_sizes(name: str, *, num_steps: int, topk: int, num_draft_tokens: int) 
         )
 
 
+def check_draft_vocabulary(draft: ModelConfig, target: ModelConfig, source: object) -> None:
+    """A standalone draft model proposes token ids the target verifies: both must share one
+    vocabulary, else the first step fails deep inside (or drafts another tokenizer's ids)."""
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"the standalone draft model {source} has a vocabulary of {draft.vocab_size} "
+            f"tokens but the target has {target.vocab_size}: a draft model must share the "
+            "target's tokenizer and vocabulary (e.g. a smaller model of the same family)"
+        )
+
+
 def make_drafting(
     name: str,
     model: LlamaForCausalLM,
@@ -105,9 +117,13 @@ def _make_drafter(
     num_draft_tokens: int,
     seed: int,
 ) -> Any:
+    if draft_model is None and name in ("standalone", "eagle", "eagle_multilayer"):
+        refuse_untrained_drafter(model, name)  # a named model: random weights draft garbage
     if name == "standalone":
         if draft_model is not None:
-            return StandaloneDrafter.load(draft_model, model.device)
+            drafter = StandaloneDrafter.load(draft_model, model.device)
+            check_draft_vocabulary(drafter.model.config, model.config, draft_model)
+            return drafter
         return StandaloneDrafter.random(
             default_standalone_config(model.config), seed + 1, model.device
         )

@@ -12,7 +12,10 @@ Beside each build a ``.json`` records its size and SHA-256; a build is loaded on
 matches them, else rebuilt (a truncated library would kill the process with SIGBUS when
 mapped). Both files are written beside their targets and renamed, so no process sees half
 of either. ``RELAYC_NATIVE`` (``0/1``, ``false/true``, ``off/on``, ``no/yes``, any case)
-turns it off or on; other values are an error. Where it cannot be built (no compiler, a
+turns it off or on; other values are an error. ``RELAYC_BF16_KERNEL`` (one of
+:data:`BF16_KERNELS`, or ``auto`` / unset for the best this CPU runs) picks the kernel of
+every bfloat16 GEMM of the process, so the paths a machine would not choose (portable and
+avx512bf16 on an AMX CPU) run the whole suite too; one this CPU cannot run is an error. Where it cannot be built (no compiler, a
 compile error) relayc warns once and runs the TorchScript layers instead: the cache is
 never needed for correctness.
 """
@@ -61,6 +64,20 @@ def enabled() -> bool:
         f"RELAYC_NATIVE={value!r} is not a switch: set it to one of "
         f"{', '.join(_FALSE)} (the native CPU decoder off) or {', '.join(_TRUE)} (on)"
     )
+
+
+def bf16_kernel_choice() -> str | None:
+    """``RELAYC_BF16_KERNEL``: a name in :data:`BF16_KERNELS`, or None (unset, empty or
+    ``auto``: the best this CPU runs); any other value is an error."""
+    value = os.environ.get("RELAYC_BF16_KERNEL", "").strip().lower()
+    if not value or value == "auto":
+        return None
+    if value not in BF16_KERNELS:
+        raise ValueError(
+            f"RELAYC_BF16_KERNEL={os.environ['RELAYC_BF16_KERNEL']!r} is not a bfloat16 kernel: "
+            f"set it to one of {', '.join(BF16_KERNELS)} or auto (the best this CPU runs)"
+        )
+    return value
 
 
 def cache_dir() -> Path:
@@ -304,12 +321,13 @@ def _load_once() -> ctypes.CDLL | None:
         if not enabled():  # a bad value raises here, not as a fallback warning
             _tried = True
             return None
+        kernel = bf16_kernel_choice()  # likewise
         try:
             compiler = _compiler()
             if compiler is None:
                 raise RuntimeError("no C compiler found (set $CC)")
-            _lib = _load(_build(compiler))
-            tape_ops.install(_lib)
+            lib = _load(_build(compiler))
+            tape_ops.install(lib)
         except Exception as exc:
             warnings.warn(
                 f"relayc: the native CPU decoder is unavailable ({exc}); running the "
@@ -317,9 +335,16 @@ def _load_once() -> ctypes.CDLL | None:
                 RuntimeWarning,
                 stacklevel=2,
             )
-            _lib = None
-        finally:
-            _tried = True
+            lib = None
+        if lib is not None and kernel is not None:
+            if kernel not in bf16_kernels(lib):
+                # Not a fallback: the switch asked for a path this machine cannot run.
+                raise ValueError(
+                    f"RELAYC_BF16_KERNEL={kernel} does not run on this CPU: it runs "
+                    f"{', '.join(bf16_kernels(lib))} (or unset it for the best)"
+                )
+            use_bf16_kernel(lib, kernel)
+        _lib, _tried = lib, True
     return _lib
 
 

@@ -23,8 +23,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
-from relayc.engine.core.sampling import filter_logits
+from relayc.engine.core.sampling import SamplingBatch, filter_logits, sample
 from relayc.engine.decoder.fused_forward import index_arrays
+from relayc.engine.draft.ngram import NgramProposer
 from relayc.engine.draft.tree import keeps_every_draft, layout_constant
 from relayc.engine.native import library as native
 from relayc.engine.ops.context import StepContext
@@ -332,8 +333,11 @@ def impl_accept_tree(
     retrive_next_sibling: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """Greedy rows: the longest path whose drafts equal the target's argmax; sampled rows:
-    target-only tree speculative sampling (lossless)."""
+    target-only tree speculative sampling (lossless), or for n-gram drafts the keyed draw
+    of every node (:func:`_accept_keyed_draws`)."""
     tree = (retrive_index, retrive_next_token, retrive_next_sibling)
+    if ctx.sampling is not None and isinstance(ctx.drafter, NgramProposer):
+        return _accept_keyed_draws(ctx, logits, candidates, positions, tree)
 
     def sampled_accept(out: Outputs, coins: torch.Tensor, final: torch.Tensor) -> None:
         probs = target_probs(logits, ctx)
@@ -342,6 +346,44 @@ def impl_accept_tree(
         )
 
     return _accept(ctx, logits, candidates, positions, tree, sampled_accept, candidates.shape[1])
+
+
+def _accept_keyed_draws(
+    ctx: StepContext,
+    logits: torch.Tensor,
+    candidates: torch.Tensor,
+    positions: torch.Tensor,
+    tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """Every node's next token drawn as plain sampling draws it (``sample``: the request's
+    seed and the position the token takes key the draw), then the longest path of drafts
+    equal to those draws, as greedy rows take the argmax's.
+
+    For n-gram drafts, whose tree depends on what the host knew when it proposed (one
+    iteration behind when the step is overlapped, which it is only in a batch: see
+    ``ThreadRunner``): coins indexed by node would give a request other tokens in other
+    trees. This draw depends on the position alone, so a request's tokens are those of
+    ``algorithm="none"``, whatever its tree, its batch or overlap. Lossless, and as likely
+    to accept as the target-only rule for a draft without probabilities (a child is taken
+    with the target's probability of its token)."""
+    sampling = ctx.sampling
+    assert sampling is not None, "the keyed rule runs for sampled batches"
+    batch, n, vocab = logits.shape
+    per_node = SamplingBatch(
+        *(
+            t.repeat_interleave(n, output_size=batch * n)
+            for t in (sampling.temperatures, sampling.top_ks, sampling.top_ps, sampling.seeds)
+        )
+    )
+    # A node's logits give the token after it: it sits one position further.
+    draws = sample(logits.reshape(batch * n, vocab), per_node, positions.reshape(-1) + 1)
+    out = (
+        torch.zeros(batch * n, dtype=torch.int32, device=candidates.device),
+        torch.full((batch, n), -1, dtype=torch.int32, device=candidates.device),
+        torch.zeros(batch, dtype=torch.int32, device=candidates.device),
+    )
+    verify_tree_greedy(*out, candidates, *tree, draws.view(batch, n))
+    return _accept_outputs(*out)
 
 
 @implements("accept_chain")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import numbers
 import threading
 import time
 from collections import deque
@@ -43,6 +42,7 @@ from relayc.engine.serving.algorithms import DecodeAlgorithm, check_algorithm, m
 from relayc.engine.serving.engine_args import check_decode_dims, check_engine_args
 from relayc.engine.serving.graphs import DecodeGraphs
 from relayc.engine.serving.overlap import make_runner
+from relayc.engine.serving.prompt_checks import arrival_list, encode_prompt
 from relayc.engine.serving.request import (
     Call,
     Conversation,
@@ -53,7 +53,7 @@ from relayc.engine.serving.request import (
     StreamDelta,
 )
 from relayc.engine.serving.scheduler import Scheduler, SchedulerConfig
-from relayc.engine.text.chat import Chat, ChatError
+from relayc.engine.text.chat import Chat
 from relayc.engine.text.detok import Detokenizer
 
 
@@ -220,6 +220,10 @@ class Engine:
             max_batch_size=max_batch_size,
             capture_batch_sizes=capture_batch_sizes,
             draft_quantization=draft_quantization,
+            max_context=max_context,
+            req_pool_size=req_pool_size,
+            kv_pool_tokens=kv_pool_tokens,
+            max_prefill_tokens=max_prefill_tokens,
         )
         model_dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
@@ -250,13 +254,13 @@ class Engine:
             )
         self.overlap, self.seed = overlap, seed
         config = self.model.config
-        context = min(max_context or config.max_position, config.max_position)
+        context = config.max_position if max_context is None else max_context
         self.config = SchedulerConfig(
             max_batch_size=max_batch_size,
             # A finished request holds its slot until its last forward is processed.
-            req_pool_size=req_pool_size or 2 * max_batch_size,
+            req_pool_size=2 * max_batch_size if req_pool_size is None else req_pool_size,
             kv_pool_tokens=kv_pool_tokens,
-            max_context=context,
+            max_context=min(context, config.max_position),
             max_prefill_tokens=max_prefill_tokens,
         )
         if isinstance(algorithm, DecodeAlgorithm):
@@ -472,11 +476,11 @@ class Engine:
         # again if a weight changed since (between calls; none may change during one).
         self.algorithm.graphs.check_weights((self.model, *self.algorithm.draft_modules()))
         params_list = self._params_list(prompts, params)
-        arrival_list = self._arrival_list(prompts, arrivals)
+        arrival_at = arrival_list(prompts, arrivals)
         requests: dict[int, Request] = {}
         rejected: list[StreamDelta] = []
         for index, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
-            request_or_error = self._make_request(index, prompt, p, arrival_list[index])
+            request_or_error = self._make_request(index, prompt, p, arrival_at[index])
             if isinstance(request_or_error, str):
                 rejected.append(StreamDelta(index, [], "", FinishReason.ERROR, request_or_error))
             else:
@@ -610,16 +614,6 @@ class Engine:
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         return list(params)
 
-    @staticmethod
-    def _arrival_list(prompts: Sequence[Prompt], arrivals: Sequence[int] | None) -> list[int]:
-        if arrivals is None:
-            return [0] * len(prompts)
-        if len(arrivals) != len(prompts) or not all(
-            isinstance(a, numbers.Integral) and not isinstance(a, bool) and a >= 0 for a in arrivals
-        ):
-            raise ValueError("`arrivals` needs one non-negative iteration per prompt (an integer)")
-        return [int(a) for a in arrivals]
-
     @property
     def tokenizer_error(self) -> str | None:
         """Why the model's own tokenizer could not be built (it names the file); None when
@@ -632,33 +626,9 @@ class Engine:
 
     def _encode(self, prompt: Prompt) -> list[int] | str:
         """Token ids, or an error message."""
-        vocab = self.model.config.vocab_size
-        if isinstance(prompt, str):
-            if not prompt:
-                return "prompt is empty"
-            if self.tokenizer is None:
-                return self._no_tokenizer("string prompts")
-            ids = self.tokenizer.encode_prompt(prompt)
-            return ids if ids else "prompt encodes to no tokens"
-        if isinstance(prompt, Chat):
-            if self.tokenizer is None:
-                return self._no_tokenizer("chat prompts")
-            try:
-                return self.tokenizer.encode_chat(prompt.messages, prompt.add_generation_prompt)
-            except ChatError as exc:
-                return str(exc)
-        if not isinstance(prompt, Sequence) or isinstance(prompt, bytes):
-            return f"a prompt must be a string or a list of token ids; got {type(prompt).__name__}"
-        ids = list(prompt)
-        if not ids:
-            return "prompt is empty"
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            return "prompt token ids must be integers"
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-            return f"prompt token ids [{shown}] are outside the vocabulary [0, {vocab})"
-        return ids
+        return encode_prompt(
+            prompt, self.tokenizer, self.model.config.vocab_size, self._no_tokenizer
+        )
 
     def _make_request(
         self, index: int, prompt: Prompt, params: object, arrival: int

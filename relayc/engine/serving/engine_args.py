@@ -31,6 +31,18 @@ def positive_int(name: str, value: object) -> int:
     return int(value)
 
 
+def optional_positive_int(name: str, value: object, default: str) -> int | None:
+    """None (``default``) or a positive integer: 0 is not "unset" -- it would silently mean
+    the default -- and a bool is not a count."""
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"`{name}` must be a positive integer, or None for {default}; got {value!r}"
+        )
+    return int(value)
+
+
 def check_flag(name: str, value: object) -> bool:
     """A switch must be a bool: ``"no"`` or ``"false"`` would turn it on."""
     if not isinstance(value, bool):
@@ -125,8 +137,16 @@ def check_engine_args(
     max_batch_size: object,
     capture_batch_sizes: Sequence[int] | None,
     draft_quantization: object = None,
+    max_context: object = None,
+    req_pool_size: object = None,
+    kv_pool_tokens: object = 16384,
+    max_prefill_tokens: object = 4096,
 ) -> EngineArgs:
     """Check what ``Engine`` takes besides the model and the decode dims; see the module doc."""
+    optional_positive_int("max_context", max_context, "the model's context length")
+    optional_positive_int("req_pool_size", req_pool_size, "2 * max_batch_size")
+    positive_int("kv_pool_tokens", kv_pool_tokens)
+    positive_int("max_prefill_tokens", max_prefill_tokens)
     for name, flag in (
         ("overlap", overlap),
         ("debug", debug),

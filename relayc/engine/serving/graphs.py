@@ -55,6 +55,7 @@ from relayc.engine.core.forward_batch import ForwardBatch
 from relayc.engine.core.sampling import SamplingBatch
 from relayc.engine.core.walk import parameter_stamps
 from relayc.engine.native.library import native_decoder
+from relayc.runtime import tape
 from relayc.runtime.graph_runner import GraphRunner, StaticInput, resolve_mode
 
 if TYPE_CHECKING:  # the ops package imports every op implementation; only the type is used
@@ -149,6 +150,8 @@ class DecodeGraphs:
         self._runners: dict[bool, GraphRunner] = {}  # keyed by all-greedy
         self._pool: Any = None  # one CUDA graph memory pool for every runner
         self._weights: tuple[tuple[int, int], ...] | None = None  # check_weights' stamps
+        if self.mode == "tape":
+            tape.warm_up()  # at the engine's build, not inside the first request
 
     @classmethod
     def build(
