@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -274,19 +274,31 @@ class RelayDebugError(AssertionError):
     """A debug-mode (`SGLANG_IS_IN_CI`) check failed: a row was read without a fresh write."""
 
 
+# SGLang's FutureMap attribute of a relay field whose buffer is not `<field>_buf`.
+SGLANG_BUFFER_NAMES = {"bonus_tokens": "output_tokens_buf"}
+
+
 @dataclass(frozen=True)
 class RelayField:
     """One relay field of one algorithm, as the spec declares it."""
 
     name: str  # spec field name, also the RelayPayload / draft-input attribute
-    buffer: str  # SGLang's FutureMap attribute holding it
     dtype: torch.dtype | None  # None: the model dtype, learned from the first payload
     shape: str  # row shape in dims, for messages
     lazy: bool  # allocated by the first stash carrying it, rows shaped like its rows
     init: str | bool | int | float  # `empty`, `zeros` or a fill value
-    poison: bool | int | float  # debug-mode start value
+    poison: bool | int | float | None  # debug-mode start value; None: NaN or the int minimum
     consume_once: bool  # debug mode: rows must be rewritten between reads
     origin: str  # spec file:line
+    buffer: str = field(init=False)  # SGLang's FutureMap attribute holding it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "buffer", SGLANG_BUFFER_NAMES.get(self.name, f"{self.name}_buf"))
+        if self.poison is None:
+            if self.dtype is None or self.dtype.is_floating_point:
+                object.__setattr__(self, "poison", float("nan"))
+            else:
+                object.__setattr__(self, "poison", torch.iinfo(self.dtype).min)
 
 
 # Uncovered SGLang features: each raises NotImplementedError naming it.
@@ -338,9 +350,25 @@ class FutureMap:
     one by relayc name, for use without SGLang's runtime config)."""
 
     ALGORITHMS: ClassVar[dict[str, type[FutureMap]]] = {}  # relayc algorithm -> generated class
+    # What a generated subclass sets; the methods below read only these.
     ALGORITHM = ""
-    SPEC = ""  # spec path and content hash
+    DESCRIPTION = ""  # the spec's description
+    SPEC = ""  # spec path
+    SPEC_HASH = ""  # spec content hash
     FIELDS: tuple[RelayField, ...] = ()
+    STASHED: tuple[str, ...] = ()  # fields `stash` writes, in the spec's order
+    SPEC_EXTRAS: tuple[str, ...] = ()  # fields the overlap resolve gathers into spec_info
+    # Payload fields SGLang reads back for this algorithm that the spec does not relay:
+    # a stash carrying one is refused rather than silently losing it.
+    REFUSED: tuple[str, ...] = ()
+    # Fields the draft input holds flat ([bs * row], NgramVerifyInput), each with the
+    # draft-input attribute of its row width. Such a draft input has no DSA seeds and may
+    # carry no future indices.
+    FLAT_ROWS: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        FutureMap.ALGORITHMS[cls.ALGORITHM] = cls
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FutureMap:
         if cls is FutureMap:
@@ -472,7 +500,10 @@ class FutureMap:
             indices = indices.to(self.device)
         for name, value in values.items():
             if value is not None:
-                getattr(self, self._fields[name].buffer).index_copy_(0, indices, value)
+                try:
+                    getattr(self, self._fields[name].buffer).index_copy_(0, indices, value)
+                except (IndexError, RuntimeError) as exc:
+                    raise self._stash_error(name, value, indices) from exc
 
     def _gather(self, indices: torch.Tensor, names: Sequence[str]) -> list[torch.Tensor | None]:
         """Rows `indices` of each field in `names` (None where its buffer is unallocated)."""
@@ -521,10 +552,52 @@ class FutureMap:
 
     # -- what SGLang calls -----------------------------------------------------------
     def stash(self, future_indices: torch.Tensor, payload: Any) -> None:
-        raise NotImplementedError  # generated per algorithm
+        """Write the payload's non-None STASHED fields into rows `future_indices` (one
+        launch where fused); SGLang never reads back the other fields for this algorithm."""
+        n = future_indices.shape[0]
+        if n == 0:
+            return  # DP idle: the payload is an empty stub
+        if payload.dsa_topk_indices is not None:
+            raise NotImplementedError(_DSA_SEEDS)
+        for name in self.REFUSED:
+            if getattr(payload, name) is not None:
+                raise RelayError(
+                    f"payload carries `{name}`, which SGLang relays for `{self.ALGORITHM}` but "
+                    f"{self.SPEC} does not: add the field to the spec"
+                )
+        values = {name: self._prepare(name, getattr(payload, name), n) for name in self.STASHED}
+        self._scatter(future_indices, values)
 
     def _resolve_spec_extras(self, batch: Any) -> None:
-        raise NotImplementedError  # generated per algorithm
+        """Gather the SPEC_EXTRAS rows of `batch.spec_info.future_indices` into
+        `batch.spec_info` (one launch where fused)."""
+        names = self.SPEC_EXTRAS
+        draft_input = batch.spec_info
+        if not names or draft_input is None:
+            return  # non-speculative, or a prefill: nothing relayed yet
+        indices = draft_input.future_indices
+        if indices is None and self.FLAT_ROWS:
+            return
+        if indices.shape[0] == 0:
+            return
+        if not self.FLAT_ROWS and getattr(draft_input, "future_dsa_topk_indices_available", False):
+            raise NotImplementedError(_DSA_SEEDS)
+        if indices.device.type != "cpu":
+            indices.record_stream(torch.get_device_module(self.device).current_stream())
+        values = self._gather(indices, names)
+        for name, value in zip(names, values, strict=True):
+            if name in self.FLAT_ROWS:
+                if value is None:
+                    raise RelayError(f"resolve of `{name}` before any stash carried it")
+                setattr(draft_input, name, value.flatten())  # SGLang holds these rows flat
+            elif value is not None or name == "bonus_tokens":  # SGLang always sets the bonus
+                setattr(draft_input, name, value)  # a lazy field no stash carried stays as is
+        if not self.FLAT_ROWS:
+            draft_input.dsa_topk_indices = None
+        if _DEBUG_ASSERT:
+            for name, value in zip(names, values, strict=True):
+                if self._fields[name].consume_once:
+                    self._consume_once(name, value, indices)
 
     def stash_bonus_tokens(self, indices: torch.Tensor, bonus_tokens: torch.Tensor) -> None:
         """Write only the bonus-token rows (the relay carries no draft extras)."""
@@ -764,190 +837,74 @@ class RelayPayload:
         )
 
 
+# The relay fields of the specs, each once: RelayField(name, dtype, row shape, lazy,
+# init, debug poison (None: NaN or the integer minimum), consume-once, spec file:line).
+_BONUS_TOKENS = RelayField(
+    "bonus_tokens", torch.int64, "", False, -1, -1, True, "relayc/specs/common.yaml:44"
+)
+_NEW_SEQ_LENS = RelayField(
+    "new_seq_lens", torch.int64, "", False, "empty", None, True, "relayc/specs/common.yaml:55"
+)
+_TOPK_P = RelayField(
+    "topk_p", torch.float32, "topk", True, "empty", None, False, "relayc/specs/common.yaml:66"
+)
+_TOPK_INDEX = RelayField(
+    "topk_index", torch.int64, "topk", True, "empty", None, False, "relayc/specs/common.yaml:71"
+)
+_HIDDEN_STATES = RelayField(
+    "hidden_states", None, "hidden", True, "empty", None, False, "relayc/specs/common.yaml:79"
+)
+_TOPK_P_2 = RelayField(
+    "topk_p",
+    torch.float32,
+    "num_steps, topk",
+    True,
+    "empty",
+    None,
+    False,
+    "relayc/specs/eagle_multilayer.yaml:13",
+)
+_TOPK_INDEX_2 = RelayField(
+    "topk_index",
+    torch.int64,
+    "num_steps, topk",
+    True,
+    "empty",
+    None,
+    False,
+    "relayc/specs/eagle_multilayer.yaml:18",
+)
+_ACCEPT_TOKENS = RelayField(
+    "accept_tokens",
+    torch.int64,
+    "num_draft_tokens",
+    True,
+    "zeros",
+    None,
+    False,
+    "relayc/specs/common.yaml:96",
+)
+_ACCEPT_LENS = RelayField(
+    "accept_lens", torch.int32, "", False, "zeros", None, False, "relayc/specs/common.yaml:101"
+)
+_DRAFT_PROBS = RelayField(
+    "draft_probs", torch.float32, "vocab", True, "empty", None, False, "relayc/specs/common.yaml:87"
+)
+
+
 class EagleFutureMap(FutureMap):
     """Relay of `eagle` (DESCRIPTION: the spec's description)."""
 
     DESCRIPTION = "EAGLE (EAGLE-1/2) tree drafting (topk >= 1) with a one-layer draft head over the target's last hidden state."
     ALGORITHM = "eagle"
-    SPEC = "relayc/specs/eagle.yaml (spec hash 35279ad48035fef4)"
-    FIELDS = (
-        RelayField(
-            name="bonus_tokens",
-            buffer="output_tokens_buf",
-            dtype=torch.int64,
-            shape="",
-            lazy=False,
-            init=-1,
-            poison=-1,
-            consume_once=True,
-            origin="relayc/specs/common.yaml:44",
-        ),
-        RelayField(
-            name="new_seq_lens",
-            buffer="new_seq_lens_buf",
-            dtype=torch.int64,
-            shape="",
-            lazy=False,
-            init="empty",
-            poison=torch.iinfo(torch.int64).min,
-            consume_once=True,
-            origin="relayc/specs/common.yaml:55",
-        ),
-        RelayField(
-            name="topk_p",
-            buffer="topk_p_buf",
-            dtype=torch.float32,
-            shape="topk",
-            lazy=True,
-            init="empty",
-            poison=float("nan"),
-            consume_once=False,
-            origin="relayc/specs/common.yaml:66",
-        ),
-        RelayField(
-            name="topk_index",
-            buffer="topk_index_buf",
-            dtype=torch.int64,
-            shape="topk",
-            lazy=True,
-            init="empty",
-            poison=torch.iinfo(torch.int64).min,
-            consume_once=False,
-            origin="relayc/specs/common.yaml:71",
-        ),
-        RelayField(
-            name="hidden_states",
-            buffer="hidden_states_buf",
-            dtype=None,
-            shape="hidden",
-            lazy=True,
-            init="empty",
-            poison=float("nan"),
-            consume_once=False,
-            origin="relayc/specs/common.yaml:79",
-        ),
-    )
+    SPEC = "relayc/specs/eagle.yaml"
+    SPEC_HASH = "35279ad48035fef4"
+    FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS, _TOPK_P, _TOPK_INDEX, _HIDDEN_STATES)
+    STASHED = ("bonus_tokens", "topk_p", "topk_index", "hidden_states")
+    SPEC_EXTRAS = STASHED
+    REFUSED = ("draft_probs",)
+    # Not relayed, and never read back by SGLang for it: accept_tokens, accept_lens.
     _host_mirrored = True
-
-    def stash(self, future_indices: torch.Tensor, payload: RelayPayload) -> None:
-        """Write the payload's non-None fields into rows `future_indices`."""
-        indices = future_indices
-        n = indices.shape[0]
-        if n == 0:
-            return  # DP idle: the payload is an empty stub
-        if payload.dsa_topk_indices is not None:
-            raise NotImplementedError(_DSA_SEEDS)
-        if payload.draft_probs is not None:
-            raise RelayError(
-                "payload carries `draft_probs`, which SGLang relays for `eagle` but "
-                "relayc/specs/eagle.yaml does not: add the field to the spec"
-            )
-        # Not relayed by `eagle`, and never read back by SGLang for it either:
-        # accept_tokens, accept_lens.
-        if self._fused:  # one launch for every field the payload carries
-            self._scatter(
-                indices,
-                {
-                    "bonus_tokens": self._prepare("bonus_tokens", payload.bonus_tokens, n),
-                    "topk_p": self._prepare("topk_p", payload.topk_p, n),
-                    "topk_index": self._prepare("topk_index", payload.topk_index, n),
-                    "hidden_states": self._prepare("hidden_states", payload.hidden_states, n),
-                },
-            )
-            return
-        if indices.dtype is not torch.int64:
-            indices = indices.long()
-        # relayc/specs/common.yaml:44 [bs] int64
-        value = payload.bonus_tokens
-        if value is not None:
-            buf = self.output_tokens_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("bonus_tokens", value, n)
-                buf = self.output_tokens_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("bonus_tokens", value, indices) from exc
-        # relayc/specs/common.yaml:66 [bs, topk] float32
-        value = payload.topk_p
-        if value is not None:
-            buf = self.topk_p_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("topk_p", value, n)
-                buf = self.topk_p_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("topk_p", value, indices) from exc
-        # relayc/specs/common.yaml:71 [bs, topk] int64
-        value = payload.topk_index
-        if value is not None:
-            buf = self.topk_index_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("topk_index", value, n)
-                buf = self.topk_index_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("topk_index", value, indices) from exc
-        # relayc/specs/common.yaml:79 [bs, hidden] model
-        value = payload.hidden_states
-        if value is not None:
-            buf = self.hidden_states_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("hidden_states", value, n)
-                buf = self.hidden_states_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("hidden_states", value, indices) from exc
-
-    def _resolve_spec_extras(self, batch: Any) -> None:
-        """Gather bonus_tokens, topk_p, topk_index, hidden_states into `batch.spec_info` (one launch where fused)."""
-        draft_input = batch.spec_info
-        if draft_input is None:
-            return  # a prefill: nothing relayed yet
-        indices = draft_input.future_indices
-        if indices.shape[0] == 0:
-            return
-        if getattr(draft_input, "future_dsa_topk_indices_available", False):
-            raise NotImplementedError(_DSA_SEEDS)
-        if indices.device.type != "cpu":
-            indices.record_stream(torch.get_device_module(self.device).current_stream())
-        if self._fused:
-            relayed_bonus_tokens, relayed_topk_p, relayed_topk_index, relayed_hidden_states = (
-                self._gather(
-                    indices,
-                    (
-                        "bonus_tokens",
-                        "topk_p",
-                        "topk_index",
-                        "hidden_states",
-                    ),
-                )
-            )
-        else:
-            # relayc/specs/common.yaml:44 [bs] int64
-            relayed_bonus_tokens = self.output_tokens_buf.index_select(0, indices)
-            # relayc/specs/common.yaml:66 [bs, topk] float32
-            buf = self.topk_p_buf
-            relayed_topk_p = None if buf is None else buf.index_select(0, indices)
-            # relayc/specs/common.yaml:71 [bs, topk] int64
-            buf = self.topk_index_buf
-            relayed_topk_index = None if buf is None else buf.index_select(0, indices)
-            # relayc/specs/common.yaml:79 [bs, hidden] model
-            buf = self.hidden_states_buf
-            relayed_hidden_states = None if buf is None else buf.index_select(0, indices)
-        draft_input.bonus_tokens = relayed_bonus_tokens
-        if relayed_topk_p is not None:  # allocated by a stash that carried it
-            draft_input.topk_p = relayed_topk_p
-        if relayed_topk_index is not None:  # allocated by a stash that carried it
-            draft_input.topk_index = relayed_topk_index
-        if relayed_hidden_states is not None:  # allocated by a stash that carried it
-            draft_input.hidden_states = relayed_hidden_states
-        draft_input.dsa_topk_indices = None
-        if _DEBUG_ASSERT:
-            self._consume_once("bonus_tokens", relayed_bonus_tokens, indices)
 
 
 class Eagle3FutureMap(FutureMap):
@@ -955,185 +912,14 @@ class Eagle3FutureMap(FutureMap):
 
     DESCRIPTION = "EAGLE-3 tree drafting (topk >= 1) with three target layers' features and a draft vocabulary."
     ALGORITHM = "eagle3"
-    SPEC = "relayc/specs/eagle3.yaml (spec hash ace164a6a71d8ba1)"
-    FIELDS = (
-        RelayField(
-            name="bonus_tokens",
-            buffer="output_tokens_buf",
-            dtype=torch.int64,
-            shape="",
-            lazy=False,
-            init=-1,
-            poison=-1,
-            consume_once=True,
-            origin="relayc/specs/common.yaml:44",
-        ),
-        RelayField(
-            name="new_seq_lens",
-            buffer="new_seq_lens_buf",
-            dtype=torch.int64,
-            shape="",
-            lazy=False,
-            init="empty",
-            poison=torch.iinfo(torch.int64).min,
-            consume_once=True,
-            origin="relayc/specs/common.yaml:55",
-        ),
-        RelayField(
-            name="topk_p",
-            buffer="topk_p_buf",
-            dtype=torch.float32,
-            shape="topk",
-            lazy=True,
-            init="empty",
-            poison=float("nan"),
-            consume_once=False,
-            origin="relayc/specs/common.yaml:66",
-        ),
-        RelayField(
-            name="topk_index",
-            buffer="topk_index_buf",
-            dtype=torch.int64,
-            shape="topk",
-            lazy=True,
-            init="empty",
-            poison=torch.iinfo(torch.int64).min,
-            consume_once=False,
-            origin="relayc/specs/common.yaml:71",
-        ),
-        RelayField(
-            name="hidden_states",
-            buffer="hidden_states_buf",
-            dtype=None,
-            shape="hidden",
-            lazy=True,
-            init="empty",
-            poison=float("nan"),
-            consume_once=False,
-            origin="relayc/specs/common.yaml:79",
-        ),
-    )
+    SPEC = "relayc/specs/eagle3.yaml"
+    SPEC_HASH = "ace164a6a71d8ba1"
+    FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS, _TOPK_P, _TOPK_INDEX, _HIDDEN_STATES)
+    STASHED = ("bonus_tokens", "topk_p", "topk_index", "hidden_states")
+    SPEC_EXTRAS = STASHED
+    REFUSED = ("draft_probs",)
+    # Not relayed, and never read back by SGLang for it: accept_tokens, accept_lens.
     _host_mirrored = True
-
-    def stash(self, future_indices: torch.Tensor, payload: RelayPayload) -> None:
-        """Write the payload's non-None fields into rows `future_indices`."""
-        indices = future_indices
-        n = indices.shape[0]
-        if n == 0:
-            return  # DP idle: the payload is an empty stub
-        if payload.dsa_topk_indices is not None:
-            raise NotImplementedError(_DSA_SEEDS)
-        if payload.draft_probs is not None:
-            raise RelayError(
-                "payload carries `draft_probs`, which SGLang relays for `eagle3` but "
-                "relayc/specs/eagle3.yaml does not: add the field to the spec"
-            )
-        # Not relayed by `eagle3`, and never read back by SGLang for it either:
-        # accept_tokens, accept_lens.
-        if self._fused:  # one launch for every field the payload carries
-            self._scatter(
-                indices,
-                {
-                    "bonus_tokens": self._prepare("bonus_tokens", payload.bonus_tokens, n),
-                    "topk_p": self._prepare("topk_p", payload.topk_p, n),
-                    "topk_index": self._prepare("topk_index", payload.topk_index, n),
-                    "hidden_states": self._prepare("hidden_states", payload.hidden_states, n),
-                },
-            )
-            return
-        if indices.dtype is not torch.int64:
-            indices = indices.long()
-        # relayc/specs/common.yaml:44 [bs] int64
-        value = payload.bonus_tokens
-        if value is not None:
-            buf = self.output_tokens_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("bonus_tokens", value, n)
-                buf = self.output_tokens_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("bonus_tokens", value, indices) from exc
-        # relayc/specs/common.yaml:66 [bs, topk] float32
-        value = payload.topk_p
-        if value is not None:
-            buf = self.topk_p_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("topk_p", value, n)
-                buf = self.topk_p_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("topk_p", value, indices) from exc
-        # relayc/specs/common.yaml:71 [bs, topk] int64
-        value = payload.topk_index
-        if value is not None:
-            buf = self.topk_index_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("topk_index", value, n)
-                buf = self.topk_index_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("topk_index", value, indices) from exc
-        # relayc/specs/common.yaml:79 [bs, hidden] model
-        value = payload.hidden_states
-        if value is not None:
-            buf = self.hidden_states_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("hidden_states", value, n)
-                buf = self.hidden_states_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("hidden_states", value, indices) from exc
-
-    def _resolve_spec_extras(self, batch: Any) -> None:
-        """Gather bonus_tokens, topk_p, topk_index, hidden_states into `batch.spec_info` (one launch where fused)."""
-        draft_input = batch.spec_info
-        if draft_input is None:
-            return  # a prefill: nothing relayed yet
-        indices = draft_input.future_indices
-        if indices.shape[0] == 0:
-            return
-        if getattr(draft_input, "future_dsa_topk_indices_available", False):
-            raise NotImplementedError(_DSA_SEEDS)
-        if indices.device.type != "cpu":
-            indices.record_stream(torch.get_device_module(self.device).current_stream())
-        if self._fused:
-            relayed_bonus_tokens, relayed_topk_p, relayed_topk_index, relayed_hidden_states = (
-                self._gather(
-                    indices,
-                    (
-                        "bonus_tokens",
-                        "topk_p",
-                        "topk_index",
-                        "hidden_states",
-                    ),
-                )
-            )
-        else:
-            # relayc/specs/common.yaml:44 [bs] int64
-            relayed_bonus_tokens = self.output_tokens_buf.index_select(0, indices)
-            # relayc/specs/common.yaml:66 [bs, topk] float32
-            buf = self.topk_p_buf
-            relayed_topk_p = None if buf is None else buf.index_select(0, indices)
-            # relayc/specs/common.yaml:71 [bs, topk] int64
-            buf = self.topk_index_buf
-            relayed_topk_index = None if buf is None else buf.index_select(0, indices)
-            # relayc/specs/common.yaml:79 [bs, hidden] model
-            buf = self.hidden_states_buf
-            relayed_hidden_states = None if buf is None else buf.index_select(0, indices)
-        draft_input.bonus_tokens = relayed_bonus_tokens
-        if relayed_topk_p is not None:  # allocated by a stash that carried it
-            draft_input.topk_p = relayed_topk_p
-        if relayed_topk_index is not None:  # allocated by a stash that carried it
-            draft_input.topk_index = relayed_topk_index
-        if relayed_hidden_states is not None:  # allocated by a stash that carried it
-            draft_input.hidden_states = relayed_hidden_states
-        draft_input.dsa_topk_indices = None
-        if _DEBUG_ASSERT:
-            self._consume_once("bonus_tokens", relayed_bonus_tokens, indices)
 
 
 class EagleMultilayerFutureMap(FutureMap):
@@ -1141,154 +927,14 @@ class EagleMultilayerFutureMap(FutureMap):
 
     DESCRIPTION = "Multi-token-prediction drafting, one draft layer per step."
     ALGORITHM = "eagle_multilayer"
-    SPEC = "relayc/specs/eagle_multilayer.yaml (spec hash 2207148d61516284)"
-    FIELDS = (
-        RelayField(
-            name="bonus_tokens",
-            buffer="output_tokens_buf",
-            dtype=torch.int64,
-            shape="",
-            lazy=False,
-            init=-1,
-            poison=-1,
-            consume_once=True,
-            origin="relayc/specs/common.yaml:44",
-        ),
-        RelayField(
-            name="new_seq_lens",
-            buffer="new_seq_lens_buf",
-            dtype=torch.int64,
-            shape="",
-            lazy=False,
-            init="empty",
-            poison=torch.iinfo(torch.int64).min,
-            consume_once=True,
-            origin="relayc/specs/common.yaml:55",
-        ),
-        RelayField(
-            name="topk_p",
-            buffer="topk_p_buf",
-            dtype=torch.float32,
-            shape="num_steps, topk",
-            lazy=True,
-            init="empty",
-            poison=float("nan"),
-            consume_once=False,
-            origin="relayc/specs/eagle_multilayer.yaml:13",
-        ),
-        RelayField(
-            name="topk_index",
-            buffer="topk_index_buf",
-            dtype=torch.int64,
-            shape="num_steps, topk",
-            lazy=True,
-            init="empty",
-            poison=torch.iinfo(torch.int64).min,
-            consume_once=False,
-            origin="relayc/specs/eagle_multilayer.yaml:18",
-        ),
-    )
+    SPEC = "relayc/specs/eagle_multilayer.yaml"
+    SPEC_HASH = "2207148d61516284"
+    FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS, _TOPK_P_2, _TOPK_INDEX_2)
+    STASHED = ("bonus_tokens", "topk_p", "topk_index")
+    SPEC_EXTRAS = STASHED
+    REFUSED = ("draft_probs",)
+    # Not relayed, and never read back by SGLang for it: hidden_states, accept_tokens, accept_lens.
     _host_mirrored = True
-
-    def stash(self, future_indices: torch.Tensor, payload: RelayPayload) -> None:
-        """Write the payload's non-None fields into rows `future_indices`."""
-        indices = future_indices
-        n = indices.shape[0]
-        if n == 0:
-            return  # DP idle: the payload is an empty stub
-        if payload.dsa_topk_indices is not None:
-            raise NotImplementedError(_DSA_SEEDS)
-        if payload.draft_probs is not None:
-            raise RelayError(
-                "payload carries `draft_probs`, which SGLang relays for `eagle_multilayer` but "
-                "relayc/specs/eagle_multilayer.yaml does not: add the field to the spec"
-            )
-        # Not relayed by `eagle_multilayer`, and never read back by SGLang for it either:
-        # hidden_states, accept_tokens, accept_lens.
-        if self._fused:  # one launch for every field the payload carries
-            self._scatter(
-                indices,
-                {
-                    "bonus_tokens": self._prepare("bonus_tokens", payload.bonus_tokens, n),
-                    "topk_p": self._prepare("topk_p", payload.topk_p, n),
-                    "topk_index": self._prepare("topk_index", payload.topk_index, n),
-                },
-            )
-            return
-        if indices.dtype is not torch.int64:
-            indices = indices.long()
-        # relayc/specs/common.yaml:44 [bs] int64
-        value = payload.bonus_tokens
-        if value is not None:
-            buf = self.output_tokens_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("bonus_tokens", value, n)
-                buf = self.output_tokens_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("bonus_tokens", value, indices) from exc
-        # relayc/specs/eagle_multilayer.yaml:13 [bs, num_steps, topk] float32
-        value = payload.topk_p
-        if value is not None:
-            buf = self.topk_p_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("topk_p", value, n)
-                buf = self.topk_p_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("topk_p", value, indices) from exc
-        # relayc/specs/eagle_multilayer.yaml:18 [bs, num_steps, topk] int64
-        value = payload.topk_index
-        if value is not None:
-            buf = self.topk_index_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("topk_index", value, n)
-                buf = self.topk_index_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("topk_index", value, indices) from exc
-
-    def _resolve_spec_extras(self, batch: Any) -> None:
-        """Gather bonus_tokens, topk_p, topk_index into `batch.spec_info` (one launch where fused)."""
-        draft_input = batch.spec_info
-        if draft_input is None:
-            return  # a prefill: nothing relayed yet
-        indices = draft_input.future_indices
-        if indices.shape[0] == 0:
-            return
-        if getattr(draft_input, "future_dsa_topk_indices_available", False):
-            raise NotImplementedError(_DSA_SEEDS)
-        if indices.device.type != "cpu":
-            indices.record_stream(torch.get_device_module(self.device).current_stream())
-        if self._fused:
-            relayed_bonus_tokens, relayed_topk_p, relayed_topk_index = self._gather(
-                indices,
-                (
-                    "bonus_tokens",
-                    "topk_p",
-                    "topk_index",
-                ),
-            )
-        else:
-            # relayc/specs/common.yaml:44 [bs] int64
-            relayed_bonus_tokens = self.output_tokens_buf.index_select(0, indices)
-            # relayc/specs/eagle_multilayer.yaml:13 [bs, num_steps, topk] float32
-            buf = self.topk_p_buf
-            relayed_topk_p = None if buf is None else buf.index_select(0, indices)
-            # relayc/specs/eagle_multilayer.yaml:18 [bs, num_steps, topk] int64
-            buf = self.topk_index_buf
-            relayed_topk_index = None if buf is None else buf.index_select(0, indices)
-        draft_input.bonus_tokens = relayed_bonus_tokens
-        if relayed_topk_p is not None:  # allocated by a stash that carried it
-            draft_input.topk_p = relayed_topk_p
-        if relayed_topk_index is not None:  # allocated by a stash that carried it
-            draft_input.topk_index = relayed_topk_index
-        draft_input.dsa_topk_indices = None
-        if _DEBUG_ASSERT:
-            self._consume_once("bonus_tokens", relayed_bonus_tokens, indices)
 
 
 class NgramFutureMap(FutureMap):
@@ -1296,116 +942,14 @@ class NgramFutureMap(FutureMap):
 
     DESCRIPTION = "Suffix-match (n-gram) drafting on the host, tree verification on the device."
     ALGORITHM = "ngram"
-    SPEC = "relayc/specs/ngram.yaml (spec hash 66cddbe17fc6efbc)"
-    FIELDS = (
-        RelayField(
-            name="new_seq_lens",
-            buffer="new_seq_lens_buf",
-            dtype=torch.int64,
-            shape="",
-            lazy=False,
-            init="empty",
-            poison=torch.iinfo(torch.int64).min,
-            consume_once=True,
-            origin="relayc/specs/common.yaml:55",
-        ),
-        RelayField(
-            name="accept_tokens",
-            buffer="accept_tokens_buf",
-            dtype=torch.int64,
-            shape="num_draft_tokens",
-            lazy=True,
-            init="zeros",
-            poison=torch.iinfo(torch.int64).min,
-            consume_once=False,
-            origin="relayc/specs/common.yaml:96",
-        ),
-        RelayField(
-            name="accept_lens",
-            buffer="accept_lens_buf",
-            dtype=torch.int32,
-            shape="",
-            lazy=False,
-            init="zeros",
-            poison=torch.iinfo(torch.int32).min,
-            consume_once=False,
-            origin="relayc/specs/common.yaml:101",
-        ),
-    )
+    SPEC = "relayc/specs/ngram.yaml"
+    SPEC_HASH = "66cddbe17fc6efbc"
+    FIELDS = (_NEW_SEQ_LENS, _ACCEPT_TOKENS, _ACCEPT_LENS)
+    STASHED = ("accept_tokens", "accept_lens")
+    SPEC_EXTRAS = STASHED
+    # Not relayed, and never read back by SGLang for it: bonus_tokens, topk_p, topk_index, hidden_states, draft_probs.
+    FLAT_ROWS: ClassVar[dict[str, str]] = {"accept_tokens": "draft_token_num"}
     _host_mirrored = True
-
-    def stash(self, future_indices: torch.Tensor, payload: RelayPayload) -> None:
-        """Write the payload's non-None fields into rows `future_indices`."""
-        indices = future_indices
-        n = indices.shape[0]
-        if n == 0:
-            return  # DP idle: the payload is an empty stub
-        if payload.dsa_topk_indices is not None:
-            raise NotImplementedError(_DSA_SEEDS)
-        # Not relayed by `ngram`, and never read back by SGLang for it either:
-        # bonus_tokens, topk_p, topk_index, hidden_states, draft_probs.
-        if self._fused:  # one launch for every field the payload carries
-            self._scatter(
-                indices,
-                {
-                    "accept_tokens": self._prepare("accept_tokens", payload.accept_tokens, n),
-                    "accept_lens": self._prepare("accept_lens", payload.accept_lens, n),
-                },
-            )
-            return
-        if indices.dtype is not torch.int64:
-            indices = indices.long()
-        # relayc/specs/common.yaml:96 [bs, num_draft_tokens] int64
-        value = payload.accept_tokens
-        if value is not None:
-            buf = self.accept_tokens_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("accept_tokens", value, n)
-                buf = self.accept_tokens_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("accept_tokens", value, indices) from exc
-        # relayc/specs/common.yaml:101 [bs] int32
-        value = payload.accept_lens
-        if value is not None:
-            buf = self.accept_lens_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("accept_lens", value, n)
-                buf = self.accept_lens_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("accept_lens", value, indices) from exc
-
-    def _resolve_spec_extras(self, batch: Any) -> None:
-        """Gather accept_tokens, accept_lens into `batch.spec_info` (one launch where fused)."""
-        draft_input = batch.spec_info
-        if draft_input is None or draft_input.future_indices is None:
-            return
-        indices = draft_input.future_indices
-        if indices.shape[0] == 0:
-            return
-        if indices.device.type != "cpu":
-            indices.record_stream(torch.get_device_module(self.device).current_stream())
-        if self._fused:
-            relayed_accept_tokens, relayed_accept_lens = self._gather(
-                indices,
-                (
-                    "accept_tokens",
-                    "accept_lens",
-                ),
-            )
-        else:
-            # relayc/specs/common.yaml:96 [bs, num_draft_tokens] int64
-            buf = self.accept_tokens_buf
-            relayed_accept_tokens = None if buf is None else buf.index_select(0, indices)
-            # relayc/specs/common.yaml:101 [bs] int32
-            relayed_accept_lens = self.accept_lens_buf.index_select(0, indices)
-        if relayed_accept_tokens is None:
-            raise RelayError("resolve of `accept_tokens` before any stash carried it")
-        draft_input.accept_tokens = relayed_accept_tokens.flatten()  # SGLang holds these rows flat
-        draft_input.accept_lens = relayed_accept_lens
 
 
 class NoneFutureMap(FutureMap):
@@ -1413,57 +957,12 @@ class NoneFutureMap(FutureMap):
 
     DESCRIPTION = "Plain autoregressive decoding with overlap scheduling."
     ALGORITHM = "none"
-    SPEC = "relayc/specs/none.yaml (spec hash a613d90699f9bd8d)"
-    FIELDS = (
-        RelayField(
-            name="bonus_tokens",
-            buffer="output_tokens_buf",
-            dtype=torch.int64,
-            shape="",
-            lazy=False,
-            init=-1,
-            poison=-1,
-            consume_once=True,
-            origin="relayc/specs/common.yaml:44",
-        ),
-    )
-    _host_mirrored = False
-
-    def stash(self, future_indices: torch.Tensor, payload: RelayPayload) -> None:
-        """Write the payload's non-None fields into rows `future_indices`."""
-        indices = future_indices
-        n = indices.shape[0]
-        if n == 0:
-            return  # DP idle: the payload is an empty stub
-        if payload.dsa_topk_indices is not None:
-            raise NotImplementedError(_DSA_SEEDS)
-        # Not relayed by `none`, and never read back by SGLang for it either:
-        # topk_p, topk_index, hidden_states, draft_probs, accept_tokens, accept_lens.
-        if self._fused:  # one launch for every field the payload carries
-            self._scatter(
-                indices,
-                {
-                    "bonus_tokens": self._prepare("bonus_tokens", payload.bonus_tokens, n),
-                },
-            )
-            return
-        if indices.dtype is not torch.int64:
-            indices = indices.long()
-        # relayc/specs/common.yaml:44 [bs] int64
-        value = payload.bonus_tokens
-        if value is not None:
-            buf = self.output_tokens_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("bonus_tokens", value, n)
-                buf = self.output_tokens_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("bonus_tokens", value, indices) from exc
-
-    def _resolve_spec_extras(self, batch: Any) -> None:
-        """Non-speculative decoding relays nothing but the input tokens."""
-        return
+    SPEC = "relayc/specs/none.yaml"
+    SPEC_HASH = "a613d90699f9bd8d"
+    FIELDS = (_BONUS_TOKENS,)
+    STASHED = ("bonus_tokens",)
+    SPEC_EXTRAS = ()
+    # Not relayed, and never read back by SGLang for it: topk_p, topk_index, hidden_states, draft_probs, accept_tokens, accept_lens.
 
 
 class StandaloneFutureMap(FutureMap):
@@ -1471,185 +970,10 @@ class StandaloneFutureMap(FutureMap):
 
     DESCRIPTION = "A small standalone draft model drafting a chain, verified by the target."
     ALGORITHM = "standalone"
-    SPEC = "relayc/specs/standalone.yaml (spec hash 03c4738bca589b35)"
-    FIELDS = (
-        RelayField(
-            name="bonus_tokens",
-            buffer="output_tokens_buf",
-            dtype=torch.int64,
-            shape="",
-            lazy=False,
-            init=-1,
-            poison=-1,
-            consume_once=True,
-            origin="relayc/specs/common.yaml:44",
-        ),
-        RelayField(
-            name="new_seq_lens",
-            buffer="new_seq_lens_buf",
-            dtype=torch.int64,
-            shape="",
-            lazy=False,
-            init="empty",
-            poison=torch.iinfo(torch.int64).min,
-            consume_once=True,
-            origin="relayc/specs/common.yaml:55",
-        ),
-        RelayField(
-            name="topk_p",
-            buffer="topk_p_buf",
-            dtype=torch.float32,
-            shape="topk",
-            lazy=True,
-            init="empty",
-            poison=float("nan"),
-            consume_once=False,
-            origin="relayc/specs/common.yaml:66",
-        ),
-        RelayField(
-            name="topk_index",
-            buffer="topk_index_buf",
-            dtype=torch.int64,
-            shape="topk",
-            lazy=True,
-            init="empty",
-            poison=torch.iinfo(torch.int64).min,
-            consume_once=False,
-            origin="relayc/specs/common.yaml:71",
-        ),
-        RelayField(
-            name="draft_probs",
-            buffer="draft_probs_buf",
-            dtype=torch.float32,
-            shape="vocab",
-            lazy=True,
-            init="empty",
-            poison=float("nan"),
-            consume_once=False,
-            origin="relayc/specs/common.yaml:87",
-        ),
-    )
+    SPEC = "relayc/specs/standalone.yaml"
+    SPEC_HASH = "03c4738bca589b35"
+    FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS, _TOPK_P, _TOPK_INDEX, _DRAFT_PROBS)
+    STASHED = ("bonus_tokens", "topk_p", "topk_index", "draft_probs")
+    SPEC_EXTRAS = STASHED
+    # Not relayed, and never read back by SGLang for it: hidden_states, accept_tokens, accept_lens.
     _host_mirrored = True
-
-    def stash(self, future_indices: torch.Tensor, payload: RelayPayload) -> None:
-        """Write the payload's non-None fields into rows `future_indices`."""
-        indices = future_indices
-        n = indices.shape[0]
-        if n == 0:
-            return  # DP idle: the payload is an empty stub
-        if payload.dsa_topk_indices is not None:
-            raise NotImplementedError(_DSA_SEEDS)
-        # Not relayed by `standalone`, and never read back by SGLang for it either:
-        # hidden_states, accept_tokens, accept_lens.
-        if self._fused:  # one launch for every field the payload carries
-            self._scatter(
-                indices,
-                {
-                    "bonus_tokens": self._prepare("bonus_tokens", payload.bonus_tokens, n),
-                    "topk_p": self._prepare("topk_p", payload.topk_p, n),
-                    "topk_index": self._prepare("topk_index", payload.topk_index, n),
-                    "draft_probs": self._prepare("draft_probs", payload.draft_probs, n),
-                },
-            )
-            return
-        if indices.dtype is not torch.int64:
-            indices = indices.long()
-        # relayc/specs/common.yaml:44 [bs] int64
-        value = payload.bonus_tokens
-        if value is not None:
-            buf = self.output_tokens_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("bonus_tokens", value, n)
-                buf = self.output_tokens_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("bonus_tokens", value, indices) from exc
-        # relayc/specs/common.yaml:66 [bs, topk] float32
-        value = payload.topk_p
-        if value is not None:
-            buf = self.topk_p_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("topk_p", value, n)
-                buf = self.topk_p_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("topk_p", value, indices) from exc
-        # relayc/specs/common.yaml:71 [bs, topk] int64
-        value = payload.topk_index
-        if value is not None:
-            buf = self.topk_index_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("topk_index", value, n)
-                buf = self.topk_index_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("topk_index", value, indices) from exc
-        # relayc/specs/common.yaml:87 [bs, vocab] float32
-        value = payload.draft_probs
-        if value is not None:
-            buf = self.draft_probs_buf
-            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
-                value = self._prepare("draft_probs", value, n)
-                buf = self.draft_probs_buf
-            try:
-                buf.index_copy_(0, indices, value)
-            except (IndexError, RuntimeError) as exc:
-                raise self._stash_error("draft_probs", value, indices) from exc
-
-    def _resolve_spec_extras(self, batch: Any) -> None:
-        """Gather bonus_tokens, topk_p, topk_index, draft_probs into `batch.spec_info` (one launch where fused)."""
-        draft_input = batch.spec_info
-        if draft_input is None:
-            return  # a prefill: nothing relayed yet
-        indices = draft_input.future_indices
-        if indices.shape[0] == 0:
-            return
-        if getattr(draft_input, "future_dsa_topk_indices_available", False):
-            raise NotImplementedError(_DSA_SEEDS)
-        if indices.device.type != "cpu":
-            indices.record_stream(torch.get_device_module(self.device).current_stream())
-        if self._fused:
-            relayed_bonus_tokens, relayed_topk_p, relayed_topk_index, relayed_draft_probs = (
-                self._gather(
-                    indices,
-                    (
-                        "bonus_tokens",
-                        "topk_p",
-                        "topk_index",
-                        "draft_probs",
-                    ),
-                )
-            )
-        else:
-            # relayc/specs/common.yaml:44 [bs] int64
-            relayed_bonus_tokens = self.output_tokens_buf.index_select(0, indices)
-            # relayc/specs/common.yaml:66 [bs, topk] float32
-            buf = self.topk_p_buf
-            relayed_topk_p = None if buf is None else buf.index_select(0, indices)
-            # relayc/specs/common.yaml:71 [bs, topk] int64
-            buf = self.topk_index_buf
-            relayed_topk_index = None if buf is None else buf.index_select(0, indices)
-            # relayc/specs/common.yaml:87 [bs, vocab] float32
-            buf = self.draft_probs_buf
-            relayed_draft_probs = None if buf is None else buf.index_select(0, indices)
-        draft_input.bonus_tokens = relayed_bonus_tokens
-        if relayed_topk_p is not None:  # allocated by a stash that carried it
-            draft_input.topk_p = relayed_topk_p
-        if relayed_topk_index is not None:  # allocated by a stash that carried it
-            draft_input.topk_index = relayed_topk_index
-        if relayed_draft_probs is not None:  # allocated by a stash that carried it
-            draft_input.draft_probs = relayed_draft_probs
-        draft_input.dsa_topk_indices = None
-        if _DEBUG_ASSERT:
-            self._consume_once("bonus_tokens", relayed_bonus_tokens, indices)
-
-
-FutureMap.ALGORITHMS["eagle"] = EagleFutureMap
-FutureMap.ALGORITHMS["eagle3"] = Eagle3FutureMap
-FutureMap.ALGORITHMS["eagle_multilayer"] = EagleMultilayerFutureMap
-FutureMap.ALGORITHMS["ngram"] = NgramFutureMap
-FutureMap.ALGORITHMS["none"] = NoneFutureMap
-FutureMap.ALGORITHMS["standalone"] = StandaloneFutureMap

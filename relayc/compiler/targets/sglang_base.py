@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -79,19 +79,31 @@ class RelayDebugError(AssertionError):
     """A debug-mode (`SGLANG_IS_IN_CI`) check failed: a row was read without a fresh write."""
 
 
+# SGLang's FutureMap attribute of a relay field whose buffer is not `<field>_buf`.
+SGLANG_BUFFER_NAMES = {"bonus_tokens": "output_tokens_buf"}
+
+
 @dataclass(frozen=True)
 class RelayField:
     """One relay field of one algorithm, as the spec declares it."""
 
     name: str  # spec field name, also the RelayPayload / draft-input attribute
-    buffer: str  # SGLang's FutureMap attribute holding it
     dtype: torch.dtype | None  # None: the model dtype, learned from the first payload
     shape: str  # row shape in dims, for messages
     lazy: bool  # allocated by the first stash carrying it, rows shaped like its rows
     init: str | bool | int | float  # `empty`, `zeros` or a fill value
-    poison: bool | int | float  # debug-mode start value
+    poison: bool | int | float | None  # debug-mode start value; None: NaN or the int minimum
     consume_once: bool  # debug mode: rows must be rewritten between reads
     origin: str  # spec file:line
+    buffer: str = field(init=False)  # SGLang's FutureMap attribute holding it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "buffer", SGLANG_BUFFER_NAMES.get(self.name, f"{self.name}_buf"))
+        if self.poison is None:
+            if self.dtype is None or self.dtype.is_floating_point:
+                object.__setattr__(self, "poison", float("nan"))
+            else:
+                object.__setattr__(self, "poison", torch.iinfo(self.dtype).min)
 
 
 # Uncovered SGLang features: each raises NotImplementedError naming it.
@@ -143,9 +155,25 @@ class FutureMap:
     one by relayc name, for use without SGLang's runtime config)."""
 
     ALGORITHMS: ClassVar[dict[str, type[FutureMap]]] = {}  # relayc algorithm -> generated class
+    # What a generated subclass sets; the methods below read only these.
     ALGORITHM = ""
-    SPEC = ""  # spec path and content hash
+    DESCRIPTION = ""  # the spec's description
+    SPEC = ""  # spec path
+    SPEC_HASH = ""  # spec content hash
     FIELDS: tuple[RelayField, ...] = ()
+    STASHED: tuple[str, ...] = ()  # fields `stash` writes, in the spec's order
+    SPEC_EXTRAS: tuple[str, ...] = ()  # fields the overlap resolve gathers into spec_info
+    # Payload fields SGLang reads back for this algorithm that the spec does not relay:
+    # a stash carrying one is refused rather than silently losing it.
+    REFUSED: tuple[str, ...] = ()
+    # Fields the draft input holds flat ([bs * row], NgramVerifyInput), each with the
+    # draft-input attribute of its row width. Such a draft input has no DSA seeds and may
+    # carry no future indices.
+    FLAT_ROWS: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        FutureMap.ALGORITHMS[cls.ALGORITHM] = cls
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FutureMap:
         if cls is FutureMap:
@@ -277,7 +305,10 @@ class FutureMap:
             indices = indices.to(self.device)
         for name, value in values.items():
             if value is not None:
-                getattr(self, self._fields[name].buffer).index_copy_(0, indices, value)
+                try:
+                    getattr(self, self._fields[name].buffer).index_copy_(0, indices, value)
+                except (IndexError, RuntimeError) as exc:
+                    raise self._stash_error(name, value, indices) from exc
 
     def _gather(self, indices: torch.Tensor, names: Sequence[str]) -> list[torch.Tensor | None]:
         """Rows `indices` of each field in `names` (None where its buffer is unallocated)."""
@@ -326,10 +357,52 @@ class FutureMap:
 
     # -- what SGLang calls -----------------------------------------------------------
     def stash(self, future_indices: torch.Tensor, payload: Any) -> None:
-        raise NotImplementedError  # generated per algorithm
+        """Write the payload's non-None STASHED fields into rows `future_indices` (one
+        launch where fused); SGLang never reads back the other fields for this algorithm."""
+        n = future_indices.shape[0]
+        if n == 0:
+            return  # DP idle: the payload is an empty stub
+        if payload.dsa_topk_indices is not None:
+            raise NotImplementedError(_DSA_SEEDS)
+        for name in self.REFUSED:
+            if getattr(payload, name) is not None:
+                raise RelayError(
+                    f"payload carries `{name}`, which SGLang relays for `{self.ALGORITHM}` but "
+                    f"{self.SPEC} does not: add the field to the spec"
+                )
+        values = {name: self._prepare(name, getattr(payload, name), n) for name in self.STASHED}
+        self._scatter(future_indices, values)
 
     def _resolve_spec_extras(self, batch: Any) -> None:
-        raise NotImplementedError  # generated per algorithm
+        """Gather the SPEC_EXTRAS rows of `batch.spec_info.future_indices` into
+        `batch.spec_info` (one launch where fused)."""
+        names = self.SPEC_EXTRAS
+        draft_input = batch.spec_info
+        if not names or draft_input is None:
+            return  # non-speculative, or a prefill: nothing relayed yet
+        indices = draft_input.future_indices
+        if indices is None and self.FLAT_ROWS:
+            return
+        if indices.shape[0] == 0:
+            return
+        if not self.FLAT_ROWS and getattr(draft_input, "future_dsa_topk_indices_available", False):
+            raise NotImplementedError(_DSA_SEEDS)
+        if indices.device.type != "cpu":
+            indices.record_stream(torch.get_device_module(self.device).current_stream())
+        values = self._gather(indices, names)
+        for name, value in zip(names, values, strict=True):
+            if name in self.FLAT_ROWS:
+                if value is None:
+                    raise RelayError(f"resolve of `{name}` before any stash carried it")
+                setattr(draft_input, name, value.flatten())  # SGLang holds these rows flat
+            elif value is not None or name == "bonus_tokens":  # SGLang always sets the bonus
+                setattr(draft_input, name, value)  # a lazy field no stash carried stays as is
+        if not self.FLAT_ROWS:
+            draft_input.dsa_topk_indices = None
+        if _DEBUG_ASSERT:
+            for name, value in zip(names, values, strict=True):
+                if self._fields[name].consume_once:
+                    self._consume_once(name, value, indices)
 
     def stash_bonus_tokens(self, indices: torch.Tensor, bonus_tokens: torch.Tensor) -> None:
         """Write only the bonus-token rows (the relay carries no draft extras)."""
