@@ -54,6 +54,13 @@ def configs() -> list[tuple[str, str | None, int]]:
     rows: list[tuple[str, str | None, int]] = [("none", None, 0)]
     rows += [(f"eagle topk={k} hidden={HIDDEN} bf16", "EAGLE", k) for k in (1, 4, 8)]
     rows.append((f"ngram draft_tokens={DRAFT_TOKENS}", "NGRAM", 0))
+    # The block drafters relay the bonus token and the lengths (topk 0: no top-k in the
+    # payload). DSPARK runs without its confidence ring, which relayc does not cover yet.
+    rows += [
+        ("dflash", "DFLASH", 0),
+        ("uno", "UNO", 0),
+        ("dspark (no confidence ring)", "DSPARK", 0),
+    ]
     return rows
 
 
@@ -77,6 +84,10 @@ def make_side(sgl, module: Any, algorithm: str | None, topk: int, bs: int, devic
         spec_info = sgl.NgramVerifyInput(
             future_indices=indices, new_seq_lens=lens, draft_token_num=DRAFT_TOKENS
         )
+    elif algo.is_some() and topk == 0:
+        draft = sgl.EagleDraftInput(bonus_tokens=torch.randint(0, 32000, (bs,), device=device))
+        payload = module.RelayPayload.from_draft_input(draft)
+        spec_info = sgl.EagleDraftInput(future_indices=indices)
     elif algo.is_some():
         draft = sgl.EagleDraftInput(
             bonus_tokens=torch.randint(0, 32000, (bs,), device=device),

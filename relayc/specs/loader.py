@@ -30,6 +30,7 @@ from relayc.specs.schema import (
     Input,
     Outputs,
     RelayField,
+    SGLangTarget,
     SpecFile,
     Step,
 )
@@ -196,6 +197,9 @@ def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -
     if valid.outputs is not None:
         _locate(valid.outputs, index.key(("outputs",)))
         parts.outputs = valid.outputs
+    if valid.sglang is not None:
+        _locate(valid.sglang, index.value(("sglang", "plugin")))  # errors point at the name
+        parts.sglang = valid.sglang
     return parts
 
 
@@ -247,6 +251,8 @@ def _partial_parts(data: dict, index: LocIndex, path: str) -> Parts:
         parts.outputs = _validated(Outputs, data["outputs"], index.key(("outputs",)))
         if parts.outputs is None:
             parts.broken.add(("outputs", "outputs"))
+    if "sglang" in data:
+        parts.sglang = _validated(SGLangTarget, data["sglang"], index.key(("sglang",)))
     parts.broken.add(("file", "partial"))
     return parts
 

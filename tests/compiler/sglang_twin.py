@@ -37,6 +37,7 @@ class Scenario:
     hidden: bool = True  # EAGLE-family payloads carry hidden states (sometimes None)
     draft_probs: bool = False  # payloads carry draft probabilities (rejection sampling)
     mixed: bool = False  # SGLang supports mixed chunk prefill for the algorithm
+    topk: bool = True  # payloads carry top-k (sometimes None at prefill)
 
 
 SCENARIOS = (
@@ -47,6 +48,12 @@ SCENARIOS = (
     Scenario("eagle-multilayer", "EAGLE", {"enable_multi_layer_eagle": True}),
     Scenario("standalone", "STANDALONE", draft_probs=True),
     Scenario("ngram", "NGRAM"),
+    # The block drafters relay the bonus token and the lengths only. Their payloads are
+    # built like EAGLE's here: DFlashDraftInputV2 still carries (legacy) top-k and hidden
+    # states, which both sides must drop. UnoDraftInput carries none of them.
+    Scenario("dflash", "DFLASH", mixed=True),
+    Scenario("dspark", "DSPARK", mixed=True),
+    Scenario("uno", "UNO", hidden=False, topk=False),
 )
 # Rejection sampling under EAGLE relays draft_probs, which the bundled eagle spec does
 # not: the test compiles a spec that adds it (README, "Adding a relay field").
@@ -198,7 +205,7 @@ class Twin:
             )
         # A prefill may omit the draft extras; a decode's top-k and draft probabilities
         # come together from draft extend, its hidden states may be absent.
-        if not (prefill and self.rng.random() < 0.3):
+        if sc.topk and not (prefill and self.rng.random() < 0.3):
             width = (TOPK * NUM_STEPS,) if self.multilayer else (TOPK,)
             values["topk_p"] = self._floats((n, *width))
             values["topk_index"] = self._ints((n, *width), 32000)

@@ -63,6 +63,12 @@ class FakeAlgorithm:
     def is_some(self) -> bool:
         return self.name != "NONE"
 
+    def is_eagle(self) -> bool:
+        return self.name in ("EAGLE", "EAGLE3", "FROZEN_KV_MTP")
+
+    def is_standalone(self) -> bool:
+        return self.name == "STANDALONE"
+
 
 def pool(size: int = 16) -> types.SimpleNamespace:
     return types.SimpleNamespace(req_to_token=torch.zeros(size, 8, dtype=torch.int32))
@@ -77,7 +83,7 @@ def test_checked_in_module_is_current() -> None:
     output = compile_sglang(bundled_spec_paths(), "relayc/sglang_generated")
     assert output.text == CHECKED_IN.read_text(encoding="utf-8"), (
         "relayc/sglang_generated/overlap_utils.py is stale: run `relayc compile --target sglang "
-        "relayc/specs/{eagle,eagle3,eagle_multilayer,ngram,none,standalone}.yaml -o relayc/sglang_generated`"
+        "relayc/specs/*.yaml -o relayc/sglang_generated` (or `relayc compile --bundled`)"
     )
 
 
@@ -166,15 +172,61 @@ def test_stash_publish_resolve_round_trip(gen: types.ModuleType) -> None:
 def test_uncovered_features_raise_naming_them(gen: types.ModuleType) -> None:
     with pytest.raises(NotImplementedError, match="DSPARK confidence ring"):
         make_map(gen, "eagle", needs_confidence_relay=True)
-    with pytest.raises(NotImplementedError, match="DSPARK"):
-        gen.FutureMap("cpu", FakeAlgorithm("DSPARK"), pool())
-    with pytest.raises(NotImplementedError, match="DFLASH"):
-        gen.FutureMap("cpu", FakeAlgorithm("DFLASH"), pool())
+    # an algorithm of a later SGLang: named, with what the module does relay
+    with pytest.raises(NotImplementedError, match=r"algorithm MEDUSA; this module relays .*dflash"):
+        gen.FutureMap("cpu", FakeAlgorithm("MEDUSA"), pool())
     fmap = make_map(gen, "eagle")
     with pytest.raises(NotImplementedError, match="DSA top-k seeds"):
         fmap.stash(torch.tensor([1]), gen.RelayPayload(None, dsa_topk_indices=torch.zeros(1, 4)))
-    with pytest.raises(NotImplementedError, match="HiSparse staging"):
-        fmap.make_staged_spec_input(torch.tensor([1]))
+    with pytest.raises(RuntimeError, match="HiSparse staging only supports EAGLE-family"):
+        make_map(gen, "dflash", "DFLASH").make_staged_spec_input(torch.tensor([1]))
+
+
+def test_block_drafters_map_without_sglang(gen: types.ModuleType) -> None:
+    """All nine SpeculativeAlgorithm members have a relay (EAGLE's family needs SGLang's
+    runtime config for multi-layer EAGLE, so it is covered by the SGLang test)."""
+    for sglang_name, algorithm in [
+        ("NONE", "none"),
+        ("STANDALONE", "standalone"),
+        ("NGRAM", "ngram"),
+        ("DFLASH", "dflash"),
+        ("UNO", "uno"),
+        ("DSPARK", "dspark"),
+    ]:
+        assert gen.FutureMap("cpu", FakeAlgorithm(sglang_name), pool()).ALGORITHM == algorithm
+
+
+def test_module_without_a_spec_says_which(tmp_path: Path) -> None:
+    specs = [p for p in bundled_spec_paths() if p.stem != "dflash"]
+    output = compile_sglang(specs, tmp_path / "out")
+    write(output)
+    module = load_module(output.path, "sglang_relay_without_dflash")
+    with pytest.raises(NotImplementedError, match=r"compiled without a spec for `dflash`"):
+        module.FutureMap("cpu", FakeAlgorithm("DFLASH"), pool())
+
+
+def test_block_drafters_relay_only_the_bonus_and_refuse_what_sglang_reads(
+    gen: types.ModuleType,
+) -> None:
+    """DFLASH drops the legacy top-k and hidden states SGLang drops; UNO refuses hidden
+    states, which SGLang would relay for it (spec_need_hidden_states) and its spec does not."""
+    idx = torch.tensor([2, 5])
+    dflash = make_map(gen, "dflash", "DFLASH")
+    dflash.stash(
+        idx,
+        gen.RelayPayload(
+            torch.tensor([7, 8]), topk_p=torch.rand(2, 1), hidden_states=torch.rand(2, 4)
+        ),
+    )
+    assert dflash.topk_p_buf is None and dflash.hidden_states_buf is None
+    dflash.publish(idx, torch.tensor([10, 11]))
+    batch = types.SimpleNamespace(spec_info=types.SimpleNamespace(future_indices=idx[[1, 0]]))
+    dflash._resolve_spec_extras(batch)
+    assert batch.spec_info.bonus_tokens.tolist() == [8, 7]
+    assert batch.spec_info.dsa_topk_indices is None
+    uno = make_map(gen, "uno", "UNO")
+    with pytest.raises(gen.RelayError, match=r"hidden_states.*relayc/specs/uno.yaml"):
+        uno.stash(idx, gen.RelayPayload(torch.tensor([1, 2]), hidden_states=torch.rand(2, 4)))
 
 
 def test_bad_payloads_say_what_is_wrong(gen: types.ModuleType) -> None:
@@ -284,6 +336,11 @@ def test_spec_algorithm_picks_the_generated_class(sgl, gen: types.ModuleType) ->
         ("EAGLE3", {"enable_multi_layer_eagle": True}, "eagle_multilayer"),
         ("STANDALONE", {}, "standalone"),
         ("NGRAM", {}, "ngram"),
+        ("FROZEN_KV_MTP", {}, "eagle"),
+        ("NEXTN", {}, "eagle"),
+        ("DFLASH", {}, "dflash"),
+        ("UNO", {}, "uno"),
+        ("DSPARK", {}, "dspark"),
     ]
     for name, kwargs, expected in cases:
         with sglang_env.server_args(sgl, name, **kwargs):
@@ -386,3 +443,161 @@ def test_install_points_sglang_at_the_generated_module(
     with sglang_env.server_args(sgl, "EAGLE"):
         fmap = sgl.SpeculativeAlgorithm.EAGLE.create_future_map(torch.device("cpu"), pool())
     assert type(fmap) is gen.FutureMap.ALGORITHMS["eagle"]
+
+
+# -- plugin algorithms (SGLang's spec_registry) ---------------------------------------------
+PLUGIN_SPEC = Path(__file__).with_name("block_kv_plugin.yaml")
+
+
+def compile_with_plugin(tmp_path: Path, name: str = "sglang_relay_plugin") -> types.ModuleType:
+    """The bundled specs plus the BLOCK_KV plugin spec (which imports common.yaml)."""
+    shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
+    shutil.copy(PLUGIN_SPEC, tmp_path / "block_kv.yaml")
+    output = compile_sglang([*bundled_spec_paths(), tmp_path / "block_kv.yaml"], tmp_path / "out")
+    write(output)
+    return load_module(output.path, name)
+
+
+def plugin_batch(algo: Any, indices: torch.Tensor, spec_info: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        enable_overlap=True,
+        spec_algorithm=algo,
+        spec_info=spec_info,
+        prefill_input_ids_cpu=None,
+        input_ids=None,
+        req_pool_indices=indices,
+        req_pool_indices_cpu=indices.clone(),
+    )
+
+
+def test_plugin_spec_relays_its_own_field(tmp_path: Path) -> None:
+    """A spec with `sglang: {plugin: BLOCK_KV}` relays its draft_seq_lens, a field no
+    built-in has, for the algorithm SGLang's registry knows as BLOCK_KV."""
+    module = compile_with_plugin(tmp_path)
+    algo = FakeAlgorithm("BLOCK_KV")  # what SpeculativeAlgorithm.from_string returns for it
+    fmap = module.FutureMap("cpu", algo, pool())
+    assert fmap.ALGORITHM == "block_kv" and fmap.draft_seq_lens_buf.tolist() == [0] * 16
+    idx = torch.tensor([4, 9])
+    draft_input = types.SimpleNamespace(
+        bonus_tokens=torch.tensor([11, 12]), draft_seq_lens=torch.tensor([30, 40])
+    )
+    fmap.publish(idx, torch.tensor([31, 41]))
+    fmap.stash(idx, module.RelayPayload.from_draft_input(draft_input))
+    batch = plugin_batch(algo, idx[[1, 0]], types.SimpleNamespace(future_indices=idx[[1, 0]]))
+    fmap.resolve_seq_lens_cpu(batch)
+    module.resolve_forward_inputs(batch, fmap)
+    assert batch.seq_lens.tolist() == [41, 31]
+    assert batch.spec_info.bonus_tokens.tolist() == [12, 11]
+    assert batch.spec_info.draft_seq_lens.tolist() == [40, 30]
+    with pytest.raises(
+        NotImplementedError, match=r"OTHER_PLUGIN.*sglang: \{plugin: OTHER_PLUGIN\}"
+    ):
+        module.FutureMap("cpu", FakeAlgorithm("OTHER_PLUGIN"), pool())
+
+
+def test_plugin_names_are_checked(tmp_path: Path) -> None:
+    shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
+    text = PLUGIN_SPEC.read_text()
+    (tmp_path / "eagle_plugin.yaml").write_text(
+        text.replace("algorithm: block_kv", "algorithm: eagle_plugin").replace(
+            "plugin: BLOCK_KV", "plugin: eagle"
+        )
+    )
+    (tmp_path / "twin_a.yaml").write_text(text.replace("algorithm: block_kv", "algorithm: twin_a"))
+    (tmp_path / "twin_b.yaml").write_text(text.replace("algorithm: block_kv", "algorithm: twin_b"))
+    with pytest.raises(SpecErrors) as exc:
+        compile_sglang([tmp_path / f"{n}.yaml" for n in ("eagle_plugin", "twin_a", "twin_b")], "o")
+    rendered = exc.value.render()
+    assert (
+        "eagle_plugin.yaml:9:11: error: `EAGLE` is one of SGLang's built-in algorithms" in rendered
+    )
+    assert "twin_b.yaml:9:11: error: plugin `BLOCK_KV` is also relayed by" in rendered
+
+
+@needs_sglang
+def test_plugin_registered_and_driven_like_sglangs_scheduler(sgl, tmp_path: Path) -> None:
+    """Register BLOCK_KV with SGLang's registry, build both FutureMaps through
+    SpeculativeAlgorithm.from_string, publish/stash/resolve as the scheduler does: the
+    lengths and bonus tokens match SGLang's relay, and draft_seq_lens, which SGLang's
+    FutureMap cannot relay for a plugin, arrives too."""
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
+
+    class BlockKv(CustomSpecAlgo):
+        # SGLang's FutureMap calls need_topk(), which CustomSpecAlgo lacks in 0.5.23
+        def need_topk(self) -> bool:
+            return False
+
+    if get_spec("BLOCK_KV") is None:
+        sgl.SpeculativeAlgorithm.register("BLOCK_KV", supports_overlap=True, spec_class=BlockKv)(
+            lambda server_args: object
+        )
+    algo = sgl.SpeculativeAlgorithm.from_string("BLOCK_KV")
+    module = compile_with_plugin(tmp_path, "sglang_relay_plugin_sgl")
+    with sglang_env.server_args(sgl, "BLOCK_KV"):
+        ref = sgl.overlap_utils.FutureMap(torch.device("cpu"), algo, pool())
+        gen = module.FutureMap(torch.device("cpu"), algo, pool())
+        assert gen.ALGORITHM == "block_kv"
+        idx = torch.tensor([5, 2, 7])
+        lens, bonus = torch.tensor([20, 21, 22]), torch.tensor([100, 101, 102])
+        draft_input = sgl.EagleDraftInput(bonus_tokens=bonus, future_indices=idx)
+        draft_input.draft_seq_lens = torch.tensor([8, 9, 10])
+        for fmap, ou in ((ref, sgl.overlap_utils), (gen, module)):
+            fmap.publish(idx, lens)
+            fmap.stash(idx, ou.RelayPayload.from_draft_input(draft_input))
+        batches = {}
+        for side, fmap, ou in (("ref", ref, sgl.overlap_utils), ("gen", gen, module)):
+            order = torch.tensor([2, 0])
+            info = sgl.EagleDraftInput(future_indices=idx[order])
+            batch = plugin_batch(algo, idx[order], info)
+            batch.device = torch.device("cpu")
+            fmap.resolve_seq_lens_cpu(batch)
+            ou.resolve_forward_inputs(batch, fmap)
+            batches[side] = batch
+    ref_batch, gen_batch = batches["ref"], batches["gen"]
+    assert torch.equal(ref_batch.seq_lens, gen_batch.seq_lens)
+    assert torch.equal(ref_batch.seq_lens_cpu, gen_batch.seq_lens_cpu)
+    assert torch.equal(ref_batch.spec_info.bonus_tokens, gen_batch.spec_info.bonus_tokens)
+    assert not hasattr(ref_batch.spec_info, "draft_seq_lens")
+    assert gen_batch.spec_info.draft_seq_lens.tolist() == [10, 8]
+
+
+@needs_sglang
+@pytest.mark.parametrize("name", ["EAGLE", "STANDALONE"])
+def test_hisparse_staged_input_resolves_like_sglangs(sgl, gen: types.ModuleType, name: str) -> None:
+    """make_staged_spec_input builds SGLang's own EagleDraftInput (capture mode, future
+    indices, DSA flag as SGLang sets them); the next overlap resolve fills it from the
+    relay, top-k and hidden states kept from the stash before staging, the bonus token
+    refreshed by a bonus-only stash (what a staging transition writes)."""
+    algo = sgl.SpeculativeAlgorithm.from_string(name)
+    idx = torch.tensor([3, 6])
+    values = {
+        "bonus_tokens": torch.tensor([1, 2]),
+        "topk_p": torch.rand(2, 1),
+        "topk_index": torch.tensor([[5], [6]]),
+        "hidden_states": torch.rand(2, 8, dtype=torch.bfloat16),
+    }
+    if name == "STANDALONE":
+        values["draft_probs"] = torch.rand(2, 10)
+        del values["hidden_states"]
+    staged = {}
+    with sglang_env.server_args(sgl, name):
+        for side, ou in (("ref", sgl.overlap_utils), ("gen", gen)):
+            fmap = ou.FutureMap(torch.device("cpu"), algo, pool())
+            fmap.publish(idx, torch.tensor([9, 10]))
+            fmap.stash(idx, ou.RelayPayload.from_draft_input(sgl.EagleDraftInput(**values)))
+            fmap.stash(idx, ou.RelayPayload(bonus_tokens=torch.tensor([7, 8])))
+            info = fmap.make_staged_spec_input(idx[[1, 0]])
+            batch = plugin_batch(algo, idx[[1, 0]], info)
+            batch.device = torch.device("cpu")
+            ou.resolve_forward_inputs(batch, fmap)
+            staged[side] = info
+    ref, ours = staged["ref"], staged["gen"]
+    assert type(ref) is type(ours)
+    assert ref.capture_hidden_mode == ours.capture_hidden_mode
+    assert ref.future_dsa_topk_indices_available == ours.future_dsa_topk_indices_available
+    for field in ("future_indices", *values, "dsa_topk_indices"):
+        ref_value, our_value = getattr(ref, field, None), getattr(ours, field, None)
+        assert (ref_value is None) == (our_value is None), field
+        if ref_value is not None:
+            assert torch.equal(ref_value, our_value), field
+    assert ours.bonus_tokens.tolist() == [8, 7]

@@ -67,12 +67,30 @@ SGLANG_READS_BACK: dict[str, tuple[str, ...]] = {
     "eagle_multilayer": ("bonus_tokens", "topk_p", "topk_index", "draft_probs"),
     "standalone": ("bonus_tokens", "topk_p", "topk_index", "draft_probs"),
     "ngram": ("accept_tokens", "accept_lens"),
+    # need_topk() is False for the block drafters, and spec_need_hidden_states() too for
+    # DFLASH and DSPARK; any algorithm relays draft_probs a payload carries.
+    "dflash": ("bonus_tokens", "draft_probs"),
+    "dspark": ("bonus_tokens", "draft_probs"),
+    "uno": ("bonus_tokens", "hidden_states", "draft_probs"),
 }
 # Algorithms whose SGLang draft input holds multi-element rows flattened ([bs * row]):
 # NgramVerifyInput; its row width is the attribute named here per dim.
 FLAT_ROW_ALGORITHMS = {"ngram": {"num_draft_tokens": "draft_token_num"}}
 # SGLang's FutureMap publishes exactly these, with a host copy of new_seq_lens.
 SGLANG_PUBLISHED = ("new_seq_lens",)
+# SpeculativeAlgorithm's members and the NEXTN alias: names a plugin cannot register.
+SGLANG_BUILTINS = (
+    "NONE",
+    "EAGLE",
+    "EAGLE3",
+    "FROZEN_KV_MTP",
+    "STANDALONE",
+    "NGRAM",
+    "DFLASH",
+    "UNO",
+    "DSPARK",
+    "NEXTN",
+)
 
 
 @dataclass(frozen=True)
@@ -85,6 +103,11 @@ class SGLangAlgorithm:
     @property
     def name(self) -> str:
         return self.spec.algorithm
+
+    @property
+    def plugin(self) -> str | None:
+        """The SGLang plugin name (upper case, as SGLang registers it), if it is one."""
+        return None if self.spec.sglang is None else self.spec.sglang.plugin.upper()
 
     @property
     def stashed(self) -> tuple[FieldLayout, ...]:
@@ -124,13 +147,36 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
     errors: list[SpecError] = []
     seen: dict[str, SGLangAlgorithm] = {}
     dtypes: dict[str, tuple[str, SGLangAlgorithm]] = {}
+    plugins: dict[str, SGLangAlgorithm] = {}
     for algo in algorithms:
-        if algo.name not in SGLANG_READS_BACK:
+        plugin = algo.plugin
+        if plugin is not None and algo.spec.sglang is not None:
+            where = algo.spec.sglang.loc
+            if plugin in SGLANG_BUILTINS:
+                errors.append(
+                    SpecError(
+                        where,
+                        f"`{plugin}` is one of SGLang's built-in algorithms, which plugins "
+                        "cannot register",
+                        "give the plugin its own name (the one passed to register_algorithm)",
+                    )
+                )
+            elif plugin in plugins:
+                errors.append(
+                    SpecError(
+                        where,
+                        f"plugin `{plugin}` is also relayed by {plugins[plugin].spec.path}",
+                        "one spec per registered plugin",
+                    )
+                )
+            plugins[plugin] = algo
+        elif algo.name not in SGLANG_READS_BACK:
             errors.append(
                 SpecError(
                     _where(algo),
                     f"the SGLang target has no SGLang algorithm for `{algo.name}`",
-                    f"name the algorithm one of {', '.join(SGLANG_READS_BACK)}",
+                    f"name the algorithm one of {', '.join(SGLANG_READS_BACK)}, or relay a "
+                    "plugin registered with SGLang: `sglang: {plugin: NAME}`",
                 )
             )
         if algo.name in seen:
@@ -401,7 +447,8 @@ def _names(names: Sequence[str]) -> str:
 def _algorithm_class(w, algo: SGLangAlgorithm, field_names: dict[str, str]) -> None:
     spec = algo.spec
     relayed = [f.name for f in algo.stashed]
-    refused = [n for n in SGLANG_READS_BACK[algo.name] if n not in relayed]
+    # A plugin's spec decides what is relayed for it: nothing SGLang reads back is refused.
+    refused = [n for n in SGLANG_READS_BACK.get(algo.name, ()) if n not in relayed]
     # Non-speculative decoding relays nothing but the input tokens.
     extras = [] if algo.name == "none" else relayed
     w(f"class {_class_name(algo.name)}(FutureMap):")
@@ -410,6 +457,8 @@ def _algorithm_class(w, algo: SGLangAlgorithm, field_names: dict[str, str]) -> N
     w(f"    ALGORITHM = {_q(algo.name)}")
     w(f"    SPEC = {_q(spec.path)}")
     w(f"    SPEC_HASH = {_q(spec.content_hash)}")
+    if algo.plugin is not None:
+        w(f"    SGLANG_PLUGIN = {_q(algo.plugin)}  # spec_registry.register_algorithm name")
     w(f"    FIELDS = {_tuple([field_names[_relay_field(f)] for f in algo.layout.fields])}")
     w(f"    STASHED = {_names(relayed)}")
     if extras != relayed:
@@ -419,7 +468,9 @@ def _algorithm_class(w, algo: SGLangAlgorithm, field_names: dict[str, str]) -> N
     if refused:
         w(f"    REFUSED = {_names(refused)}")
     dropped = [n for n in SGLANG_PAYLOAD if n not in (*relayed, *refused, *UNCOVERED_PAYLOAD)]
-    if dropped:
+    if dropped and algo.plugin is not None:
+        w(f"    # Not relayed by this plugin's spec: {', '.join(dropped)}.")
+    elif dropped:
         w(f"    # Not relayed, and never read back by SGLang for it: {', '.join(dropped)}.")
     flat = FLAT_ROW_ALGORITHMS.get(algo.name)
     if flat is not None:

@@ -115,37 +115,40 @@ _DSA_SEEDS = (
     "DSA top-k seeds (RelayPayload.dsa_topk_indices / future_dsa_topk_indices_available) are "
     "not covered by relayc's SGLang target; no bundled spec relays them"
 )
-_HISPARSE = (
-    "HiSparse staging (FutureMap.make_staged_spec_input) is not covered by relayc's SGLang target"
-)
+
+# SGLang 0.5.23's SpeculativeAlgorithm members and the relayc algorithms relaying them;
+# `is_eagle()` members (NEXTN parses as EAGLE) are resolved in relay_algorithm.
+_SGLANG_ALGORITHMS = {
+    "NONE": "none",
+    "STANDALONE": "standalone",
+    "NGRAM": "ngram",
+    "DFLASH": "dflash",
+    "UNO": "uno",
+    "DSPARK": "dspark",
+}
+_EAGLE_FAMILY = ("EAGLE", "EAGLE3", "FROZEN_KV_MTP")
 
 
 def relay_algorithm(spec_algo: Any) -> str:
     """The relayc algorithm that relays for SGLang's `SpeculativeAlgorithm` `spec_algo`."""
     name = str(getattr(spec_algo, "name", spec_algo)).upper()
-    if name == "NONE":
-        return "none"
-    if name in ("EAGLE", "EAGLE3", "FROZEN_KV_MTP"):
+    if name in _EAGLE_FAMILY:
         # Multi-layer EAGLE relays [num_steps, topk] top-k and no hidden states.
         from sglang.srt.runtime_context import get_spec
 
         if get_spec().enable_multi_layer_eagle:
             return "eagle_multilayer"
-        # SGLang relays EAGLE3 with EAGLE's buffers: a module compiled without an eagle3
-        # spec serves it with the eagle one.
+        # SGLang relays EAGLE3 (and FROZEN_KV_MTP) with EAGLE's buffers: a module compiled
+        # without an eagle3 spec serves EAGLE3 with the eagle one.
         return "eagle3" if name == "EAGLE3" and "eagle3" in FutureMap.ALGORITHMS else "eagle"
-    if name == "STANDALONE":
-        return "standalone"
-    if name == "NGRAM":
-        return "ngram"
-    if name == "DSPARK":
-        raise NotImplementedError(
-            "SGLang's DSPARK relay (confidence ring, post-fold relay buffers) is not covered "
-            "by relayc's SGLang target"
-        )
+    if name in _SGLANG_ALGORITHMS:
+        return _SGLANG_ALGORITHMS[name]
+    if name in FutureMap.PLUGINS:  # registered with SGLang's spec_registry
+        return FutureMap.PLUGINS[name]
     raise NotImplementedError(
         f"no relayc spec covers SGLang's speculative algorithm {name}; this module relays "
-        f"{', '.join(sorted(FutureMap.ALGORITHMS))}"
+        f"{', '.join(sorted(FutureMap.ALGORITHMS))} (a plugin registered with SGLang needs a "
+        f"spec with `sglang: {{plugin: {name}}}` compiled into the module)"
     )
 
 
@@ -155,11 +158,13 @@ class FutureMap:
     one by relayc name, for use without SGLang's runtime config)."""
 
     ALGORITHMS: ClassVar[dict[str, type[FutureMap]]] = {}  # relayc algorithm -> generated class
+    PLUGINS: ClassVar[dict[str, str]] = {}  # SGLang plugin name -> relayc algorithm
     # What a generated subclass sets; the methods below read only these.
     ALGORITHM = ""
     DESCRIPTION = ""  # the spec's description
     SPEC = ""  # spec path
     SPEC_HASH = ""  # spec content hash
+    SGLANG_PLUGIN = ""  # the name a plugin algorithm is registered under with SGLang
     FIELDS: tuple[RelayField, ...] = ()
     STASHED: tuple[str, ...] = ()  # fields `stash` writes, in the spec's order
     SPEC_EXTRAS: tuple[str, ...] = ()  # fields the overlap resolve gathers into spec_info
@@ -174,6 +179,8 @@ class FutureMap:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         FutureMap.ALGORITHMS[cls.ALGORITHM] = cls
+        if cls.SGLANG_PLUGIN:
+            FutureMap.PLUGINS[cls.SGLANG_PLUGIN] = cls.ALGORITHM
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FutureMap:
         if cls is FutureMap:
@@ -531,7 +538,20 @@ class FutureMap:
         return None  # the confidence ring is never enabled here (see __init__)
 
     def make_staged_spec_input(self, future_indices: torch.Tensor) -> Any:
-        raise NotImplementedError(_HISPARSE)
+        """The draft input of a request leaving HiSparse staging: only its future indices,
+        so the next overlap resolve fills it from the relay (SGLang's EagleDraftInput)."""
+        if not (self.spec_algo.is_eagle() or self.spec_algo.is_standalone()):
+            raise RuntimeError("HiSparse staging only supports EAGLE-family speculative inputs.")
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        return EagleDraftInput(
+            capture_hidden_mode=(
+                CaptureHiddenMode.NULL if self.spec_algo.is_standalone() else CaptureHiddenMode.LAST
+            ),
+            future_indices=future_indices,
+            future_dsa_topk_indices_available=self.dsa_topk_indices_buf is not None,
+        )
 
 
 def resolve_forward_inputs(batch: Any, future_map: FutureMap) -> None:
