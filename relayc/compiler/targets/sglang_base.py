@@ -181,6 +181,14 @@ class FutureMap:
         FutureMap.ALGORITHMS[cls.ALGORITHM] = cls
         if cls.SGLANG_PLUGIN:
             FutureMap.PLUGINS[cls.SGLANG_PLUGIN] = cls.ALGORITHM
+        # (field, buffer attribute) pairs, resolved once: the per-iteration paths below
+        # touch no field table.
+        buffers = {f.name: f.buffer for f in cls.FIELDS}
+        cls._stash_plan = tuple((name, buffers[name]) for name in cls.STASHED)
+        cls._extras_plan = tuple(buffers[name] for name in cls.SPEC_EXTRAS)
+
+    _stash_plan: ClassVar[tuple[tuple[str, str], ...]] = ()
+    _extras_plan: ClassVar[tuple[str, ...]] = ()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FutureMap:
         if cls is FutureMap:
@@ -377,8 +385,25 @@ class FutureMap:
                     f"payload carries `{name}`, which SGLang relays for `{self.ALGORITHM}` but "
                     f"{self.SPEC} does not: add the field to the spec"
                 )
-        values = {name: self._prepare(name, getattr(payload, name), n) for name in self.STASHED}
-        self._scatter(future_indices, values)
+        if self._fused:  # one launch for every field the payload carries
+            self._scatter(
+                future_indices,
+                {name: self._prepare(name, getattr(payload, name), n) for name in self.STASHED},
+            )
+            return
+        indices = future_indices if future_indices.dtype is torch.int64 else future_indices.long()
+        for name, buffer in self._stash_plan:
+            value = getattr(payload, name)
+            if value is None:
+                continue
+            buf = getattr(self, buffer)
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare(name, value, n)
+                buf = getattr(self, buffer)
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error(name, value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Gather the SPEC_EXTRAS rows of `batch.spec_info.future_indices` into
@@ -396,7 +421,11 @@ class FutureMap:
             raise NotImplementedError(_DSA_SEEDS)
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
-        values = self._gather(indices, names)
+        if self._fused:
+            values = self._gather(indices, names)
+        else:
+            bufs = [getattr(self, buffer) for buffer in self._extras_plan]
+            values = [None if buf is None else buf.index_select(0, indices) for buf in bufs]
         for name, value in zip(names, values, strict=True):
             if name in self.FLAT_ROWS:
                 if value is None:
