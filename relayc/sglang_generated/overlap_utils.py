@@ -309,10 +309,9 @@ _DSPARK_CONFIDENCE = (
     "the DSPARK confidence ring (needs_confidence_relay=True) is not covered by relayc's "
     "SGLang target; run DSPARK with SGLang's own overlap_utils"
 )
-_DSA_SEEDS = (
-    "DSA top-k seeds (RelayPayload.dsa_topk_indices / future_dsa_topk_indices_available) are "
-    "not covered by relayc's SGLang target; no bundled spec relays them"
-)
+# SGLang's draft-input flags gating the read of a relayed field: 0.5.23 gathers DSA top-k
+# seeds only for a draft input whose seeds are available (a staged one may have none).
+_GATED_READS = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
 
 # SGLang 0.5.23's SpeculativeAlgorithm members and the relayc algorithms relaying them;
 # `is_eagle()` members (NEXTN parses as EAGLE) are resolved in relay_algorithm.
@@ -430,7 +429,6 @@ class FutureMap:
         for f in self.FIELDS:
             if not f.lazy:
                 setattr(self, f.buffer, self._allocate(f, ()))
-        self.dsa_topk_indices_buf = None
         self._fused = _HAVE_TRITON and self.device.type == "cuda"
         # Pinned host mirror of new_seq_lens and the private D2H stream: CUDA only, like
         # SGLang (elsewhere there is no write-after-read barrier to hide).
@@ -575,8 +573,6 @@ class FutureMap:
         n = future_indices.shape[0]
         if n == 0:
             return  # DP idle: the payload is an empty stub
-        if payload.dsa_topk_indices is not None:
-            raise NotImplementedError(_DSA_SEEDS)
         for name in self.REFUSED:
             if getattr(payload, name) is not None:
                 raise RelayError(
@@ -615,8 +611,17 @@ class FutureMap:
             return
         if indices.shape[0] == 0:
             return
-        if not self.FLAT_ROWS and getattr(draft_input, "future_dsa_topk_indices_available", False):
-            raise NotImplementedError(_DSA_SEEDS)
+        gates = (
+            {}
+            if self.FLAT_ROWS
+            else {n: getattr(draft_input, f, False) for n, f in _GATED_READS.items()}
+        )
+        for name, available in gates.items():
+            if available and name not in self._fields:
+                raise RelayError(
+                    f"the draft input has `{_GATED_READS[name]}` set, but {self.SPEC} does not "
+                    f"relay `{name}`: add the field to the spec"
+                )
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
@@ -629,10 +634,15 @@ class FutureMap:
                 if value is None:
                     raise RelayError(f"resolve of `{name}` before any stash carried it")
                 setattr(draft_input, name, value.flatten())  # SGLang holds these rows flat
+            elif name in gates:
+                if gates[name] and value is None:
+                    raise RelayError(f"resolve of `{name}` before any stash carried it")
+                setattr(draft_input, name, value if gates[name] else None)
             elif value is not None or name == "bonus_tokens":  # SGLang always sets the bonus
                 setattr(draft_input, name, value)  # a lazy field no stash carried stays as is
-        if not self.FLAT_ROWS:
-            draft_input.dsa_topk_indices = None
+        for name in gates:
+            if name not in self._fields:
+                setattr(draft_input, name, None)
         if _DEBUG_ASSERT:
             for name, value in zip(names, values, strict=True):
                 if self._fields[name].consume_once:
@@ -860,7 +870,7 @@ class RelayPayload:
     hidden_states: torch.Tensor | None = None
     # [bs, vocab] float32: Draft distribution over the vocabulary at the first draft position.
     draft_probs: torch.Tensor | None = None
-    # not covered (NotImplementedError)
+    # not relayed by these specs
     dsa_topk_indices: torch.Tensor | None = None
     # [bs, num_draft_tokens] int64: Tokens accepted by the previous verify (bonus included), left-aligned.
     accept_tokens: torch.Tensor | None = None
@@ -954,7 +964,7 @@ class DflashFutureMap(FutureMap):
     FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS)
     STASHED = ("bonus_tokens",)
     SPEC_EXTRAS = STASHED
-    REFUSED = ("draft_probs",)
+    REFUSED = ("draft_probs", "dsa_topk_indices")
     # Not relayed, and never read back by SGLang for it: topk_p, topk_index, hidden_states, accept_tokens, accept_lens.
     _host_mirrored = True
 
@@ -971,7 +981,7 @@ class DsparkFutureMap(FutureMap):
     FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS)
     STASHED = ("bonus_tokens",)
     SPEC_EXTRAS = STASHED
-    REFUSED = ("draft_probs",)
+    REFUSED = ("draft_probs", "dsa_topk_indices")
     # Not relayed, and never read back by SGLang for it: topk_p, topk_index, hidden_states, accept_tokens, accept_lens.
     _host_mirrored = True
 
@@ -986,7 +996,7 @@ class EagleFutureMap(FutureMap):
     FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS, _TOPK_P, _TOPK_INDEX, _HIDDEN_STATES)
     STASHED = ("bonus_tokens", "topk_p", "topk_index", "hidden_states")
     SPEC_EXTRAS = STASHED
-    REFUSED = ("draft_probs",)
+    REFUSED = ("draft_probs", "dsa_topk_indices")
     # Not relayed, and never read back by SGLang for it: accept_tokens, accept_lens.
     _host_mirrored = True
 
@@ -1001,7 +1011,7 @@ class Eagle3FutureMap(FutureMap):
     FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS, _TOPK_P, _TOPK_INDEX, _HIDDEN_STATES)
     STASHED = ("bonus_tokens", "topk_p", "topk_index", "hidden_states")
     SPEC_EXTRAS = STASHED
-    REFUSED = ("draft_probs",)
+    REFUSED = ("draft_probs", "dsa_topk_indices")
     # Not relayed, and never read back by SGLang for it: accept_tokens, accept_lens.
     _host_mirrored = True
 
@@ -1016,7 +1026,7 @@ class EagleMultilayerFutureMap(FutureMap):
     FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS, _TOPK_P_2, _TOPK_INDEX_2)
     STASHED = ("bonus_tokens", "topk_p", "topk_index")
     SPEC_EXTRAS = STASHED
-    REFUSED = ("draft_probs",)
+    REFUSED = ("draft_probs", "dsa_topk_indices")
     # Not relayed, and never read back by SGLang for it: hidden_states, accept_tokens, accept_lens.
     _host_mirrored = True
 
@@ -1031,7 +1041,7 @@ class NgramFutureMap(FutureMap):
     FIELDS = (_NEW_SEQ_LENS, _ACCEPT_TOKENS, _ACCEPT_LENS)
     STASHED = ("accept_tokens", "accept_lens")
     SPEC_EXTRAS = STASHED
-    # Not relayed, and never read back by SGLang for it: bonus_tokens, topk_p, topk_index, hidden_states, draft_probs.
+    # Not relayed, and never read back by SGLang for it: bonus_tokens, topk_p, topk_index, hidden_states, draft_probs, dsa_topk_indices.
     FLAT_ROWS: ClassVar[dict[str, str]] = {"accept_tokens": "draft_token_num"}
     _host_mirrored = True
 
@@ -1046,7 +1056,7 @@ class NoneFutureMap(FutureMap):
     FIELDS = (_BONUS_TOKENS,)
     STASHED = ("bonus_tokens",)
     SPEC_EXTRAS = ()
-    # Not relayed, and never read back by SGLang for it: topk_p, topk_index, hidden_states, draft_probs, accept_tokens, accept_lens.
+    # Not relayed, and never read back by SGLang for it: topk_p, topk_index, hidden_states, draft_probs, dsa_topk_indices, accept_tokens, accept_lens.
 
 
 class StandaloneFutureMap(FutureMap):
@@ -1059,6 +1069,7 @@ class StandaloneFutureMap(FutureMap):
     FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS, _TOPK_P, _TOPK_INDEX, _DRAFT_PROBS)
     STASHED = ("bonus_tokens", "topk_p", "topk_index", "draft_probs")
     SPEC_EXTRAS = STASHED
+    REFUSED = ("dsa_topk_indices",)
     # Not relayed, and never read back by SGLang for it: hidden_states, accept_tokens, accept_lens.
     _host_mirrored = True
 
@@ -1073,6 +1084,6 @@ class UnoFutureMap(FutureMap):
     FIELDS = (_BONUS_TOKENS, _NEW_SEQ_LENS)
     STASHED = ("bonus_tokens",)
     SPEC_EXTRAS = STASHED
-    REFUSED = ("hidden_states", "draft_probs")
+    REFUSED = ("hidden_states", "draft_probs", "dsa_topk_indices")
     # Not relayed, and never read back by SGLang for it: topk_p, topk_index, accept_tokens, accept_lens.
     _host_mirrored = True

@@ -38,6 +38,7 @@ class Scenario:
     draft_probs: bool = False  # payloads carry draft probabilities (rejection sampling)
     mixed: bool = False  # SGLang supports mixed chunk prefill for the algorithm
     topk: bool = True  # payloads carry top-k (sometimes None at prefill)
+    dsa: bool = False  # payloads carry DSA top-k seeds; draft inputs flag them available
 
 
 SCENARIOS = (
@@ -60,6 +61,10 @@ SCENARIOS = (
 DRAFT_PROBS_SCENARIO = Scenario(
     "eagle-draft-probs", "EAGLE", {"speculative_use_rejection_sampling": True}, draft_probs=True
 )
+
+DSA_TOPK = 4
+# DSA top-k seeds relayed by an eagle spec that adds the field (the test compiles it).
+DSA_SCENARIO = Scenario("eagle-dsa", "EAGLE", dsa=True, mixed=True)
 
 # SGLang allocates these buffers although the algorithm never reads them back; the
 # generated relay allocates what the spec relays (and n-gram's scalar accept_lens
@@ -211,6 +216,8 @@ class Twin:
             values["topk_index"] = self._ints((n, *width), 32000)
             if sc.draft_probs:
                 values["draft_probs"] = self._floats((n, VOCAB))
+        if sc.dsa and not prefill and self.rng.random() < 0.7:
+            values["dsa_topk_indices"] = self._ints((n, DSA_TOPK), 4096, torch.int32)
         if sc.hidden and self.rng.random() < 0.8:
             values["hidden_states"] = self._floats((n, HIDDEN), torch.bfloat16)
         draft_input = self.sgl.EagleDraftInput(**values)
@@ -265,8 +272,13 @@ class Twin:
         if not self.running:
             return
         indices = torch.tensor(self.running, dtype=torch.int64)
+        # SGLang reads the seeds only for a draft input flagged as having them (it asserts
+        # the buffer exists then).
+        seeds = self.ref.dsa_topk_indices_buf is not None and self.rng.random() < 0.7
         for side in ("ref", "gen"):
             batch = self.batches[side]
+            if self.scenario.dsa and batch.spec_info is not None:
+                batch.spec_info.future_dsa_topk_indices_available = seeds
             batch.input_ids = None
             fmap = self.ref if side == "ref" else self.gen
             fmap.resolve_seq_lens_cpu(batch)

@@ -26,7 +26,7 @@ from relayc.compiler.writer import write
 from relayc.specs.errors import SpecErrors
 from relayc.specs.loader import BUNDLED_DIR, bundled_spec_paths
 from tests.compiler import sglang_env
-from tests.compiler.sglang_twin import DRAFT_PROBS_SCENARIO, SCENARIOS, Twin
+from tests.compiler.sglang_twin import DRAFT_PROBS_SCENARIO, DSA_SCENARIO, SCENARIOS, Twin
 from tests.spec_edits import DRAFT_PROBS_EDITS, edited_eagle_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,8 +176,12 @@ def test_uncovered_features_raise_naming_them(gen: types.ModuleType) -> None:
     with pytest.raises(NotImplementedError, match=r"algorithm MEDUSA; this module relays .*dflash"):
         gen.FutureMap("cpu", FakeAlgorithm("MEDUSA"), pool())
     fmap = make_map(gen, "eagle")
-    with pytest.raises(NotImplementedError, match="DSA top-k seeds"):
+    with pytest.raises(gen.RelayError, match=r"dsa_topk_indices.*add the field to the spec"):
         fmap.stash(torch.tensor([1]), gen.RelayPayload(None, dsa_topk_indices=torch.zeros(1, 4)))
+    info = types.SimpleNamespace(future_indices=torch.tensor([1]))
+    info.future_dsa_topk_indices_available = True
+    with pytest.raises(gen.RelayError, match=r"future_dsa_topk_indices_available.*eagle.yaml"):
+        fmap._resolve_spec_extras(types.SimpleNamespace(spec_info=info))
     with pytest.raises(RuntimeError, match="HiSparse staging only supports EAGLE-family"):
         make_map(gen, "dflash", "DFLASH").make_staged_spec_input(torch.tensor([1]))
 
@@ -601,3 +605,65 @@ def test_hisparse_staged_input_resolves_like_sglangs(sgl, gen: types.ModuleType,
         if ref_value is not None:
             assert torch.equal(ref_value, our_value), field
     assert ours.bonus_tokens.tolist() == [8, 7]
+
+
+# -- DSA top-k seeds: a lazily allocated field read only when the draft input flags it ------
+DSA_OPS = """\
+from relayc.nodes import Op, TensorType, register
+
+register(
+    Op(
+        "dsa_seeds",
+        {"seq_lens": TensorType("int64", ()), "req_pool_indices": TensorType("int64", ())},
+        {"dsa_topk_indices": TensorType("int32", ("dsa_topk",))},
+        doc="the DSA indexer's top-k positions, seeds for the next iteration's sparse attention",
+    )
+)
+"""
+DSA_EDITS = [
+    (
+        "imports:\n",
+        "ops: [dsa_ops]\n\ndims:\n  dsa_topk:\n    default: 4\n    doc: DSA seeds per request.\n\n"
+        "fields:\n  dsa_topk_indices:\n    dtype: int32\n    shape: [dsa_topk]\n"
+        "    alloc: lazy\n    export: true\n    doc: DSA top-k seeds, SGLang's dsa_topk_indices_buf.\n\n"
+        "imports:\n",
+    ),
+    (
+        "\ncapture:",
+        "\n  - name: dsa_seeds\n    op: dsa_seeds\n"
+        "    reads: {seq_lens: compact_kv.new_seq_lens, req_pool_indices: input.req_pool_indices}\n"
+        "    writes: [dsa_topk_indices]\n    stash: {dsa_topk_indices: dsa_topk_indices}\n\ncapture:",
+    ),
+]
+
+
+def compile_with_dsa(tmp_path: Path) -> types.ModuleType:
+    (tmp_path / "dsa_ops.py").write_text(DSA_OPS)
+    spec = edited_eagle_spec(tmp_path, DSA_EDITS)
+    specs = [p for p in bundled_spec_paths() if p.stem != "eagle"] + [spec]
+    output = compile_sglang(specs, tmp_path / "out")
+    write(output)
+    return load_module(output.path, "sglang_relay_dsa")
+
+
+@needs_sglang
+def test_differential_dsa_seeds(sgl, tmp_path: Path) -> None:
+    module = compile_with_dsa(tmp_path)
+    assert "dsa_topk_indices" in module.EagleFutureMap.STASHED
+    run_twin(sgl, module, DSA_SCENARIO)
+
+
+def test_dsa_seeds_are_read_only_when_flagged(tmp_path: Path) -> None:
+    module = compile_with_dsa(tmp_path)
+    fmap = module.FutureMap("cpu", FakeAlgorithm("EAGLE"), pool(), algorithm="eagle")
+    assert fmap.dsa_topk_indices_buf is None  # created by the first stash carrying seeds
+    idx = torch.tensor([2, 6])
+    seeds = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    fmap.stash(idx, module.RelayPayload(torch.tensor([1, 2]), dsa_topk_indices=seeds))
+    info = types.SimpleNamespace(future_indices=idx[[1, 0]])
+    info.future_dsa_topk_indices_available = False
+    fmap._resolve_spec_extras(types.SimpleNamespace(spec_info=info))
+    assert info.dsa_topk_indices is None
+    info.future_dsa_topk_indices_available = True
+    fmap._resolve_spec_extras(types.SimpleNamespace(spec_info=info))
+    assert torch.equal(info.dsa_topk_indices, seeds[[1, 0]])

@@ -39,7 +39,7 @@ from relayc.specs.loader import Spec, load_spec
 MODULE_NAME = "overlap_utils.py"
 SGLANG_VERSION = "0.5.23"
 
-# SGLang's RelayPayload fields, in its order; `dsa_topk_indices` no spec relays.
+# SGLang's RelayPayload fields, in its order.
 SGLANG_PAYLOAD = (
     "bonus_tokens",
     "topk_p",
@@ -50,7 +50,6 @@ SGLANG_PAYLOAD = (
     "accept_tokens",
     "accept_lens",
 )
-UNCOVERED_PAYLOAD = ("dsa_topk_indices",)
 SGLANG_BUFFER_NAMES = sglang_base.SGLANG_BUFFER_NAMES  # `<field>_buf` for the rest
 # The relayc algorithms SGLang's algorithms map to, and, per algorithm, the payload
 # fields SGLang 0.5.23 reads back into the next iteration: a spec that does not relay
@@ -59,19 +58,33 @@ SGLANG_BUFFER_NAMES = sglang_base.SGLANG_BUFFER_NAMES  # `<field>_buf` for the r
 # rows; STANDALONE and multi-layer EAGLE gate hidden states off).
 SGLANG_READS_BACK: dict[str, tuple[str, ...]] = {
     "none": ("bonus_tokens",),
-    "eagle": ("bonus_tokens", "topk_p", "topk_index", "hidden_states", "draft_probs"),
+    "eagle": (
+        "bonus_tokens",
+        "topk_p",
+        "topk_index",
+        "hidden_states",
+        "draft_probs",
+        "dsa_topk_indices",
+    ),
     # SGLang's FutureMap relays EAGLE3 exactly as EAGLE (same buffers, `is_eagle()`); what
     # differs lives in the worker: topk_index holds draft-vocabulary ids, hidden_states the
     # head's own [hidden] output, and the three-layer features never cross an iteration.
-    "eagle3": ("bonus_tokens", "topk_p", "topk_index", "hidden_states", "draft_probs"),
-    "eagle_multilayer": ("bonus_tokens", "topk_p", "topk_index", "draft_probs"),
-    "standalone": ("bonus_tokens", "topk_p", "topk_index", "draft_probs"),
+    "eagle3": (
+        "bonus_tokens",
+        "topk_p",
+        "topk_index",
+        "hidden_states",
+        "draft_probs",
+        "dsa_topk_indices",
+    ),
+    "eagle_multilayer": ("bonus_tokens", "topk_p", "topk_index", "draft_probs", "dsa_topk_indices"),
+    "standalone": ("bonus_tokens", "topk_p", "topk_index", "draft_probs", "dsa_topk_indices"),
     "ngram": ("accept_tokens", "accept_lens"),
     # need_topk() is False for the block drafters, and spec_need_hidden_states() too for
     # DFLASH and DSPARK; any algorithm relays draft_probs a payload carries.
-    "dflash": ("bonus_tokens", "draft_probs"),
-    "dspark": ("bonus_tokens", "draft_probs"),
-    "uno": ("bonus_tokens", "hidden_states", "draft_probs"),
+    "dflash": ("bonus_tokens", "draft_probs", "dsa_topk_indices"),
+    "dspark": ("bonus_tokens", "draft_probs", "dsa_topk_indices"),
+    "uno": ("bonus_tokens", "hidden_states", "draft_probs", "dsa_topk_indices"),
 }
 # Algorithms whose SGLang draft input holds multi-element rows flattened ([bs * row]):
 # NgramVerifyInput; its row width is the attribute named here per dim.
@@ -363,12 +376,7 @@ def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout])
     )
     for i, name in enumerate((*SGLANG_PAYLOAD, *extra)):
         default = "" if i == 0 else " = None"
-        doc = docs.get(
-            name,
-            "not relayed by these specs"
-            if name not in UNCOVERED_PAYLOAD
-            else "not covered (NotImplementedError)",
-        )
+        doc = docs.get(name, "not relayed by these specs")
         w(f"    # {doc}")
         w(f"    {name}: torch.Tensor | None{default}")
     w("")
@@ -467,7 +475,7 @@ def _algorithm_class(w, algo: SGLangAlgorithm, field_names: dict[str, str]) -> N
         w("    SPEC_EXTRAS = STASHED")
     if refused:
         w(f"    REFUSED = {_names(refused)}")
-    dropped = [n for n in SGLANG_PAYLOAD if n not in (*relayed, *refused, *UNCOVERED_PAYLOAD)]
+    dropped = [n for n in SGLANG_PAYLOAD if n not in (*relayed, *refused)]
     if dropped and algo.plugin is not None:
         w(f"    # Not relayed by this plugin's spec: {', '.join(dropped)}.")
     elif dropped:

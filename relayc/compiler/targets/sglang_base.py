@@ -111,10 +111,9 @@ _DSPARK_CONFIDENCE = (
     "the DSPARK confidence ring (needs_confidence_relay=True) is not covered by relayc's "
     "SGLang target; run DSPARK with SGLang's own overlap_utils"
 )
-_DSA_SEEDS = (
-    "DSA top-k seeds (RelayPayload.dsa_topk_indices / future_dsa_topk_indices_available) are "
-    "not covered by relayc's SGLang target; no bundled spec relays them"
-)
+# SGLang's draft-input flags gating the read of a relayed field: 0.5.23 gathers DSA top-k
+# seeds only for a draft input whose seeds are available (a staged one may have none).
+_GATED_READS = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
 
 # SGLang 0.5.23's SpeculativeAlgorithm members and the relayc algorithms relaying them;
 # `is_eagle()` members (NEXTN parses as EAGLE) are resolved in relay_algorithm.
@@ -232,7 +231,6 @@ class FutureMap:
         for f in self.FIELDS:
             if not f.lazy:
                 setattr(self, f.buffer, self._allocate(f, ()))
-        self.dsa_topk_indices_buf = None
         self._fused = _HAVE_TRITON and self.device.type == "cuda"
         # Pinned host mirror of new_seq_lens and the private D2H stream: CUDA only, like
         # SGLang (elsewhere there is no write-after-read barrier to hide).
@@ -377,8 +375,6 @@ class FutureMap:
         n = future_indices.shape[0]
         if n == 0:
             return  # DP idle: the payload is an empty stub
-        if payload.dsa_topk_indices is not None:
-            raise NotImplementedError(_DSA_SEEDS)
         for name in self.REFUSED:
             if getattr(payload, name) is not None:
                 raise RelayError(
@@ -417,8 +413,17 @@ class FutureMap:
             return
         if indices.shape[0] == 0:
             return
-        if not self.FLAT_ROWS and getattr(draft_input, "future_dsa_topk_indices_available", False):
-            raise NotImplementedError(_DSA_SEEDS)
+        gates = (
+            {}
+            if self.FLAT_ROWS
+            else {n: getattr(draft_input, f, False) for n, f in _GATED_READS.items()}
+        )
+        for name, available in gates.items():
+            if available and name not in self._fields:
+                raise RelayError(
+                    f"the draft input has `{_GATED_READS[name]}` set, but {self.SPEC} does not "
+                    f"relay `{name}`: add the field to the spec"
+                )
         if indices.device.type != "cpu":
             indices.record_stream(torch.get_device_module(self.device).current_stream())
         if self._fused:
@@ -431,10 +436,15 @@ class FutureMap:
                 if value is None:
                     raise RelayError(f"resolve of `{name}` before any stash carried it")
                 setattr(draft_input, name, value.flatten())  # SGLang holds these rows flat
+            elif name in gates:
+                if gates[name] and value is None:
+                    raise RelayError(f"resolve of `{name}` before any stash carried it")
+                setattr(draft_input, name, value if gates[name] else None)
             elif value is not None or name == "bonus_tokens":  # SGLang always sets the bonus
                 setattr(draft_input, name, value)  # a lazy field no stash carried stays as is
-        if not self.FLAT_ROWS:
-            draft_input.dsa_topk_indices = None
+        for name in gates:
+            if name not in self._fields:
+                setattr(draft_input, name, None)
         if _DEBUG_ASSERT:
             for name, value in zip(names, values, strict=True):
                 if self._fields[name].consume_once:
