@@ -431,7 +431,13 @@ def test_install_points_sglang_at_the_generated_module(
     sgl, gen: types.ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ou = sgl.overlap_utils
-    names = ("FutureMap", "RelayPayload", "resolve_forward_inputs")
+    names = (
+        "FutureMap",
+        "RelayPayload",
+        "resolve_forward_inputs",
+        "FutureRelayBuffers",  # DSPARK's verify offers these before the FutureMap exists
+        "offer_future_relay_buffers",
+    )
     # An SGLang module that imported the names before install(), as the scheduler does
     # (importing the real scheduler needs more packages than the relay does).
     probe = types.ModuleType("sglang.relayc_probe")
@@ -667,3 +673,54 @@ def test_dsa_seeds_are_read_only_when_flagged(tmp_path: Path) -> None:
     info.future_dsa_topk_indices_available = True
     fmap._resolve_spec_extras(types.SimpleNamespace(spec_info=info))
     assert torch.equal(info.dsa_topk_indices, seeds[[1, 0]])
+
+
+# -- relay buffers owned by a captured graph (FutureRelayBuffers) -----------------------------
+def drive_adopted(ou: Any, algo: Any, poison_check: bool = False) -> tuple[Any, Any, Any]:
+    """What DSPARK's verify does with offered buffers: the graph scatters lengths and bonus
+    tokens before the FutureMap exists; publish / stash of those very tensors skip their
+    write, a later publish of other tensors writes."""
+    relay = ou.FutureRelayBuffers(req_pool_size=16, device=torch.device("cpu"))
+    ou.offer_future_relay_buffers(relay)
+    fmap = ou.FutureMap(torch.device("cpu"), algo, pool())
+    assert relay.adopted and fmap.new_seq_lens_buf is relay.new_seq_lens
+    assert fmap.output_tokens_buf is relay.output_tokens
+    idx = torch.tensor([3, 8])
+    lens, bonus = torch.tensor([12, 13]), torch.tensor([70, 71])
+    relay.new_seq_lens[idx] = lens  # the captured graph's scatter
+    relay.output_tokens[idx] = bonus
+    relay.published_seq_lens, relay.published_bonus = lens, bonus
+    lens.fill_(-5)  # were publish / stash to write these tensors, the rows would read -5
+    bonus.fill_(-5)
+    fmap.publish(idx, lens)
+    fmap.stash(idx, ou.RelayPayload(bonus_tokens=bonus))
+    assert relay.published_seq_lens is None and relay.published_bonus is None
+    after = fmap.new_seq_lens_buf[idx].clone(), fmap.output_tokens_buf[idx].clone()
+    fmap.publish(idx[:1], torch.tensor([40]))  # not the graph's tensor: written
+    return fmap, after, relay
+
+
+def test_adopted_relay_buffers_and_the_identity_skip(gen: types.ModuleType, monkeypatch) -> None:
+    monkeypatch.setattr(gen, "_offered_relay", None)
+    fmap, (lens, bonus), _ = drive_adopted(gen, FakeAlgorithm("DSPARK"))
+    assert fmap.ALGORITHM == "dspark"
+    assert lens.tolist() == [12, 13] and bonus.tolist() == [70, 71]
+    assert fmap.new_seq_lens_buf[3].item() == 40
+    monkeypatch.setattr(gen, "_offered_relay", None)
+    small = gen.FutureMap("cpu", FakeAlgorithm("DSPARK"), pool(8))  # another pool: not adopted
+    assert small._relay is None
+
+
+@needs_sglang
+def test_adopted_relay_buffers_like_sglangs(sgl, gen: types.ModuleType, monkeypatch) -> None:
+    algo = sgl.SpeculativeAlgorithm.from_string("DSPARK")
+    with sglang_env.server_args(sgl, "DSPARK"):
+        results = {}
+        for side, ou in (("ref", sgl.overlap_utils), ("gen", gen)):
+            monkeypatch.setattr(ou, "_offered_relay", None)
+            fmap, after, _ = drive_adopted(ou, algo)
+            results[side] = (after, fmap.new_seq_lens_buf.clone(), fmap.output_tokens_buf[[3, 8]])
+    (ref_after, ref_lens, ref_bonus), (gen_after, gen_lens, gen_bonus) = results.values()
+    assert all(torch.equal(a, b) for a, b in zip(ref_after, gen_after, strict=True))
+    assert torch.equal(ref_lens[[3, 8]], gen_lens[[3, 8]])
+    assert torch.equal(ref_bonus, gen_bonus)

@@ -115,6 +115,37 @@ _DSPARK_CONFIDENCE = (
 # seeds only for a draft input whose seeds are available (a staged one may have none).
 _GATED_READS = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
 
+
+class FutureRelayBuffers:
+    """SGLang's relay buffers owned outside the FutureMap: a static verify graph captured
+    before the FutureMap exists scatters the new lengths and bonus tokens into them, and
+    the FutureMap built after `offer_future_relay_buffers` adopts them. A publish / stash of
+    the very tensors the graph already scattered (`published_*`) skips its own write."""
+
+    def __init__(self, *, req_pool_size: int, device: Any) -> None:
+        self.new_seq_lens = torch.empty((req_pool_size,), dtype=torch.int64, device=device)
+        self.output_tokens = torch.empty((req_pool_size,), dtype=torch.int64, device=device)
+        self.adopted = False
+        # Strong references, so an id is never recycled while the skip may still match it.
+        self.published_seq_lens: torch.Tensor | None = None
+        self.published_bonus: torch.Tensor | None = None
+
+
+# Relay field -> (FutureRelayBuffers attribute of its adopted buffer, attribute of the
+# tensor the graph already scattered into it).
+_ADOPTED = {
+    "new_seq_lens": ("new_seq_lens", "published_seq_lens"),
+    "bonus_tokens": ("output_tokens", "published_bonus"),
+}
+_offered_relay: FutureRelayBuffers | None = None
+
+
+def offer_future_relay_buffers(relay: FutureRelayBuffers) -> None:
+    """Offer `relay` to the next FutureMap built with its pool size."""
+    global _offered_relay
+    _offered_relay = relay
+
+
 # SGLang 0.5.23's SpeculativeAlgorithm members and the relayc algorithms relaying them;
 # `is_eagle()` members (NEXTN parses as EAGLE) are resolved in relay_algorithm.
 _SGLANG_ALGORITHMS = {
@@ -243,12 +274,40 @@ class FutureMap:
             self.new_seq_lens_cpu_pinned = None
             self.fwd_prepare_d2h_stream = None
         self.publish_ready: Any = None  # lazy device Event; speculative algorithms only
+        self._relay: FutureRelayBuffers | None = None
+        offered = _offered_relay
+        if offered is not None and offered.new_seq_lens.shape[0] == self.req_pool_size:
+            self._adopt_relay(offered)
         # Debug consume-once state: armed by a recording publish, consumed by a resolve.
         self._publish_fresh = False
 
     _host_mirrored = False  # generated: whether the spec mirrors new_seq_lens on the host
 
     # -- buffers ---------------------------------------------------------------------
+    def _adopt_relay(self, relay: FutureRelayBuffers) -> None:
+        """Relay the fields the offered buffers hold in them (debug mode: poisoned)."""
+        for name, (attr, _) in _ADOPTED.items():
+            f = self._fields.get(name)
+            if f is not None:
+                buf = getattr(relay, attr)
+                if _DEBUG_ASSERT:
+                    buf.fill_(f.poison)
+                setattr(self, f.buffer, buf)
+        relay.adopted = True
+        self._relay = relay
+
+    def _already_scattered(self, name: str, value: Any) -> bool:
+        """Whether `value` is the tensor the adopted buffers' graph already scattered for
+        field `name` (consumed: the next write of the field is a real one)."""
+        relay = self._relay
+        if relay is None or name not in self._fields or name not in _ADOPTED:
+            return False
+        published = _ADOPTED[name][1]
+        if value is not getattr(relay, published):
+            return False
+        setattr(relay, published, None)
+        return True
+
     def _allocate(self, f: RelayField, row: tuple[int, ...]) -> torch.Tensor:
         shape = (self.req_pool_size, *row)
         dtype = f.dtype or self.model_dtype
@@ -381,16 +440,22 @@ class FutureMap:
                     f"payload carries `{name}`, which SGLang relays for `{self.ALGORITHM}` but "
                     f"{self.SPEC} does not: add the field to the spec"
                 )
+        skip = self._relay is not None and self._already_scattered(
+            "bonus_tokens", payload.bonus_tokens
+        )
         if self._fused:  # one launch for every field the payload carries
+            values = {name: getattr(payload, name) for name in self.STASHED}
+            if skip:
+                values["bonus_tokens"] = None
             self._scatter(
                 future_indices,
-                {name: self._prepare(name, getattr(payload, name), n) for name in self.STASHED},
+                {name: self._prepare(name, value, n) for name, value in values.items()},
             )
             return
         indices = future_indices if future_indices.dtype is torch.int64 else future_indices.long()
         for name, buffer in self._stash_plan:
             value = getattr(payload, name)
-            if value is None:
+            if value is None or (skip and name == "bonus_tokens"):
                 continue
             buf = getattr(self, buffer)
             if buf is None or value.dtype is not buf.dtype:  # allocate or cast
@@ -470,7 +535,7 @@ class FutureMap:
         if indices.shape[0] == 0:
             return  # DP idle
         buf = self.new_seq_lens_buf  # None: non-speculative lengths SGLang never reads back
-        if buf is not None:
+        if buf is not None and not self._already_scattered("new_seq_lens", new_seq_lens):
             if self._fused or new_seq_lens.dtype is not buf.dtype:
                 new_seq_lens = self._prepare("new_seq_lens", new_seq_lens, indices.shape[0])
                 self._scatter(indices, {"new_seq_lens": new_seq_lens})
@@ -622,8 +687,8 @@ def resolve_forward_inputs(batch: Any, future_map: FutureMap) -> None:
 
 
 def install() -> None:
-    """Point SGLang at this module: its FutureMap, RelayPayload and resolve_forward_inputs
-    replace SGLang's in `sglang.srt.managers.overlap_utils` and in every SGLang module that
+    """Point SGLang at this module: its FutureMap, RelayPayload, resolve_forward_inputs,
+    FutureRelayBuffers and offer_future_relay_buffers replace SGLang's in `sglang.srt.managers.overlap_utils` and in every SGLang module that
     already imported them. Run it in each SGLang process before the scheduler starts
     (docs/sglang.md: a sitecustomize does that for spawned processes too)."""
     import sys
@@ -634,6 +699,8 @@ def install() -> None:
         "FutureMap": FutureMap,
         "RelayPayload": RelayPayload,
         "resolve_forward_inputs": resolve_forward_inputs,
+        "FutureRelayBuffers": FutureRelayBuffers,
+        "offer_future_relay_buffers": offer_future_relay_buffers,
     }
     replaced = {id(getattr(original, name)): value for name, value in ours.items()}
     for name, module in list(sys.modules.items()):
