@@ -320,7 +320,49 @@ def check_sglang_host_relay(device: str, rounds: int = 20) -> str:
             raise AssertionError(f"round {round_}: host lengths {batch.seq_lens_cpu} != {lens}")
         assert batch.seq_lens_sum == int((lens + round_).sum())
     where = "pinned mirror on a private stream behind publish_ready" if cuda else ".cpu() path"
-    return f"sglang host relay: {rounds} rounds of publish -> resolve_seq_lens_cpu ({where})"
+    check_confidence_ring(drop_in, device, pool_size)
+    ring = "ring of pinned copies, LAG behind" if cuda else "direct read"
+    return (
+        f"sglang host relay: {rounds} rounds of publish -> resolve_seq_lens_cpu ({where}); "
+        f"confidence relay ({ring})"
+    )
+
+
+def check_confidence_ring(drop_in: Any, device: str, pool_size: int, rounds: int = 6) -> None:
+    """DSPARK's confidence relay: on CUDA each publish's rows reach a ring of pinned host
+    copies on the private stream behind `publish_ready`; a read returns the copy published
+    CONFIDENCE_RELAY_RING_LAG copies ago, with the generations of that moment."""
+    pool = type("Pool", (), {})()
+    pool.req_to_token = torch.zeros(pool_size, 4, dtype=torch.int32)
+    pool.req_generation = torch.zeros(pool_size, dtype=torch.int64)
+    fmap = drop_in.FutureMap(device, _SpecAlgo(), pool, True, True, algorithm="dspark")
+    slots = torch.arange(1, 9)
+    indices = slots.to(device)
+    batch = type("Batch", (), {})()
+    batch.spec_info = type("Info", (), {"future_indices": indices})()
+    batch.req_pool_indices, batch.req_pool_indices_cpu = indices, slots
+    published = []
+    gen = torch.Generator().manual_seed(1)
+    for round_ in range(rounds):
+        confidence = torch.rand(8, 4, generator=gen)
+        pool.req_generation[slots[:1]] += 1
+        values, lens = confidence.to(device), torch.full((8,), 10 + round_, device=device)
+        if device == "cuda":
+            torch.cuda._sleep(2_000_000)
+            values = values * 1  # produced by the still-running forward
+        fmap.publish(indices, lens, confidence=values)
+        published.append((confidence, pool.req_generation[slots].clone()))
+        if device == "cuda":
+            torch.cuda.synchronize()  # the ring copy is done: the lagged read is available
+        got = fmap.resolve_confidence_cpu(batch)
+        lag = drop_in.CONFIDENCE_RELAY_RING_LAG if device == "cuda" else 0
+        which = fmap.confidence_relay.ring_pos - lag if device == "cuda" else round_
+        if device == "cuda" and which < 0:
+            assert got is None, "a confidence read before LAG publishes"
+            continue
+        want_conf, want_gen = published[which]
+        assert torch.equal(got.confidence, want_conf), f"round {round_}: confidence"
+        assert torch.equal(got.generation, want_gen), f"round {round_}: generation"
 
 
 def main() -> None:

@@ -170,8 +170,6 @@ def test_stash_publish_resolve_round_trip(gen: types.ModuleType) -> None:
 
 
 def test_uncovered_features_raise_naming_them(gen: types.ModuleType) -> None:
-    with pytest.raises(NotImplementedError, match="DSPARK confidence ring"):
-        make_map(gen, "eagle", needs_confidence_relay=True)
     # an algorithm of a later SGLang: named, with what the module does relay
     with pytest.raises(NotImplementedError, match=r"algorithm MEDUSA; this module relays .*dflash"):
         gen.FutureMap("cpu", FakeAlgorithm("MEDUSA"), pool())
@@ -724,3 +722,51 @@ def test_adopted_relay_buffers_like_sglangs(sgl, gen: types.ModuleType, monkeypa
     assert all(torch.equal(a, b) for a, b in zip(ref_after, gen_after, strict=True))
     assert torch.equal(ref_lens[[3, 8]], gen_lens[[3, 8]])
     assert torch.equal(ref_bonus, gen_bonus)
+
+
+# -- DSPARK's confidence relay to the host ---------------------------------------------------
+def drive_confidence(ou: Any, algo: Any) -> list[Any]:
+    """Publishes with and without confidence, slots reused (generation bumped), reads after
+    each: on the CPU there is no copy stream, so each read is the direct one."""
+    req_pool = pool()
+    req_pool.req_generation = torch.zeros(16, dtype=torch.int64)
+    fmap = ou.FutureMap(torch.device("cpu"), algo, req_pool, True, True)
+    gen = torch.Generator().manual_seed(3)
+    reads = [fmap.resolve_confidence_cpu(types.SimpleNamespace(spec_info=None))]
+    for round_ in range(6):
+        idx = torch.randperm(15, generator=gen)[:4] + 1
+        req_pool.req_generation[idx[:1]] += 1  # a finished request's slot, reused
+        confidence = torch.rand(4, 5, generator=gen, dtype=torch.float64)
+        fmap.publish(idx, torch.randint(5, 50, (4,), generator=gen), confidence=confidence)
+        if round_ % 2:
+            fmap.publish(idx, torch.randint(5, 50, (4,), generator=gen))  # no confidence
+        batch = types.SimpleNamespace(
+            spec_info=types.SimpleNamespace(future_indices=idx[[2, 0]]),
+            req_pool_indices=idx[[2, 0]],
+            req_pool_indices_cpu=idx[[2, 0]],
+        )
+        reads.append(fmap.resolve_confidence_cpu(batch))
+    return reads
+
+
+def test_confidence_relay_reads_back_on_the_host(gen: types.ModuleType) -> None:
+    reads = drive_confidence(gen, FakeAlgorithm("DSPARK"))
+    assert reads[0] is None  # nothing published yet
+    assert all(
+        r.confidence.dtype == torch.float32 and r.confidence.shape == (2, 5) for r in reads[1:]
+    )
+    fmap = make_map(gen, "dspark", "DSPARK")  # needs_confidence_relay=False: never read
+    assert fmap.resolve_confidence_cpu(types.SimpleNamespace(spec_info=None)) is None
+
+
+@needs_sglang
+def test_confidence_relay_like_sglangs(sgl, gen: types.ModuleType) -> None:
+    algo = sgl.SpeculativeAlgorithm.from_string("DSPARK")
+    with sglang_env.server_args(sgl, "DSPARK"):
+        ref = drive_confidence(sgl.overlap_utils, algo)
+        ours = drive_confidence(gen, algo)
+    for i, (r, o) in enumerate(zip(ref, ours, strict=True)):
+        assert (r is None) == (o is None), i
+        if r is not None:
+            assert torch.equal(r.confidence, o.confidence), i
+            assert torch.equal(r.generation, o.generation), i

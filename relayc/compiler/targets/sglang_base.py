@@ -107,13 +107,90 @@ class RelayField:
 
 
 # Uncovered SGLang features: each raises NotImplementedError naming it.
-_DSPARK_CONFIDENCE = (
-    "the DSPARK confidence ring (needs_confidence_relay=True) is not covered by relayc's "
-    "SGLang target; run DSPARK with SGLang's own overlap_utils"
-)
 # SGLang's draft-input flags gating the read of a relayed field: 0.5.23 gathers DSA top-k
 # seeds only for a draft input whose seeds are available (a staged one may have none).
 _GATED_READS = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
+
+
+# The host relay of per-request confidence (DSPARK's ragged verify planner reads it): the
+# device rows are copied to a ring of pinned host copies on CUDA, and a read takes the copy
+# published LAG iterations ago, with the pool's request generations of that moment so a
+# reused slot is told apart from the request that wrote it.
+CONFIDENCE_RELAY_RING_LAG = 2
+CONFIDENCE_RELAY_RING_DEPTH = CONFIDENCE_RELAY_RING_LAG + 1
+
+
+@dataclass
+class ResolvedConfidence:
+    """Host confidence rows of a batch and the request generations they belong to."""
+
+    confidence: torch.Tensor
+    generation: torch.Tensor
+
+
+class ConfidenceRelay:
+    """Confidence published with the lengths, read on the host LAG iterations later (CUDA:
+    a pinned ring copied on the private D2H stream behind `publish_ready`, each slot with an
+    event), or directly where there is no such stream."""
+
+    def __init__(self, device: torch.device, req_pool_size: int, pool: Any) -> None:
+        self.device = device
+        self.req_pool_size = req_pool_size
+        self.pool = pool  # its `req_generation` [req_pool_size] tells reused slots apart
+        self.confidence_buf: torch.Tensor | None = None  # [pool, gamma] float32, first use
+        self.conf_ring: torch.Tensor | None = None  # [depth, pool, gamma] pinned (CUDA)
+        self.gen_ring: torch.Tensor | None = None  # [depth, pool] int64 (CUDA)
+        self.copy_done: list[Any] = []
+        self.ring_pos = 0  # ring copies issued so far
+
+    def scatter(self, indices: torch.Tensor, confidence: torch.Tensor) -> None:
+        if self.confidence_buf is None:
+            gamma = confidence.shape[-1]
+            shape = (self.req_pool_size, gamma)
+            self.confidence_buf = torch.empty(shape, dtype=torch.float32, device=self.device)
+            if self.device.type == "cuda":
+                depth = CONFIDENCE_RELAY_RING_DEPTH
+                self.conf_ring = torch.empty((depth, *shape), dtype=torch.float32, pin_memory=True)
+                self.gen_ring = torch.zeros((depth, self.req_pool_size), dtype=torch.int64)
+                self.copy_done = [torch.cuda.Event() for _ in range(depth)]
+        self.confidence_buf[indices] = confidence.to(torch.float32)
+
+    def issue_ring_copy(self, stream: Any, publish_ready: Any) -> None:
+        """Copy the device rows into the next ring slot once the publish has happened."""
+        if self.conf_ring is None or self.gen_ring is None or stream is None:
+            return
+        if publish_ready is None:
+            return
+        slot = self.ring_pos % CONFIDENCE_RELAY_RING_DEPTH
+        stream.wait_event(publish_ready)
+        with torch.get_device_module(self.device).stream(stream):
+            self.conf_ring[slot].copy_(self.confidence_buf, non_blocking=True)
+            self.copy_done[slot].record()
+        self.gen_ring[slot].copy_(self.pool.req_generation)
+        self.ring_pos += 1
+
+    def resolve(self, batch: Any, stream: Any, publish_ready: Any) -> ResolvedConfidence | None:
+        """The batch's confidence LAG publishes ago (None: not there yet), or read directly
+        without a copy stream."""
+        if self.confidence_buf is None or batch.spec_info is None:
+            return None
+        future_indices = batch.spec_info.future_indices
+        if future_indices is None or future_indices.shape[0] == 0:
+            return None
+        rows = batch.req_pool_indices_cpu
+        if stream is None or publish_ready is None or self.conf_ring is None:
+            return ResolvedConfidence(
+                confidence=self.confidence_buf[batch.req_pool_indices].cpu(),
+                generation=self.pool.req_generation[rows].clone(),
+            )
+        if self.ring_pos < CONFIDENCE_RELAY_RING_LAG or self.gen_ring is None:
+            return None
+        slot = (self.ring_pos - CONFIDENCE_RELAY_RING_LAG) % CONFIDENCE_RELAY_RING_DEPTH
+        if not self.copy_done[slot].query():
+            return None  # never wait: the planner falls back without confidence
+        return ResolvedConfidence(
+            confidence=self.conf_ring[slot][rows], generation=self.gen_ring[slot][rows]
+        )
 
 
 class FutureRelayBuffers:
@@ -244,12 +321,10 @@ class FutureMap:
         *,
         algorithm: str | None = None,
     ) -> None:
-        if needs_confidence_relay:
-            raise NotImplementedError(_DSPARK_CONFIDENCE)
         self.device = torch.device(device)
         self.spec_algo = spec_algo
         self.needs_cpu_seq_lens = needs_cpu_seq_lens
-        self.needs_confidence_relay = False
+        self.needs_confidence_relay = needs_confidence_relay
         self.req_pool_size = int(req_to_token_pool.req_to_token.shape[0])
         # Kept for the mixed-tail late binding (reserved-slot gather).
         self.req_to_token = req_to_token_pool.req_to_token
@@ -274,6 +349,7 @@ class FutureMap:
             self.new_seq_lens_cpu_pinned = None
             self.fwd_prepare_d2h_stream = None
         self.publish_ready: Any = None  # lazy device Event; speculative algorithms only
+        self.confidence_relay = ConfidenceRelay(self.device, self.req_pool_size, req_to_token_pool)
         self._relay: FutureRelayBuffers | None = None
         offered = _offered_relay
         if offered is not None and offered.new_seq_lens.shape[0] == self.req_pool_size:
@@ -546,12 +622,16 @@ class FutureMap:
                     buf.index_copy_(0, indices, new_seq_lens)
                 except (IndexError, RuntimeError) as exc:
                     raise self._stash_error("new_seq_lens", new_seq_lens, indices) from exc
-        # `confidence` feeds only the DSPARK confidence ring, which __init__ refuses.
+        publish_confidence = self.needs_confidence_relay and confidence is not None
+        if publish_confidence:
+            self.confidence_relay.scatter(indices, confidence)
         if self.spec_algo.is_some():
             if self.publish_ready is None:
                 self.publish_ready = torch.get_device_module(self.device).Event()
             self.publish_ready.record()
             self._publish_fresh = True
+        if publish_confidence:
+            self.confidence_relay.issue_ring_copy(self.fwd_prepare_d2h_stream, self.publish_ready)
 
     def _wait_publish(self) -> None:
         if _IS_HIP:
@@ -638,8 +718,11 @@ class FutureMap:
             self._consume_once("bonus_tokens", tokens, indices)
         return tokens
 
-    def resolve_confidence_cpu(self, batch: Any) -> None:
-        return None  # the confidence ring is never enabled here (see __init__)
+    def resolve_confidence_cpu(self, batch: Any) -> ResolvedConfidence | None:
+        """The batch's published confidence on the host (None: not enabled or not yet)."""
+        if not self.needs_confidence_relay:
+            return None
+        return self.confidence_relay.resolve(batch, self.fwd_prepare_d2h_stream, self.publish_ready)
 
     def make_staged_spec_input(self, future_indices: torch.Tensor) -> Any:
         """The draft input of a request leaving HiSparse staging: only its future indices,
