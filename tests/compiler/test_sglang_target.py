@@ -770,3 +770,40 @@ def test_confidence_relay_like_sglangs(sgl, gen: types.ModuleType) -> None:
         if r is not None:
             assert torch.equal(r.confidence, o.confidence), i
             assert torch.equal(r.generation, o.generation), i
+
+
+# -- the failure classes SGLang users file (issue #44) ----------------------------------------
+ALL_RELAYS = [
+    ("none", "NONE"),
+    ("eagle", "EAGLE"),
+    ("eagle3", "EAGLE3"),
+    ("eagle_multilayer", "EAGLE"),
+    ("standalone", "STANDALONE"),
+    ("ngram", "NGRAM"),
+    ("dflash", "DFLASH"),
+    ("dspark", "DSPARK"),
+    ("uno", "UNO"),
+]
+
+
+@pytest.mark.parametrize(("algorithm", "sglang_name"), ALL_RELAYS)
+def test_idle_batches_and_missing_spec_info_are_survived(
+    gen: types.ModuleType, algorithm: str, sglang_name: str
+) -> None:
+    """An idle data-parallel batch (no rows, an empty payload stub) and a batch whose
+    spec_info is None (a PD-disaggregation decode start, a prefill) pass every entry point
+    of every relay, the confidence relay on."""
+    fmap = gen.FutureMap("cpu", FakeAlgorithm(sglang_name), pool(), True, True, algorithm=algorithm)
+    empty = torch.empty(0, dtype=torch.int64)
+    fmap.publish(empty, empty, confidence=torch.empty(0, 4))
+    fmap.stash(empty, gen.RelayPayload(bonus_tokens=empty, topk_p=torch.empty(0, 1)))
+    # a non-speculative batch never has a spec_info
+    idle_info = types.SimpleNamespace(future_indices=empty)
+    for spec_info in (None,) if algorithm == "none" else (None, idle_info):
+        batch = types.SimpleNamespace(
+            spec_info=spec_info, req_pool_indices=empty, req_pool_indices_cpu=empty
+        )
+        fmap.resolve_seq_lens_cpu(batch)
+        fmap._resolve_spec_extras(batch)
+        assert fmap.resolve_confidence_cpu(batch) is None
+    assert fmap.publish_ready is None  # an idle publish records nothing
