@@ -13,7 +13,10 @@
    of each is printed (CUDA events around ``algorithm.decode``, after a warm-up run that
    captures the buckets). ``eagle3`` drafts with an untrained head (``Eagle3Head.random``
    saved to a temporary directory): tokens are checked, acceptance is not.
-3. The real model, SmolLM2-135M-Instruct (``Engine(model="smollm2")``, ``--dtype``,
+3. The SGLang drop-in's host relay of the published lengths: on CUDA a pinned mirror
+   filled on a private stream that waits for the publish event, checked against a slow
+   producer (``check_sglang_host_relay``).
+4. The real model, SmolLM2-135M-Instruct (``Engine(model="smollm2")``, ``--dtype``,
    bfloat16 by default), on held-out chat prompts with ``none``, ``ngram``, and ``eagle3``
    with its shipped trained head as a tree and as the chain of 2 tokens (the CPU's fastest
    row): the same check and step times, and each algorithm's mean accept length. On by
@@ -273,6 +276,95 @@ def check_real_model(device: str, dtype: str, only: list[str] | None) -> None:
         print(compare_modes(label, topk, build, prompts, params, modes), flush=True)
 
 
+class _SpecAlgo:
+    """Enough of SGLang's SpeculativeAlgorithm for the generated drop-in (no SGLang here)."""
+
+    def is_some(self) -> bool:
+        return True
+
+    def is_none(self) -> bool:
+        return False
+
+
+def check_sglang_host_relay(device: str, rounds: int = 20) -> str:
+    """The SGLang drop-in's host relay of new_seq_lens: on CUDA, publish records
+    `publish_ready` on the current stream and resolve_seq_lens_cpu copies into the pinned
+    mirror on a private stream that waits for that event. The producer of the lengths is
+    slowed down (`torch.cuda._sleep`) so that a copy not ordered behind the event would
+    read the previous round's lengths."""
+    from relayc.sglang_generated import overlap_utils as drop_in
+
+    pool_size = 64
+    pool = type("Pool", (), {"req_to_token": torch.zeros(pool_size, 4, dtype=torch.int32)})()
+    fmap = drop_in.FutureMap(device, _SpecAlgo(), pool, algorithm="dflash")
+    cuda = device == "cuda"
+    if cuda:
+        assert fmap.fwd_prepare_d2h_stream is not None, "no private D2H stream on CUDA"
+        assert fmap.new_seq_lens_cpu_pinned.is_pinned(), "the host mirror is not pinned"
+    else:
+        assert fmap.fwd_prepare_d2h_stream is None and fmap.new_seq_lens_cpu_pinned is None
+    gen = torch.Generator().manual_seed(0)
+    for round_ in range(rounds):
+        slots = torch.randperm(pool_size - 1, generator=gen)[:8] + 1
+        lens = torch.randint(1, 1 << 20, (8,), generator=gen)
+        indices, published = slots.to(device), (lens + round_).to(device)  # before the sleep:
+        if cuda:  # a blocking H2D copy would wait for it
+            torch.cuda._sleep(2_000_000)  # the forward still running when publish is called
+            published = published * 1  # the lengths come out of that forward
+        fmap.publish(indices, published)
+        batch = type("Batch", (), {})()
+        batch.spec_info = type("Info", (), {"future_indices": indices})()
+        batch.req_pool_indices_cpu = slots
+        fmap.resolve_seq_lens_cpu(batch)
+        if not torch.equal(batch.seq_lens_cpu, lens + round_):
+            raise AssertionError(f"round {round_}: host lengths {batch.seq_lens_cpu} != {lens}")
+        assert batch.seq_lens_sum == int((lens + round_).sum())
+    where = "pinned mirror on a private stream behind publish_ready" if cuda else ".cpu() path"
+    check_confidence_ring(drop_in, device, pool_size)
+    ring = "ring of pinned copies, LAG behind" if cuda else "direct read"
+    return (
+        f"sglang host relay: {rounds} rounds of publish -> resolve_seq_lens_cpu ({where}); "
+        f"confidence relay ({ring})"
+    )
+
+
+def check_confidence_ring(drop_in: Any, device: str, pool_size: int, rounds: int = 6) -> None:
+    """DSPARK's confidence relay: on CUDA each publish's rows reach a ring of pinned host
+    copies on the private stream behind `publish_ready`; a read returns the copy published
+    CONFIDENCE_RELAY_RING_LAG copies ago, with the generations of that moment."""
+    pool = type("Pool", (), {})()
+    pool.req_to_token = torch.zeros(pool_size, 4, dtype=torch.int32)
+    pool.req_generation = torch.zeros(pool_size, dtype=torch.int64)
+    fmap = drop_in.FutureMap(device, _SpecAlgo(), pool, True, True, algorithm="dspark")
+    slots = torch.arange(1, 9)
+    indices = slots.to(device)
+    batch = type("Batch", (), {})()
+    batch.spec_info = type("Info", (), {"future_indices": indices})()
+    batch.req_pool_indices, batch.req_pool_indices_cpu = indices, slots
+    published = []
+    gen = torch.Generator().manual_seed(1)
+    for round_ in range(rounds):
+        confidence = torch.rand(8, 4, generator=gen)
+        pool.req_generation[slots[:1]] += 1
+        values, lens = confidence.to(device), torch.full((8,), 10 + round_, device=device)
+        if device == "cuda":
+            torch.cuda._sleep(2_000_000)
+            values = values * 1  # produced by the still-running forward
+        fmap.publish(indices, lens, confidence=values)
+        published.append((confidence, pool.req_generation[slots].clone()))
+        if device == "cuda":
+            torch.cuda.synchronize()  # the ring copy is done: the lagged read is available
+        got = fmap.resolve_confidence_cpu(batch)
+        lag = drop_in.CONFIDENCE_RELAY_RING_LAG if device == "cuda" else 0
+        which = fmap.confidence_relay.ring_pos - lag if device == "cuda" else round_
+        if device == "cuda" and which < 0:
+            assert got is None, "a confidence read before LAG publishes"
+            continue
+        want_conf, want_gen = published[which]
+        assert torch.equal(got.confidence, want_conf), f"round {round_}: confidence"
+        assert torch.equal(got.generation, want_gen), f"round {round_}: generation"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -292,6 +384,7 @@ def main() -> None:
     start = time.perf_counter()
     torch.set_num_threads(1)
     check_kernels(args.device)
+    print(check_sglang_host_relay(args.device), flush=True)
     for config in ALGORITHMS:
         if not args.only or config[0] in args.only:
             print(check_algorithm(args.device, *config), flush=True)

@@ -54,16 +54,35 @@ def configs() -> list[tuple[str, str | None, int]]:
     rows: list[tuple[str, str | None, int]] = [("none", None, 0)]
     rows += [(f"eagle topk={k} hidden={HIDDEN} bf16", "EAGLE", k) for k in (1, 4, 8)]
     rows.append((f"ngram draft_tokens={DRAFT_TOKENS}", "NGRAM", 0))
+    # The block drafters relay the bonus token and the lengths (topk 0: no top-k in the
+    # payload). DSPARK also with its confidence relay (ragged verify): publish carries each
+    # request's confidence, and the planner reads it back every iteration.
+    rows += [
+        ("dflash", "DFLASH", 0),
+        ("uno", "UNO", 0),
+        ("dspark", "DSPARK", 0),
+        ("dspark + confidence relay", "DSPARK", 0),
+    ]
     return rows
 
 
-def make_side(sgl, module: Any, algorithm: str | None, topk: int, bs: int, device: torch.device):
+def make_side(
+    sgl,
+    module: Any,
+    algorithm: str | None,
+    topk: int,
+    bs: int,
+    device: torch.device,
+    confidence: bool = False,
+):
     """A FutureMap, a batch and the end-of-iteration payload, as SGLang would hold them."""
     algo = sgl.SpeculativeAlgorithm.from_string(algorithm)
     pool = types.SimpleNamespace(
         req_to_token=torch.zeros(POOL, 1, dtype=torch.int32, device=device)
     )
-    fmap = module.FutureMap(device, algo, pool)
+    pool.req_generation = torch.zeros(POOL, dtype=torch.int64)
+    fmap = module.FutureMap(device, algo, pool, True, confidence)
+    gamma = torch.rand(bs, DRAFT_TOKENS, device=device) if confidence else None
     indices = (torch.randperm(POOL - 1)[:bs] + 1).to(device)
     lens = torch.randint(10, 100, (bs,), device=device)
     if algo.is_ngram():
@@ -77,6 +96,10 @@ def make_side(sgl, module: Any, algorithm: str | None, topk: int, bs: int, devic
         spec_info = sgl.NgramVerifyInput(
             future_indices=indices, new_seq_lens=lens, draft_token_num=DRAFT_TOKENS
         )
+    elif algo.is_some() and topk == 0:
+        draft = sgl.EagleDraftInput(bonus_tokens=torch.randint(0, 32000, (bs,), device=device))
+        payload = module.RelayPayload.from_draft_input(draft)
+        spec_info = sgl.EagleDraftInput(future_indices=indices)
     elif algo.is_some():
         draft = sgl.EagleDraftInput(
             bonus_tokens=torch.randint(0, 32000, (bs,), device=device),
@@ -107,10 +130,11 @@ def make_side(sgl, module: Any, algorithm: str | None, topk: int, bs: int, devic
         fmap.resolve_seq_lens_cpu(batch)
         batch.input_ids = None
         resolve_forward_inputs(batch, fmap)
-        fmap.publish(indices, published)
+        fmap.publish(indices, published, confidence=gamma)
         fmap.stash(indices, payload)
+        fmap.resolve_confidence_cpu(batch)
 
-    fmap.publish(indices, published)
+    fmap.publish(indices, published, confidence=gamma)
     fmap.stash(indices, payload)  # allocate the lazy buffers before timing
     return iteration
 
@@ -157,8 +181,9 @@ def main() -> None:
     for name, algorithm, topk in configs():
         with sglang_env.server_args(sgl, algorithm):
             for bs in BATCH_SIZES:
-                ref = make_side(sgl, sgl.overlap_utils, algorithm, topk, bs, device)
-                gen = make_side(sgl, generated, algorithm, topk, bs, device)
+                conf = "confidence" in name
+                ref = make_side(sgl, sgl.overlap_utils, algorithm, topk, bs, device, conf)
+                gen = make_side(sgl, generated, algorithm, topk, bs, device, conf)
                 ref_us, gen_us = per_iteration_us(ref, gen, args.iters, device)
                 rows.append(
                     [

@@ -270,5 +270,49 @@ for op in (
         {**_FIRST_TOP_K, "draft_probs": T("float32", ("vocab",))},
         doc="draft model over the accepted tokens; next top-k",
     ),
+    # Block drafters (SGLang 0.5.23's DFLASH, DSPARK and UNO): the whole draft chain comes
+    # from one draft forward, and only the bonus token and the lengths cross iterations.
+    Op(
+        "dflash_prefill",
+        {**_SLOTS, **_LENS},
+        _PREFILLED,
+        doc="target prefill; its layer features go straight into the draft KV cache",
+    ),
+    Op(
+        "dflash_draft",
+        {"bonus_tokens": T("int64", ()), **_LENS, **_SLOTS},
+        _DRAFTING,
+        doc="one draft forward over a block (the bonus token, then masks): the whole chain",
+    ),
+    Op(
+        "dflash_inject_kv",
+        {
+            "hidden_states": T("model", (N, "hidden")),
+            "accept_index": _ACCEPTED["accept_index"],
+            "accept_lens": _ACCEPTED["accept_lens"],
+            **_LENS,
+            **_SLOTS,
+        },
+        {"draft_seq_lens": T("int64", ())},
+        doc="write the accepted positions' target features into the draft KV cache",
+    ),
+    Op(
+        "dspark_draft",
+        {"bonus_tokens": T("int64", ()), **_LENS, **_SLOTS},
+        _DRAFTING,
+        doc="dflash_draft with DSpark's Markov head refining the block",
+    ),
+    Op(
+        "uno_prefill",
+        {**_SLOTS, **_LENS},
+        _PREFILLED,
+        doc="target prefill (the LoRA self-drafter keeps no draft state of its own)",
+    ),
+    Op(
+        "uno_draft",
+        {"bonus_tokens": T("int64", ()), **_LENS, **_SLOTS},
+        _DRAFTING,
+        doc="one LoRA-adapted target forward over a block of masks: the whole chain",
+    ),
 ):
     register(op)

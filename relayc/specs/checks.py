@@ -130,6 +130,7 @@ def check_algorithm(
         origin=origin,
         entry_locs=_entry_locs(parts),
         ops=tuple(parts.ops),
+        sglang=parts.sglang,
     )
 
 

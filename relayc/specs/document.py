@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from relayc.specs.errors import SourceLoc
-from relayc.specs.schema import Capture, Dim, Import, Input, Outputs, RelayField, Step
+from relayc.specs.schema import (
+    Capture,
+    Dim,
+    Import,
+    Input,
+    Outputs,
+    RelayField,
+    SGLangTarget,
+    Step,
+)
 from relayc.specs.yamlsrc import LocIndex, Path
 
 
@@ -47,6 +56,7 @@ class Parts:
     steps: list[tuple[Path, Step]] = field(default_factory=list)
     capture: Capture | None = None
     outputs: Outputs | None = None
+    sglang: SGLangTarget | None = None
     broken: set[tuple[str, str]] = field(default_factory=set)
     has: set[str] = field(default_factory=set)  # top-level keys present in the file
 
@@ -78,6 +88,7 @@ class Spec:
     ops_dir: str = ""
     # (step name, "reads" | "writes" | "stash", parameter / output / field) -> where it is
     entry_locs: dict[tuple[str, str, str], SourceLoc] = field(default_factory=dict)
+    sglang: SGLangTarget | None = None  # SGLang target settings (a plugin's name)
 
     def locate(self, step: str, section: str, key: str) -> SourceLoc:
         """Where a step's read, write or stash entry is, falling back to the step."""

@@ -69,6 +69,11 @@ def explain(document: Spec | Library) -> str:
     if isinstance(document, Spec) and document.ops:
         names = ", ".join(m.name + (" (--ops)" if m.from_cli else "") for m in document.ops)
         out.append(f"user ops from: {names}")
+    if isinstance(document, Spec) and document.sglang is not None:
+        out.append(
+            f"SGLang plugin: the SGLang target relays it for the algorithm registered as "
+            f"{document.sglang.plugin} (spec_registry.register_algorithm)"
+        )
     out += [
         "",
         "dims",

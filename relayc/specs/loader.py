@@ -34,6 +34,7 @@ from relayc.specs.schema import (
     Input,
     Outputs,
     RelayField,
+    SGLangTarget,
     SpecFile,
     Step,
 )
@@ -248,6 +249,9 @@ def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -
     if valid.outputs is not None:
         _locate(valid.outputs, index.key(("outputs",)))
         parts.outputs = valid.outputs
+    if valid.sglang is not None:
+        _locate(valid.sglang, index.value(("sglang", "plugin")))  # errors point at the name
+        parts.sglang = valid.sglang
     return parts
 
 
@@ -299,6 +303,8 @@ def _partial_parts(data: dict, index: LocIndex, path: str) -> Parts:
         parts.outputs = _validated(Outputs, data["outputs"], index.key(("outputs",)))
         if parts.outputs is None:
             parts.broken.add(("outputs", "outputs"))
+    if "sglang" in data:
+        parts.sglang = _validated(SGLangTarget, data["sglang"], index.key(("sglang",)))
     parts.broken.add(("file", "partial"))
     return parts
 

@@ -363,6 +363,18 @@ class Import(SpecModel):
     )
 
 
+class SGLangTarget(SpecModel):
+    """How the SGLang target (`relayc compile --target sglang`) serves this algorithm."""
+
+    plugin: str = Field(
+        pattern=r"^[A-Za-z][A-Za-z0-9_]*$",
+        description="The name the algorithm is registered under with SGLang's plugin registry "
+        "(`SpeculativeAlgorithm.register(NAME)` / `spec_registry.register_algorithm`); the "
+        "generated FutureMap relays this spec's fields for it. Not one of SGLang's built-in "
+        "algorithm names.",
+    )
+
+
 class SpecFile(SpecModel):
     """One spec file: an algorithm (`algorithm:`) or a shared library (`library:`)."""
 
@@ -401,6 +413,10 @@ class SpecFile(SpecModel):
     outputs: Outputs | None = Field(
         default=None,
         description="What the engine reads after the prefill and after each decode iteration.",
+    )
+    sglang: SGLangTarget | None = Field(
+        default=None,
+        description="SGLang target settings: a plugin algorithm's registered name.",
     )
 
 

@@ -37,6 +37,8 @@ class Scenario:
     hidden: bool = True  # EAGLE-family payloads carry hidden states (sometimes None)
     draft_probs: bool = False  # payloads carry draft probabilities (rejection sampling)
     mixed: bool = False  # SGLang supports mixed chunk prefill for the algorithm
+    topk: bool = True  # payloads carry top-k (sometimes None at prefill)
+    dsa: bool = False  # payloads carry DSA top-k seeds; draft inputs flag them available
 
 
 SCENARIOS = (
@@ -47,12 +49,22 @@ SCENARIOS = (
     Scenario("eagle-multilayer", "EAGLE", {"enable_multi_layer_eagle": True}),
     Scenario("standalone", "STANDALONE", draft_probs=True),
     Scenario("ngram", "NGRAM"),
+    # The block drafters relay the bonus token and the lengths only. Their payloads are
+    # built like EAGLE's here: DFlashDraftInputV2 still carries (legacy) top-k and hidden
+    # states, which both sides must drop. UnoDraftInput carries none of them.
+    Scenario("dflash", "DFLASH", mixed=True),
+    Scenario("dspark", "DSPARK", mixed=True),
+    Scenario("uno", "UNO", hidden=False, topk=False),
 )
 # Rejection sampling under EAGLE relays draft_probs, which the bundled eagle spec does
 # not: the test compiles a spec that adds it (README, "Adding a relay field").
 DRAFT_PROBS_SCENARIO = Scenario(
     "eagle-draft-probs", "EAGLE", {"speculative_use_rejection_sampling": True}, draft_probs=True
 )
+
+DSA_TOPK = 4
+# DSA top-k seeds relayed by an eagle spec that adds the field (the test compiles it).
+DSA_SCENARIO = Scenario("eagle-dsa", "EAGLE", dsa=True, mixed=True)
 
 # SGLang allocates these buffers although the algorithm never reads them back; the
 # generated relay allocates what the spec relays (and n-gram's scalar accept_lens
@@ -198,12 +210,14 @@ class Twin:
             )
         # A prefill may omit the draft extras; a decode's top-k and draft probabilities
         # come together from draft extend, its hidden states may be absent.
-        if not (prefill and self.rng.random() < 0.3):
+        if sc.topk and not (prefill and self.rng.random() < 0.3):
             width = (TOPK * NUM_STEPS,) if self.multilayer else (TOPK,)
             values["topk_p"] = self._floats((n, *width))
             values["topk_index"] = self._ints((n, *width), 32000)
             if sc.draft_probs:
                 values["draft_probs"] = self._floats((n, VOCAB))
+        if sc.dsa and not prefill and self.rng.random() < 0.7:
+            values["dsa_topk_indices"] = self._ints((n, DSA_TOPK), 4096, torch.int32)
         if sc.hidden and self.rng.random() < 0.8:
             values["hidden_states"] = self._floats((n, HIDDEN), torch.bfloat16)
         draft_input = self.sgl.EagleDraftInput(**values)
@@ -258,8 +272,13 @@ class Twin:
         if not self.running:
             return
         indices = torch.tensor(self.running, dtype=torch.int64)
+        # SGLang reads the seeds only for a draft input flagged as having them (it asserts
+        # the buffer exists then).
+        seeds = self.ref.dsa_topk_indices_buf is not None and self.rng.random() < 0.7
         for side in ("ref", "gen"):
             batch = self.batches[side]
+            if self.scenario.dsa and batch.spec_info is not None:
+                batch.spec_info.future_dsa_topk_indices_available = seeds
             batch.input_ids = None
             fmap = self.ref if side == "ref" else self.gen
             fmap.resolve_seq_lens_cpu(batch)

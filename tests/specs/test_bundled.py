@@ -14,7 +14,17 @@ from relayc.specs.jsonschema import spec_json_schema
 from relayc.specs.loader import BUNDLED_DIR, Library, Spec, bundled_spec_paths, load_document
 
 ALL_YAML = sorted(BUNDLED_DIR.glob("*.yaml"))
-ALGORITHMS = ["eagle", "eagle3", "eagle_multilayer", "ngram", "none", "standalone"]
+ALGORITHMS = [
+    "dflash",
+    "dspark",
+    "eagle",
+    "eagle3",
+    "eagle_multilayer",
+    "ngram",
+    "none",
+    "standalone",
+    "uno",
+]
 
 
 def test_bundled_algorithms() -> None:

@@ -7,13 +7,16 @@ req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)` and
 `resolve_forward_inputs(batch, future_map)`. `FutureMap(...)` returns the class
 generated for the relayc algorithm that SGLang's `spec_algo` maps to.
 
-What is generated from the specs: one class per algorithm with its field table, its
-`stash` (a block per field, one fused Triton launch on CUDA), its spec-extras resolve,
-and the fused kernels over the union of the fields (`emit_triton_relay`). What is
-SGLang's and so fixed here: the names (buffer attributes, payload fields, draft-input
-attributes), which of a payload's fields SGLang reads back per algorithm, and that
-n-gram draft inputs hold their rows flat. The spec-independent code (publish, the host
-mirror, events, debug checks) lives in `sglang_base.py` and is pasted in verbatim, so
+What is generated from the specs: the relay fields, each once (specs importing one
+common.yaml field share it), one class per algorithm holding only what differs between
+algorithms (its fields, which of them the stash writes and the overlap resolve gathers,
+which SGLang would read back but the spec does not relay, which rows SGLang holds flat),
+`RelayPayload`, and the fused kernels over the union of the fields
+(`emit_triton_relay`). What is SGLang's and so fixed here: the names (buffer attributes,
+payload fields, draft-input attributes), which of a payload's fields SGLang reads back per
+algorithm, and that n-gram draft inputs hold their rows flat. The behaviour (stash,
+resolve, publish, the host mirror, events, debug checks) is written once in
+`sglang_base.py`, driven by those class attributes, and pasted in verbatim, so
 the generated module imports nothing from relayc.
 """
 
@@ -36,7 +39,7 @@ from relayc.specs.loader import Spec, load_spec
 MODULE_NAME = "overlap_utils.py"
 SGLANG_VERSION = "0.5.23"
 
-# SGLang's RelayPayload fields, in its order; `dsa_topk_indices` no spec relays.
+# SGLang's RelayPayload fields, in its order.
 SGLANG_PAYLOAD = (
     "bonus_tokens",
     "topk_p",
@@ -47,9 +50,7 @@ SGLANG_PAYLOAD = (
     "accept_tokens",
     "accept_lens",
 )
-UNCOVERED_PAYLOAD = ("dsa_topk_indices",)
-# SGLang's buffer attribute of each field; `<field>_buf` for the rest.
-SGLANG_BUFFER_NAMES = {"bonus_tokens": "output_tokens_buf"}
+SGLANG_BUFFER_NAMES = sglang_base.SGLANG_BUFFER_NAMES  # `<field>_buf` for the rest
 # The relayc algorithms SGLang's algorithms map to, and, per algorithm, the payload
 # fields SGLang 0.5.23 reads back into the next iteration: a spec that does not relay
 # one of these would silently lose it, so its stash refuses the field. Other fields a
@@ -57,20 +58,52 @@ SGLANG_BUFFER_NAMES = {"bonus_tokens": "output_tokens_buf"}
 # rows; STANDALONE and multi-layer EAGLE gate hidden states off).
 SGLANG_READS_BACK: dict[str, tuple[str, ...]] = {
     "none": ("bonus_tokens",),
-    "eagle": ("bonus_tokens", "topk_p", "topk_index", "hidden_states", "draft_probs"),
+    "eagle": (
+        "bonus_tokens",
+        "topk_p",
+        "topk_index",
+        "hidden_states",
+        "draft_probs",
+        "dsa_topk_indices",
+    ),
     # SGLang's FutureMap relays EAGLE3 exactly as EAGLE (same buffers, `is_eagle()`); what
     # differs lives in the worker: topk_index holds draft-vocabulary ids, hidden_states the
     # head's own [hidden] output, and the three-layer features never cross an iteration.
-    "eagle3": ("bonus_tokens", "topk_p", "topk_index", "hidden_states", "draft_probs"),
-    "eagle_multilayer": ("bonus_tokens", "topk_p", "topk_index", "draft_probs"),
-    "standalone": ("bonus_tokens", "topk_p", "topk_index", "draft_probs"),
+    "eagle3": (
+        "bonus_tokens",
+        "topk_p",
+        "topk_index",
+        "hidden_states",
+        "draft_probs",
+        "dsa_topk_indices",
+    ),
+    "eagle_multilayer": ("bonus_tokens", "topk_p", "topk_index", "draft_probs", "dsa_topk_indices"),
+    "standalone": ("bonus_tokens", "topk_p", "topk_index", "draft_probs", "dsa_topk_indices"),
     "ngram": ("accept_tokens", "accept_lens"),
+    # need_topk() is False for the block drafters, and spec_need_hidden_states() too for
+    # DFLASH and DSPARK; any algorithm relays draft_probs a payload carries.
+    "dflash": ("bonus_tokens", "draft_probs", "dsa_topk_indices"),
+    "dspark": ("bonus_tokens", "draft_probs", "dsa_topk_indices"),
+    "uno": ("bonus_tokens", "hidden_states", "draft_probs", "dsa_topk_indices"),
 }
 # Algorithms whose SGLang draft input holds multi-element rows flattened ([bs * row]):
 # NgramVerifyInput; its row width is the attribute named here per dim.
 FLAT_ROW_ALGORITHMS = {"ngram": {"num_draft_tokens": "draft_token_num"}}
 # SGLang's FutureMap publishes exactly these, with a host copy of new_seq_lens.
 SGLANG_PUBLISHED = ("new_seq_lens",)
+# SpeculativeAlgorithm's members and the NEXTN alias: names a plugin cannot register.
+SGLANG_BUILTINS = (
+    "NONE",
+    "EAGLE",
+    "EAGLE3",
+    "FROZEN_KV_MTP",
+    "STANDALONE",
+    "NGRAM",
+    "DFLASH",
+    "UNO",
+    "DSPARK",
+    "NEXTN",
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +116,11 @@ class SGLangAlgorithm:
     @property
     def name(self) -> str:
         return self.spec.algorithm
+
+    @property
+    def plugin(self) -> str | None:
+        """The SGLang plugin name (upper case, as SGLang registers it), if it is one."""
+        return None if self.spec.sglang is None else self.spec.sglang.plugin.upper()
 
     @property
     def stashed(self) -> tuple[FieldLayout, ...]:
@@ -122,13 +160,36 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
     errors: list[SpecError] = []
     seen: dict[str, SGLangAlgorithm] = {}
     dtypes: dict[str, tuple[str, SGLangAlgorithm]] = {}
+    plugins: dict[str, SGLangAlgorithm] = {}
     for algo in algorithms:
-        if algo.name not in SGLANG_READS_BACK:
+        plugin = algo.plugin
+        if plugin is not None and algo.spec.sglang is not None:
+            where = algo.spec.sglang.loc
+            if plugin in SGLANG_BUILTINS:
+                errors.append(
+                    SpecError(
+                        where,
+                        f"`{plugin}` is one of SGLang's built-in algorithms, which plugins "
+                        "cannot register",
+                        "give the plugin its own name (the one passed to register_algorithm)",
+                    )
+                )
+            elif plugin in plugins:
+                errors.append(
+                    SpecError(
+                        where,
+                        f"plugin `{plugin}` is also relayed by {plugins[plugin].spec.path}",
+                        "one spec per registered plugin",
+                    )
+                )
+            plugins[plugin] = algo
+        elif algo.name not in SGLANG_READS_BACK:
             errors.append(
                 SpecError(
                     _where(algo),
                     f"the SGLang target has no SGLang algorithm for `{algo.name}`",
-                    f"name the algorithm one of {', '.join(SGLANG_READS_BACK)}",
+                    f"name the algorithm one of {', '.join(SGLANG_READS_BACK)}, or relay a "
+                    "plugin registered with SGLang: `sglang: {plugin: NAME}`",
                 )
             )
         if algo.name in seen:
@@ -215,14 +276,6 @@ _pylit = pylit
 _q = string_literal
 
 
-def _poison(f: FieldLayout) -> str:
-    if f.poison is not None:
-        return _pylit(f.poison)
-    if f.dtype in ("float32", "bfloat16", "float16", "model"):
-        return 'float("nan")'
-    return f"torch.iinfo(torch.{f.dtype}).min"
-
-
 def _consume_once(f: FieldLayout) -> bool:
     # Rows that read as poison until written must be rewritten between reads; lazy
     # fields are exempt because SGLang re-reads them (staging refreshes only the bonus).
@@ -257,7 +310,7 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     w("from __future__ import annotations\n")
     w("import os")
     w("from collections.abc import Sequence")
-    w("from dataclasses import dataclass")
+    w("from dataclasses import dataclass, field")
     w("from typing import Any, ClassVar\n")
     w("import torch\n")
     w("try:")
@@ -282,12 +335,11 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
         w(f"    {_q(name)},")
     w(")\n\n")
     _payload(w, algorithms, union)
+    w("\n")
+    field_names = _field_table(w, algorithms)
     for algo in algorithms:
         w("\n")
-        _algorithm_class(w, algo)
-    w("\n")
-    for algo in algorithms:
-        w(f"FutureMap.ALGORITHMS[{_q(algo.name)}] = {_class_name(algo.name)}")
+        _algorithm_class(w, algo, field_names)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -324,12 +376,7 @@ def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout])
     )
     for i, name in enumerate((*SGLANG_PAYLOAD, *extra)):
         default = "" if i == 0 else " = None"
-        doc = docs.get(
-            name,
-            "not relayed by these specs"
-            if name not in UNCOVERED_PAYLOAD
-            else "not covered (NotImplementedError)",
-        )
+        doc = docs.get(name, "not relayed by these specs")
         w(f"    # {doc}")
         w(f"    {name}: torch.Tensor | None{default}")
     w("")
@@ -365,155 +412,79 @@ def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout])
     w("        )")
 
 
-def _algorithm_class(w, algo: SGLangAlgorithm) -> None:
+def _relay_field(f: FieldLayout) -> str:
+    """The RelayField(...) constructor of one spec field (positional, in RelayField's order)."""
+    dtype = "None" if f.dtype == "model" else f"torch.{f.dtype}"
+    lazy = f.alloc == "lazy" or bool(f.shape)
+    poison = "None" if f.poison is None else _pylit(f.poison)  # None: the dtype's default
+    args = (_q(f.name), dtype, _q(_shape(f)), str(lazy), _pylit(f.init), poison)
+    return f"RelayField({', '.join(args)}, {_consume_once(f)}, {_q(f.origin)})"
+
+
+def _field_table(w, algorithms: Sequence[SGLangAlgorithm]) -> dict[str, str]:
+    """Every distinct relay field of the specs once, as a module constant; returns the
+    constant's name per constructor (specs sharing common.yaml share their fields)."""
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    w("# The relay fields of the specs, each once: RelayField(name, dtype, row shape, lazy,")
+    w("# init, debug poison (None: NaN or the integer minimum), consume-once, spec file:line).")
+    for algo in algorithms:
+        for f in algo.layout.fields:
+            ctor = _relay_field(f)
+            if ctor in names:
+                continue
+            const = base = "_" + f.name.upper()
+            suffix = 2
+            while const in taken:
+                const, suffix = f"{base}_{suffix}", suffix + 1
+            taken.add(const)
+            names[ctor] = const
+            w(f"{const} = {ctor}")
+    return names
+
+
+def _tuple(items: Sequence[str]) -> str:
+    """A tuple display without a trailing comma past one item, so the formatter joins it."""
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def _names(names: Sequence[str]) -> str:
+    return _tuple([_q(n) for n in names])
+
+
+def _algorithm_class(w, algo: SGLangAlgorithm, field_names: dict[str, str]) -> None:
     spec = algo.spec
-    cls = _class_name(algo.name)
-    w(f"class {cls}(FutureMap):")
+    relayed = [f.name for f in algo.stashed]
+    # A plugin's spec decides what is relayed for it: nothing SGLang reads back is refused.
+    refused = [n for n in SGLANG_READS_BACK.get(algo.name, ()) if n not in relayed]
+    # Non-speculative decoding relays nothing but the input tokens.
+    extras = [] if algo.name == "none" else relayed
+    w(f"class {_class_name(algo.name)}(FutureMap):")
     w(f'    """Relay of `{algo.name}` (DESCRIPTION: the spec\'s description)."""\n')
     w(f"    DESCRIPTION = {_q(spec.description)}")
     w(f"    ALGORITHM = {_q(algo.name)}")
-    provenance = f"{spec.path} (spec hash {spec.content_hash})"
-    w(f"    SPEC = {_q(provenance)}")
-    w("    FIELDS = (")
-    for f in algo.layout.fields:
-        dtype = "None" if f.dtype == "model" else f"torch.{f.dtype}"
-        lazy = f.alloc == "lazy" or bool(f.shape)
-        w("        RelayField(")
-        w(f"            name={_q(f.name)},")
-        w(f"            buffer={_q(_buffer(f.name))},")
-        w(f"            dtype={dtype},")
-        w(f"            shape={_q(_shape(f))},")
-        w(f"            lazy={lazy},")
-        w(f"            init={_pylit(f.init)},")
-        w(f"            poison={_poison(f)},")
-        w(f"            consume_once={_consume_once(f)},")
-        w(f"            origin={_q(f.origin)},")
-        w("        ),")
-    w("    )")
-    mirrored = any(f.name == "new_seq_lens" and f.host_mirror for f in algo.layout.fields)
-    w(f"    _host_mirrored = {mirrored}\n")
-    _stash(w, algo)
-    w("")
-    _resolve_extras(w, algo)
-
-
-def _row(f: FieldLayout) -> str:
-    return f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}"
-
-
-def _stash(w, algo: SGLangAlgorithm) -> None:
-    relayed = {f.name for f in algo.stashed}
-    refused = [n for n in SGLANG_READS_BACK[algo.name] if n not in relayed]
-    dropped = [
-        n
-        for n in SGLANG_PAYLOAD
-        if n not in relayed and n not in refused and n not in UNCOVERED_PAYLOAD
-    ]
-    w("    def stash(self, future_indices: torch.Tensor, payload: RelayPayload) -> None:")
-    w('        """Write the payload\'s non-None fields into rows `future_indices`."""')
-    w("        indices = future_indices")
-    w("        n = indices.shape[0]")
-    w("        if n == 0:")
-    w("            return  # DP idle: the payload is an empty stub")
-    w("        if payload.dsa_topk_indices is not None:")
-    w("            raise NotImplementedError(_DSA_SEEDS)")
-    for name in refused:
-        w(f"        if payload.{name} is not None:")
-        w("            raise RelayError(")
-        w(f'                "payload carries `{name}`, which SGLang relays for `{algo.name}` but "')
-        w(f'                "{algo.spec.path} does not: add the field to the spec"')
-        w("            )")
-    if dropped:
-        w(f"        # Not relayed by `{algo.name}`, and never read back by SGLang for it either:")
-        w(f"        # {', '.join(dropped)}.")
-    w("        if self._fused:  # one launch for every field the payload carries")
-    w("            self._scatter(")
-    w("                indices,")
-    w("                {")
-    for f in algo.stashed:
-        w(f"                    {_q(f.name)}: self._prepare({_q(f.name)}, payload.{f.name}, n),")
-    w("                },")
-    w("            )")
-    w("            return")
-    w("        if indices.dtype is not torch.int64:")
-    w("            indices = indices.long()")
-    for f in algo.stashed:
-        w(f"        # {f.origin} {_row(f)}")
-        w(f"        value = payload.{f.name}")
-        w("        if value is not None:")
-        w(f"            buf = self.{_buffer(f.name)}")
-        w("            if buf is None or value.dtype is not buf.dtype:  # allocate or cast")
-        w(f"                value = self._prepare({_q(f.name)}, value, n)")
-        w(f"                buf = self.{_buffer(f.name)}")
-        w("            try:")
-        w("                buf.index_copy_(0, indices, value)")
-        w("            except (IndexError, RuntimeError) as exc:")
-        w(f"                raise self._stash_error({_q(f.name)}, value, indices) from exc")
-
-
-def _local(f: FieldLayout) -> str:
-    return f"relayed_{f.name}"
-
-
-def _resolve_extras(w, algo: SGLangAlgorithm) -> None:
-    w("    def _resolve_spec_extras(self, batch: Any) -> None:")
-    if algo.name == "none":
-        w('        """Non-speculative decoding relays nothing but the input tokens."""')
-        w("        return")
-        return
-    fields = algo.stashed
-    names = ", ".join(f.name for f in fields)
-    w(f'        """Gather {names} into `batch.spec_info` (one launch where fused)."""')
-    w("        draft_input = batch.spec_info")
+    w(f"    SPEC = {_q(spec.path)}")
+    w(f"    SPEC_HASH = {_q(spec.content_hash)}")
+    if algo.plugin is not None:
+        w(f"    SGLANG_PLUGIN = {_q(algo.plugin)}  # spec_registry.register_algorithm name")
+    w(f"    FIELDS = {_tuple([field_names[_relay_field(f)] for f in algo.layout.fields])}")
+    w(f"    STASHED = {_names(relayed)}")
+    if extras != relayed:
+        w(f"    SPEC_EXTRAS = {_names(extras)}")
+    else:
+        w("    SPEC_EXTRAS = STASHED")
+    if refused:
+        w(f"    REFUSED = {_names(refused)}")
+    dropped = [n for n in SGLANG_PAYLOAD if n not in (*relayed, *refused)]
+    if dropped and algo.plugin is not None:
+        w(f"    # Not relayed by this plugin's spec: {', '.join(dropped)}.")
+    elif dropped:
+        w(f"    # Not relayed, and never read back by SGLang for it: {', '.join(dropped)}.")
     flat = FLAT_ROW_ALGORITHMS.get(algo.name)
     if flat is not None:
-        w("        if draft_input is None or draft_input.future_indices is None:")
-        w("            return")
-    else:
-        w("        if draft_input is None:")
-        w("            return  # a prefill: nothing relayed yet")
-    w("        indices = draft_input.future_indices")
-    w("        if indices.shape[0] == 0:")
-    w("            return")
-    if flat is None:
-        w('        if getattr(draft_input, "future_dsa_topk_indices_available", False):')
-        w("            raise NotImplementedError(_DSA_SEEDS)")
-    w('        if indices.device.type != "cpu":')
-    w("            indices.record_stream(torch.get_device_module(self.device).current_stream())")
-    # Locals are `relayed_<field>`: no field name can collide with `indices`, `buf`, ...
-    targets = ", ".join(_local(f) for f in fields) + ("," if len(fields) == 1 else "")
-    w("        if self._fused:")
-    w(f"            {targets} = self._gather(")
-    w("                indices,")
-    w("                (")
-    for f in fields:
-        w(f"                    {_q(f.name)},")
-    w("                ),")
-    w("            )")
-    w("        else:")
-    for f in fields:
-        w(f"            # {f.origin} {_row(f)}")
-        if f.alloc == "lazy" or f.shape:
-            w(f"            buf = self.{_buffer(f.name)}")
-            w(f"            {_local(f)} = None if buf is None else buf.index_select(0, indices)")
-        else:
-            w(f"            {_local(f)} = self.{_buffer(f.name)}.index_select(0, indices)")
-    for f in fields:
-        if flat is not None and f.shape:
-            w(f"        if {_local(f)} is None:")
-            w(f'            raise RelayError("resolve of `{f.name}` before any stash carried it")')
-            w(
-                f"        draft_input.{f.name} = {_local(f)}.flatten()  # SGLang holds these rows flat"
-            )
-        elif f.name == "bonus_tokens" or not (f.alloc == "lazy" or f.shape):
-            w(f"        draft_input.{f.name} = {_local(f)}")
-        else:
-            w(f"        if {_local(f)} is not None:  # allocated by a stash that carried it")
-            w(f"            draft_input.{f.name} = {_local(f)}")
-    if flat is None:
-        w("        draft_input.dsa_topk_indices = None")
-    consumed = [f for f in fields if _consume_once(f)]
-    if consumed:
-        w("        if _DEBUG_ASSERT:")
-        for f in consumed:
-            w(f"            self._consume_once({_q(f.name)}, {_local(f)}, indices)")
+        rows = {f.name: flat[f.shape[0]] for f in algo.stashed if f.shape}
+        items = ", ".join(f"{_q(k)}: {_q(v)}" for k, v in rows.items())
+        w(f"    FLAT_ROWS: ClassVar[dict[str, str]] = {{{items}}}")
+    mirrored = any(f.name == "new_seq_lens" and f.host_mirror for f in algo.layout.fields)
+    if mirrored:
+        w("    _host_mirrored = True")

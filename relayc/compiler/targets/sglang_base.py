@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -79,61 +79,183 @@ class RelayDebugError(AssertionError):
     """A debug-mode (`SGLANG_IS_IN_CI`) check failed: a row was read without a fresh write."""
 
 
+# SGLang's FutureMap attribute of a relay field whose buffer is not `<field>_buf`.
+SGLANG_BUFFER_NAMES = {"bonus_tokens": "output_tokens_buf"}
+
+
 @dataclass(frozen=True)
 class RelayField:
     """One relay field of one algorithm, as the spec declares it."""
 
     name: str  # spec field name, also the RelayPayload / draft-input attribute
-    buffer: str  # SGLang's FutureMap attribute holding it
     dtype: torch.dtype | None  # None: the model dtype, learned from the first payload
     shape: str  # row shape in dims, for messages
     lazy: bool  # allocated by the first stash carrying it, rows shaped like its rows
     init: str | bool | int | float  # `empty`, `zeros` or a fill value
-    poison: bool | int | float  # debug-mode start value
+    poison: bool | int | float | None  # debug-mode start value; None: NaN or the int minimum
     consume_once: bool  # debug mode: rows must be rewritten between reads
     origin: str  # spec file:line
+    buffer: str = field(init=False)  # SGLang's FutureMap attribute holding it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "buffer", SGLANG_BUFFER_NAMES.get(self.name, f"{self.name}_buf"))
+        if self.poison is None:
+            if self.dtype is None or self.dtype.is_floating_point:
+                object.__setattr__(self, "poison", float("nan"))
+            else:
+                object.__setattr__(self, "poison", torch.iinfo(self.dtype).min)
 
 
 # Uncovered SGLang features: each raises NotImplementedError naming it.
-_DSPARK_CONFIDENCE = (
-    "the DSPARK confidence ring (needs_confidence_relay=True) is not covered by relayc's "
-    "SGLang target; run DSPARK with SGLang's own overlap_utils"
-)
-_DSA_SEEDS = (
-    "DSA top-k seeds (RelayPayload.dsa_topk_indices / future_dsa_topk_indices_available) are "
-    "not covered by relayc's SGLang target; no bundled spec relays them"
-)
-_HISPARSE = (
-    "HiSparse staging (FutureMap.make_staged_spec_input) is not covered by relayc's SGLang target"
-)
+# SGLang's draft-input flags gating the read of a relayed field: 0.5.23 gathers DSA top-k
+# seeds only for a draft input whose seeds are available (a staged one may have none).
+_GATED_READS = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
+
+
+# The host relay of per-request confidence (DSPARK's ragged verify planner reads it): the
+# device rows are copied to a ring of pinned host copies on CUDA, and a read takes the copy
+# published LAG iterations ago, with the pool's request generations of that moment so a
+# reused slot is told apart from the request that wrote it.
+CONFIDENCE_RELAY_RING_LAG = 2
+CONFIDENCE_RELAY_RING_DEPTH = CONFIDENCE_RELAY_RING_LAG + 1
+
+
+@dataclass
+class ResolvedConfidence:
+    """Host confidence rows of a batch and the request generations they belong to."""
+
+    confidence: torch.Tensor
+    generation: torch.Tensor
+
+
+class ConfidenceRelay:
+    """Confidence published with the lengths, read on the host LAG iterations later (CUDA:
+    a pinned ring copied on the private D2H stream behind `publish_ready`, each slot with an
+    event), or directly where there is no such stream."""
+
+    def __init__(self, device: torch.device, req_pool_size: int, pool: Any) -> None:
+        self.device = device
+        self.req_pool_size = req_pool_size
+        self.pool = pool  # its `req_generation` [req_pool_size] tells reused slots apart
+        self.confidence_buf: torch.Tensor | None = None  # [pool, gamma] float32, first use
+        self.conf_ring: torch.Tensor | None = None  # [depth, pool, gamma] pinned (CUDA)
+        self.gen_ring: torch.Tensor | None = None  # [depth, pool] int64 (CUDA)
+        self.copy_done: list[Any] = []
+        self.ring_pos = 0  # ring copies issued so far
+
+    def scatter(self, indices: torch.Tensor, confidence: torch.Tensor) -> None:
+        if self.confidence_buf is None:
+            gamma = confidence.shape[-1]
+            shape = (self.req_pool_size, gamma)
+            self.confidence_buf = torch.empty(shape, dtype=torch.float32, device=self.device)
+            if self.device.type == "cuda":
+                depth = CONFIDENCE_RELAY_RING_DEPTH
+                self.conf_ring = torch.empty((depth, *shape), dtype=torch.float32, pin_memory=True)
+                self.gen_ring = torch.zeros((depth, self.req_pool_size), dtype=torch.int64)
+                self.copy_done = [torch.cuda.Event() for _ in range(depth)]
+        self.confidence_buf[indices] = confidence.to(torch.float32)
+
+    def issue_ring_copy(self, stream: Any, publish_ready: Any) -> None:
+        """Copy the device rows into the next ring slot once the publish has happened."""
+        if self.conf_ring is None or self.gen_ring is None or stream is None:
+            return
+        if publish_ready is None:
+            return
+        slot = self.ring_pos % CONFIDENCE_RELAY_RING_DEPTH
+        stream.wait_event(publish_ready)
+        with torch.get_device_module(self.device).stream(stream):
+            self.conf_ring[slot].copy_(self.confidence_buf, non_blocking=True)
+            self.copy_done[slot].record()
+        self.gen_ring[slot].copy_(self.pool.req_generation)
+        self.ring_pos += 1
+
+    def resolve(self, batch: Any, stream: Any, publish_ready: Any) -> ResolvedConfidence | None:
+        """The batch's confidence LAG publishes ago (None: not there yet), or read directly
+        without a copy stream."""
+        if self.confidence_buf is None or batch.spec_info is None:
+            return None
+        future_indices = batch.spec_info.future_indices
+        if future_indices is None or future_indices.shape[0] == 0:
+            return None
+        rows = batch.req_pool_indices_cpu
+        if stream is None or publish_ready is None or self.conf_ring is None:
+            return ResolvedConfidence(
+                confidence=self.confidence_buf[batch.req_pool_indices].cpu(),
+                generation=self.pool.req_generation[rows].clone(),
+            )
+        if self.ring_pos < CONFIDENCE_RELAY_RING_LAG or self.gen_ring is None:
+            return None
+        slot = (self.ring_pos - CONFIDENCE_RELAY_RING_LAG) % CONFIDENCE_RELAY_RING_DEPTH
+        if not self.copy_done[slot].query():
+            return None  # never wait: the planner falls back without confidence
+        return ResolvedConfidence(
+            confidence=self.conf_ring[slot][rows], generation=self.gen_ring[slot][rows]
+        )
+
+
+class FutureRelayBuffers:
+    """SGLang's relay buffers owned outside the FutureMap: a static verify graph captured
+    before the FutureMap exists scatters the new lengths and bonus tokens into them, and
+    the FutureMap built after `offer_future_relay_buffers` adopts them. A publish / stash of
+    the very tensors the graph already scattered (`published_*`) skips its own write."""
+
+    def __init__(self, *, req_pool_size: int, device: Any) -> None:
+        self.new_seq_lens = torch.empty((req_pool_size,), dtype=torch.int64, device=device)
+        self.output_tokens = torch.empty((req_pool_size,), dtype=torch.int64, device=device)
+        self.adopted = False
+        # Strong references, so an id is never recycled while the skip may still match it.
+        self.published_seq_lens: torch.Tensor | None = None
+        self.published_bonus: torch.Tensor | None = None
+
+
+# Relay field -> (FutureRelayBuffers attribute of its adopted buffer, attribute of the
+# tensor the graph already scattered into it).
+_ADOPTED = {
+    "new_seq_lens": ("new_seq_lens", "published_seq_lens"),
+    "bonus_tokens": ("output_tokens", "published_bonus"),
+}
+_offered_relay: FutureRelayBuffers | None = None
+
+
+def offer_future_relay_buffers(relay: FutureRelayBuffers) -> None:
+    """Offer `relay` to the next FutureMap built with its pool size."""
+    global _offered_relay
+    _offered_relay = relay
+
+
+# SGLang 0.5.23's SpeculativeAlgorithm members and the relayc algorithms relaying them;
+# `is_eagle()` members (NEXTN parses as EAGLE) are resolved in relay_algorithm.
+_SGLANG_ALGORITHMS = {
+    "NONE": "none",
+    "STANDALONE": "standalone",
+    "NGRAM": "ngram",
+    "DFLASH": "dflash",
+    "UNO": "uno",
+    "DSPARK": "dspark",
+}
+_EAGLE_FAMILY = ("EAGLE", "EAGLE3", "FROZEN_KV_MTP")
 
 
 def relay_algorithm(spec_algo: Any) -> str:
     """The relayc algorithm that relays for SGLang's `SpeculativeAlgorithm` `spec_algo`."""
     name = str(getattr(spec_algo, "name", spec_algo)).upper()
-    if name == "NONE":
-        return "none"
-    if name in ("EAGLE", "EAGLE3", "FROZEN_KV_MTP"):
+    if name in _EAGLE_FAMILY:
         # Multi-layer EAGLE relays [num_steps, topk] top-k and no hidden states.
         from sglang.srt.runtime_context import get_spec
 
         if get_spec().enable_multi_layer_eagle:
             return "eagle_multilayer"
-        # SGLang relays EAGLE3 with EAGLE's buffers: a module compiled without an eagle3
-        # spec serves it with the eagle one.
+        # SGLang relays EAGLE3 (and FROZEN_KV_MTP) with EAGLE's buffers: a module compiled
+        # without an eagle3 spec serves EAGLE3 with the eagle one.
         return "eagle3" if name == "EAGLE3" and "eagle3" in FutureMap.ALGORITHMS else "eagle"
-    if name == "STANDALONE":
-        return "standalone"
-    if name == "NGRAM":
-        return "ngram"
-    if name == "DSPARK":
-        raise NotImplementedError(
-            "SGLang's DSPARK relay (confidence ring, post-fold relay buffers) is not covered "
-            "by relayc's SGLang target"
-        )
+    if name in _SGLANG_ALGORITHMS:
+        return _SGLANG_ALGORITHMS[name]
+    if name in FutureMap.PLUGINS:  # registered with SGLang's spec_registry
+        return FutureMap.PLUGINS[name]
     raise NotImplementedError(
         f"no relayc spec covers SGLang's speculative algorithm {name}; this module relays "
-        f"{', '.join(sorted(FutureMap.ALGORITHMS))}"
+        f"{', '.join(sorted(FutureMap.ALGORITHMS))} (a plugin registered with SGLang needs a "
+        f"spec with `sglang: {{plugin: {name}}}` compiled into the module)"
     )
 
 
@@ -143,9 +265,37 @@ class FutureMap:
     one by relayc name, for use without SGLang's runtime config)."""
 
     ALGORITHMS: ClassVar[dict[str, type[FutureMap]]] = {}  # relayc algorithm -> generated class
+    PLUGINS: ClassVar[dict[str, str]] = {}  # SGLang plugin name -> relayc algorithm
+    # What a generated subclass sets; the methods below read only these.
     ALGORITHM = ""
-    SPEC = ""  # spec path and content hash
+    DESCRIPTION = ""  # the spec's description
+    SPEC = ""  # spec path
+    SPEC_HASH = ""  # spec content hash
+    SGLANG_PLUGIN = ""  # the name a plugin algorithm is registered under with SGLang
     FIELDS: tuple[RelayField, ...] = ()
+    STASHED: tuple[str, ...] = ()  # fields `stash` writes, in the spec's order
+    SPEC_EXTRAS: tuple[str, ...] = ()  # fields the overlap resolve gathers into spec_info
+    # Payload fields SGLang reads back for this algorithm that the spec does not relay:
+    # a stash carrying one is refused rather than silently losing it.
+    REFUSED: tuple[str, ...] = ()
+    # Fields the draft input holds flat ([bs * row], NgramVerifyInput), each with the
+    # draft-input attribute of its row width. Such a draft input has no DSA seeds and may
+    # carry no future indices.
+    FLAT_ROWS: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        FutureMap.ALGORITHMS[cls.ALGORITHM] = cls
+        if cls.SGLANG_PLUGIN:
+            FutureMap.PLUGINS[cls.SGLANG_PLUGIN] = cls.ALGORITHM
+        # (field, buffer attribute) pairs, resolved once: the per-iteration paths below
+        # touch no field table.
+        buffers = {f.name: f.buffer for f in cls.FIELDS}
+        cls._stash_plan = tuple((name, buffers[name]) for name in cls.STASHED)
+        cls._extras_plan = tuple(buffers[name] for name in cls.SPEC_EXTRAS)
+
+    _stash_plan: ClassVar[tuple[tuple[str, str], ...]] = ()
+    _extras_plan: ClassVar[tuple[str, ...]] = ()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FutureMap:
         if cls is FutureMap:
@@ -171,12 +321,10 @@ class FutureMap:
         *,
         algorithm: str | None = None,
     ) -> None:
-        if needs_confidence_relay:
-            raise NotImplementedError(_DSPARK_CONFIDENCE)
         self.device = torch.device(device)
         self.spec_algo = spec_algo
         self.needs_cpu_seq_lens = needs_cpu_seq_lens
-        self.needs_confidence_relay = False
+        self.needs_confidence_relay = needs_confidence_relay
         self.req_pool_size = int(req_to_token_pool.req_to_token.shape[0])
         # Kept for the mixed-tail late binding (reserved-slot gather).
         self.req_to_token = req_to_token_pool.req_to_token
@@ -189,7 +337,6 @@ class FutureMap:
         for f in self.FIELDS:
             if not f.lazy:
                 setattr(self, f.buffer, self._allocate(f, ()))
-        self.dsa_topk_indices_buf = None
         self._fused = _HAVE_TRITON and self.device.type == "cuda"
         # Pinned host mirror of new_seq_lens and the private D2H stream: CUDA only, like
         # SGLang (elsewhere there is no write-after-read barrier to hide).
@@ -202,12 +349,41 @@ class FutureMap:
             self.new_seq_lens_cpu_pinned = None
             self.fwd_prepare_d2h_stream = None
         self.publish_ready: Any = None  # lazy device Event; speculative algorithms only
+        self.confidence_relay = ConfidenceRelay(self.device, self.req_pool_size, req_to_token_pool)
+        self._relay: FutureRelayBuffers | None = None
+        offered = _offered_relay
+        if offered is not None and offered.new_seq_lens.shape[0] == self.req_pool_size:
+            self._adopt_relay(offered)
         # Debug consume-once state: armed by a recording publish, consumed by a resolve.
         self._publish_fresh = False
 
     _host_mirrored = False  # generated: whether the spec mirrors new_seq_lens on the host
 
     # -- buffers ---------------------------------------------------------------------
+    def _adopt_relay(self, relay: FutureRelayBuffers) -> None:
+        """Relay the fields the offered buffers hold in them (debug mode: poisoned)."""
+        for name, (attr, _) in _ADOPTED.items():
+            f = self._fields.get(name)
+            if f is not None:
+                buf = getattr(relay, attr)
+                if _DEBUG_ASSERT:
+                    buf.fill_(f.poison)
+                setattr(self, f.buffer, buf)
+        relay.adopted = True
+        self._relay = relay
+
+    def _already_scattered(self, name: str, value: Any) -> bool:
+        """Whether `value` is the tensor the adopted buffers' graph already scattered for
+        field `name` (consumed: the next write of the field is a real one)."""
+        relay = self._relay
+        if relay is None or name not in self._fields or name not in _ADOPTED:
+            return False
+        published = _ADOPTED[name][1]
+        if value is not getattr(relay, published):
+            return False
+        setattr(relay, published, None)
+        return True
+
     def _allocate(self, f: RelayField, row: tuple[int, ...]) -> torch.Tensor:
         shape = (self.req_pool_size, *row)
         dtype = f.dtype or self.model_dtype
@@ -277,7 +453,10 @@ class FutureMap:
             indices = indices.to(self.device)
         for name, value in values.items():
             if value is not None:
-                getattr(self, self._fields[name].buffer).index_copy_(0, indices, value)
+                try:
+                    getattr(self, self._fields[name].buffer).index_copy_(0, indices, value)
+                except (IndexError, RuntimeError) as exc:
+                    raise self._stash_error(name, value, indices) from exc
 
     def _gather(self, indices: torch.Tensor, names: Sequence[str]) -> list[torch.Tensor | None]:
         """Rows `indices` of each field in `names` (None where its buffer is unallocated)."""
@@ -326,10 +505,91 @@ class FutureMap:
 
     # -- what SGLang calls -----------------------------------------------------------
     def stash(self, future_indices: torch.Tensor, payload: Any) -> None:
-        raise NotImplementedError  # generated per algorithm
+        """Write the payload's non-None STASHED fields into rows `future_indices` (one
+        launch where fused); SGLang never reads back the other fields for this algorithm."""
+        n = future_indices.shape[0]
+        if n == 0:
+            return  # DP idle: the payload is an empty stub
+        for name in self.REFUSED:
+            if getattr(payload, name) is not None:
+                raise RelayError(
+                    f"payload carries `{name}`, which SGLang relays for `{self.ALGORITHM}` but "
+                    f"{self.SPEC} does not: add the field to the spec"
+                )
+        skip = self._relay is not None and self._already_scattered(
+            "bonus_tokens", payload.bonus_tokens
+        )
+        if self._fused:  # one launch for every field the payload carries
+            values = {name: getattr(payload, name) for name in self.STASHED}
+            if skip:
+                values["bonus_tokens"] = None
+            self._scatter(
+                future_indices,
+                {name: self._prepare(name, value, n) for name, value in values.items()},
+            )
+            return
+        indices = future_indices if future_indices.dtype is torch.int64 else future_indices.long()
+        for name, buffer in self._stash_plan:
+            value = getattr(payload, name)
+            if value is None or (skip and name == "bonus_tokens"):
+                continue
+            buf = getattr(self, buffer)
+            if buf is None or value.dtype is not buf.dtype:  # allocate or cast
+                value = self._prepare(name, value, n)
+                buf = getattr(self, buffer)
+            try:
+                buf.index_copy_(0, indices, value)
+            except (IndexError, RuntimeError) as exc:
+                raise self._stash_error(name, value, indices) from exc
 
     def _resolve_spec_extras(self, batch: Any) -> None:
-        raise NotImplementedError  # generated per algorithm
+        """Gather the SPEC_EXTRAS rows of `batch.spec_info.future_indices` into
+        `batch.spec_info` (one launch where fused)."""
+        names = self.SPEC_EXTRAS
+        draft_input = batch.spec_info
+        if not names or draft_input is None:
+            return  # non-speculative, or a prefill: nothing relayed yet
+        indices = draft_input.future_indices
+        if indices is None and self.FLAT_ROWS:
+            return
+        if indices.shape[0] == 0:
+            return
+        gates = (
+            {}
+            if self.FLAT_ROWS
+            else {n: getattr(draft_input, f, False) for n, f in _GATED_READS.items()}
+        )
+        for name, available in gates.items():
+            if available and name not in self._fields:
+                raise RelayError(
+                    f"the draft input has `{_GATED_READS[name]}` set, but {self.SPEC} does not "
+                    f"relay `{name}`: add the field to the spec"
+                )
+        if indices.device.type != "cpu":
+            indices.record_stream(torch.get_device_module(self.device).current_stream())
+        if self._fused:
+            values = self._gather(indices, names)
+        else:
+            bufs = [getattr(self, buffer) for buffer in self._extras_plan]
+            values = [None if buf is None else buf.index_select(0, indices) for buf in bufs]
+        for name, value in zip(names, values, strict=True):
+            if name in self.FLAT_ROWS:
+                if value is None:
+                    raise RelayError(f"resolve of `{name}` before any stash carried it")
+                setattr(draft_input, name, value.flatten())  # SGLang holds these rows flat
+            elif name in gates:
+                if gates[name] and value is None:
+                    raise RelayError(f"resolve of `{name}` before any stash carried it")
+                setattr(draft_input, name, value if gates[name] else None)
+            elif value is not None or name == "bonus_tokens":  # SGLang always sets the bonus
+                setattr(draft_input, name, value)  # a lazy field no stash carried stays as is
+        for name in gates:
+            if name not in self._fields:
+                setattr(draft_input, name, None)
+        if _DEBUG_ASSERT:
+            for name, value in zip(names, values, strict=True):
+                if self._fields[name].consume_once:
+                    self._consume_once(name, value, indices)
 
     def stash_bonus_tokens(self, indices: torch.Tensor, bonus_tokens: torch.Tensor) -> None:
         """Write only the bonus-token rows (the relay carries no draft extras)."""
@@ -351,7 +611,7 @@ class FutureMap:
         if indices.shape[0] == 0:
             return  # DP idle
         buf = self.new_seq_lens_buf  # None: non-speculative lengths SGLang never reads back
-        if buf is not None:
+        if buf is not None and not self._already_scattered("new_seq_lens", new_seq_lens):
             if self._fused or new_seq_lens.dtype is not buf.dtype:
                 new_seq_lens = self._prepare("new_seq_lens", new_seq_lens, indices.shape[0])
                 self._scatter(indices, {"new_seq_lens": new_seq_lens})
@@ -362,12 +622,16 @@ class FutureMap:
                     buf.index_copy_(0, indices, new_seq_lens)
                 except (IndexError, RuntimeError) as exc:
                     raise self._stash_error("new_seq_lens", new_seq_lens, indices) from exc
-        # `confidence` feeds only the DSPARK confidence ring, which __init__ refuses.
+        publish_confidence = self.needs_confidence_relay and confidence is not None
+        if publish_confidence:
+            self.confidence_relay.scatter(indices, confidence)
         if self.spec_algo.is_some():
             if self.publish_ready is None:
                 self.publish_ready = torch.get_device_module(self.device).Event()
             self.publish_ready.record()
             self._publish_fresh = True
+        if publish_confidence:
+            self.confidence_relay.issue_ring_copy(self.fwd_prepare_d2h_stream, self.publish_ready)
 
     def _wait_publish(self) -> None:
         if _IS_HIP:
@@ -454,11 +718,27 @@ class FutureMap:
             self._consume_once("bonus_tokens", tokens, indices)
         return tokens
 
-    def resolve_confidence_cpu(self, batch: Any) -> None:
-        return None  # the confidence ring is never enabled here (see __init__)
+    def resolve_confidence_cpu(self, batch: Any) -> ResolvedConfidence | None:
+        """The batch's published confidence on the host (None: not enabled or not yet)."""
+        if not self.needs_confidence_relay:
+            return None
+        return self.confidence_relay.resolve(batch, self.fwd_prepare_d2h_stream, self.publish_ready)
 
     def make_staged_spec_input(self, future_indices: torch.Tensor) -> Any:
-        raise NotImplementedError(_HISPARSE)
+        """The draft input of a request leaving HiSparse staging: only its future indices,
+        so the next overlap resolve fills it from the relay (SGLang's EagleDraftInput)."""
+        if not (self.spec_algo.is_eagle() or self.spec_algo.is_standalone()):
+            raise RuntimeError("HiSparse staging only supports EAGLE-family speculative inputs.")
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        return EagleDraftInput(
+            capture_hidden_mode=(
+                CaptureHiddenMode.NULL if self.spec_algo.is_standalone() else CaptureHiddenMode.LAST
+            ),
+            future_indices=future_indices,
+            future_dsa_topk_indices_available=self.dsa_topk_indices_buf is not None,
+        )
 
 
 def resolve_forward_inputs(batch: Any, future_map: FutureMap) -> None:
@@ -490,8 +770,8 @@ def resolve_forward_inputs(batch: Any, future_map: FutureMap) -> None:
 
 
 def install() -> None:
-    """Point SGLang at this module: its FutureMap, RelayPayload and resolve_forward_inputs
-    replace SGLang's in `sglang.srt.managers.overlap_utils` and in every SGLang module that
+    """Point SGLang at this module: its FutureMap, RelayPayload, resolve_forward_inputs,
+    FutureRelayBuffers and offer_future_relay_buffers replace SGLang's in `sglang.srt.managers.overlap_utils` and in every SGLang module that
     already imported them. Run it in each SGLang process before the scheduler starts
     (docs/sglang.md: a sitecustomize does that for spawned processes too)."""
     import sys
@@ -502,6 +782,8 @@ def install() -> None:
         "FutureMap": FutureMap,
         "RelayPayload": RelayPayload,
         "resolve_forward_inputs": resolve_forward_inputs,
+        "FutureRelayBuffers": FutureRelayBuffers,
+        "offer_future_relay_buffers": offer_future_relay_buffers,
     }
     replaced = {id(getattr(original, name)): value for name, value in ours.items()}
     for name, module in list(sys.modules.items()):

@@ -26,6 +26,13 @@ from relayc.engine.draft.standalone import default_standalone_config
 from relayc.engine.model.llama import LlamaForCausalLM
 
 ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone")
+# Bundled specs the reference engine has no drafter for yet (SGLang-target specs), with
+# what running them here would take.
+NO_ENGINE_DRAFTER = {
+    "dflash": "a DFlash block drafter (one draft forward over a block of masks)",
+    "dspark": "a DSpark drafter (the DFlash drafter plus a Markov head)",
+    "uno": "an UNO LoRA self-drafter",
+}
 TREE_DRAFTING = ("eagle", "eagle3")  # a head drafting a tree level by level in scratch slots
 
 
@@ -47,6 +54,12 @@ class Drafting:
 
 def check_sizes(name: str, *, num_steps: int, topk: int, num_draft_tokens: int) -> None:
     """Raise before any allocation when the sizes do not fit algorithm ``name``."""
+    if name in NO_ENGINE_DRAFTER:
+        raise ValueError(
+            f"the reference engine cannot run `{name}` yet: relayc/specs/{name}.yaml needs "
+            f"{NO_ENGINE_DRAFTER[name]}, which the engine does not have; compile the spec for "
+            "SGLang (`relayc compile --target sglang`), or pick one of " + ", ".join(ALGORITHMS)
+        )
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm `{name}` (known: {', '.join(ALGORITHMS)})")
     if name == "standalone" and (topk != 1 or num_draft_tokens != num_steps + 1):

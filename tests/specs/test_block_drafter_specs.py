@@ -1,0 +1,26 @@
+"""The block-drafter specs (DFLASH, DSPARK, UNO from SGLang 0.5.23): what they relay, and
+that the reference engine refuses them by name until it has their drafters."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayc.engine.speculative import check_sizes
+from relayc.specs.loader import BUNDLED_DIR, load_spec
+
+BLOCK_DRAFTERS = ("dflash", "dspark", "uno")
+
+
+@pytest.mark.parametrize("algorithm", BLOCK_DRAFTERS)
+def test_block_drafters_relay_the_bonus_and_the_lengths_only(algorithm: str) -> None:
+    """SGLang 0.5.23's FutureMap relays nothing of these drafters but output_tokens_buf and
+    new_seq_lens_buf (need_topk() is False for them); the specs say the same."""
+    spec = load_spec(BUNDLED_DIR / f"{algorithm}.yaml")
+    assert list(spec.fields) == ["bonus_tokens", "new_seq_lens"]
+    assert spec.algorithm == algorithm
+
+
+@pytest.mark.parametrize("algorithm", BLOCK_DRAFTERS)
+def test_engine_refuses_a_spec_without_a_drafter(algorithm: str) -> None:
+    with pytest.raises(ValueError, match=rf"cannot run `{algorithm}` yet: relayc/specs/"):
+        check_sizes(algorithm, num_steps=3, topk=1, num_draft_tokens=4)
