@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayc.engine.speculative import check_sizes
+from relayc.engine.draft.speculative import check_sizes
 from relayc.specs.loader import BUNDLED_DIR, load_spec
 
 BLOCK_DRAFTERS = ("dflash", "dspark", "uno")
