@@ -9,7 +9,7 @@ are also this model's ``state_dict`` keys.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,23 @@ def reading_safetensors(path: Path) -> Iterator[None]:
         raise CheckpointError(f"not a readable safetensors file ({exc})", path) from None
     except OSError as exc:
         raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
+
+
+def tensor_table(files: Sequence[Path]) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """Every tensor's shape in the safetensors ``files``, read from their headers alone (no
+    tensor data), and where each is (``name` in `file``, for messages): what a loader checks
+    its config's sizes against before it builds anything sized by them. safetensors checks
+    each header against its file's size; a damaged file is a ``CheckpointError`` naming it."""
+    from safetensors import safe_open
+
+    table: dict[str, tuple[int, ...]] = {}
+    where: dict[str, str] = {}
+    for path in files:
+        with reading_safetensors(path), safe_open(str(path), framework="pt") as file:
+            for name in file.keys():
+                table[name] = tuple(file.get_slice(name).get_shape())
+                where[name] = f"{name}` in `{path.name}"
+    return table, where
 
 
 def expected_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
@@ -156,21 +173,15 @@ def load_checkpoint(
     if dtype is not None:
         config = config.replace(dtype=dtype)
     shards = _shard_files(directory)
-    # The shards' headers (safetensors checks them against the files' sizes) list every
-    # tensor's shape: the config's sizes are checked against them before the model is built.
-    table: dict[str, tuple[int, ...]] = {}
-    where: dict[str, str] = {}
     for path in shards:
         if not path.is_file():
             raise CheckpointError(f"shard {path.name} named in {INDEX_FILE} is missing")
-        with reading_safetensors(path), safe_open(str(path), framework="pt") as shard:
-            for name in shard.keys():
-                if name.endswith(_IGNORED_SUFFIXES):
-                    continue
-                if name == "lm_head.weight" and config.tie_word_embeddings:
-                    continue
-                table[name] = tuple(shard.get_slice(name).get_shape())
-                where[name] = f"{name}` in `{path.name}"
+    table, where = tensor_table(shards)
+    for name in list(table):
+        if name.endswith(_IGNORED_SUFFIXES) or (
+            name == "lm_head.weight" and config.tie_word_embeddings
+        ):
+            del table[name]
     try:
         check_tensor_table(config, table, "num_hidden_layers", where)
     except ValueError as exc:
