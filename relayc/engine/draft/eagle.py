@@ -32,7 +32,12 @@ from relayc.engine.core.attention import PagedAttend, dense_causal_attention
 from relayc.engine.core.config import ModelConfig
 from relayc.engine.core.kv_cache import KVCache
 from relayc.engine.core.layers import AttendFn, RotaryEmbedding
-from relayc.engine.draft.layers import DraftLayer, TargetParts, check_head_config
+from relayc.engine.draft.layers import (
+    DraftLayer,
+    TargetParts,
+    check_head_config,
+    draft_layer_shapes,
+)
 from relayc.engine.draft.native_draft import NativeDraft, NativeDraftHead
 from relayc.engine.draft.paged import (
     ScratchAttention,
@@ -52,6 +57,7 @@ from relayc.engine.draft.tree import (
     select_level,
 )
 from relayc.engine.draft.weights import (
+    check_draft_tensors,
     init_module_random,
     load_draft_weights,
     read_draft_config,
@@ -106,9 +112,15 @@ class EagleHead(nn.Module):
     def save(self, directory: str | Path) -> Path:
         return save_draft(self, self.config, self.DRAFT_TYPE, directory)
 
+    @staticmethod
+    def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """The head's state-dict names and shapes for ``config``, without building it."""
+        return {f"layers.0.{name}": shape for name, shape in draft_layer_shapes(config).items()}
+
     @classmethod
     def load(cls, directory: str | Path, target: LlamaForCausalLM) -> EagleHead:
         config, _ = read_draft_config(directory, cls.DRAFT_TYPE)
+        check_draft_tensors(directory, lambda: cls.tensor_shapes(config), kind="an EAGLE head")
         head = cls(config, target)
         load_draft_weights(head, directory)
         return head

@@ -56,7 +56,12 @@ from relayc.engine.decoder.head import (
 )
 from relayc.engine.decoder.packing import NATIVE_DTYPES
 from relayc.engine.draft.eagle import EagleHead
-from relayc.engine.draft.layers import Eagle3Layer, TargetParts, check_head_config
+from relayc.engine.draft.layers import (
+    Eagle3Layer,
+    TargetParts,
+    check_head_config,
+    eagle3_layer_shapes,
+)
 from relayc.engine.draft.native_draft import NativeDraft
 from relayc.engine.draft.paged import (
     gather_rows,
@@ -65,9 +70,10 @@ from relayc.engine.draft.paged import (
     padding_rows_zeroed,
     top_k_probs,
 )
-from relayc.engine.draft.weights import init_module_random
+from relayc.engine.draft.weights import check_draft_tensors, init_module_random
 from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import read_json_object
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 NUM_FEATURE_LAYERS = 3  # the eagle3 spec's `3*hidden` features (SGLang's default count)
@@ -227,9 +233,29 @@ class Eagle3Head(EagleHead):
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
         return directory
 
+    @staticmethod
+    def tensor_shapes(  # type: ignore[override]
+        config: ModelConfig, draft_vocab_size: int, num_features: int
+    ) -> dict[str, tuple[int, ...]]:
+        """The head's state-dict names and shapes (``num_features`` target layers read),
+        without building it."""
+        hidden = config.hidden_size
+        midlayer = {
+            f"midlayer.{name}": shape for name, shape in eagle3_layer_shapes(config).items()
+        }
+        return {
+            "d2t": (draft_vocab_size,),
+            "fc.weight": (hidden, num_features * hidden),
+            "lm_head.weight": (draft_vocab_size, hidden),
+            **midlayer,
+            "norm.weight": (hidden,),
+            "t2d": (config.vocab_size,),
+        }
+
     @classmethod
     def load(cls, directory: str | Path, target: LlamaForCausalLM) -> Eagle3Head:
-        """An EAGLE-3 head from ``directory`` (SGLang / SpecForge layout), for ``target``."""
+        """An EAGLE-3 head from ``directory`` (SGLang / SpecForge layout), for ``target``;
+        the config's sizes are checked against the safetensors headers before it is built."""
         directory = Path(directory)
         header = _read_config(directory)
         where = directory / "config.json"
@@ -237,13 +263,22 @@ class Eagle3Head(EagleHead):
             config = ModelConfig.from_hf_config(header).replace(dtype=target.config.dtype)
             eagle_config = header.get("eagle_config") or {}
             capture = capture_layers(target.config.num_layers, eagle_config.get(LAYER_IDS_KEY))
-            head = cls(
-                config,
-                target,
-                draft_vocab_size=int(header.get("draft_vocab_size") or config.vocab_size),
-                capture=capture,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+            draft_vocab_size = int(header.get("draft_vocab_size") or config.vocab_size)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise CheckpointError(f"{where}: {exc}") from exc
+        check_draft_tensors(
+            directory,
+            lambda: cls.tensor_shapes(config, draft_vocab_size, len(capture)),
+            kind="an EAGLE-3 head",
+            files=_weight_files(directory),
+            # d2t defaults to no offsets where the draft vocabulary is the target's; t2d
+            # follows from d2t; the embedding is the target's (SGLang's loader drops it).
+            optional={"t2d"} | ({"d2t"} if draft_vocab_size == config.vocab_size else set()),
+            ignored=("embed_tokens.weight",),
+        )
+        try:
+            head = cls(config, target, draft_vocab_size=draft_vocab_size, capture=capture)
+        except ValueError as exc:
             raise CheckpointError(f"{where}: {exc}") from exc
         _load_tensors(head, directory)
         return head
@@ -406,7 +441,7 @@ def _read_config(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     if not path.is_file():
         raise CheckpointError(f"EAGLE-3 head directory {directory} has no config.json")
-    header = json.loads(path.read_text())
+    header = read_json_object(path)
     architectures = header.get("architectures") or [ARCHITECTURE]
     if not any("Eagle3" in str(a) for a in architectures):
         raise CheckpointError(
@@ -432,9 +467,7 @@ def _read_config(directory: Path) -> dict[str, Any]:
     return header
 
 
-def _load_tensors(head: Eagle3Head, directory: Path) -> None:
-    from safetensors.torch import load_file
-
+def _weight_files(directory: Path) -> list[Path]:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         found = ", ".join(sorted(p.name for p in directory.iterdir())) or "nothing"
@@ -442,8 +475,14 @@ def _load_tensors(head: Eagle3Head, directory: Path) -> None:
             f"EAGLE-3 head directory {directory} has no *.safetensors file (found: {found}); "
             "convert a pytorch_model.bin with safetensors.torch.save_file"
         )
+    return files
+
+
+def _load_tensors(head: Eagle3Head, directory: Path) -> None:
+    from safetensors.torch import load_file
+
     tensors: dict[str, torch.Tensor] = {}
-    for path in files:
+    for path in _weight_files(directory):
         tensors.update(load_file(str(path)))
     tensors.pop("embed_tokens.weight", None)  # SGLang uses the target's embedding instead
     expected = head.state_dict()

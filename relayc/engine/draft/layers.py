@@ -25,6 +25,7 @@ from relayc.engine.core.layers import (
     RMSNorm,
     RotaryEmbedding,
 )
+from relayc.engine.core.limits import decoder_layer_shapes
 from relayc.engine.decoder.draft_layer import NativeDraftLayer
 from relayc.engine.model.llama import LlamaForCausalLM
 
@@ -48,6 +49,25 @@ def check_head_config(config: ModelConfig, target: LlamaForCausalLM) -> None:
                 f"the draft head's `{name}` ({getattr(config, name)}) must equal the target's "
                 f"({getattr(target.config, name)}): it shares the target's embedding and LM head"
             )
+
+
+def draft_layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The names and shapes of a :class:`DraftLayer`'s state dict, without building it (a
+    loader checks them against the checkpoint first)."""
+    hidden = config.hidden_size
+    layer = {f"layer.{name}": shape for name, shape in decoder_layer_shapes(config).items()}
+    return {"fc.weight": (hidden, 2 * hidden), **layer, "norm.weight": (hidden,)}
+
+
+def eagle3_layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The names and shapes of an :class:`Eagle3Layer`'s state dict, without building it."""
+    c = config
+    shapes = decoder_layer_shapes(config)
+    shapes["self_attn.q_proj.weight"] = (c.num_heads * c.head_dim, 2 * c.hidden_size)
+    shapes["self_attn.k_proj.weight"] = (c.num_kv_heads * c.head_dim, 2 * c.hidden_size)
+    shapes["self_attn.v_proj.weight"] = (c.num_kv_heads * c.head_dim, 2 * c.hidden_size)
+    shapes["hidden_norm.weight"] = (c.hidden_size,)
+    return shapes
 
 
 class DraftLayer(nn.Module):

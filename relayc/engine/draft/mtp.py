@@ -25,7 +25,12 @@ from relayc.engine.core.attention import PagedAttend, dense_causal_attention
 from relayc.engine.core.config import ModelConfig
 from relayc.engine.core.kv_cache import KVCache
 from relayc.engine.core.layers import AttendFn, RotaryEmbedding
-from relayc.engine.draft.layers import DraftLayer, TargetParts, check_head_config
+from relayc.engine.draft.layers import (
+    DraftLayer,
+    TargetParts,
+    check_head_config,
+    draft_layer_shapes,
+)
 from relayc.engine.draft.paged import (
     last_rows,
     padded_extend_batch,
@@ -34,6 +39,7 @@ from relayc.engine.draft.paged import (
 )
 from relayc.engine.draft.tree import mtp_select
 from relayc.engine.draft.weights import (
+    check_draft_tensors,
     init_module_random,
     load_draft_weights,
     read_draft_config,
@@ -81,10 +87,26 @@ class MtpDrafter(nn.Module):
             self, self.config, self.DRAFT_TYPE, directory, {"num_steps": self.num_steps}
         )
 
+    @staticmethod
+    def tensor_shapes(config: ModelConfig, num_steps: int) -> dict[str, tuple[int, ...]]:
+        """The drafter's state-dict names and shapes, without building it: ``num_steps``
+        entries of each, so check the count against the checkpoint first."""
+        layer = draft_layer_shapes(config)
+        return {
+            f"layers.{k}.{name}": shape for k in range(num_steps) for name, shape in layer.items()
+        }
+
     @classmethod
     def load(cls, directory: str | Path, target: LlamaForCausalLM) -> MtpDrafter:
         config, header = read_draft_config(directory, cls.DRAFT_TYPE, counts=("num_steps",))
-        drafter = cls(config, target, int(header["num_steps"]))
+        num_steps = int(header["num_steps"])
+        check_draft_tensors(
+            directory,
+            lambda: cls.tensor_shapes(config, num_steps),
+            kind=f"a {num_steps}-step MTP drafter",
+            count=("num_steps", num_steps),
+        )
+        drafter = cls(config, target, num_steps)
         load_draft_weights(drafter, directory)
         return drafter
 

@@ -11,7 +11,7 @@ are not stored.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,14 @@ import torch
 from torch import nn
 
 from relayc.engine.core.config import ConfigError, ModelConfig, positive_int
+from relayc.engine.core.limits import check_count, check_shapes
 from relayc.engine.errors import CheckpointError
 from relayc.engine.model.weights import (
     SINGLE_FILE,
     config_from_hf,
     read_json_object,
     reading_safetensors,
+    tensor_table,
 )
 
 DRAFT_TYPE_KEY = "draft_type"
@@ -91,6 +93,45 @@ def read_draft_config(
     except ConfigError as exc:
         raise CheckpointError(str(exc), path) from None
     return config, header
+
+
+def check_draft_tensors(
+    directory: str | Path,
+    shapes: Callable[[], Mapping[str, tuple[int, ...]]],
+    *,
+    kind: str,
+    count: tuple[str, int] | None = None,
+    files: Sequence[Path] | None = None,
+    optional: Collection[str] = (),
+    ignored: Collection[str] = (),
+) -> None:
+    """``CheckpointError`` naming the checkpoint and the key or tensor unless the
+    checkpoint's safetensors ``files`` (default: its ``model.safetensors``) hold exactly the
+    tensors ``shapes()`` lists, each of its shape -- read from the files' headers, before the
+    head is built from the config's sizes (``relayc.engine.core.limits``).
+
+    ``count`` is the key and value of the head's layer count (MTP's ``num_steps``), checked
+    against the ``layers.N.`` tensors the files hold before ``shapes()`` lists that many;
+    ``optional`` tensors may be absent, ``ignored`` ones are not the head's (EAGLE-3 files
+    may carry an embedding the target's replaces). ``kind`` names the head in messages.
+    """
+    directory = Path(directory)
+    if files is None:
+        path = directory / SINGLE_FILE
+        if not path.is_file():
+            raise CheckpointError(f"draft checkpoint {directory} has no {SINGLE_FILE}")
+        files = [path]
+    table, where = tensor_table(files)
+    for name in ignored:
+        table.pop(name, None)
+    try:
+        if count is not None:
+            check_count(count[1], count[0], table, "layers.")
+        check_shapes(
+            shapes(), table, model=kind, needs="the config", describe=where, optional=optional
+        )
+    except ValueError as exc:
+        raise CheckpointError(str(exc), directory) from None
 
 
 def load_draft_weights(module: nn.Module, directory: str | Path) -> nn.Module:

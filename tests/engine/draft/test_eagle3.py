@@ -214,7 +214,7 @@ def _edit(directory: Path, **changes: object) -> None:
         ({"norm_before_fc": True}, {}, r"does not implement `norm_before_fc: true`"),
         ({"eagle_config": {}}, {}, r"default \[2, L // 2, L - 3\].*gives \[2, 2, 1\]"),
         ({"draft_vocab_size": 30}, {}, r"`d2t` .* has shape \[24\], the config needs \[30\]"),
-        ({}, {"drop": "d2t"}, r"lacks `d2t`"),
+        ({}, {"drop": "d2t"}, r"lacks tensor `d2t`"),
         ({}, {"d2t": torch.full((DRAFT_VOCAB,), 100)}, r"maps draft id 0 to target id 100"),
         ({}, {"t2d": torch.ones(SMALL.vocab_size, dtype=torch.bool)}, r"`t2d` does not mark"),
     ],
