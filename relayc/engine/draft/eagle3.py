@@ -73,7 +73,7 @@ from relayc.engine.draft.paged import (
 from relayc.engine.draft.weights import check_draft_tensors, init_module_random
 from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
-from relayc.engine.model.weights import read_json_object
+from relayc.engine.model.weights import read_json_object, reading_safetensors
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 NUM_FEATURE_LAYERS = 3  # the eagle3 spec's `3*hidden` features (SGLang's default count)
@@ -483,7 +483,8 @@ def _load_tensors(head: Eagle3Head, directory: Path) -> None:
 
     tensors: dict[str, torch.Tensor] = {}
     for path in _weight_files(directory):
-        tensors.update(load_file(str(path)))
+        with reading_safetensors(path):
+            tensors.update(load_file(str(path)))
     tensors.pop("embed_tokens.weight", None)  # SGLang uses the target's embedding instead
     expected = head.state_dict()
     if "d2t" not in tensors and head.draft_vocab_size == head.config.vocab_size:
