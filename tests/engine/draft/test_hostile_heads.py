@@ -133,3 +133,12 @@ def test_a_tensor_the_head_does_not_have_is_named(
     save_file(tensors, str(directory / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"unexpected tensor `layers\.7\.fc\.weight` in"):
         MtpDrafter.load(directory, target)
+
+
+def test_an_eagle3_config_that_is_not_json_names_the_file(
+    saved: dict[str, Path], target: LlamaForCausalLM, tmp_path: Path
+) -> None:
+    directory = shutil.copytree(saved["eagle3"], tmp_path / "eagle3")
+    (directory / "config.json").write_text('{"hidden_size": 32,')
+    with pytest.raises(CheckpointError, match=r"config\.json: invalid JSON at line 1"):
+        Eagle3Head.load(directory, target)
