@@ -119,7 +119,7 @@ class EagleHead(nn.Module):
 
     @classmethod
     def load(cls, directory: str | Path, target: LlamaForCausalLM) -> EagleHead:
-        config, _ = read_draft_config(directory, cls.DRAFT_TYPE)
+        config, _ = read_draft_config(directory, cls.DRAFT_TYPE, target)
         check_draft_tensors(directory, lambda: cls.tensor_shapes(config), kind="an EAGLE head")
         head = cls(config, target)
         load_draft_weights(head, directory)

@@ -261,6 +261,7 @@ class Eagle3Head(EagleHead):
         where = directory / "config.json"
         try:
             config = ModelConfig.from_hf_config(header).replace(dtype=target.config.dtype)
+            check_head_config(config, target)
             eagle_config = header.get("eagle_config") or {}
             capture = capture_layers(target.config.num_layers, eagle_config.get(LAYER_IDS_KEY))
             draft_vocab_size = int(header.get("draft_vocab_size") or config.vocab_size)

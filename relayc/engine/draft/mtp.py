@@ -98,7 +98,7 @@ class MtpDrafter(nn.Module):
 
     @classmethod
     def load(cls, directory: str | Path, target: LlamaForCausalLM) -> MtpDrafter:
-        config, header = read_draft_config(directory, cls.DRAFT_TYPE, counts=("num_steps",))
+        config, header = read_draft_config(directory, cls.DRAFT_TYPE, target, counts=("num_steps",))
         num_steps = int(header["num_steps"])
         check_draft_tensors(
             directory,

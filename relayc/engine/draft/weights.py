@@ -18,9 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from relayc.engine.core.config import ConfigError, ModelConfig, positive_int
+from relayc.engine.core.config import ModelConfig, positive_int
 from relayc.engine.core.limits import check_count, check_shapes
+from relayc.engine.draft.layers import check_head_config
 from relayc.engine.errors import CheckpointError
+from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.engine.model.weights import (
     SINGLE_FILE,
     config_from_hf,
@@ -69,9 +71,13 @@ def save_draft(
 
 
 def read_draft_config(
-    directory: str | Path, draft_type: str, counts: Sequence[str] = ()
+    directory: str | Path,
+    draft_type: str,
+    target: LlamaForCausalLM,
+    counts: Sequence[str] = (),
 ) -> tuple[ModelConfig, dict[str, Any]]:
-    """The head's ``ModelConfig`` and the whole ``config.json`` dict; checks ``draft_type``
+    """The head's ``ModelConfig`` and the whole ``config.json`` dict; checks ``draft_type``,
+    that the head's widths are ``target``'s (it shares the target's embedding and LM head)
     and that each of the head's own ``counts`` (e.g. ``num_steps``) is a whole number > 0.
     Raises ``CheckpointError`` naming the file and the key."""
     directory = Path(directory)
@@ -88,9 +94,10 @@ def read_draft_config(
         )
     config = config_from_hf(header, path)
     try:
+        check_head_config(config, target)
         for key in counts:
             positive_int(header, key)
-    except ConfigError as exc:
+    except ValueError as exc:  # ConfigError among them
         raise CheckpointError(str(exc), path) from None
     return config, header
 
