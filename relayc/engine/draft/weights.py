@@ -5,7 +5,8 @@ plus ``model.safetensors`` (the standalone draft model *is* a target-style Llama
 and uses those functions directly). ``config.json`` holds the Hugging Face
 fields of the head's ``ModelConfig`` plus ``draft_type`` and the head's own
 settings (e.g. ``num_steps``); the embedding and LM head are the target's and
-are not stored.
+are not stored. A head's loader checks the sizes ``config.json`` gives against the
+safetensors headers (:func:`check_draft_tensors`) before it builds the head.
 """
 
 from __future__ import annotations
