@@ -206,7 +206,8 @@ def _write(output: Output, write: Callable[[Output], bool]) -> bool:
 
 
 def _compile_sglang(paths: list[Path], out_dir: Path, ops: Sequence[str], failed: bool) -> int:
-    """All specs into one module with SGLang's relay surface (DIR/overlap_utils.py)."""
+    """All specs into one drop-in with SGLang's relay surface (DIR/overlap_utils.py and the
+    relayc_relay_*.py modules it imports)."""
     from relayc.compiler.targets.sglang import compile_sglang
     from relayc.compiler.writer import write
 
@@ -216,11 +217,12 @@ def _compile_sglang(paths: list[Path], out_dir: Path, ops: Sequence[str], failed
         print("no algorithm specs among the files: nothing to compile", file=sys.stderr)
         return EXIT_OK
     try:
-        output = compile_sglang(paths, out_dir, ops=ops)
+        outputs = compile_sglang(paths, out_dir, ops=ops)
     except SpecErrors as exc:
         print(exc.render(), file=sys.stderr)
         return EXIT_SPEC_ERRORS
-    print(f"{'wrote' if _write(output, write) else 'unchanged'} {output.path}")
+    for output in outputs:
+        print(f"{'wrote' if _write(output, write) else 'unchanged'} {output.path}")
     return EXIT_OK
 
 
@@ -288,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="generate one Python module per algorithm spec",
         description="Validate and analyse each spec, then write "
         "<DIR>/<algorithm>.py (only when its bytes change); with --target sglang, one "
-        "<DIR>/overlap_utils.py with SGLang 0.5.23's relay surface for all of them.",
+        "<DIR>/overlap_utils.py with SGLang 0.5.23's relay surface for all of them (and the "
+        "relayc_relay_*.py modules it imports).",
     )
     p.add_argument("specs", nargs="*", metavar="SPEC", help="algorithm spec YAML files")
     p.add_argument(

@@ -497,7 +497,12 @@ def test_compile_bundled_honours_output(
     out = tmp_path / "vendored"
     assert main(["compile", "--bundled", "-o", str(out), "--target", target]) == EXIT_OK
     expected = (
-        {"overlap_utils.py"}
+        {
+            "overlap_utils.py",
+            "relayc_relay_base.py",
+            "relayc_relay_kernels.py",
+            "relayc_relay_state.py",
+        }
         if target == "sglang"
         else {f"{p.stem}.py" for p in bundled_spec_paths()}  # one per algorithm
     )

@@ -389,7 +389,7 @@ class Twin:
     def check_allocation(self) -> None:
         """Same buffers allocated (lazily), same dtypes and row shapes, same event."""
         exempt = ALLOCATION_DIFFERENCES.get(self.gen.ALGORITHM, set())
-        for name in self.gen_module.SGLANG_BUFFERS:
+        for name in self.gen.BUFFERS:
             if name in exempt:
                 continue
             ref, gen = getattr(self.ref, name, None), getattr(self.gen, name)

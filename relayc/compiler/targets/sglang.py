@@ -1,11 +1,16 @@
-"""The SGLang target: one module with SGLang 0.5.23's relay surface, from several specs.
+"""The SGLang target: a drop-in with SGLang 0.5.23's relay surface, from several specs.
 
 `relayc compile --target sglang SPEC... -o DIR` writes `DIR/overlap_utils.py`, a
 drop-in for the relay half of `sglang/srt/managers/overlap_utils.py`: `RelayPayload`
 (with `from_draft_input` / `from_ngram`), `FutureMap(device, spec_algo,
-req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)` and
-`resolve_forward_inputs(batch, future_map)`. `FutureMap(...)` returns the class
-generated for the relayc algorithm that SGLang's `spec_algo` maps to.
+req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)`,
+`resolve_forward_inputs(batch, future_map)` and `install()`. `FutureMap(...)` returns
+the class generated for the relayc algorithm that SGLang's `spec_algo` maps to. Beside
+it go the modules it imports, prefixed `relayc_relay_` so that they cannot collide with
+SGLang's own when copied next to its overlap_utils.py: `relayc_relay_base.py` (the
+FutureMap behaviour), `relayc_relay_state.py` (the relay's records, the buffers a
+captured graph owns, the confidence relay) and `relayc_relay_kernels.py` (the fused
+Triton copy kernel over the specs' fields and its host side).
 
 What is generated from the specs: the relay fields, each once (specs importing one
 common.yaml field share it), one class per algorithm holding only what differs between
@@ -16,8 +21,8 @@ which SGLang would read back but the spec does not relay, which rows SGLang hold
 payload fields, draft-input attributes), which of a payload's fields SGLang reads back per
 algorithm, and that n-gram draft inputs hold their rows flat. The behaviour (stash,
 resolve, publish, the host mirror, events, debug checks) is written once in
-`sglang_base.py`, driven by those class attributes, and pasted in verbatim, so
-the generated module imports nothing from relayc.
+`sglang_base.py`, driven by those class attributes, and `sglang_state.py`; each is
+pasted verbatim into its own module, so the drop-in imports nothing from relayc.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from relayc.compiler.codegen import GENERATED_MARK, pylit, string_literal
 from relayc.compiler.output import Output, comment_text, format_source
-from relayc.compiler.targets import sglang_base
+from relayc.compiler.targets import sglang_base, sglang_state
 from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
 from relayc.graph.passes import FieldLayout, RelayLayout, analyse
 from relayc.runtime import fused
@@ -38,19 +44,15 @@ from relayc.specs.loader import Spec, load_spec
 
 MODULE_NAME = "overlap_utils.py"
 SGLANG_VERSION = "0.5.23"
+# The drop-in's other modules. The fixed ones are their templates pasted whole; the
+# kernels module depends on the specs (the union of their fields).
+KERNELS_MODULE = "relayc_relay_kernels"
+TEMPLATES: dict[str, ModuleType] = {
+    "relayc_relay_base": sglang_base,
+    "relayc_relay_state": sglang_state,
+}
 
-# SGLang's RelayPayload fields, in its order.
-SGLANG_PAYLOAD = (
-    "bonus_tokens",
-    "topk_p",
-    "topk_index",
-    "hidden_states",
-    "draft_probs",
-    "dsa_topk_indices",
-    "accept_tokens",
-    "accept_lens",
-)
-SGLANG_BUFFER_NAMES = sglang_base.SGLANG_BUFFER_NAMES  # `<field>_buf` for the rest
+SGLANG_PAYLOAD = sglang_state.SGLANG_PAYLOAD  # SGLang's RelayPayload fields, in its order
 # The relayc algorithms SGLang's algorithms map to, and, per algorithm, the payload
 # fields SGLang 0.5.23 reads back into the next iteration: a spec that does not relay
 # one of these would silently lose it, so its stash refuses the field. Other fields a
@@ -129,9 +131,9 @@ class SGLangAlgorithm:
 
 def compile_sglang(
     spec_paths: Sequence[str | Path], out_dir: str | Path, *, ops: Sequence[str] = ()
-) -> Output:
-    """Generate the SGLang module of ``spec_paths`` (``ops``: more user-op modules); raises
-    SpecErrors (all of them)."""
+) -> list[Output]:
+    """Generate the SGLang drop-in of ``spec_paths`` (``ops``: more user-op modules): its
+    files, `overlap_utils.py` first; raises SpecErrors (all of them)."""
     algorithms = []
     errors: list[SpecError] = []
     for path in spec_paths:
@@ -145,8 +147,14 @@ def compile_sglang(
     if errors:
         raise SpecErrors(errors)
     shown_dir = Path(out_dir).as_posix()
-    text = format_source(generate_sglang_module(algorithms, shown_dir), MODULE_NAME)
-    return Output(Path(out_dir) / MODULE_NAME, text)
+    sources = {
+        MODULE_NAME: generate_sglang_module(algorithms, shown_dir),
+        f"{KERNELS_MODULE}.py": generate_kernels_module(algorithms, shown_dir),
+        **{f"{name}.py": pasted_module(template) for name, template in TEMPLATES.items()},
+    }
+    return [
+        Output(Path(out_dir) / name, format_source(text, name)) for name, text in sources.items()
+    ]
 
 
 def _where(algorithm: SGLangAlgorithm, field: str | None = None) -> SourceLoc:
@@ -256,10 +264,6 @@ def _shape(f: FieldLayout) -> str:
     return ", ".join(str(d) for d in f.shape)
 
 
-def _buffer(name: str) -> str:
-    return SGLANG_BUFFER_NAMES.get(name, f"{name}_buf")
-
-
 def _class_name(algorithm: str) -> str:
     return "".join(part.capitalize() for part in algorithm.split("_")) + "FutureMap"
 
@@ -297,21 +301,95 @@ def header(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
 
 
 def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
+    """`overlap_utils.py`: SGLang's names, the payload, the relay fields and a class per
+    algorithm; the behaviour it imports from the fixed sibling modules."""
     union = _union(algorithms)
     lines: list[str] = [header(algorithms, out_dir)]
     w = lines.append
     names = ", ".join(f"`{a.name}`" for a in algorithms)
     w(f'"""Relay state for SGLang {SGLANG_VERSION}, generated by relayc for {names}.\n')
     w("A drop-in for the relay of `sglang/srt/managers/overlap_utils.py`: `RelayPayload`,")
-    w("`FutureMap` and `resolve_forward_inputs` with SGLang's signatures (see relayc's")
-    w("docs/sglang.md for pointing SGLang at it). Needs only torch (and Triton on CUDA);")
-    w("importing it never touches CUDA.")
+    w("`FutureMap`, `resolve_forward_inputs` and the rest of SGLang's names, with its")
+    w("signatures (see relayc's docs/sglang.md for pointing SGLang at it). The behaviour lives")
+    w("in the `relayc_relay_*.py` modules beside this one, which go wherever it goes. Needs")
+    w("only torch (and Triton on CUDA); importing it never touches CUDA.")
     w('"""\n')
     w("from __future__ import annotations\n")
-    w("import os")
+    w("from dataclasses import dataclass")
+    flat = any(a.name in FLAT_ROW_ALGORITHMS for a in algorithms)
+    w(f"from typing import {'Any, ClassVar' if flat else 'Any'}\n")
+    w("import torch\n")
+    base = ["FutureMap", "offer_future_relay_buffers", "relay_algorithm"]
+    base += ["resolve_forward_inputs", "install_relay"]
+    state = ["FutureRelayBuffers", "RelayDebugError", "RelayError", "RelayField"]
+    w(_sibling_imports({"relayc_relay_base": base, "relayc_relay_state": state}))
+    classes = [_class_name(a.name) for a in algorithms]
+    public = [*base[:-1], *state, "RelayPayload", "install", *classes]
+    w("__all__ = [")
+    for name in sorted(public):
+        w(f"    {_q(name)},")
+    w("]\n\n")
+    _payload(w, algorithms, union)
+    w("\n")
+    field_names = _field_table(w, algorithms)
+    for algo in algorithms:
+        w("\n")
+        _algorithm_class(w, algo, field_names)
+    w("\n")
+    w("def install() -> None:")
+    w('    """Point SGLang at this drop-in: its FutureMap, RelayPayload, resolve_forward_inputs,')
+    w("    FutureRelayBuffers and offer_future_relay_buffers replace SGLang's in")
+    w("    `sglang.srt.managers.overlap_utils` and in every SGLang module that already imported")
+    w("    them. Run it in each SGLang process before the scheduler starts (docs/sglang.md: a")
+    w('    sitecustomize does that for spawned processes too)."""')
+    w("    install_relay(RelayPayload)")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _sibling_imports(imports: dict[str, list[str]]) -> str:
+    """`from <sibling> import <names>` for each sibling module of the drop-in: relative in a
+    package, absolute when its files were copied onto sys.path as top-level modules."""
+    lines = [
+        "# The drop-in's modules import each other relatively inside a package",
+        "# (relayc.sglang_generated, or copied into sglang/srt/managers/), and absolutely",
+        "# when copied onto sys.path as top-level modules.",
+        "if __package__:",
+    ]
+    # isort's order: whole modules first, then `from` imports by module name
+    ordered = sorted(imports.items(), key=lambda item: (bool(item[1]), item[0]))
+    for prefix in (".", ""):
+        if not prefix:
+            lines.append("else:")
+        for module, names in ordered:
+            if not names:  # the module itself, under the name it has in the templates
+                alias = module.removeprefix("relayc_")
+                lines.append(
+                    f"    from . import {module} as {alias}"
+                    if prefix
+                    else f"    import {module} as {alias}"
+                )
+            else:
+                lines.append(f"    from {prefix}{module} import {', '.join(_isort(names))}")
+    return "\n".join(lines) + "\n\n"
+
+
+def _isort(names: Sequence[str]) -> list[str]:
+    """`names` in isort's order within one import: constants, classes, then the rest."""
+    return sorted(names, key=lambda n: (0 if n.isupper() else 1 if n[0].isupper() else 2, n))
+
+
+def generate_kernels_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
+    """`relayc_relay_kernels.py`: the fused copy kernel over the union of the specs' fields
+    and its host side (relayc.runtime.fused)."""
+    lines: list[str] = [header(algorithms, out_dir)]
+    w = lines.append
+    w('"""The fused relay copy kernel of the SGLang drop-in (overlap_utils.py beside it).\n')
+    w("One Triton launch per stash and one per resolve, over every relay field of the specs.")
+    w("Optional: without Triton `_HAVE_TRITON` is False and the FutureMap indexes with torch.")
+    w('"""\n')
+    w("from __future__ import annotations\n")
     w("from collections.abc import Sequence")
-    w("from dataclasses import dataclass, field")
-    w("from typing import Any, ClassVar\n")
+    w("from typing import Any\n")
     w("import torch\n")
     w("try:")
     w("    import triton")
@@ -320,26 +398,8 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     w("    _HAVE_TRITON = False")
     w("else:")
     w("    _HAVE_TRITON = True\n")
-    buffers = [RelayBuffer(f.name, f.dtype) for f in union]
     w(_pasted_fused_copy())
-    w(emit_triton_relay(buffers))
-    w(_pasted_base())
-    w("")
-    w(
-        "# Every buffer attribute SGLang's FutureMap has; those an algorithm does not relay are None."
-    )
-    w("SGLANG_BUFFERS: tuple[str, ...] = (")
-    for name in dict.fromkeys(
-        [*(_buffer(n) for n in SGLANG_PAYLOAD), *(_buffer(f.name) for f in union)]
-    ):
-        w(f"    {_q(name)},")
-    w(")\n\n")
-    _payload(w, algorithms, union)
-    w("\n")
-    field_names = _field_table(w, algorithms)
-    for algo in algorithms:
-        w("\n")
-        _algorithm_class(w, algo, field_names)
+    w(emit_triton_relay([RelayBuffer(f.name, f.dtype) for f in _union(algorithms)]))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -354,10 +414,47 @@ def _pasted_fused_copy() -> str:
     return "# The fused kernels' host side (copied from relayc/runtime/fused.py).\n" + body + "\n\n"
 
 
-def _pasted_base() -> str:
-    text = Path(sglang_base.__file__).read_text(encoding="utf-8")
-    marker = "\n" + sglang_base.PASTE_MARKER + "\n"
-    return "\n" + text[text.index(marker) + len(marker) :].strip("\n") + "\n"
+def pasted_module(template: ModuleType) -> str:
+    """A fixed module of the drop-in: ``template`` below its PASTE_MARKER, with the imports
+    above it; those of another template (or the `relay_kernels` stand-in) become imports of
+    the sibling module it is pasted into."""
+    text = Path(str(template.__file__)).read_text(encoding="utf-8")
+    marker = "\n" + template.PASTE_MARKER + "\n"
+    head, body = text.split(marker, 1)
+    tree = ast.parse(head)
+    siblings = {t.__name__: name for name, t in TEMPLATES.items()}
+    head_lines = head.splitlines()
+    plain: list[int] = []  # line numbers of the other imports, blank lines between kept
+    imports: dict[str, list[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module in siblings:
+            imports[siblings[node.module]] = [a.name for a in node.names]
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            plain += range(node.lineno, (node.end_lineno or node.lineno) + 1)
+        elif isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "relay_kernels":
+            imports[KERNELS_MODULE] = []
+    kept = [
+        line
+        for number, line in enumerate(head_lines[plain[0] - 1 : plain[-1]], start=plain[0])
+        if number in plain or not line.strip()
+    ]
+    source = f"relayc/compiler/targets/{Path(str(template.__file__)).name}"
+    docstring = ast.get_docstring(tree) or ""
+    lines = [
+        f"# {GENERATED_MARK} by relayc (target sglang, SGLang {SGLANG_VERSION}) from {source}.",
+        "# Do not edit: it is part of the drop-in whose overlap_utils.py says how to regenerate",
+        "# it, and goes wherever that goes.",
+        "",
+        f'"""{docstring.splitlines()[0]}\n',
+        "Part of the SGLang drop-in whose public module is overlap_utils.py beside this one.",
+        '"""',
+        "",
+        *kept,
+        "",
+        _sibling_imports(imports) if imports else "",
+        body.strip("\n"),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout]) -> None:

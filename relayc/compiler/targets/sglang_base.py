@@ -1,12 +1,14 @@
-"""The spec-independent half of the SGLang target's generated module.
+"""The spec-independent base of the SGLang target's drop-in: the FutureMap behaviour.
 
 `relayc compile --target sglang` pastes everything below the PASTE_MARKER line into
-the module it writes, after the imports and the fused Triton relay kernels, and
-before the per-algorithm classes generated from the specs. The generated module
-therefore needs nothing from relayc at run time: it can be copied next to an SGLang
-install. This file is a real module only so that ruff and the type checker read it;
-nothing imports it except the generator (and `triton_stash` / `triton_resolve` /
-`RelayPayload` are defined by the generated code around it).
+`relayc_relay_base.py` beside the `overlap_utils.py` it writes (which holds the
+per-algorithm classes generated from the specs and re-exports SGLang's names from here).
+The drop-in therefore needs nothing from relayc at run time: its files can be copied next
+to an SGLang install. This file is a real module only so that ruff and the type checker
+read it; nothing imports it except the generator. Its imports above the marker become
+the generated base's imports of its siblings: `relay_kernels` (the generated fused Triton
+kernels over the specs' fields, `relayc_relay_kernels.py`) and the relay's records
+(`sglang_state.py`, pasted into `relayc_relay_state.py`).
 
 The contract with SGLang 0.5.23 (`sglang/srt/managers/overlap_utils.py`), in one place:
 
@@ -33,21 +35,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
-RelayPayload: Any = None  # defined by the generated module
-_HAVE_TRITON = False  # defined by the generated module
+from relayc.compiler.targets.sglang_state import (
+    SGLANG_PAYLOAD,
+    ConfidenceRelay,
+    FutureRelayBuffers,
+    RelayDebugError,
+    RelayError,
+    RelayField,
+    ResolvedConfidence,
+    buffer_name,
+)
 
-
-def triton_stash(indices: torch.Tensor, bufs: Sequence[Any], srcs: Sequence[Any]) -> None: ...
-def triton_resolve(indices: torch.Tensor, bufs: Sequence[Any], outs: Sequence[Any]) -> None: ...
-
-
-_RELAY_FIELDS: tuple[tuple[str, torch.dtype | None], ...] = ()
-SGLANG_BUFFERS: tuple[str, ...] = ()  # SGLang's FutureMap buffer attributes
+# The generated relayc_relay_kernels module: `_HAVE_TRITON`, and where it is True,
+# `_RELAY_FIELDS`, `triton_stash` and `triton_resolve` over the specs' fields.
+relay_kernels: Any = None
 
 PASTE_MARKER = "# ---- pasted into the generated module from here on ----"
 # ---- pasted into the generated module from here on ----
@@ -71,141 +76,9 @@ _DEBUG_ASSERT = _env_flag("SGLANG_IS_IN_CI")
 _IS_HIP = torch.version.hip is not None
 
 
-class RelayError(ValueError):
-    """A bad call into the relay: a payload that does not fit the spec's fields."""
-
-
-class RelayDebugError(AssertionError):
-    """A debug-mode (`SGLANG_IS_IN_CI`) check failed: a row was read without a fresh write."""
-
-
-# SGLang's FutureMap attribute of a relay field whose buffer is not `<field>_buf`.
-SGLANG_BUFFER_NAMES = {"bonus_tokens": "output_tokens_buf"}
-
-
-@dataclass(frozen=True)
-class RelayField:
-    """One relay field of one algorithm, as the spec declares it."""
-
-    name: str  # spec field name, also the RelayPayload / draft-input attribute
-    dtype: torch.dtype | None  # None: the model dtype, learned from the first payload
-    shape: str  # row shape in dims, for messages
-    lazy: bool  # allocated by the first stash carrying it, rows shaped like its rows
-    init: str | bool | int | float  # `empty`, `zeros` or a fill value
-    poison: bool | int | float | None  # debug-mode start value; None: NaN or the int minimum
-    consume_once: bool  # debug mode: rows must be rewritten between reads
-    origin: str  # spec file:line
-    buffer: str = field(init=False)  # SGLang's FutureMap attribute holding it
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "buffer", SGLANG_BUFFER_NAMES.get(self.name, f"{self.name}_buf"))
-        if self.poison is None:
-            if self.dtype is None or self.dtype.is_floating_point:
-                object.__setattr__(self, "poison", float("nan"))
-            else:
-                object.__setattr__(self, "poison", torch.iinfo(self.dtype).min)
-
-
-# Uncovered SGLang features: each raises NotImplementedError naming it.
 # SGLang's draft-input flags gating the read of a relayed field: 0.5.23 gathers DSA top-k
 # seeds only for a draft input whose seeds are available (a staged one may have none).
 _GATED_READS = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
-
-
-# The host relay of per-request confidence (DSPARK's ragged verify planner reads it): the
-# device rows are copied to a ring of pinned host copies on CUDA, and a read takes the copy
-# published LAG iterations ago, with the pool's request generations of that moment so a
-# reused slot is told apart from the request that wrote it.
-CONFIDENCE_RELAY_RING_LAG = 2
-CONFIDENCE_RELAY_RING_DEPTH = CONFIDENCE_RELAY_RING_LAG + 1
-
-
-@dataclass
-class ResolvedConfidence:
-    """Host confidence rows of a batch and the request generations they belong to."""
-
-    confidence: torch.Tensor
-    generation: torch.Tensor
-
-
-class ConfidenceRelay:
-    """Confidence published with the lengths, read on the host LAG iterations later (CUDA:
-    a pinned ring copied on the private D2H stream behind `publish_ready`, each slot with an
-    event), or directly where there is no such stream."""
-
-    def __init__(self, device: torch.device, req_pool_size: int, pool: Any) -> None:
-        self.device = device
-        self.req_pool_size = req_pool_size
-        self.pool = pool  # its `req_generation` [req_pool_size] tells reused slots apart
-        self.confidence_buf: torch.Tensor | None = None  # [pool, gamma] float32, first use
-        self.conf_ring: torch.Tensor | None = None  # [depth, pool, gamma] pinned (CUDA)
-        self.gen_ring: torch.Tensor | None = None  # [depth, pool] int64 (CUDA)
-        self.copy_done: list[Any] = []
-        self.ring_pos = 0  # ring copies issued so far
-
-    def scatter(self, indices: torch.Tensor, confidence: torch.Tensor) -> None:
-        if self.confidence_buf is None:
-            gamma = confidence.shape[-1]
-            shape = (self.req_pool_size, gamma)
-            self.confidence_buf = torch.empty(shape, dtype=torch.float32, device=self.device)
-            if self.device.type == "cuda":
-                depth = CONFIDENCE_RELAY_RING_DEPTH
-                self.conf_ring = torch.empty((depth, *shape), dtype=torch.float32, pin_memory=True)
-                self.gen_ring = torch.zeros((depth, self.req_pool_size), dtype=torch.int64)
-                self.copy_done = [torch.cuda.Event() for _ in range(depth)]
-        self.confidence_buf[indices] = confidence.to(torch.float32)
-
-    def issue_ring_copy(self, stream: Any, publish_ready: Any) -> None:
-        """Copy the device rows into the next ring slot once the publish has happened."""
-        if self.conf_ring is None or self.gen_ring is None or stream is None:
-            return
-        if publish_ready is None:
-            return
-        slot = self.ring_pos % CONFIDENCE_RELAY_RING_DEPTH
-        stream.wait_event(publish_ready)
-        with torch.get_device_module(self.device).stream(stream):
-            self.conf_ring[slot].copy_(self.confidence_buf, non_blocking=True)
-            self.copy_done[slot].record()
-        self.gen_ring[slot].copy_(self.pool.req_generation)
-        self.ring_pos += 1
-
-    def resolve(self, batch: Any, stream: Any, publish_ready: Any) -> ResolvedConfidence | None:
-        """The batch's confidence LAG publishes ago (None: not there yet), or read directly
-        without a copy stream."""
-        if self.confidence_buf is None or batch.spec_info is None:
-            return None
-        future_indices = batch.spec_info.future_indices
-        if future_indices is None or future_indices.shape[0] == 0:
-            return None
-        rows = batch.req_pool_indices_cpu
-        if stream is None or publish_ready is None or self.conf_ring is None:
-            return ResolvedConfidence(
-                confidence=self.confidence_buf[batch.req_pool_indices].cpu(),
-                generation=self.pool.req_generation[rows].clone(),
-            )
-        if self.ring_pos < CONFIDENCE_RELAY_RING_LAG or self.gen_ring is None:
-            return None
-        slot = (self.ring_pos - CONFIDENCE_RELAY_RING_LAG) % CONFIDENCE_RELAY_RING_DEPTH
-        if not self.copy_done[slot].query():
-            return None  # never wait: the planner falls back without confidence
-        return ResolvedConfidence(
-            confidence=self.conf_ring[slot][rows], generation=self.gen_ring[slot][rows]
-        )
-
-
-class FutureRelayBuffers:
-    """SGLang's relay buffers owned outside the FutureMap: a static verify graph captured
-    before the FutureMap exists scatters the new lengths and bonus tokens into them, and
-    the FutureMap built after `offer_future_relay_buffers` adopts them. A publish / stash of
-    the very tensors the graph already scattered (`published_*`) skips its own write."""
-
-    def __init__(self, *, req_pool_size: int, device: Any) -> None:
-        self.new_seq_lens = torch.empty((req_pool_size,), dtype=torch.int64, device=device)
-        self.output_tokens = torch.empty((req_pool_size,), dtype=torch.int64, device=device)
-        self.adopted = False
-        # Strong references, so an id is never recycled while the skip may still match it.
-        self.published_seq_lens: torch.Tensor | None = None
-        self.published_bonus: torch.Tensor | None = None
 
 
 # Relay field -> (FutureRelayBuffers attribute of its adopted buffer, attribute of the
@@ -293,9 +166,15 @@ class FutureMap:
         buffers = {f.name: f.buffer for f in cls.FIELDS}
         cls._stash_plan = tuple((name, buffers[name]) for name in cls.STASHED)
         cls._extras_plan = tuple(buffers[name] for name in cls.SPEC_EXTRAS)
+        FutureMap.BUFFERS.update(dict.fromkeys(buffers.values()))
 
     _stash_plan: ClassVar[tuple[tuple[str, str], ...]] = ()
     _extras_plan: ClassVar[tuple[str, ...]] = ()
+    # Every buffer attribute SGLang's FutureMap has, and those of every field the generated
+    # algorithms relay; those an algorithm does not relay are None on its maps.
+    BUFFERS: ClassVar[dict[str, None]] = dict.fromkeys(
+        buffer_name(name) for name in (*SGLANG_PAYLOAD, "new_seq_lens")
+    )
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FutureMap:
         if cls is FutureMap:
@@ -332,12 +211,12 @@ class FutureMap:
         self._fields = {f.name: f for f in self.FIELDS}
         # Row element count per shape expression: fields with one shape agree on it.
         self._row_numel: dict[str, int] = {}
-        for name in SGLANG_BUFFERS:
+        for name in FutureMap.BUFFERS:
             setattr(self, name, None)
         for f in self.FIELDS:
             if not f.lazy:
                 setattr(self, f.buffer, self._allocate(f, ()))
-        self._fused = _HAVE_TRITON and self.device.type == "cuda"
+        self._fused = relay_kernels._HAVE_TRITON and self.device.type == "cuda"
         # Pinned host mirror of new_seq_lens and the private D2H stream: CUDA only, like
         # SGLang (elsewhere there is no write-after-read barrier to hide).
         if self._host_mirrored and self.device.type == "cuda" and not _IS_HIP:
@@ -445,7 +324,8 @@ class FutureMap:
         """`buffer[indices] = value` for every non-None value, in one launch where fused."""
         if self._fused:
             bufs, srcs = self._kernel_operands(values)
-            triton_stash(indices.contiguous(), bufs, srcs)  # the kernel reads indices[i]
+            # the kernel reads indices[i]
+            relay_kernels.triton_stash(indices.contiguous(), bufs, srcs)
             return
         if indices.dtype != torch.int64:
             indices = indices.long()
@@ -467,7 +347,7 @@ class FutureMap:
                 for name, buf in zip(names, bufs, strict=True)
             }
             kernel_bufs, kernel_outs = self._kernel_operands(outs)
-            triton_resolve(indices.contiguous(), kernel_bufs, kernel_outs)
+            relay_kernels.triton_resolve(indices.contiguous(), kernel_bufs, kernel_outs)
             return list(outs.values())
         if indices.dtype != torch.int64:
             indices = indices.long()
@@ -481,7 +361,7 @@ class FutureMap:
         """Buffers and row tensors in the kernels' field order (None: not in this call)."""
         bufs: list[torch.Tensor | None] = []
         outs: list[torch.Tensor | None] = []
-        for name, _ in _RELAY_FIELDS:
+        for name, _ in relay_kernels._RELAY_FIELDS:
             value = rows.get(name)
             f = self._fields.get(name)
             bufs.append(None if value is None or f is None else getattr(self, f.buffer))
@@ -769,18 +649,20 @@ def resolve_forward_inputs(batch: Any, future_map: FutureMap) -> None:
         future_map._resolve_spec_extras(batch)
 
 
-def install() -> None:
-    """Point SGLang at this module: its FutureMap, RelayPayload, resolve_forward_inputs,
-    FutureRelayBuffers and offer_future_relay_buffers replace SGLang's in `sglang.srt.managers.overlap_utils` and in every SGLang module that
-    already imported them. Run it in each SGLang process before the scheduler starts
-    (docs/sglang.md: a sitecustomize does that for spawned processes too)."""
+def install_relay(payload: type) -> None:
+    """Point SGLang at this relay (`install()` of the overlap_utils.py beside this module,
+    with its `RelayPayload`): FutureMap, RelayPayload, resolve_forward_inputs,
+    FutureRelayBuffers and offer_future_relay_buffers replace SGLang's in
+    `sglang.srt.managers.overlap_utils` and in every SGLang module that already imported
+    them. Run it in each SGLang process before the scheduler starts (docs/sglang.md: a
+    sitecustomize does that for spawned processes too)."""
     import sys
 
     from sglang.srt.managers import overlap_utils as original
 
     ours = {
         "FutureMap": FutureMap,
-        "RelayPayload": RelayPayload,
+        "RelayPayload": payload,
         "resolve_forward_inputs": resolve_forward_inputs,
         "FutureRelayBuffers": FutureRelayBuffers,
         "offer_future_relay_buffers": offer_future_relay_buffers,
