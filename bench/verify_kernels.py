@@ -1,7 +1,7 @@
 """Time the verify kernels at serving sizes; prints one table with ratios.
 
-    python bench/kernels.py                 # CPU: vectorised torch path vs the loop reference
-    python bench/kernels.py --device cuda   # GPU: Triton kernels vs the torch path on the GPU
+    python bench/verify_kernels.py                 # CPU: vectorised torch path vs the loop reference
+    python bench/verify_kernels.py --device cuda   # GPU: Triton kernels vs the torch path on the GPU
                                             # (and sgl_kernel's CUDA kernels if installed)
 
 Both columns of a row run in the same process on the same inputs, one after the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-# `python bench/kernels.py` puts bench/ on the path, not the repo root: import this
+# `python bench/verify_kernels.py` puts bench/ on the path, not the repo root: import this
 # checkout's relayc (not another install) and the tests' tree generator.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
