@@ -285,6 +285,20 @@ for op in (
         doc="one draft forward over a block (the bonus token, then masks): the whole chain",
     ),
     Op(
+        "dflash_verify",
+        {k: _TREE[k] for k in ("candidates", "tree_mask", "positions")} | _LENS | _SLOTS,
+        {
+            "logits": T("float32", (N, "vocab")),
+            "hidden_states": T(
+                "model",
+                (N, "hidden"),
+                doc="the draft context: fc + hidden_norm of the tapped layers",
+            ),
+        },
+        doc="target_verify, returning each node's draft context (the drafter's projection "
+        "of the target layers it reads) instead of the last hidden state",
+    ),
+    Op(
         "dflash_inject_kv",
         {
             "hidden_states": T("model", (N, "hidden")),
@@ -294,7 +308,7 @@ for op in (
             **_SLOTS,
         },
         {"draft_seq_lens": T("int64", ())},
-        doc="write the accepted positions' target features into the draft KV cache",
+        doc="write the accepted positions' draft context (dflash_verify's) into the draft KV cache",
     ),
     Op(
         "dspark_draft",

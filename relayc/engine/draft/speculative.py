@@ -22,14 +22,14 @@ from relayc.engine.draft import (
     NgramProposer,
     StandaloneDrafter,
 )
+from relayc.engine.draft.dflash import DFlashDrafter
 from relayc.engine.draft.standalone import default_standalone_config
 from relayc.engine.model.llama import LlamaForCausalLM
 
-ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone")
+ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone", "dflash")
 # Bundled specs the reference engine has no drafter for yet (SGLang-target specs), with
 # what running them here would take.
 NO_ENGINE_DRAFTER = {
-    "dflash": "a DFlash block drafter (one draft forward over a block of masks)",
     "dspark": "a DSpark drafter (the DFlash drafter plus a Markov head)",
     "uno": "an UNO LoRA self-drafter",
 }
@@ -45,6 +45,8 @@ class Drafting:
     max_tokens_per_step: int  # most tokens one decode step emits per request (K <= W)
     # standalone: one private draft slot per request slot, after the target-sized ones
     bonus_slots: int = 0
+    num_steps: int | None = None  # the dims the step runs with (dflash: from the block)
+    num_draft_tokens: int | None = None
 
     @property
     def tracks_history(self) -> bool:
@@ -98,6 +100,8 @@ def make_drafting(
     seed: int,
 ) -> Drafting:
     """The drafter of ``name`` (seeded random weights, or loaded from ``draft_model``)."""
+    if name == "dflash":
+        return _block_drafting(model, draft_model, num_steps, num_draft_tokens, seed)
     check_sizes(name, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
     if name == "none":
         return Drafting(drafter=None, decode_width=1, max_tokens_per_step=1)
@@ -117,6 +121,39 @@ def make_drafting(
         decode_width=num_draft_tokens + scratch,
         max_tokens_per_step=num_draft_tokens,
         bonus_slots=req_pool_size + 1 if name == "standalone" else 0,
+        num_steps=num_steps,
+        num_draft_tokens=num_draft_tokens,
+    )
+
+
+def _block_drafting(
+    model: LlamaForCausalLM,
+    draft_model: str | Path | None,
+    num_steps: int | None,
+    num_draft_tokens: int | None,
+    seed: int,
+) -> Drafting:
+    """DFlash: the drafter (shipped, loaded or seeded random), and a verify window of its
+    block unless ``num_draft_tokens`` names another width."""
+    if draft_model is None:
+        draft_model = named_drafter(model, "dflash")
+    if draft_model is None:
+        refuse_untrained_drafter(model, "dflash")
+        drafter = DFlashDrafter.random(model, seed + 1)
+    else:
+        drafter = DFlashDrafter.load(draft_model, model)
+    width = drafter.block_size if num_draft_tokens is None else num_draft_tokens
+    if num_steps is not None and num_steps != width - 1:
+        raise ValueError(
+            f"`dflash` drafts num_draft_tokens - 1 = {width - 1} tokens a block (the drafter's "
+            f"block_size is {drafter.block_size}); got num_steps={num_steps}"
+        )
+    return Drafting(
+        drafter=drafter,
+        decode_width=width,
+        max_tokens_per_step=width,
+        num_steps=width - 1,
+        num_draft_tokens=width,
     )
 
 

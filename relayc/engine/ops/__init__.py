@@ -9,6 +9,7 @@ context.py   StepContext: what every implementation receives as ``ctx``
 target.py    the target-only ops: prefill, one-token decode, sample (``none``)
 verify.py    build the tree, verify it with one target forward, accept, commit KV
 draft.py     the drafters' ops (EAGLE, MTP, n-gram, standalone) and the prefills
+block_draft.py  DFlash's ops: one block forward drafts the chain; the context it reads
 registry.py  ``@implements(op_name)``
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relayc.engine.ops import draft, target, verify  # noqa: F401  (they register their ops)
+from relayc.engine.ops import block_draft, draft, target, verify  # noqa: F401  (they register their ops)
 from relayc.engine.ops.registry import IMPLS
 
 

@@ -160,9 +160,9 @@ class GeneratedAlgorithm(DecodeAlgorithm):
         req_pool_size: int,
         *,
         debug: bool = False,
-        num_steps: int = 3,
+        num_steps: int | None = 3,
         topk: int = 1,
-        num_draft_tokens: int = 4,
+        num_draft_tokens: int | None = 4,
         draft_model: str | Path | None = None,
         seed: int = 0,
         module: ModuleType | None = None,
@@ -192,6 +192,11 @@ class GeneratedAlgorithm(DecodeAlgorithm):
             seed=seed,
         )
         self.drafter = self.drafting.drafter
+        # dflash: the block the drafter was built for, where the caller left it open
+        if self.drafting.num_draft_tokens is not None:
+            num_steps, num_draft_tokens = self.drafting.num_steps, self.drafting.num_draft_tokens
+        if num_steps is None or num_draft_tokens is None:
+            raise ValueError(f"`{name}` needs `num_steps` and `num_draft_tokens`")
         self.decode_width = self.drafting.decode_width
         self.max_tokens_per_step = self.drafting.max_tokens_per_step
         decode_outputs = {f.name for f in dataclasses.fields(module.DecodeOutputs)}
@@ -474,6 +479,17 @@ def check_generated(
             f"got {draft_confidence!r} for `{name}`"
         )
     return merged
+
+
+def default_dims(name: str, num_steps: int | None, num_draft_tokens: int | None) -> tuple[Any, Any]:
+    """``(num_steps, num_draft_tokens)`` with the defaults filled in: 3 and 4, except for
+    ``dflash``, whose drafter's ``block_size`` decides what is left None when it loads."""
+    if name == "dflash":
+        return num_steps, num_draft_tokens
+    return (
+        3 if num_steps is None else num_steps,
+        4 if num_draft_tokens is None else num_draft_tokens,
+    )
 
 
 def check_algorithm(name: str) -> None:

@@ -38,7 +38,12 @@ from relayc.engine.model.llama import (
     use_cpu_matmul_layout,
 )
 from relayc.engine.native.blocks import BLOCK
-from relayc.engine.serving.algorithms import DecodeAlgorithm, check_algorithm, make_algorithm
+from relayc.engine.serving.algorithms import (
+    DecodeAlgorithm,
+    check_algorithm,
+    default_dims,
+    make_algorithm,
+)
 from relayc.engine.serving.engine_args import check_decode_dims, check_engine_args
 from relayc.engine.serving.graphs import DecodeGraphs
 from relayc.engine.serving.overlap import make_runner
@@ -123,9 +128,11 @@ class Engine:
     (``seed + index in the call``). ``debug=True`` poisons the relay buffers and
     checks every KV free (slower; for tests).
 
-    ``algorithm``: ``"none"`` or a speculative algorithm (``"eagle"``,
-    ``"eagle_multilayer"``, ``"ngram"``, ``"standalone"``), which ``num_steps``,
-    ``topk``, ``num_draft_tokens`` and ``draft_model`` configure; or a
+    ``algorithm``: ``"none"`` or a speculative algorithm (``"eagle"``, ``"eagle3"``,
+    ``"eagle_multilayer"``, ``"ngram"``, ``"standalone"``, ``"dflash"``), which ``num_steps``
+    (default 3), ``topk``, ``num_draft_tokens`` (default 4) and ``draft_model`` configure
+    (``dflash``: ``num_draft_tokens`` defaults to the drafter's ``block_size``, and
+    ``num_steps`` is one less); or a
     ``DecodeAlgorithm`` built on ``model`` with relay rows for ``req_pool_size``
     slots (custom algorithms, tests). ``block_verification=True``: sampled requests of a
     chain-drafting algorithm (``"standalone"``) are verified by block verification (Sun
@@ -181,9 +188,9 @@ class Engine:
         self,
         model: str | PathLike[str] | LlamaForCausalLM | None = None,
         algorithm: str | DecodeAlgorithm = "none",
-        num_steps: int = 3,
+        num_steps: int | None = None,
         topk: int = 1,
-        num_draft_tokens: int = 4,
+        num_draft_tokens: int | None = None,
         draft_model: Any = None,
         overlap: bool = True,
         seed: int = 0,
@@ -208,6 +215,7 @@ class Engine:
     ) -> None:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
+            num_steps, num_draft_tokens = default_dims(algorithm, num_steps, num_draft_tokens)
             check_decode_dims(algorithm, num_steps, topk, num_draft_tokens)
         args = check_engine_args(
             algorithm,

@@ -195,6 +195,9 @@ def check_decode_dims(
     """
     if algorithm == "none":
         return  # no drafts: the dims are unused
+    if algorithm == "dflash":
+        _check_block_dims(num_steps, topk, num_draft_tokens)
+        return
     steps = positive_int("num_steps", num_steps)
     k = positive_int("topk", topk)
     n = positive_int("num_draft_tokens", num_draft_tokens)
@@ -219,3 +222,20 @@ def check_decode_dims(
         )
     if vocab_size is not None and algorithm in most and k > vocab_size:
         raise ValueError(f"`topk` must not exceed the vocabulary size {vocab_size}; got {k}")
+
+
+def _check_block_dims(num_steps: object, topk: object, num_draft_tokens: object) -> None:
+    """DFlash drafts one chain of ``num_draft_tokens - 1`` tokens (None: the drafter's
+    ``block_size`` decides, once it is loaded)."""
+    if positive_int("topk", topk) != 1:
+        raise ValueError(f"`dflash` drafts a chain: it needs topk=1; got topk={topk}")
+    n = None if num_draft_tokens is None else positive_int("num_draft_tokens", num_draft_tokens)
+    if n is not None and n < 2:
+        raise ValueError(f"`num_draft_tokens` must be >= 2 for `dflash` (bonus + drafts); got {n}")
+    if num_steps is not None:
+        steps = positive_int("num_steps", num_steps)
+        if n is not None and steps != n - 1:
+            raise ValueError(
+                "`dflash` drafts num_draft_tokens - 1 tokens in one block forward: leave "
+                f"`num_steps` out or set it to {n - 1}; got num_steps={steps}"
+            )

@@ -1,0 +1,417 @@
+"""The DFlash block drafter: a whole block of drafts from one non-causal forward.
+
+DFlash (block diffusion for speculative decoding, arXiv 2602.06036; SGLang 0.5.23's
+``models/dflash.py`` and ``speculative/dflash_*``, vLLM's ``"dflash"``) has no embedding or
+LM head of its own: it borrows the target's. Per draft:
+
+- the target's hidden states after each of ``target_layer_ids`` (HF-style: the output of
+  layer ``i``, the input of ``i + 1``, what the target's ``capture`` returns), concatenated,
+  go through ``fc`` (``K * hidden -> hidden``) and ``hidden_norm``: the *context* of a
+  committed token;
+- every draft layer takes the context's K/V (``k_norm(k_proj(context))`` with RoPE at the
+  token's position, ``v_proj(context)``; no per-layer norm of the context) into its KV
+  cache, once per committed token (:meth:`DFlashDrafter.write_context`);
+- a draft is one forward over ``[bonus, mask, ..., mask]`` (``num_draft_tokens`` tokens at
+  the positions after the committed ones) through Qwen3-style decoder layers (pre-norm,
+  ``q_norm``/``k_norm`` per head) whose queries see the whole context and the whole block,
+  not causally; ``norm`` then the target's LM head give the drafts at block positions
+  ``1..``; the target verifies them as a chain (:meth:`DFlashDrafter.draft`).
+
+The draft KV cache is addressed through the target's ``req_to_token`` like the other
+drafters' (same slot ids, other buffers). A block's own K/V go to the step's verify slots
+(the window): the context of the accepted tokens overwrites them after verify.
+
+Checkpoints use the public DFlash layout (z-lab's ``DFlashDraftModel``, what SGLang loads):
+``config.json`` (a Qwen3-style config with ``block_size`` and ``dflash_config:
+{target_layer_ids, mask_token_id}``) and safetensors holding ``fc.weight``,
+``hidden_norm.weight``, ``layers.N.*`` (``self_attn.{q,k,v,o}_proj``,
+``self_attn.{q,k}_norm``, ``mlp.{gate,up,down}_proj``, the two layer norms) and
+``norm.weight``. Options of SGLang's variants this drafter does not implement (grouped
+convolutions, a candidate selector, Domino projectors, sliding windows, attention sinks, a
+causal draft) are each a clear error (:mod:`relayc.engine.draft.dflash_config`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.kv_cache import KVCache
+from relayc.engine.core.layers import (
+    AttendFn,
+    Linear,
+    LlamaMLP,
+    RMSNorm,
+    RopeTables,
+    RotaryEmbedding,
+)
+from relayc.engine.draft.dflash_config import (
+    ARCHITECTURE,
+    DFlashSettings,
+    default_target_layer_ids,
+    read_dflash_config,
+)
+from relayc.engine.draft.layers import TargetParts, check_head_config
+from relayc.engine.draft.paged import ScratchAttention
+from relayc.engine.draft.weights import check_draft_tensors, init_module_random
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.engine.model.weights import reading_safetensors
+
+
+class DFlashAttention(nn.Module):
+    """Qwen3-style attention: per-head RMS norms on q and k before RoPE."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c, dt = config, config.dtype
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = Linear(c.hidden_size, c.num_heads * c.head_dim, dt)
+        self.k_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, dt)
+        self.v_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, dt)
+        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, dt)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dt)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dt)
+
+    def key_value(self, x: torch.Tensor, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k, v)`` ``[T, kv_heads, head_dim]`` of ``x [T, hidden]`` (the context's, or a
+        block's), k normed and rotated."""
+        tokens = x.shape[0]
+        k = self.k_norm(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim))
+        return rope.apply(k), self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+
+    def forward(
+        self, x: torch.Tensor, rope: RopeTables, layer: int, attend: AttendFn
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = rope.apply(self.q_norm(self.q_proj(x).view(tokens, self.num_heads, self.head_dim)))
+        k, v = self.key_value(x, rope)
+        return self.o_proj(attend(layer, q, k, v).reshape(tokens, -1))
+
+
+class DFlashLayer(nn.Module):
+    """A pre-norm decoder layer (``input_layernorm``, attention, ``post_attention_layernorm``,
+    SwiGLU MLP) with :class:`DFlashAttention`."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = DFlashAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, config.dtype
+        )
+
+    def forward(
+        self, x: torch.Tensor, rope: RopeTables, layer: int, attend: AttendFn
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, layer, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def dflash_tensor_shapes(config: ModelConfig, num_features: int) -> dict[str, tuple[int, ...]]:
+    """The drafter's state-dict names and shapes, without building it."""
+    c = config
+    hidden, heads, kv, head, inter = (
+        c.hidden_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+    )
+    layer = {
+        "self_attn.q_proj.weight": (heads * head, hidden),
+        "self_attn.k_proj.weight": (kv * head, hidden),
+        "self_attn.v_proj.weight": (kv * head, hidden),
+        "self_attn.o_proj.weight": (hidden, heads * head),
+        "self_attn.q_norm.weight": (head,),
+        "self_attn.k_norm.weight": (head,),
+        "mlp.gate_proj.weight": (inter, hidden),
+        "mlp.up_proj.weight": (inter, hidden),
+        "mlp.down_proj.weight": (hidden, inter),
+        "input_layernorm.weight": (hidden,),
+        "post_attention_layernorm.weight": (hidden,),
+    }
+    shapes = {"fc.weight": (hidden, num_features * hidden), "hidden_norm.weight": (hidden,)}
+    for i in range(c.num_layers):
+        shapes.update({f"layers.{i}.{name}": shape for name, shape in layer.items()})
+    shapes["norm.weight"] = (hidden,)
+    return shapes
+
+
+class DFlashDrafter(nn.Module):
+    """A DFlash draft model over ``target``'s embedding and LM head.
+
+    ``config`` describes the draft layers (``hidden_size`` and ``vocab_size`` are the
+    target's); ``settings`` the block size, the target layers read and the mask token.
+    Weights start uninitialised: use :meth:`random` or :meth:`load`.
+    """
+
+    DRAFT_TYPE = "dflash"
+
+    def __init__(
+        self, config: ModelConfig, target: LlamaForCausalLM, settings: DFlashSettings
+    ) -> None:
+        super().__init__()
+        check_head_config(config, target)
+        settings.check_target(target.config.num_layers, target.config.vocab_size)
+        self.config = config
+        self.settings = settings
+        self.target = TargetParts.of(target)
+        # The target layers whose *inputs* hold the features (the outputs of the ids).
+        self.capture = tuple(i + 1 for i in settings.target_layer_ids)
+        hidden, dtype = config.hidden_size, config.dtype
+        self.fc = Linear(len(self.capture) * hidden, hidden, dtype)
+        self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
+        self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
+        self.to(target.device)
+
+    @property
+    def draft_layers(self) -> list[DFlashLayer]:
+        return cast("list[DFlashLayer]", list(self.layers))
+
+    @property
+    def block_size(self) -> int:
+        return self.settings.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.settings.mask_token_id
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @classmethod
+    def random(
+        cls,
+        target: LlamaForCausalLM,
+        seed: int,
+        *,
+        num_layers: int = 1,
+        block_size: int = 4,
+        mask_token_id: int = 0,
+        target_layer_ids: tuple[int, ...] | None = None,
+    ) -> DFlashDrafter:
+        """A seeded random drafter with the target's layer shape (tests; untrained)."""
+        layers = target.config.num_layers
+        # SGLang's spread repeats layers of a small target: each once
+        ids = target_layer_ids or sorted(set(default_target_layer_ids(layers, num_layers)))
+        settings = DFlashSettings(block_size, tuple(ids), mask_token_id)
+        drafter = cls(target.config.replace(num_layers=num_layers), target, settings)
+        init_module_random(drafter, seed)
+        return drafter
+
+    def save(self, directory: str | Path) -> Path:
+        """``config.json`` + ``model.safetensors`` in the public DFlash layout."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        header = {
+            **self.config.to_hf_config(),
+            "architectures": [ARCHITECTURE],
+            "block_size": self.block_size,
+            "num_target_layers": self.settings.num_target_layers,
+            "dflash_config": {
+                "target_layer_ids": list(self.settings.target_layer_ids),
+                "mask_token_id": self.mask_token_id,
+            },
+            "tie_word_embeddings": False,
+        }
+        (directory / "config.json").write_text(json.dumps(header, indent=2, sort_keys=True) + "\n")
+        tensors = {
+            name: tensor.detach().to("cpu").contiguous()
+            for name, tensor in sorted(self.state_dict().items())
+        }
+        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, target: LlamaForCausalLM) -> DFlashDrafter:
+        """A DFlash drafter from ``directory`` for ``target``; the config's sizes are checked
+        against the safetensors headers before it is built."""
+        directory = Path(directory)
+        config, settings = read_dflash_config(directory, target)
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"DFlash drafter directory {directory} has no *.safetensors file")
+        num_features = len(settings.target_layer_ids)
+        check_draft_tensors(
+            directory,
+            lambda: dflash_tensor_shapes(config, num_features),
+            kind="a DFlash drafter",
+            files=files,
+            ignored=("embed_tokens.weight", "lm_head.weight"),
+        )
+        drafter = cls(config, target, settings)
+        _load_tensors(drafter, files)
+        return drafter
+
+    def make_kv_cache(self, size: int) -> KVCache:
+        return KVCache.for_model(self.config, size, self.device)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
+        positions = positions.clamp(max=self.config.max_position - 1)
+        return self.rotary.tables(positions, dtype)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """The context ``[T, hidden]`` of target features ``[T, K * hidden]``."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    @torch.no_grad()
+    def write_context(
+        self,
+        context: torch.Tensor,  # [T, hidden]
+        positions: torch.Tensor,  # [T]
+        slots: torch.Tensor,  # [T] draft KV slots (0: padding)
+        kv_cache: KVCache,
+    ) -> None:
+        """Every draft layer's K/V of the committed tokens' ``context`` into ``kv_cache``."""
+        rope = self.rope(positions, context.dtype)
+        for i, layer in enumerate(self.draft_layers):
+            k, v = layer.self_attn.key_value(context, rope)
+            kv_cache.write(i, slots.long(), k, v)
+
+    def block_hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn
+    ) -> torch.Tensor:
+        """The draft layers and ``norm`` over flat block tokens (their K/V through
+        ``attend``): ``[T, hidden]``, for the target's LM head."""
+        x = self.target.embed_tokens(input_ids)
+        rope = self.rope(positions, x.dtype)
+        for i, layer in enumerate(self.draft_layers):
+            x = layer(x, rope, i, attend)
+        return self.norm(x)
+
+    def block_ids(self, bonus: torch.Tensor, width: int) -> torch.Tensor:
+        """``[B, width]``: each bonus token then ``width - 1`` mask tokens."""
+        masks = torch.full(
+            (bonus.shape[0], width - 1), self.mask_token_id, dtype=torch.int64, device=bonus.device
+        )
+        return torch.cat([bonus.to(torch.int64)[:, None], masks], dim=1)
+
+    @torch.no_grad()
+    def draft_logits(
+        self,
+        bonus: torch.Tensor,  # [B] the relayed bonus tokens, at positions seq_lens
+        seq_lens: torch.Tensor,  # [B] committed tokens (the context in the cache)
+        req_pool_indices: torch.Tensor,
+        req_to_token: torch.Tensor,
+        kv_cache: KVCache,
+        window: torch.Tensor,  # [B, N] KV slots of the block (the verify window)
+        max_prefix_len: int,
+    ) -> torch.Tensor:
+        """Logits ``[B, N - 1, vocab]`` float32 of block positions ``1..N-1``: one forward
+        whose queries see each request's context and its whole block."""
+        batch, width = window.shape
+        attention = ScratchAttention(
+            kv_cache,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            max_prefix_len,
+            window,
+            queries=width,
+        )
+        visible = torch.ones(batch, width, width, dtype=torch.bool, device=window.device)
+        positions = seq_lens[:, None] + torch.arange(width, device=window.device)[None, :]
+        hidden = self.block_hidden(
+            self.block_ids(bonus, width).reshape(-1),
+            positions.reshape(-1),
+            attention.step(visible, window),
+        )
+        rows = hidden.view(batch, width, -1)[:, 1:]
+        return F.linear(rows, self.target.lm_head.weight).float()
+
+    def dense_block_hidden(
+        self,
+        features: torch.Tensor,  # [S, K * hidden] one sequence's target features
+        input_ids: torch.Tensor,  # [S]
+        anchors: torch.Tensor,  # [A] block starts: the bonus token's position
+        width: int,
+    ) -> torch.Tensor:
+        """Training's forward (autograd on): ``[A, width, hidden]`` normed hidden states of
+        the blocks starting at ``anchors``, each seeing the context of positions before its
+        anchor and its whole block, no cache."""
+        seq = input_ids.shape[0]
+        context = self.project(features)
+        ctx_rope = self.rope(torch.arange(seq, device=input_ids.device), context.dtype)
+        blocks = self.block_ids(input_ids[anchors], width)  # [A, W]
+        positions = anchors[:, None] + torch.arange(width, device=anchors.device)[None, :]
+        cols = torch.arange(seq, device=anchors.device)
+        see = torch.cat(
+            [
+                (cols[None, :] < anchors[:, None])[:, None, :].expand(-1, width, -1),
+                torch.ones(anchors.shape[0], width, width, dtype=torch.bool, device=anchors.device),
+            ],
+            dim=2,
+        )  # [A, W, S + W]
+        mask = torch.zeros(see.shape, dtype=context.dtype, device=see.device)
+        mask = mask.masked_fill(~see, float("-inf"))[:, None]
+        num_blocks = anchors.shape[0]
+        x = self.target.embed_tokens(blocks.reshape(-1))
+        rope = self.rope(positions.reshape(-1), x.dtype)
+        for layer in self.draft_layers:
+            attn = layer.self_attn
+            ctx_k, ctx_v = attn.key_value(context, ctx_rope)  # [S, Hkv, D]
+
+            def attend(
+                _: int,
+                q: torch.Tensor,
+                k: torch.Tensor,
+                v: torch.Tensor,
+                ctx_k: torch.Tensor = ctx_k,
+                ctx_v: torch.Tensor = ctx_v,
+            ) -> torch.Tensor:
+                heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+                block_k = k.view(num_blocks, width, kv_heads, dim)
+                block_v = v.view(num_blocks, width, kv_heads, dim)
+                keys = torch.cat([ctx_k.expand(num_blocks, -1, -1, -1), block_k], dim=1)
+                values = torch.cat([ctx_v.expand(num_blocks, -1, -1, -1), block_v], dim=1)
+                out = F.scaled_dot_product_attention(
+                    q.view(num_blocks, width, heads, dim).transpose(1, 2),
+                    keys.transpose(1, 2),
+                    values.transpose(1, 2),
+                    attn_mask=mask,
+                    enable_gqa=True,
+                )
+                return out.transpose(1, 2).reshape(-1, heads, dim)
+
+            x = layer(x, rope, 0, attend)
+        return self.norm(x).view(num_blocks, width, -1)
+
+
+def _load_tensors(drafter: DFlashDrafter, files: list[Path]) -> None:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        with reading_safetensors(path):
+            tensors.update(load_file(str(path)))
+    for name in ("embed_tokens.weight", "lm_head.weight"):  # the target's are used
+        tensors.pop(name, None)
+    expected = drafter.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        parts = [f"lacks {', '.join(f'`{n}`' for n in missing)}"] if missing else []
+        parts += [f"has unexpected {', '.join(f'`{n}`' for n in unexpected)}"] if unexpected else []
+        raise CheckpointError(f"DFlash drafter {files[0].parent} " + " and ".join(parts))
+    with torch.no_grad():
+        for name, param in expected.items():
+            tensor = tensors[name]
+            if tensor.shape != param.shape:
+                raise CheckpointError(
+                    f"tensor `{name}` in {files[0].parent} has shape {list(tensor.shape)}, the "
+                    f"config needs {list(param.shape)}"
+                )
+            param.copy_(tensor.to(param.dtype))
