@@ -210,8 +210,9 @@ class DFlashDrafter(nn.Module):
         init_module_random(drafter, seed)
         return drafter
 
-    def save(self, directory: str | Path) -> Path:
-        """``config.json`` + ``model.safetensors`` in the public DFlash layout."""
+    def save(self, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """``config.json`` + ``model.safetensors`` in the public DFlash layout (tensors in
+        ``dtype``, default their own; the loader casts them to the target's)."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
@@ -229,7 +230,7 @@ class DFlashDrafter(nn.Module):
         }
         (directory / "config.json").write_text(json.dumps(header, indent=2, sort_keys=True) + "\n")
         tensors = {
-            name: tensor.detach().to("cpu").contiguous()
+            name: tensor.detach().to("cpu", dtype or tensor.dtype).contiguous()
             for name, tensor in sorted(self.state_dict().items())
         }
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})

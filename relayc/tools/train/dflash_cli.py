@@ -1,0 +1,271 @@
+"""``python -m relayc.tools.train dflash --target toy|smollm2 --out DIR --work DIR``: train a
+DFlash drafter (``relayc.tools.train.dflash``), store it in the public DFlash layout
+(float16 tensors), reload it, measure its acceptance with the real ``Engine`` beside
+``none`` and write its model card.
+
+Corpora (each example a prompt and the target's own greedy answer):
+
+- ``smollm2``: the self-distilled chat corpus (``relayc.tools.train.chat_corpus``,
+  ``--data DIR``), every 50th example held out;
+- ``toy``: the shipped byte-level target's answers to windows of its standard-library
+  corpus (``relayc.tools.train.corpus``), generated here once into ``--work``.
+
+Seeded and resumable: ``--work`` keeps the features, the toy examples and the training
+checkpoint; the same command continues an interrupted run (raise ``--minutes`` to train
+on). ``--smoke`` trains a tiny random target's drafter for a few steps (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relayc.engine.draft.dflash import DFlashDrafter
+from relayc.engine.draft.weights import init_module_random
+from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.specs.errors import OneLineParser
+from relayc.tools.args import MAX_SEED, float_in, int_in
+from relayc.tools.train.dflash import DFlashRecipe, agreement, train_dflash
+from relayc.tools.train.eagle3_chat import CHAT_PROMPTS, compute_features, read_corpus
+from relayc.tools.train.eagle3_measure import MeasureRun, measure_runs
+
+HOLDOUT_EVERY = 50
+TOY_MASK = 258  # the byte-level vocabulary's PAD: never in text
+SMOLLM2_MASK = "<empty_output>"  # a special token chat never uses
+TOY_PROMPT_BYTES, TOY_ANSWER_TOKENS = 96, 160
+
+
+def _toy_examples(
+    target: LlamaForCausalLM, count: int, seed: int, work: Path
+) -> list[dict[str, Any]]:
+    """``count`` windows of the standard-library corpus (training part) answered greedily by
+    the target; cached in ``work``."""
+    from relayc.engine import Engine, SamplingParams
+    from relayc.tools.train.corpus import assemble_corpus, sample_batch
+
+    path = work / f"toy-examples-{count}-{seed}.json"
+    if path.is_file():
+        return list(json.loads(path.read_text()))
+    corpus = assemble_corpus(8 << 20)
+    gen = torch.Generator().manual_seed(seed)
+    windows = sample_batch(corpus.train, corpus.train_line_starts, count, TOY_PROMPT_BYTES, gen)
+    prompts = windows.tolist()
+    params = SamplingParams(max_new_tokens=TOY_ANSWER_TOKENS, ignore_eos=True)
+    with Engine(target, overlap=False, max_batch_size=64) as engine:
+        outs = engine.generate(prompts, params)
+    examples = [
+        {"index": i, "prompt_ids": p, "answer_ids": o.token_ids}
+        for i, (p, o) in enumerate(zip(prompts, outs, strict=True))
+    ]
+    work.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(examples))
+    return examples
+
+
+def _target(
+    args: argparse.Namespace, work: Path
+) -> tuple[LlamaForCausalLM, list[dict[str, Any]], dict[str, Any], int]:
+    """The target, its examples, their provenance and the mask token id."""
+    if args.smoke:
+        from relayc.engine.core.config import ModelConfig
+        from relayc.engine.model.weights import random_model
+
+        config = ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=6,
+                             num_heads=2, num_kv_heads=1, head_dim=16, max_position=512)  # fmt: skip
+        target = random_model(config, seed=args.seed)
+        gen = torch.Generator().manual_seed(args.seed)
+        examples = [
+            {
+                "index": i,
+                "prompt_ids": torch.randint(300, (12,), generator=gen).tolist(),
+                "answer_ids": torch.randint(40, (24,), generator=gen).tolist(),
+            }
+            for i in range(2 * HOLDOUT_EVERY)
+        ]
+        return target, examples, {"corpus": "smoke (random ids)"}, 299
+    if args.target == "toy":
+        from relayc.engine.checkpoints.shipped import shipped_target
+        from relayc.engine.model.weights import load_checkpoint
+
+        source = shipped_target()
+        if source is None:
+            raise SystemExit("the shipped demo target is missing (relayc/assets/demo/target)")
+        target = load_checkpoint(source)
+        examples = _toy_examples(target, args.examples, args.seed, work)
+        info = {
+            "corpus": f"{len(examples)} windows of {TOY_PROMPT_BYTES - 1} bytes (after <bos>) "
+            "from the standard-library corpus's training files (relayc.tools.train.corpus, "
+            f"seed {args.seed}), each answered by the target: {TOY_ANSWER_TOKENS} greedy bytes",
+            "python": platform.python_version(),
+        }
+        return target, examples, info, TOY_MASK
+    from relayc.engine.checkpoints.loader import load_model
+
+    loaded = load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32)
+    if args.data is None:
+        raise SystemExit("--data DIR (a chat corpus, relayc.tools.train.chat_corpus) is needed")
+    examples, info = read_corpus(Path(args.data), args.max_examples)
+    tokenizer = loaded.tokenizer
+    mask = tokenizer.encode(SMOLLM2_MASK) if tokenizer is not None else []
+    if len(mask) != 1:
+        raise SystemExit(f"SmolLM2's tokenizer has no single token {SMOLLM2_MASK!r}")
+    return loaded.model, examples, info, mask[0]
+
+
+def _measure(args: argparse.Namespace, out: Path, target: LlamaForCausalLM) -> dict[str, Any]:
+    """Greedy acceptance on the held-out prompts: ``none``, then the stored drafter."""
+    from relayc.engine import Engine, SamplingParams
+
+    params = SamplingParams(max_new_tokens=args.new_tokens)
+    runs: list[MeasureRun] = [("none", "none", {}), ("dflash", "dflash", {"draft_model": str(out)})]
+    if args.target == "smollm2":
+        prompts: list[Any] = [
+            [{"role": "user", "content": p["content"]}]
+            for p in json.loads(CHAT_PROMPTS.read_text())["prompts"]
+        ]
+        where = "relayc/assets/chat/heldout_chat_prompts.json"
+
+        def generate(engine: Any) -> list[Any]:
+            return list(engine.chat(prompts, params))
+
+        def make(**kw: Any) -> Any:
+            return Engine(model="smollm2", dtype="float32", overlap=False, seed=0, **kw)
+
+    else:
+        from relayc.engine.checkpoints.shipped import heldout_prompts
+
+        prompts = heldout_prompts()
+        where = "relayc/assets/demo/heldout_prompts.json"
+
+        def generate(engine: Any) -> list[Any]:
+            return list(engine.generate(prompts, params))
+
+        def make(**kw: Any) -> Any:
+            return Engine(target, overlap=False, seed=0, **kw)
+
+    width = DFlashDrafter.load(out, target).block_size
+    return {
+        "prompts": where,
+        "count": len(prompts),
+        "new_tokens": args.new_tokens,
+        "runs": measure_runs(
+            runs,
+            generate,
+            lambda **kw: make(**{k: v for k, v in kw.items() if k != "num_steps"}),
+            width - 1,
+        ),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    work, out = Path(args.work), Path(args.out)
+    started = time.time()
+    target, examples, corpus_info, mask_id = _target(args, work)
+    target.requires_grad_(False)
+    target.eval()
+    layers = target.config.num_layers
+    ids = tuple(args.target_layer_ids) if args.target_layer_ids else None
+    drafter = DFlashDrafter.random(
+        target,
+        args.seed,
+        num_layers=args.layers,
+        block_size=args.block_size,
+        mask_token_id=mask_id,
+        target_layer_ids=ids,
+    )
+    init_module_random(drafter, args.seed, std=0.02)
+    drafter.settings = dataclasses.replace(drafter.settings, num_target_layers=layers)
+    rows = compute_features(target, examples, drafter.capture, work / "features")
+    train = [r for i, r in enumerate(rows) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
+    heldout = [r for i, r in enumerate(rows) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
+    recipe = DFlashRecipe(
+        lr=args.lr,
+        minutes=args.minutes,
+        max_steps=args.steps,
+        examples_per_step=args.examples_per_step,
+        anchors_per_example=args.anchors,
+    )
+
+    def evaluate(step: int) -> dict[str, Any]:
+        result = agreement(drafter, heldout, drafter.block_size, args.seed + 7)
+        print(f"[{time.strftime('%H:%M:%S')}] held-out at step {step}: {result}", flush=True)
+        return result
+
+    log = train_dflash(drafter, train, recipe, work, seed=args.seed, on_eval=evaluate,
+                       eval_every=args.eval_every)  # fmt: skip
+    final = evaluate(log["steps"])
+    drafter.save(out, dtype=torch.float16)
+    record: dict[str, Any] = {
+        "target": args.target if not args.smoke else "smoke",
+        "corpus": corpus_info,
+        "examples": {"train": len(train), "heldout": len(heldout)},
+        "drafter": {
+            "layers": args.layers,
+            "block_size": drafter.block_size,
+            "target_layer_ids": list(drafter.settings.target_layer_ids),
+            "mask_token_id": mask_id,
+            "parameters": sum(p.numel() for p in drafter.parameters()),
+        },
+        "recipe": {**vars(recipe)},
+        "seed": args.seed,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "training": {
+            k: log[k] for k in ("steps", "train_seconds", "invocations", "losses", "evals")
+        },
+        "heldout_agreement": final,
+        "wall_seconds_this_invocation": round(time.time() - started, 1),
+    }
+    if not args.smoke and not args.no_measure:
+        record["acceptance"] = _measure(args, out, target)
+    (out / "training_log.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = OneLineParser(prog="python -m relayc.tools.train dflash", description=__doc__)
+    p.add_argument("--target", choices=("toy", "smollm2"), default="toy")
+    p.add_argument(
+        "--out", required=True, help="where the drafter goes (config.json + safetensors)"
+    )
+    p.add_argument("--work", required=True, help="features, examples and the checkpoint (resumed)")
+    p.add_argument("--data", default=None, help="smollm2: the chat corpus directory")
+    p.add_argument("--max-examples", type=int_in(1), default=None)
+    p.add_argument("--examples", type=int_in(2), default=2000, help="toy: examples to generate")
+    p.add_argument("--layers", type=int_in(1, 16), default=2, help="draft layers")
+    p.add_argument("--block-size", type=int_in(2, 64), default=8)
+    p.add_argument(
+        "--target-layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=None
+    )
+    p.add_argument("--minutes", type=float_in(0.0), default=30.0)
+    p.add_argument("--steps", type=int_in(1), default=None, help="a step cap instead of minutes")
+    p.add_argument("--lr", type=float_in(0.0), default=6e-4)
+    p.add_argument("--examples-per-step", type=int_in(1), default=4)
+    p.add_argument("--anchors", type=int_in(1), default=16, help="blocks per example a step")
+    p.add_argument("--eval-every", type=float_in(1.0), default=600.0, help="seconds")
+    p.add_argument("--new-tokens", type=int_in(1), default=64)
+    p.add_argument("--threads", type=int_in(1, 4096), default=2)
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
+    p.add_argument("--no-measure", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="a tiny random target, a few steps")
+    args = p.parse_args(argv)
+    if args.smoke and args.steps is None:
+        args.steps = 6
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    record = run(args)
+    print(json.dumps({k: record[k] for k in ("drafter", "heldout_agreement")}, indent=1))
+    return 0
