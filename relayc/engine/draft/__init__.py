@@ -9,6 +9,8 @@ eagle3.py      Eagle3Head: fc over three target layers' inputs, its own vocabula
 mtp.py         MtpDrafter: one draft layer per step, all steps drafted in draft extend
 standalone.py  StandaloneDrafter: a small Llama with its own cache, chain drafting
 ngram.py       NgramIndex / NgramProposer: host-side suffix-match trees, lag-keyed proposals
+dflash.py      DFlashDrafter: one non-causal forward over [bonus, masks] drafts a block
+dflash_config.py  a DFlash checkpoint's config.json: block size, tapped layers, mask token
 weights.py     seeded init and config.json + model.safetensors checkpoints of the heads
 speculative.py each algorithm's drafter and decode KV window (the engine builds them here)
 """

@@ -51,6 +51,7 @@ from relayc.engine.core.layers import (
     RopeTables,
     RotaryEmbedding,
 )
+from relayc.engine.decoder.head import NativeHead, native_head_library
 from relayc.engine.draft.dflash_config import (
     ARCHITECTURE,
     DFlashSettings,
@@ -172,6 +173,7 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
+        self._native_head: NativeHead | None = None
         self.to(target.device)
 
     @property
@@ -285,13 +287,25 @@ class DFlashDrafter(nn.Module):
     def block_hidden(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn
     ) -> torch.Tensor:
-        """The draft layers and ``norm`` over flat block tokens (their K/V through
-        ``attend``): ``[T, hidden]``, for the target's LM head."""
+        """The draft layers over flat block tokens (their K/V through ``attend``):
+        ``[T, hidden]`` before ``norm``."""
         x = self.target.embed_tokens(input_ids)
         rope = self.rope(positions, x.dtype)
         for i, layer in enumerate(self.draft_layers):
             x = layer(x, rope, i, attend)
-        return self.norm(x)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[R, vocab]`` float32 logits of pre-norm ``hidden [R, hidden]``: ``norm`` and the
+        target's LM head, as the native decoder's head on the CPU (it reads a GGUF file's
+        quantized head as its blocks and takes the argmax as it goes, which ``greedy_tokens``
+        then reuses: the head is most of a draft's cost), else the modules."""
+        lm_head = self.target.lm_head
+        lib = native_head_library(hidden, lm_head.weight.dtype)
+        if lib is not None:
+            head = self._native_head = NativeHead.reuse(self._native_head, self.norm, lm_head)
+            return head.logits(lib, hidden.contiguous())
+        return F.linear(self.norm(hidden), lm_head.weight).float()
 
     def block_ids(self, bonus: torch.Tensor, width: int) -> torch.Tensor:
         """``[B, width]``: each bonus token then ``width - 1`` mask tokens."""
@@ -312,7 +326,8 @@ class DFlashDrafter(nn.Module):
         max_prefix_len: int,
     ) -> torch.Tensor:
         """Logits ``[B, N - 1, vocab]`` float32 of block positions ``1..N-1``: one forward
-        whose queries see each request's context and its whole block."""
+        whose queries see each request's context and its whole block. (A view of the native
+        head's logits keeps the argmax it took: ``greedy_tokens`` reads it back.)"""
         batch, width = window.shape
         attention = ScratchAttention(
             kv_cache,
@@ -330,8 +345,8 @@ class DFlashDrafter(nn.Module):
             positions.reshape(-1),
             attention.step(visible, window),
         )
-        rows = hidden.view(batch, width, -1)[:, 1:]
-        return F.linear(rows, self.target.lm_head.weight).float()
+        rows = hidden.view(batch, width, -1)[:, 1:].reshape(batch * (width - 1), -1)
+        return self.logits(rows).view(batch, width - 1, -1)
 
     def dense_block_hidden(
         self,
