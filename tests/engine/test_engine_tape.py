@@ -30,8 +30,12 @@ CONFIGS = [
     ("eagle_multilayer", {"num_steps": 2, "topk": 1, "num_draft_tokens": 3}),
     ("ngram", {"num_steps": 2, "topk": 1, "num_draft_tokens": 4}),
     ("standalone", {"num_steps": 2, "topk": 1, "num_draft_tokens": 3}),
+    ("dflash", {"num_draft_tokens": 4}),  # the seeded random block drafter
 ]
-IDS = ["none", "eagle", "eagle3-chain", "eagle3-tree", "eagle_multilayer", "ngram", "standalone"]
+IDS = [
+    "none", "eagle", "eagle3-chain", "eagle3-tree", "eagle_multilayer", "ngram", "standalone",
+    "dflash",
+]  # fmt: skip
 BUCKETS = (1, 2, 4)  # so 5 concurrent requests exceed the largest and run eagerly
 TINY = ModelConfig(
     hidden_size=32, intermediate_size=64, num_layers=4, num_heads=2, num_kv_heads=1, head_dim=16

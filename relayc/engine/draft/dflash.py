@@ -59,7 +59,6 @@ from relayc.engine.draft.dflash_config import (
     read_dflash_config,
 )
 from relayc.engine.draft.layers import TargetParts, check_head_config
-from relayc.engine.draft.paged import ScratchAttention
 from relayc.engine.draft.weights import check_draft_tensors, init_module_random
 from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
@@ -114,6 +113,45 @@ class DFlashLayer(nn.Module):
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, layer, attend)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class BlockAttend:
+    """The attention of a draft block (``AttendFn``): write the block's K/V at its ``slots``,
+    then every query attends ``kv_loc`` (the context's slots, then the block's) under
+    ``mask``. Plain matmuls and a softmax, each with an ``out=`` form, so a recorded step
+    (``graphs="tape"``) holds it; scores in float32."""
+
+    def __init__(
+        self,
+        kv_cache: KVCache,
+        slots: torch.Tensor,  # [B * W]
+        kv_loc: torch.Tensor,  # [B * S]
+        mask: torch.Tensor,  # [B, 1, 1, 1, S] float32, 0 or -inf
+        batch: int,
+    ) -> None:
+        self.kv_cache, self.slots, self.kv_loc, self.mask, self.batch = (
+            kv_cache,
+            slots,
+            kv_loc,
+            mask,
+            batch,
+        )
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        cache = self.kv_cache
+        cache.write(layer, self.slots, k, v)
+        batch, (tokens, heads, dim), kv_heads = self.batch, q.shape, k.shape[1]
+        width, group = tokens // batch, heads // kv_heads
+        keys = cache.k[layer].index_select(0, self.kv_loc).view(batch, -1, kv_heads, dim)
+        values = cache.v[layer].index_select(0, self.kv_loc).view(batch, -1, kv_heads, dim)
+        # [B, Hkv, group, W, D] x [B, Hkv, 1, D, S]
+        queries = q.float().view(batch, width, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
+        scores = torch.matmul(queries, keys.float().permute(0, 2, 3, 1)[:, :, None])
+        probs = torch.softmax(scores * dim**-0.5 + self.mask, dim=-1)
+        out = torch.matmul(probs, values.float().permute(0, 2, 1, 3)[:, :, None])
+        return out.permute(0, 3, 1, 2, 4).reshape(tokens, heads, dim).to(q.dtype)
 
 
 def dflash_tensor_shapes(config: ModelConfig, num_features: int) -> dict[str, tuple[int, ...]]:
@@ -329,21 +367,22 @@ class DFlashDrafter(nn.Module):
         whose queries see each request's context and its whole block. (A view of the native
         head's logits keeps the argmax it took: ``greedy_tokens`` reads it back.)"""
         batch, width = window.shape
-        attention = ScratchAttention(
-            kv_cache,
-            req_to_token,
-            req_pool_indices,
-            seq_lens,
-            max_prefix_len,
-            window,
-            queries=width,
-        )
-        visible = torch.ones(batch, width, width, dtype=torch.bool, device=window.device)
-        positions = seq_lens[:, None] + torch.arange(width, device=window.device)[None, :]
+        device = window.device
+        prefix = req_to_token[req_pool_indices.long(), :max_prefix_len].long()  # [B, P]
+        kv_loc = torch.cat([prefix, window.long()], dim=1)  # [B, P + W]
+        see = torch.cat(
+            [
+                torch.arange(max_prefix_len, device=device)[None, :] < seq_lens[:, None],
+                torch.ones(batch, width, dtype=torch.bool, device=device),
+            ],
+            dim=1,
+        )  # [B, P + W]: the context, then the whole block
+        mask = torch.zeros(see.shape, dtype=torch.float32, device=device)
+        mask = mask.masked_fill_(~see, float("-inf"))[:, None, None, None, :]
+        attend = BlockAttend(kv_cache, window.reshape(-1).long(), kv_loc.reshape(-1), mask, batch)
+        positions = seq_lens[:, None] + torch.arange(width, device=device)[None, :]
         hidden = self.block_hidden(
-            self.block_ids(bonus, width).reshape(-1),
-            positions.reshape(-1),
-            attention.step(visible, window),
+            self.block_ids(bonus, width).reshape(-1), positions.reshape(-1), attend
         )
         rows = hidden.view(batch, width, -1)[:, 1:].reshape(batch * (width - 1), -1)
         return self.logits(rows).view(batch, width - 1, -1)
