@@ -228,8 +228,68 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if not args.smoke and not args.no_measure:
         record["acceptance"] = _measure(args, out, target)
+    record["command"] = "python -m relayc.tools.train dflash " + " ".join(args.argv)
     (out / "training_log.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "MODEL_CARD.md").write_text(model_card(record))
     return record
+
+
+def model_card(record: dict[str, Any]) -> str:
+    """The drafter's model card, from its training log."""
+    d, t, a = record["drafter"], record["training"], record["heldout_agreement"]
+    lines = [
+        f"# DFlash drafter for the {record['target']} target",
+        "",
+        "Loads with `relayc.engine.draft.DFlashDrafter.load(dir, target)`; "
+        '`Engine(algorithm="dflash")` selects it for its target (`draft_model=None`). '
+        "Public DFlash layout (`config.json` with `dflash_config`, float16 safetensors); the "
+        "embedding and LM head are the target's.",
+        "",
+        f"- Drafter: {d['layers']} layers, block size {d['block_size']}, target layers "
+        f"{d['target_layer_ids']} (outputs), mask token id {d['mask_token_id']}, "
+        f"{d['parameters']:,} parameters.",
+        f"- Corpus: {json.dumps(record['corpus'])}.",
+        f"- Examples: {record['examples']['train']} training, {record['examples']['heldout']} "
+        "held out (every 50th).",
+        f"- Recipe: {json.dumps(record['recipe'])}.",
+        f"- Training: seed {record['seed']}, torch {record['torch']}, {record['threads']} CPU "
+        f"thread(s) on a shared 2-vCPU machine, {t['steps']} steps, "
+        f"{t['train_seconds'] / 60:.1f} training minutes in {t['invocations']} invocation(s).",
+        "",
+        "Held-out top-1 agreement with the target's argmax per block position (1 = the first "
+        "draft after the bonus token), and the accept length it implies:",
+        "",
+        "| "
+        + " | ".join(f"pos {i + 1}" for i in range(len(a["top1_per_position"])))
+        + " | expected accept length |",
+        "|" + "---|" * (len(a["top1_per_position"]) + 1),
+        "| "
+        + " | ".join(f"{x:.3f}" for x in a["top1_per_position"])
+        + f" | {a['expected_accept_length']:.2f} |",
+    ]
+    measured = record.get("acceptance")
+    if measured:
+        lines += [
+            "",
+            f"Acceptance with the real `Engine`, greedy, {measured['new_tokens']} new tokens for "
+            f"each of the {measured['count']} prompts of `{measured['prompts']}` (never trained "
+            "on), overlap off. Accept length = tokens per verify (accepted drafts + the bonus); "
+            "accepted at position k = the fraction of verifies whose k-th draft was accepted.",
+            "",
+            "| run | mean accept length | accepted at position 1.. | verifies | identical to `none` |",
+            "|---|---|---|---|---|",
+        ]
+        for label, run in measured["runs"].items():
+            if label == "none":
+                continue
+            depth = ", ".join(f"{x:.3f}" for x in run["accepted_at_depth"])
+            lines.append(
+                f"| {label} | {run['mean_accept_length']:.2f} | {depth} | {run['verifies']} | "
+                f"{'yes' if run['identical_to_none'] else 'NO'} |"
+            )
+    lines += ["", "Reproduce (resumable; `--work` keeps the checkpoint):", "", "```",
+              record["command"], "```", ""]  # fmt: skip
+    return "\n".join(lines)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -259,6 +319,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-measure", action="store_true")
     p.add_argument("--smoke", action="store_true", help="a tiny random target, a few steps")
     args = p.parse_args(argv)
+    args.argv = list(argv)
     if args.smoke and args.steps is None:
         args.steps = 6
     return args
