@@ -86,6 +86,7 @@ ALGORITHMS: list[tuple[str, dict[str, int]]] = [
     ("eagle_multilayer", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
     ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 6}),
     ("standalone", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
+    ("dflash", {"topk": 1}),  # the shipped drafter's block of 8
 ]
 
 

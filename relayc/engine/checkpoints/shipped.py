@@ -2,7 +2,7 @@
 
 ``Engine(model=None)`` loads the shipped byte-level target, and for a speculative
 algorithm with a trained drafter (``eagle``, ``eagle_multilayer``, ``standalone``,
-``eagle3``) ``draft_model=None`` then means the shipped drafter for it. ``model="random"``
+``eagle3``, ``dflash``) ``draft_model=None`` then means the shipped drafter for it. ``model="random"``
 is the same architecture with seeded random weights (the tests' default: fast, and
 no draft model ever agrees with it).
 
@@ -21,7 +21,7 @@ ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 DEMO_DIR = ASSETS_DIR / "demo"
 RANDOM = "random"  # `Engine(model=RANDOM)`: the tiny default config, random weights
 # subdirectories of DEMO_DIR
-_DRAFTERS = ("eagle", "eagle_multilayer", "standalone", "eagle3")
+_DRAFTERS = ("eagle", "eagle_multilayer", "standalone", "eagle3", "dflash")
 # {named model: {algorithm: subdirectory of ASSETS_DIR}}
 NAMED_DRAFTERS = {"smollm2": {"eagle3": "smollm2/eagle3"}}
 _named_targets: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()

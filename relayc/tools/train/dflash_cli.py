@@ -254,7 +254,9 @@ def model_card(record: dict[str, Any]) -> str:
         f"- Recipe: {json.dumps(record['recipe'])}.",
         f"- Training: seed {record['seed']}, torch {record['torch']}, {record['threads']} CPU "
         f"thread(s) on a shared 2-vCPU machine, {t['steps']} steps, "
-        f"{t['train_seconds'] / 60:.1f} training minutes in {t['invocations']} invocation(s).",
+        f"{t['train_seconds'] / 60:.1f} training minutes in {t['invocations']} invocation(s); "
+        f"the last invocation took {record['wall_seconds_this_invocation'] / 60:.1f} minutes "
+        "of wall time in all (examples, features, training, evaluation).",
         "",
         "Held-out top-1 agreement with the target's argmax per block position (1 = the first "
         "draft after the bonus token), and the accept length it implies:",
