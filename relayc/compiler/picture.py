@@ -112,7 +112,7 @@ def _stash_text(name: str, output: str, fld: RelayField) -> str:
     if fld.publish == "early":
         text += ", published early"
     if fld.host_mirror:
-        text += ", host mirror"
+        text += ", " + fld.host_mirror.text
     return text
 
 

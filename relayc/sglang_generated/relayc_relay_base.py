@@ -24,6 +24,7 @@ if __package__:
         SGLANG_PAYLOAD,
         ConfidenceRelay,
         FutureRelayBuffers,
+        HostRing,
         RelayDebugError,
         RelayError,
         RelayField,
@@ -36,6 +37,7 @@ else:
         SGLANG_PAYLOAD,
         ConfidenceRelay,
         FutureRelayBuffers,
+        HostRing,
         RelayDebugError,
         RelayError,
         RelayField,
@@ -141,6 +143,9 @@ class FutureMap:
     # draft-input attribute of its row width. Such a draft input has no DSA seeds and may
     # carry no future indices.
     FLAT_ROWS: ClassVar[dict[str, str]] = {}
+    # The spec's `confidence` field relayed to the host (`host_mirror: {lag, ring, ...}`):
+    # what `publish(..., confidence=)` feeds and `resolve_confidence_cpu` reads.
+    CONFIDENCE_RELAY: ClassVar[HostRing | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -214,7 +219,13 @@ class FutureMap:
             self.new_seq_lens_cpu_pinned = None
             self.fwd_prepare_d2h_stream = None
         self.publish_ready: Any = None  # lazy device Event; speculative algorithms only
-        self.confidence_relay = ConfidenceRelay(self.device, self.req_pool_size, req_to_token_pool)
+        self.confidence_relay = (
+            None
+            if self.CONFIDENCE_RELAY is None
+            else ConfidenceRelay(
+                self.device, self.req_pool_size, req_to_token_pool, self.CONFIDENCE_RELAY
+            )
+        )
         self._relay: FutureRelayBuffers | None = None
         offered = _offered_relay
         if offered is not None and offered.new_seq_lens.shape[0] == self.req_pool_size:
@@ -476,6 +487,13 @@ class FutureMap:
         indices = future_indices
         if indices.shape[0] == 0:
             return  # DP idle
+        publish_confidence = self.needs_confidence_relay and confidence is not None
+        if publish_confidence and self.confidence_relay is None:
+            raise RelayError(
+                f"publish carries `confidence`, which {self.SPEC} does not relay to the host: "
+                "declare a `confidence` field with `host_mirror: {lag: 2, ring: 3, "
+                "generation_check: true}` and `publish: early` (as dspark.yaml does)"
+            )
         buf = self.new_seq_lens_buf  # None: non-speculative lengths SGLang never reads back
         if buf is not None and not self._already_scattered("new_seq_lens", new_seq_lens):
             if self._fused or new_seq_lens.dtype is not buf.dtype:
@@ -488,7 +506,6 @@ class FutureMap:
                     buf.index_copy_(0, indices, new_seq_lens)
                 except (IndexError, RuntimeError) as exc:
                     raise self._stash_error("new_seq_lens", new_seq_lens, indices) from exc
-        publish_confidence = self.needs_confidence_relay and confidence is not None
         if publish_confidence:
             self.confidence_relay.scatter(indices, confidence)
         if self.spec_algo.is_some():
@@ -586,7 +603,7 @@ class FutureMap:
 
     def resolve_confidence_cpu(self, batch: Any) -> ResolvedConfidence | None:
         """The batch's published confidence on the host (None: not enabled or not yet)."""
-        if not self.needs_confidence_relay:
+        if not self.needs_confidence_relay or self.confidence_relay is None:
             return None
         return self.confidence_relay.resolve(batch, self.fwd_prepare_d2h_stream, self.publish_ready)
 

@@ -253,6 +253,16 @@ def _check_definitions(parts: Parts, dims: dict[str, Dim], errors: list[SpecErro
                         )
                     )
     for name, fld in parts.fields.items():
+        host = fld.host_mirror
+        if host is not None and host.depth <= host.lag:
+            errors.append(
+                SpecError(
+                    index.value(("fields", name, "host_mirror", "ring")),
+                    f"the host ring of field `{name}` keeps {host.depth} copies, too few to read "
+                    f"one {host.lag} publishes old",
+                    f"give it `ring: {host.lag + 1}` or more, or lower `lag`",
+                )
+            )
         for key in ("init", "poison"):
             value = getattr(fld, key)
             if value is None or value in ("empty", "zeros"):

@@ -40,7 +40,7 @@ def _field_flags(fld: RelayField) -> str:
     if fld.publish == "early":
         flags.append("published early")
     if fld.host_mirror:
-        flags.append("host mirror")
+        flags.append(fld.host_mirror.text)
     if fld.export:
         flags.append("exported")
     return ", ".join(flags)

@@ -100,6 +100,25 @@ CASES = [
         ],
     ),
     (
+        "host_ring_too_shallow",
+        [("top-k probabilities}", "top-k probabilities, host_mirror: {lag: 2, ring: 2}}")],
+        [
+            "spec.yaml:8:97: error: the host ring of field `topk_p` keeps 2 copies, too few to read one 2 publishes old (give it `ring: 3` or more, or lower `lag`)"
+        ],
+    ),
+    (
+        "host_mirror_unknown_key",
+        [("top-k probabilities}", "top-k probabilities, host_mirror: {lag: 2, rings: 3}}")],
+        [
+            "spec.yaml:8:91: error: unknown key `rings` in `host_mirror` of field `topk_p` (did you mean `ring`? allowed keys: `lag`, `ring`, `generation_check`)"
+        ],
+    ),
+    (
+        "host_mirror_negative_lag",
+        [("top-k probabilities}", "top-k probabilities, host_mirror: {lag: -1}}")],
+        ["spec.yaml:8:88: error: `host_mirror.lag` of field `topk_p` must be at least 0, got `-1`"],
+    ),
+    (
         "dim_negative",
         [("topk: {default: 2}", "topk: {default: -2}")],
         ["spec.yaml:3:19: error: `default` of dim `topk` must be greater than 0, got `-2`"],

@@ -1,0 +1,93 @@
+"""The spec constructs behind SGLang 0.5.23's DSPARK-era relay behaviours (issue #44,
+Deliver 2): each is declared in a spec and generated, never a branch keyed by an algorithm
+name. These tests edit the bundled specs and check what the SGLang target makes of them."""
+
+from __future__ import annotations
+
+import shutil
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from relayc.compiler.targets.sglang import compile_sglang
+from relayc.specs.errors import SpecErrors
+from relayc.specs.loader import BUNDLED_DIR
+from tests.compiler.test_sglang_target import FakeAlgorithm, compile_and_load, gen, pool
+
+__all__ = ["gen"]  # the fixture, re-used
+
+
+def edited(tmp_path: Path, name: str, *edits: tuple[str, str], to: str | None = None) -> Path:
+    """The bundled spec ``name`` with ``edits`` applied, next to a copy of common.yaml."""
+    shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
+    text = (BUNDLED_DIR / f"{name}.yaml").read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / f"{to or name}.yaml"
+    path.write_text(text)
+    return path
+
+
+# -- (a) a field relayed to the host late: `host_mirror: {lag, ring, generation_check}` -------
+RING = "host_mirror: {lag: 2, ring: 3, generation_check: true}"
+
+
+def test_the_host_ring_is_generated_from_the_spec(gen: types.ModuleType) -> None:
+    ring = gen.DsparkFutureMap.CONFIDENCE_RELAY
+    assert (ring.name, ring.dtype, ring.lag, ring.depth) == ("confidence", torch.float32, 2, 3)
+    assert ring.generation_check and ring.origin.startswith("relayc/specs/dspark.yaml:")
+    # no other bundled spec relays anything to the host late
+    others = [c for c in gen.FutureMap.ALGORITHMS.values() if c.ALGORITHM != "dspark"]
+    assert all(c.CONFIDENCE_RELAY is None for c in others)
+
+
+def test_another_ring_depth_and_no_generation_check(tmp_path: Path) -> None:
+    spec = edited(tmp_path, "dspark", (RING, "host_mirror: {lag: 1}"))
+    module = compile_and_load([spec], tmp_path / "out", "sglang_relay_ring")
+    ring = module.DsparkFutureMap.CONFIDENCE_RELAY
+    assert (ring.lag, ring.depth, ring.generation_check) == (1, 2, False)
+    req_pool = pool()
+    fmap = module.FutureMap("cpu", FakeAlgorithm("DSPARK"), req_pool, True, True)
+    idx = torch.tensor([3, 5])
+    fmap.publish(idx, torch.tensor([7, 9]), confidence=torch.rand(2, 4))
+    batch = types.SimpleNamespace(
+        spec_info=types.SimpleNamespace(future_indices=idx),
+        req_pool_indices=idx,
+        req_pool_indices_cpu=idx,
+    )
+    read = fmap.resolve_confidence_cpu(batch)  # the CPU: a direct read, no ring
+    assert read.confidence.shape == (2, 4) and read.generation is None
+
+
+def test_a_spec_without_the_host_field_refuses_confidence(gen: types.ModuleType) -> None:
+    fmap = gen.FutureMap("cpu", FakeAlgorithm("DFLASH"), pool(), True, True)
+    with pytest.raises(gen.RelayError, match=r"confidence.*dflash.yaml.*host_mirror"):
+        fmap.publish(torch.tensor([1]), torch.tensor([4]), confidence=torch.rand(1, 4))
+
+
+@pytest.mark.parametrize(
+    ("edits", "message"),
+    [
+        (
+            [
+                ("confidence:\n", "draft_confidence:\n"),
+                ("{confidence: confidence}", "{draft_confidence: confidence}"),
+            ],
+            "SGLang relays to the host late (`lag: 2`) only `confidence`",
+        ),
+        ([("publish: early\n    host", "publish: stash\n    host")], "mark it `publish: early`"),
+        ([(RING, "host_mirror: true")], "SGLang keeps a host copy the host read waits for only"),
+    ],
+    ids=["other_name", "stashed", "waited_mirror"],
+)
+def test_host_relays_sglang_cannot_express_are_located(
+    tmp_path: Path, edits: list[tuple[str, str]], message: str
+) -> None:
+    spec = edited(tmp_path, "dspark", *edits)
+    with pytest.raises(SpecErrors) as exc:
+        compile_sglang([spec], "o")
+    rendered = exc.value.render()
+    assert message in rendered and "dspark.yaml:" in rendered
