@@ -113,6 +113,8 @@ def _stash_text(name: str, output: str, fld: RelayField) -> str:
         text += ", published early"
     if fld.host_mirror:
         text += ", " + fld.host_mirror.text
+    if fld.owner == "graph":
+        text += ", owned by a captured graph (adopted)"
     return text
 
 

@@ -271,6 +271,7 @@ class FieldLayout:
     poison: bool | int | float | None
     publish: str
     host_mirror: HostMirror | None  # None: device only
+    owner: str  # "relay", or "graph": a captured graph's buffer, adopted (`owner: graph`)
     doc: str
     origin: str  # `path:line` of the field's definition
 
@@ -309,6 +310,7 @@ def plan_layout(graphs: IterationGraphs, errors: list[SpecError]) -> tuple[Itera
             poison=fld.poison,
             publish=fld.publish,
             host_mirror=fld.host_mirror,
+            owner=fld.owner,
             doc=fld.doc,
             origin=f"{fld.loc.path}:{fld.loc.line}",
         )

@@ -253,6 +253,15 @@ def _check_definitions(parts: Parts, dims: dict[str, Dim], errors: list[SpecErro
                         )
                     )
     for name, fld in parts.fields.items():
+        if fld.owner == "graph" and fld.alloc == "lazy":
+            errors.append(
+                SpecError(
+                    index.value(("fields", name, "alloc")),
+                    f"field `{name}` is owned by a captured graph (`owner: graph`), whose buffer "
+                    "exists before the relay; it cannot be allocated on first use",
+                    "drop `alloc: lazy`",
+                )
+            )
         host = fld.host_mirror
         if host is not None and host.depth <= host.lag:
             errors.append(

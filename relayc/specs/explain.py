@@ -41,6 +41,8 @@ def _field_flags(fld: RelayField) -> str:
         flags.append("published early")
     if fld.host_mirror:
         flags.append(fld.host_mirror.text)
+    if fld.owner == "graph":
+        flags.append("owned by a captured graph (adopted)")
     if fld.export:
         flags.append("exported")
     return ", ".join(flags)

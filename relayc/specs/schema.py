@@ -350,6 +350,14 @@ class RelayField(SpecModel):
         "L publishes old without waiting, with the pool's slot generations if G (DSPARK's "
         "confidence).",
     )
+    owner: Literal["relay", "graph"] = Field(
+        default="relay",
+        description="Who owns the field's buffer: `relay` allocates it; `graph`: a graph "
+        "captured before the relay exists owns it and scatters the field into it, the relay "
+        "adopts it when the engine offers it (SGLang's `FutureRelayBuffers` / "
+        "`offer_future_relay_buffers`), and a publish or stash of the very tensor the graph "
+        "already scattered skips its own write (DSPARK's verify graph).",
+    )
     publish: Literal["stash", "early"] = Field(
         default="stash",
         description="Which event makes the field visible: `stash` at the end of the iteration, "

@@ -5,6 +5,7 @@ name. These tests edit the bundled specs and check what the SGLang target makes 
 from __future__ import annotations
 
 import shutil
+import sys
 import types
 from pathlib import Path
 
@@ -91,3 +92,52 @@ def test_host_relays_sglang_cannot_express_are_located(
         compile_sglang([spec], "o")
     rendered = exc.value.render()
     assert message in rendered and "dspark.yaml:" in rendered
+
+
+# -- (b) buffers a captured graph owns: `owner: graph` ---------------------------------------
+def test_only_graph_owned_fields_are_adopted(gen: types.ModuleType, monkeypatch) -> None:
+    assert gen.DsparkFutureMap.ADOPTED == ("bonus_tokens", "new_seq_lens")
+    base = sys.modules[f"{gen.__package__}.relayc_relay_base"]
+    for name, adopted in (("DFLASH", False), ("DSPARK", True)):
+        relay = gen.FutureRelayBuffers(req_pool_size=16, device=torch.device("cpu"))
+        monkeypatch.setattr(base, "_offered_relay", relay)
+        fmap = gen.FutureMap("cpu", FakeAlgorithm(name), pool())
+        assert relay.adopted is adopted and (fmap.new_seq_lens_buf is relay.new_seq_lens) is adopted
+        lens = torch.tensor([5, 6])
+        relay.published_seq_lens = lens  # what DSPARK's verify graph already scattered
+        fmap.publish(torch.tensor([2, 3]), lens)
+        # adopted: the identity skip consumes the mark; else the relay's own buffer is written
+        assert (relay.published_seq_lens is None) is adopted
+        if not adopted:
+            assert fmap.new_seq_lens_buf[[2, 3]].tolist() == [5, 6]
+
+
+def test_one_graph_owned_field_is_adopted_alone(tmp_path: Path, monkeypatch) -> None:
+    spec = edited(
+        tmp_path, "dspark", ("    owner: graph\n    doc: Next input", "    doc: Next input")
+    )
+    module = compile_and_load([spec], tmp_path / "out", "sglang_relay_owner")
+    assert module.DsparkFutureMap.ADOPTED == ("new_seq_lens",)
+    base = sys.modules["sglang_relay_owner.relayc_relay_base"]
+    relay = module.FutureRelayBuffers(req_pool_size=16, device=torch.device("cpu"))
+    monkeypatch.setattr(base, "_offered_relay", relay)
+    fmap = module.FutureMap("cpu", FakeAlgorithm("DSPARK"), pool())
+    assert fmap.new_seq_lens_buf is relay.new_seq_lens
+    assert fmap.output_tokens_buf is not relay.output_tokens  # the relay's own
+    bonus = torch.tensor([70, 71])
+    relay.published_bonus = bonus  # not adopted: no identity skip, the stash writes
+    fmap.stash(torch.tensor([3, 8]), module.RelayPayload(bonus_tokens=bonus))
+    assert fmap.output_tokens_buf[[3, 8]].tolist() == [70, 71]
+
+
+def test_graph_owned_fields_sglang_cannot_hold_are_located(tmp_path: Path) -> None:
+    spec = edited(
+        tmp_path,
+        "dspark",
+        ("    alloc: lazy\n    publish: early", "    owner: graph\n    publish: early"),
+    )
+    with pytest.raises(SpecErrors) as exc:
+        compile_sglang([spec], "o")
+    rendered = exc.value.render()
+    assert "dspark.yaml:45:3: error: SGLang's FutureRelayBuffers holds only" in rendered
+    assert "not `confidence` (float32 [num_draft_tokens])" in rendered

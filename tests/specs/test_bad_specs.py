@@ -25,7 +25,7 @@ CASES = [
         "unknown_field_key",
         [("{dtype: int64, doc: next token}", "{dtype: int64, doc: next token, alocc: lazy}")],
         [
-            "spec.yaml:7:49: error: unknown key `alocc` in field `bonus_tokens` (did you mean `alloc`? allowed keys: `dtype`, `shape`, `init`, `poison`, `alloc`, `host_mirror`, `publish`, `export`, `doc`)"
+            "spec.yaml:7:49: error: unknown key `alocc` in field `bonus_tokens` (did you mean `alloc`? allowed keys: `dtype`, `shape`, `init`, `poison`, `alloc`, `host_mirror`, `owner`, `publish`, `export`, `doc`)"
         ],
     ),
     (
@@ -117,6 +117,13 @@ CASES = [
         "host_mirror_negative_lag",
         [("top-k probabilities}", "top-k probabilities, host_mirror: {lag: -1}}")],
         ["spec.yaml:8:88: error: `host_mirror.lag` of field `topk_p` must be at least 0, got `-1`"],
+    ),
+    (
+        "graph_owned_lazy",
+        [("top-k probabilities}", "top-k probabilities, alloc: lazy, owner: graph}")],
+        [
+            "spec.yaml:8:76: error: field `topk_p` is owned by a captured graph (`owner: graph`), whose buffer exists before the relay; it cannot be allocated on first use (drop `alloc: lazy`)"
+        ],
     ),
     (
         "dim_negative",

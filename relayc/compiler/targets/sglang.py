@@ -98,6 +98,8 @@ FLAT_ROW_ALGORITHMS = {"ngram": {"num_draft_tokens": "draft_token_num"}}
 SGLANG_PUBLISHED = ("new_seq_lens", "confidence")
 SGLANG_HOST_MIRRORED = "new_seq_lens"
 SGLANG_HOST_RING = "confidence"
+# The fields SGLang's FutureRelayBuffers can hold for a captured graph (`owner: graph`).
+SGLANG_ADOPTABLE = tuple(sglang_base._ADOPTED)
 # SpeculativeAlgorithm's members and the NEXTN alias: names a plugin cannot register.
 SGLANG_BUILTINS = (
     "NONE",
@@ -280,6 +282,17 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                             "mark it `publish: early`",
                         )
                     )
+            adoptable = f.name in SGLANG_ADOPTABLE and f.dtype == "int64" and not f.shape
+            if f.owner == "graph" and not adoptable:
+                errors.append(
+                    SpecError(
+                        _where(algo, f.name),
+                        "SGLang's FutureRelayBuffers holds only the int64 [pool] buffers of "
+                        f"{' and '.join(SGLANG_ADOPTABLE)} for a captured graph, not `{f.name}` "
+                        f"({f.dtype} [{_shape(f)}])",
+                        "drop `owner: graph`: the relay allocates the buffer",
+                    )
+                )
             if f.dtype == "bool":
                 errors.append(
                     SpecError(
@@ -640,6 +653,12 @@ def _algorithm_class(w, algo: SGLangAlgorithm, field_names: dict[str, str]) -> N
         args = [_q(f.name), f"torch.{f.dtype}", str(ring.lag), str(ring.depth)]
         args += [str(ring.generation_check), _q(f.origin)]
         w(f"    CONFIDENCE_RELAY = HostRing({', '.join(args)})")
+    adopted = [f.name for f in algo.fields if f.owner == "graph"]
+    if adopted:
+        w(
+            "    # Owned by a captured graph (`owner: graph`): adopted from offered FutureRelayBuffers."
+        )
+        w(f"    ADOPTED = {_names(adopted)}")
     mirrored = any(f.name == SGLANG_HOST_MIRRORED for f in algo.layout.mirrored)
     if mirrored:
         w("    _host_mirrored = True")

@@ -159,6 +159,9 @@ class FutureMap:
     # The spec's `confidence` field relayed to the host (`host_mirror: {lag, ring, ...}`):
     # what `publish(..., confidence=)` feeds and `resolve_confidence_cpu` reads.
     CONFIDENCE_RELAY: ClassVar[HostRing | None] = None
+    # The spec's fields whose buffers a captured graph owns (`owner: graph`): adopted from
+    # offered FutureRelayBuffers, with the identity skip.
+    ADOPTED: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -241,7 +244,11 @@ class FutureMap:
         )
         self._relay: FutureRelayBuffers | None = None
         offered = _offered_relay
-        if offered is not None and offered.new_seq_lens.shape[0] == self.req_pool_size:
+        if (
+            self.ADOPTED
+            and offered is not None
+            and offered.new_seq_lens.shape[0] == self.req_pool_size
+        ):
             self._adopt_relay(offered)
         # Debug consume-once state: armed by a recording publish, consumed by a resolve.
         self._publish_fresh = False
@@ -250,14 +257,13 @@ class FutureMap:
 
     # -- buffers ---------------------------------------------------------------------
     def _adopt_relay(self, relay: FutureRelayBuffers) -> None:
-        """Relay the fields the offered buffers hold in them (debug mode: poisoned)."""
-        for name, (attr, _) in _ADOPTED.items():
-            f = self._fields.get(name)
-            if f is not None:
-                buf = getattr(relay, attr)
-                if _DEBUG_ASSERT:
-                    buf.fill_(f.poison)
-                setattr(self, f.buffer, buf)
+        """Relay the spec's graph-owned fields in the offered buffers (debug: poisoned)."""
+        for name in self.ADOPTED:
+            f = self._fields[name]
+            buf = getattr(relay, _ADOPTED[name][0])
+            if _DEBUG_ASSERT:
+                buf.fill_(f.poison)
+            setattr(self, f.buffer, buf)
         relay.adopted = True
         self._relay = relay
 
@@ -265,7 +271,7 @@ class FutureMap:
         """Whether `value` is the tensor the adopted buffers' graph already scattered for
         field `name` (consumed: the next write of the field is a real one)."""
         relay = self._relay
-        if relay is None or name not in self._fields or name not in _ADOPTED:
+        if relay is None or name not in self.ADOPTED:
             return False
         published = _ADOPTED[name][1]
         if value is not getattr(relay, published):
