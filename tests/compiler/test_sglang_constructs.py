@@ -139,5 +139,36 @@ def test_graph_owned_fields_sglang_cannot_hold_are_located(tmp_path: Path) -> No
     with pytest.raises(SpecErrors) as exc:
         compile_sglang([spec], "o")
     rendered = exc.value.render()
-    assert "dspark.yaml:45:3: error: SGLang's FutureRelayBuffers holds only" in rendered
+    assert "dspark.yaml:47:3: error: SGLang's FutureRelayBuffers holds only" in rendered
     assert "not `confidence` (float32 [num_draft_tokens])" in rendered
+
+
+# -- (c) optional fields, made on first use: `alloc: lazy` (DSA seeds) -----------------------
+def test_bundled_specs_relay_dsa_seeds_made_on_first_use(gen: types.ModuleType) -> None:
+    relaying = {
+        name for name, cls in gen.FutureMap.ALGORITHMS.items() if "dsa_topk_indices" in cls.STASHED
+    }
+    assert relaying == {"eagle", "eagle3", "eagle_multilayer", "standalone", "dspark", "uno"}
+    fmap = gen.FutureMap("cpu", FakeAlgorithm("EAGLE"), pool(), algorithm="eagle")
+    assert fmap.dsa_topk_indices_buf is None
+    idx = torch.tensor([2, 6])
+    seeds = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    fmap.stash(idx, gen.RelayPayload(torch.tensor([1, 2]), dsa_topk_indices=seeds))
+    assert fmap.dsa_topk_indices_buf.shape == (16, 4)
+    info = types.SimpleNamespace(future_indices=idx, future_dsa_topk_indices_available=True)
+    fmap._resolve_spec_extras(types.SimpleNamespace(spec_info=info))
+    assert torch.equal(info.dsa_topk_indices, seeds)
+
+
+def test_eager_dsa_seeds_are_located(tmp_path: Path) -> None:
+    common = tmp_path / "common.yaml"
+    spec = edited(tmp_path, "uno")
+    text = common.read_text()
+    common.write_text(
+        text.replace("    shape: [dsa_topk]\n    alloc: lazy\n", "    shape: [dsa_topk]\n")
+    )
+    with pytest.raises(SpecErrors) as exc:
+        compile_sglang([spec], "o")
+    rendered = exc.value.render()
+    assert "common.yaml:" in rendered and "declare it `alloc: lazy`" in rendered
+    assert "future_dsa_topk_indices_available" in rendered

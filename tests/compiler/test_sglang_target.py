@@ -281,12 +281,12 @@ def test_uncovered_features_raise_naming_them(gen: types.ModuleType) -> None:
     # an algorithm of a later SGLang: named, with what the module does relay
     with pytest.raises(NotImplementedError, match=r"algorithm MEDUSA; this module relays .*dflash"):
         gen.FutureMap("cpu", FakeAlgorithm("MEDUSA"), pool())
-    fmap = make_map(gen, "eagle")
+    fmap = make_map(gen, "dflash", "DFLASH")  # dflash.yaml relays no DSA seeds (yet)
     with pytest.raises(gen.RelayError, match=r"dsa_topk_indices.*add the field to the spec"):
         fmap.stash(torch.tensor([1]), gen.RelayPayload(None, dsa_topk_indices=torch.zeros(1, 4)))
     info = types.SimpleNamespace(future_indices=torch.tensor([1]))
     info.future_dsa_topk_indices_available = True
-    with pytest.raises(gen.RelayError, match=r"future_dsa_topk_indices_available.*eagle.yaml"):
+    with pytest.raises(gen.RelayError, match=r"future_dsa_topk_indices_available.*dflash.yaml"):
         fmap._resolve_spec_extras(types.SimpleNamespace(spec_info=info))
     with pytest.raises(RuntimeError, match="HiSparse staging only supports EAGLE-family"):
         make_map(gen, "dflash", "DFLASH").make_staged_spec_input(torch.tensor([1]))
@@ -728,13 +728,9 @@ register(
 )
 """
 DSA_EDITS = [
-    (
-        "imports:\n",
-        "ops: [dsa_ops]\n\ndims:\n  dsa_topk:\n    default: 4\n    doc: DSA seeds per request.\n\n"
-        "fields:\n  dsa_topk_indices:\n    dtype: int32\n    shape: [dsa_topk]\n"
-        "    alloc: lazy\n    export: true\n    doc: DSA top-k seeds, SGLang's dsa_topk_indices_buf.\n\n"
-        "imports:\n",
-    ),
+    # eagle.yaml relays common.yaml's lazy dsa_topk_indices; here a step of the spec makes
+    # the seeds (a user op) instead of the engine stashing them with the payload
+    ("imports:\n", "ops: [dsa_ops]\n\nimports:\n"),
     (
         "\ncapture:",
         "\n  - name: dsa_seeds\n    op: dsa_seeds\n"
@@ -752,10 +748,12 @@ def compile_with_dsa(tmp_path: Path) -> types.ModuleType:
 
 
 @needs_sglang
-def test_differential_dsa_seeds(sgl, tmp_path: Path) -> None:
+def test_differential_dsa_seeds(sgl, gen: types.ModuleType, tmp_path: Path) -> None:
     module = compile_with_dsa(tmp_path)
     assert "dsa_topk_indices" in module.EagleFutureMap.STASHED
     run_twin(sgl, module, DSA_SCENARIO)
+    assert "dsa_topk_indices" in gen.EagleFutureMap.STASHED  # the bundled eagle.yaml's
+    run_twin(sgl, gen, DSA_SCENARIO)
 
 
 def test_dsa_seeds_are_read_only_when_flagged(tmp_path: Path) -> None:

@@ -14,11 +14,12 @@ BLOCK_DRAFTERS = ("dflash", "dspark", "uno")
 @pytest.mark.parametrize("algorithm", BLOCK_DRAFTERS)
 def test_block_drafters_relay_the_bonus_and_the_lengths_only(algorithm: str) -> None:
     """SGLang 0.5.23's FutureMap relays nothing of these drafters but output_tokens_buf and
-    new_seq_lens_buf (need_topk() is False for them), and DSPARK's confidence to the host;
-    the specs say the same."""
+    new_seq_lens_buf (need_topk() is False for them), DSA seeds when a payload carries them
+    (dflash.yaml, another engineer's, does not relay them yet), and DSPARK's confidence to
+    the host; the specs say the same."""
     spec = load_spec(BUNDLED_DIR / f"{algorithm}.yaml")
-    host = ["confidence"] if algorithm == "dspark" else []
-    assert list(spec.fields) == ["bonus_tokens", "new_seq_lens", *host]
+    own = {"dspark": ["dsa_topk_indices", "confidence"], "uno": ["dsa_topk_indices"]}
+    assert set(spec.fields) == {"bonus_tokens", "new_seq_lens", *own.get(algorithm, [])}
     assert spec.algorithm == algorithm
 
 

@@ -98,6 +98,9 @@ FLAT_ROW_ALGORITHMS = {"ngram": {"num_draft_tokens": "draft_token_num"}}
 SGLANG_PUBLISHED = ("new_seq_lens", "confidence")
 SGLANG_HOST_MIRRORED = "new_seq_lens"
 SGLANG_HOST_RING = "confidence"
+# Optional fields whose buffer SGLang creates at the first stash carrying them, flagging a
+# draft input by whether it exists (its flag attribute, e.g. make_staged_spec_input's).
+SGLANG_LAZY = dict(sglang_base._GATED_READS)
 # The fields SGLang's FutureRelayBuffers can hold for a captured graph (`owner: graph`).
 SGLANG_ADOPTABLE = tuple(sglang_base._ADOPTED)
 # SpeculativeAlgorithm's members and the NEXTN alias: names a plugin cannot register.
@@ -282,6 +285,16 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                             "mark it `publish: early`",
                         )
                     )
+            if f.name in SGLANG_LAZY and f.alloc != "lazy":
+                errors.append(
+                    SpecError(
+                        _where(algo, f.name),
+                        f"SGLang creates the buffer of `{f.name}` at the first stash carrying it "
+                        f"and sets a draft input's `{SGLANG_LAZY[f.name]}` by whether it exists; "
+                        "an eager buffer would flag rows never written",
+                        "declare it `alloc: lazy`",
+                    )
+                )
             adoptable = f.name in SGLANG_ADOPTABLE and f.dtype == "int64" and not f.shape
             if f.owner == "graph" and not adoptable:
                 errors.append(
