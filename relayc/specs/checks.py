@@ -131,6 +131,7 @@ def check_algorithm(
         entry_locs=_entry_locs(parts),
         ops=tuple(parts.ops),
         sglang=parts.sglang,
+        staging=parts.staging,
     )
 
 

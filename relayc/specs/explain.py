@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from relayc.specs.document import Library, Spec
-from relayc.specs.schema import Dim, RelayField, Step
+from relayc.specs.schema import Dim, RelayField, Step, staging_text
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -76,6 +76,8 @@ def explain(document: Spec | Library) -> str:
             f"SGLang plugin: the SGLang target relays it for the algorithm registered as "
             f"{document.sglang.plugin} (spec_registry.register_algorithm)"
         )
+    if isinstance(document, Spec) and document.staging is not None:
+        out.append(f"staged inputs: {staging_text(document.staging)}")
     out += [
         "",
         "dims",

@@ -16,6 +16,7 @@ from relayc.specs.schema import (
     Outputs,
     RelayField,
     SpecFile,
+    Staging,
     Step,
 )
 from relayc.specs.yamlsrc import LocIndex, Path
@@ -48,6 +49,8 @@ def model_at(path: Path) -> type[BaseModel] | None:
         return Capture
     if path == ("outputs",):
         return Outputs
+    if path == ("staging",):
+        return Staging
     if len(path) == 3 and path[0] == "fields" and path[2] == "host_mirror":
         return HostMirror
     return None

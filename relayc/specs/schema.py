@@ -437,6 +437,29 @@ class Import(SpecModel):
     )
 
 
+class Staging(SpecModel):
+    """Staged inputs: a request may enter a decode iteration carrying nothing but its relay
+    slot (SGLang's HiSparse staging, `make_staged_spec_input`), the iteration's resolve
+    filling its draft input from what the relay holds."""
+
+    capture_hidden: Literal["last", "none"] = Field(
+        description="Whether the staged request's target forward captures the target's "
+        "hidden state at the last position (`last`: EAGLE's draft extend reads it; `none`: a "
+        "drafter of its own, as STANDALONE).",
+    )
+    doc: str = Field(default="", description="Why requests of this algorithm are staged.")
+
+
+def staging_text(staging: Staging) -> str:
+    """How `relayc explain` says a `staging:` section."""
+    captured = (
+        "capturing the target's last hidden state"
+        if staging.capture_hidden == "last"
+        else "capturing no target hidden state"
+    )
+    return f"a request may enter decode with only its relay slot ({captured})"
+
+
 class SGLangTarget(SpecModel):
     """How the SGLang target (`relayc compile --target sglang`) serves this algorithm."""
 
@@ -487,6 +510,11 @@ class SpecFile(SpecModel):
     outputs: Outputs | None = Field(
         default=None,
         description="What the engine reads after the prefill and after each decode iteration.",
+    )
+    staging: Staging | None = Field(
+        default=None,
+        description="Staged inputs: a request may enter decode with only its relay slot, its "
+        "draft input filled from the relay (HiSparse staging); absent, staging is refused.",
     )
     sglang: SGLangTarget | None = Field(
         default=None,

@@ -172,3 +172,44 @@ def test_eager_dsa_seeds_are_located(tmp_path: Path) -> None:
     rendered = exc.value.render()
     assert "common.yaml:" in rendered and "declare it `alloc: lazy`" in rendered
     assert "future_dsa_topk_indices_available" in rendered
+
+
+# -- (d) staged inputs: `staging:` (HiSparse make_staged_spec_input) --------------------------
+def test_staging_is_generated_from_the_specs(gen: types.ModuleType) -> None:
+    modes = {name: cls.STAGING_CAPTURE_HIDDEN for name, cls in gen.FutureMap.ALGORITHMS.items()}
+    assert modes == {
+        "eagle": "LAST",
+        "eagle3": "LAST",
+        "eagle_multilayer": "LAST",
+        "standalone": "NULL",
+        "none": None,
+        "ngram": None,
+        "dflash": None,
+        "dspark": None,
+        "uno": None,
+    }
+
+
+def test_a_spec_declares_staging(tmp_path: Path) -> None:
+    spec = edited(tmp_path, "uno", ("\nprefill:", "\nstaging: {capture_hidden: none}\n\nprefill:"))
+    module = compile_and_load([spec], tmp_path / "out", "sglang_relay_staging")
+    assert module.UnoFutureMap.STAGING_CAPTURE_HIDDEN == "NULL"
+    fmap = module.FutureMap("cpu", FakeAlgorithm("DFLASH"), pool(), algorithm="uno")
+    assert fmap.STAGING_CAPTURE_HIDDEN == "NULL"
+
+
+def test_staging_without_declaring_it_is_refused_naming_the_spec(gen: types.ModuleType) -> None:
+    fmap = gen.FutureMap("cpu", FakeAlgorithm("UNO"), pool())
+    with pytest.raises(RuntimeError, match=r"EAGLE-family.*uno.yaml declares no `staging:`"):
+        fmap.make_staged_spec_input(torch.tensor([1]))
+
+
+def test_staging_sglang_cannot_build_is_located(tmp_path: Path) -> None:
+    spec = edited(
+        tmp_path, "ngram", ("\nprefill:", "\nstaging: {capture_hidden: none}\n\nprefill:")
+    )
+    with pytest.raises(SpecErrors) as exc:
+        compile_sglang([spec], "o")
+    rendered = exc.value.render()
+    assert "ngram.yaml:" in rendered and "EagleDraftInput" in rendered
+    assert "drop `staging:`" in rendered

@@ -288,7 +288,7 @@ def test_uncovered_features_raise_naming_them(gen: types.ModuleType) -> None:
     info.future_dsa_topk_indices_available = True
     with pytest.raises(gen.RelayError, match=r"future_dsa_topk_indices_available.*dflash.yaml"):
         fmap._resolve_spec_extras(types.SimpleNamespace(spec_info=info))
-    with pytest.raises(RuntimeError, match="HiSparse staging only supports EAGLE-family"):
+    with pytest.raises(RuntimeError, match=r"EAGLE-family.*dflash.yaml declares no `staging:`"):
         make_map(gen, "dflash", "DFLASH").make_staged_spec_input(torch.tensor([1]))
 
 
@@ -673,7 +673,7 @@ def test_plugin_registered_and_driven_like_sglangs_scheduler(sgl, tmp_path: Path
 
 
 @needs_sglang
-@pytest.mark.parametrize("name", ["EAGLE", "STANDALONE"])
+@pytest.mark.parametrize("name", ["EAGLE", "EAGLE3", "STANDALONE"])
 def test_hisparse_staged_input_resolves_like_sglangs(sgl, gen: types.ModuleType, name: str) -> None:
     """make_staged_spec_input builds SGLang's own EagleDraftInput (capture mode, future
     indices, DSA flag as SGLang sets them); the next overlap resolve fills it from the

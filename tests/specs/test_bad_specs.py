@@ -32,7 +32,7 @@ CASES = [
         "unknown_top_key",
         [("algorithm: tiny", "algorithm: tiny\nbogus: 1")],
         [
-            "spec.yaml:2:1: error: unknown key `bogus` in the spec (allowed keys: `version`, `algorithm`, `library`, `description`, `imports`, `ops`, `dims`, `inputs`, `fields`, `prefill`, `steps`, `capture`, `outputs`, `sglang`)"
+            "spec.yaml:2:1: error: unknown key `bogus` in the spec (allowed keys: `version`, `algorithm`, `library`, `description`, `imports`, `ops`, `dims`, `inputs`, `fields`, `prefill`, `steps`, `capture`, `outputs`, `staging`, `sglang`)"
         ],
     ),
     (
@@ -123,6 +123,19 @@ CASES = [
         [("top-k probabilities}", "top-k probabilities, alloc: lazy, owner: graph}")],
         [
             "spec.yaml:8:76: error: field `topk_p` is owned by a captured graph (`owner: graph`), whose buffer exists before the relay; it cannot be allocated on first use (drop `alloc: lazy`)"
+        ],
+    ),
+    (
+        "staging_unknown_key",
+        [
+            (
+                "  decode: {next_tokens: sample.next_tokens}",
+                "  decode: {next_tokens: sample.next_tokens}\nstaging: {capture_hiden: last}",
+            )
+        ],
+        [
+            "spec.yaml:30:1: error: `staging` is missing `capture_hidden` (add `capture_hidden:`: whether the staged request's target forward captures the target's hidden state at the last position (`last`: EAGLE's draft extend reads it; `none`: a drafter of its own, as STANDALONE))",
+            "spec.yaml:30:11: error: unknown key `capture_hiden` in `staging` (did you mean `capture_hidden`? allowed keys: `capture_hidden`, `doc`)",
         ],
     ),
     (

@@ -15,7 +15,9 @@ Triton copy kernel over the specs' fields and its host side).
 What is generated from the specs: the relay fields, each once (specs importing one
 common.yaml field share it), one class per algorithm holding only what differs between
 algorithms (its fields, which of them the stash writes and the overlap resolve gathers,
-which SGLang would read back but the spec does not relay, which rows SGLang holds flat),
+which SGLang would read back but the spec does not relay, which rows SGLang holds flat,
+and what the spec's constructs declare: a host ring (`host_mirror: {lag, ...}`, DSPARK's
+confidence), buffers a captured graph owns (`owner: graph`), staged inputs (`staging:`)),
 `RelayPayload`, and the fused kernels over the union of the fields
 (`emit_triton_relay`). What is SGLang's and so fixed here: the names (buffer attributes,
 payload fields, draft-input attributes), which of a payload's fields SGLang reads back per
@@ -100,9 +102,9 @@ SGLANG_HOST_MIRRORED = "new_seq_lens"
 SGLANG_HOST_RING = "confidence"
 # Optional fields whose buffer SGLang creates at the first stash carrying them, flagging a
 # draft input by whether it exists (its flag attribute, e.g. make_staged_spec_input's).
-SGLANG_LAZY = dict(sglang_base._GATED_READS)
+SGLANG_LAZY = dict(sglang_state.SGLANG_GATED_READS)
 # The fields SGLang's FutureRelayBuffers can hold for a captured graph (`owner: graph`).
-SGLANG_ADOPTABLE = tuple(sglang_base._ADOPTED)
+SGLANG_ADOPTABLE = tuple(sglang_state.SGLANG_ADOPTED_BUFFERS)
 # SpeculativeAlgorithm's members and the NEXTN alias: names a plugin cannot register.
 SGLANG_BUILTINS = (
     "NONE",
@@ -237,6 +239,16 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                 )
             )
         seen[algo.name] = algo
+        staging = algo.spec.staging
+        if staging is not None and (algo.name in FLAT_ROW_ALGORITHMS or algo.name == "none"):
+            errors.append(
+                SpecError(
+                    staging.loc,
+                    "SGLang stages a request as an EagleDraftInput holding its future indices; "
+                    f"`{algo.name}`'s draft input is not one",
+                    "drop `staging:` from this spec",
+                )
+            )
         for f in algo.layout.fields:
             if f.publish == "early" and f.name not in SGLANG_PUBLISHED:
                 errors.append(
@@ -666,6 +678,9 @@ def _algorithm_class(w, algo: SGLangAlgorithm, field_names: dict[str, str]) -> N
         args = [_q(f.name), f"torch.{f.dtype}", str(ring.lag), str(ring.depth)]
         args += [str(ring.generation_check), _q(f.origin)]
         w(f"    CONFIDENCE_RELAY = HostRing({', '.join(args)})")
+    if spec.staging is not None:
+        mode = "LAST" if spec.staging.capture_hidden == "last" else "NULL"
+        w(f"    STAGING_CAPTURE_HIDDEN = {_q(mode)}  # `staging:`: make_staged_spec_input")
     adopted = [f.name for f in algo.fields if f.owner == "graph"]
     if adopted:
         w(

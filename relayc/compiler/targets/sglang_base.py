@@ -40,6 +40,8 @@ from typing import Any, ClassVar
 import torch
 
 from relayc.compiler.targets.sglang_state import (
+    SGLANG_ADOPTED_BUFFERS,
+    SGLANG_GATED_READS,
     SGLANG_PAYLOAD,
     ConfidenceRelay,
     FutureRelayBuffers,
@@ -76,18 +78,6 @@ def _env_flag(name: str) -> bool:
 _DEBUG_ASSERT = _env_flag("SGLANG_IS_IN_CI")
 _IS_HIP = torch.version.hip is not None
 
-
-# SGLang's draft-input flags gating the read of a relayed field: 0.5.23 gathers DSA top-k
-# seeds only for a draft input whose seeds are available (a staged one may have none).
-_GATED_READS = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
-
-
-# Relay field -> (FutureRelayBuffers attribute of its adopted buffer, attribute of the
-# tensor the graph already scattered into it).
-_ADOPTED = {
-    "new_seq_lens": ("new_seq_lens", "published_seq_lens"),
-    "bonus_tokens": ("output_tokens", "published_bonus"),
-}
 _offered_relay: FutureRelayBuffers | None = None
 
 
@@ -162,6 +152,9 @@ class FutureMap:
     # The spec's fields whose buffers a captured graph owns (`owner: graph`): adopted from
     # offered FutureRelayBuffers, with the identity skip.
     ADOPTED: tuple[str, ...] = ()
+    # The spec's `staging:` (staged inputs, HiSparse): the CaptureHiddenMode member a staged
+    # draft input asks for; None: the spec declares no staging, which is refused.
+    STAGING_CAPTURE_HIDDEN: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -260,7 +253,7 @@ class FutureMap:
         """Relay the spec's graph-owned fields in the offered buffers (debug: poisoned)."""
         for name in self.ADOPTED:
             f = self._fields[name]
-            buf = getattr(relay, _ADOPTED[name][0])
+            buf = getattr(relay, SGLANG_ADOPTED_BUFFERS[name][0])
             if _DEBUG_ASSERT:
                 buf.fill_(f.poison)
             setattr(self, f.buffer, buf)
@@ -273,7 +266,7 @@ class FutureMap:
         relay = self._relay
         if relay is None or name not in self.ADOPTED:
             return False
-        published = _ADOPTED[name][1]
+        published = SGLANG_ADOPTED_BUFFERS[name][1]
         if value is not getattr(relay, published):
             return False
         setattr(relay, published, None)
@@ -453,12 +446,12 @@ class FutureMap:
         gates = (
             {}
             if self.FLAT_ROWS
-            else {n: getattr(draft_input, f, False) for n, f in _GATED_READS.items()}
+            else {n: getattr(draft_input, f, False) for n, f in SGLANG_GATED_READS.items()}
         )
         for name, available in gates.items():
             if available and name not in self._fields:
                 raise RelayError(
-                    f"the draft input has `{_GATED_READS[name]}` set, but {self.SPEC} does not "
+                    f"the draft input has `{SGLANG_GATED_READS[name]}` set, but {self.SPEC} does not "
                     f"relay `{name}`: add the field to the spec"
                 )
         if indices.device.type != "cpu":
@@ -629,15 +622,17 @@ class FutureMap:
     def make_staged_spec_input(self, future_indices: torch.Tensor) -> Any:
         """The draft input of a request leaving HiSparse staging: only its future indices,
         so the next overlap resolve fills it from the relay (SGLang's EagleDraftInput)."""
-        if not (self.spec_algo.is_eagle() or self.spec_algo.is_standalone()):
-            raise RuntimeError("HiSparse staging only supports EAGLE-family speculative inputs.")
+        mode = self.STAGING_CAPTURE_HIDDEN
+        if mode is None:
+            raise RuntimeError(
+                "HiSparse staging only supports EAGLE-family speculative inputs "
+                f"({self.SPEC} declares no `staging:`)."
+            )
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
         return EagleDraftInput(
-            capture_hidden_mode=(
-                CaptureHiddenMode.NULL if self.spec_algo.is_standalone() else CaptureHiddenMode.LAST
-            ),
+            capture_hidden_mode=getattr(CaptureHiddenMode, mode),
             future_indices=future_indices,
             future_dsa_topk_indices_available=self.dsa_topk_indices_buf is not None,
         )

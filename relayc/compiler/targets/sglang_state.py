@@ -49,6 +49,16 @@ SGLANG_PAYLOAD = (
 # SGLang's FutureMap attribute of a relay field whose buffer is not `<field>_buf`.
 SGLANG_BUFFER_NAMES = {"bonus_tokens": "output_tokens_buf"}
 
+# SGLang's draft-input flags gating the read of a relayed field: 0.5.23 gathers DSA top-k
+# seeds only for a draft input whose seeds are available (a staged one may have none).
+SGLANG_GATED_READS = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
+# Relay field -> (FutureRelayBuffers attribute of its adopted buffer, attribute of the
+# tensor the graph already scattered into it).
+SGLANG_ADOPTED_BUFFERS = {
+    "new_seq_lens": ("new_seq_lens", "published_seq_lens"),
+    "bonus_tokens": ("output_tokens", "published_bonus"),
+}
+
 
 def buffer_name(field_name: str) -> str:
     """SGLang's FutureMap attribute holding relay field `field_name`."""
