@@ -331,9 +331,8 @@ def check_sglang_host_relay(device: str, rounds: int = 20) -> str:
 def check_confidence_ring(drop_in: Any, device: str, pool_size: int, rounds: int = 6) -> None:
     """DSPARK's confidence relay: on CUDA each publish's rows reach a ring of pinned host
     copies on the private stream behind `publish_ready`; a read returns the copy published
-    CONFIDENCE_RELAY_RING_LAG copies ago, with the generations of that moment."""
-    from relayc.sglang_generated.relayc_relay_state import CONFIDENCE_RELAY_RING_LAG
-
+    lag copies ago (the spec's `host_mirror: {lag: ...}`), with the generations of that
+    moment."""
     pool = type("Pool", (), {})()
     pool.req_to_token = torch.zeros(pool_size, 4, dtype=torch.int32)
     pool.req_generation = torch.zeros(pool_size, dtype=torch.int64)
@@ -357,7 +356,7 @@ def check_confidence_ring(drop_in: Any, device: str, pool_size: int, rounds: int
         if device == "cuda":
             torch.cuda.synchronize()  # the ring copy is done: the lagged read is available
         got = fmap.resolve_confidence_cpu(batch)
-        lag = CONFIDENCE_RELAY_RING_LAG if device == "cuda" else 0
+        lag = fmap.CONFIDENCE_RELAY.lag if device == "cuda" else 0
         which = fmap.confidence_relay.ring_pos - lag if device == "cuda" else round_
         if device == "cuda" and which < 0:
             assert got is None, "a confidence read before LAG publishes"

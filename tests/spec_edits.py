@@ -12,8 +12,9 @@ from relayc.specs.loader import BUNDLED_DIR
 # Relay `draft_probs`: seeded by the prefill, read by the draft step, stashed by draft extend.
 DRAFT_PROBS_EDITS: list[tuple[str, str]] = [
     (
-        "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states]",
-        "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states, draft_probs]",
+        "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states, dsa_topk_indices]",
+        "fields: [bonus_tokens, new_seq_lens, topk_p, topk_index, hidden_states, dsa_topk_indices, "
+        "draft_probs]",
     ),
     (
         "  writes: [next_tokens, seq_lens, topk_p, topk_index, hidden_states]\n",

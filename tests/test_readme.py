@@ -29,7 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # Every file whose walkthroughs run: the README and docs/.
 DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-WALKTHROUGHS = ["relay-field", "user-op", "eagle3", "real-model", "draft-quantization"]
+WALKTHROUGHS = [
+    "relay-field",
+    "user-op",
+    "eagle3",
+    "real-model",
+    "draft-quantization",
+    "spec-constructs",
+]
 _BLOCK = re.compile(
     r"^<!-- walkthrough: (?P<name>[\w-]+)(?: (?P<output>output)| file: (?P<file>[\w./-]+))? -->\n"
     r"```(?P<lang>\w+)\n(?P<body>.*?)^```$",

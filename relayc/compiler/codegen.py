@@ -102,7 +102,7 @@ def generate_relay_module(graphs: IterationGraphs, out_dir: str = "relayc/genera
             extra += f", init={pylit(f.init)}"
         if f.poison is not None:
             extra += f", poison={pylit(f.poison)}"
-        if f.host_mirror:
+        if f in layout.mirrored:
             extra += ", host_mirror=True"
         shape = pylit(tuple(f.shape))
         w(f"    # {comment_text(f.origin)}")

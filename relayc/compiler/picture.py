@@ -112,7 +112,9 @@ def _stash_text(name: str, output: str, fld: RelayField) -> str:
     if fld.publish == "early":
         text += ", published early"
     if fld.host_mirror:
-        text += ", host mirror"
+        text += ", " + fld.host_mirror.text
+    if fld.owner == "graph":
+        text += ", owned by a captured graph (adopted)"
     return text
 
 
@@ -149,7 +151,10 @@ def build_picture(spec: Spec) -> Picture:
         for name in spec.inputs
         if name in inputs_read
     ]
-    nodes.append(Node(RESOLVE_ID, ("resolve relay", "start of iteration i"), "resolve"))
+    resolve: tuple[str, ...] = ("resolve relay", "start of iteration i")
+    if spec.staging is not None:  # `staging:`: a staged request's draft input comes from here
+        resolve += ("staged requests: relay slot only",)
+    nodes.append(Node(RESOLVE_ID, resolve, "resolve"))
     for step in spec.steps:
         if step.placement == "host":
             nodes.append(Node(step_id(step.name), (step.name, step.op, "on the host"), "host"))

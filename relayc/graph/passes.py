@@ -19,7 +19,7 @@ from relayc.nodes.registry import Op
 from relayc.runtime.dims import dims_of, dtype_name, eval_dim, torch_dtype
 from relayc.specs.errors import SpecError, SpecErrors
 from relayc.specs.loader import Spec
-from relayc.specs.schema import Ref, RelayField
+from relayc.specs.schema import HostMirror, Ref, RelayField
 
 # Distinct sample sizes per dim, so a shape that only matches because two dims
 # happen to be equal is still caught; bfloat16 stands in for the model dtype so
@@ -270,7 +270,8 @@ class FieldLayout:
     init: str | bool | int | float
     poison: bool | int | float | None
     publish: str
-    host_mirror: bool
+    host_mirror: HostMirror | None  # None: device only
+    owner: str  # "relay", or "graph": a captured graph's buffer, adopted (`owner: graph`)
     doc: str
     origin: str  # `path:line` of the field's definition
 
@@ -293,7 +294,8 @@ class RelayLayout:
 
     @property
     def mirrored(self) -> tuple[FieldLayout, ...]:
-        return tuple(f for f in self.fields if f.host_mirror)
+        """Fields with a host copy that a host read waits for (`host_mirror: true`)."""
+        return tuple(f for f in self.fields if f.host_mirror is not None and f.host_mirror.lag == 0)
 
 
 def plan_layout(graphs: IterationGraphs, errors: list[SpecError]) -> tuple[IterationGraphs, bool]:
@@ -308,6 +310,7 @@ def plan_layout(graphs: IterationGraphs, errors: list[SpecError]) -> tuple[Itera
             poison=fld.poison,
             publish=fld.publish,
             host_mirror=fld.host_mirror,
+            owner=fld.owner,
             doc=fld.doc,
             origin=f"{fld.loc.path}:{fld.loc.line}",
         )

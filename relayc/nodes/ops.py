@@ -313,7 +313,10 @@ for op in (
     Op(
         "dspark_draft",
         {"bonus_tokens": T("int64", ()), **_LENS, **_SLOTS},
-        _DRAFTING,
+        {
+            **_DRAFTING,
+            "confidence": T("float32", (N,), doc="the confidence head's, per block position"),
+        },
         doc="dflash_draft with DSpark's Markov head refining the block",
     ),
     Op(

@@ -21,9 +21,12 @@ import torch
 if __package__:
     from . import relayc_relay_kernels as relay_kernels
     from .relayc_relay_state import (
+        SGLANG_ADOPTED_BUFFERS,
+        SGLANG_GATED_READS,
         SGLANG_PAYLOAD,
         ConfidenceRelay,
         FutureRelayBuffers,
+        HostRing,
         RelayDebugError,
         RelayError,
         RelayField,
@@ -33,9 +36,12 @@ if __package__:
 else:
     import relayc_relay_kernels as relay_kernels
     from relayc_relay_state import (
+        SGLANG_ADOPTED_BUFFERS,
+        SGLANG_GATED_READS,
         SGLANG_PAYLOAD,
         ConfidenceRelay,
         FutureRelayBuffers,
+        HostRing,
         RelayDebugError,
         RelayError,
         RelayField,
@@ -61,18 +67,6 @@ def _env_flag(name: str) -> bool:
 _DEBUG_ASSERT = _env_flag("SGLANG_IS_IN_CI")
 _IS_HIP = torch.version.hip is not None
 
-
-# SGLang's draft-input flags gating the read of a relayed field: 0.5.23 gathers DSA top-k
-# seeds only for a draft input whose seeds are available (a staged one may have none).
-_GATED_READS = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
-
-
-# Relay field -> (FutureRelayBuffers attribute of its adopted buffer, attribute of the
-# tensor the graph already scattered into it).
-_ADOPTED = {
-    "new_seq_lens": ("new_seq_lens", "published_seq_lens"),
-    "bonus_tokens": ("output_tokens", "published_bonus"),
-}
 _offered_relay: FutureRelayBuffers | None = None
 
 
@@ -141,6 +135,15 @@ class FutureMap:
     # draft-input attribute of its row width. Such a draft input has no DSA seeds and may
     # carry no future indices.
     FLAT_ROWS: ClassVar[dict[str, str]] = {}
+    # The spec's `confidence` field relayed to the host (`host_mirror: {lag, ring, ...}`):
+    # what `publish(..., confidence=)` feeds and `resolve_confidence_cpu` reads.
+    CONFIDENCE_RELAY: ClassVar[HostRing | None] = None
+    # The spec's fields whose buffers a captured graph owns (`owner: graph`): adopted from
+    # offered FutureRelayBuffers, with the identity skip.
+    ADOPTED: tuple[str, ...] = ()
+    # The spec's `staging:` (staged inputs, HiSparse): the CaptureHiddenMode member a staged
+    # draft input asks for; None: the spec declares no staging, which is refused.
+    STAGING_CAPTURE_HIDDEN: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -214,10 +217,20 @@ class FutureMap:
             self.new_seq_lens_cpu_pinned = None
             self.fwd_prepare_d2h_stream = None
         self.publish_ready: Any = None  # lazy device Event; speculative algorithms only
-        self.confidence_relay = ConfidenceRelay(self.device, self.req_pool_size, req_to_token_pool)
+        self.confidence_relay = (
+            None
+            if self.CONFIDENCE_RELAY is None
+            else ConfidenceRelay(
+                self.device, self.req_pool_size, req_to_token_pool, self.CONFIDENCE_RELAY
+            )
+        )
         self._relay: FutureRelayBuffers | None = None
         offered = _offered_relay
-        if offered is not None and offered.new_seq_lens.shape[0] == self.req_pool_size:
+        if (
+            self.ADOPTED
+            and offered is not None
+            and offered.new_seq_lens.shape[0] == self.req_pool_size
+        ):
             self._adopt_relay(offered)
         # Debug consume-once state: armed by a recording publish, consumed by a resolve.
         self._publish_fresh = False
@@ -226,14 +239,13 @@ class FutureMap:
 
     # -- buffers ---------------------------------------------------------------------
     def _adopt_relay(self, relay: FutureRelayBuffers) -> None:
-        """Relay the fields the offered buffers hold in them (debug mode: poisoned)."""
-        for name, (attr, _) in _ADOPTED.items():
-            f = self._fields.get(name)
-            if f is not None:
-                buf = getattr(relay, attr)
-                if _DEBUG_ASSERT:
-                    buf.fill_(f.poison)
-                setattr(self, f.buffer, buf)
+        """Relay the spec's graph-owned fields in the offered buffers (debug: poisoned)."""
+        for name in self.ADOPTED:
+            f = self._fields[name]
+            buf = getattr(relay, SGLANG_ADOPTED_BUFFERS[name][0])
+            if _DEBUG_ASSERT:
+                buf.fill_(f.poison)
+            setattr(self, f.buffer, buf)
         relay.adopted = True
         self._relay = relay
 
@@ -241,9 +253,9 @@ class FutureMap:
         """Whether `value` is the tensor the adopted buffers' graph already scattered for
         field `name` (consumed: the next write of the field is a real one)."""
         relay = self._relay
-        if relay is None or name not in self._fields or name not in _ADOPTED:
+        if relay is None or name not in self.ADOPTED:
             return False
-        published = _ADOPTED[name][1]
+        published = SGLANG_ADOPTED_BUFFERS[name][1]
         if value is not getattr(relay, published):
             return False
         setattr(relay, published, None)
@@ -423,12 +435,12 @@ class FutureMap:
         gates = (
             {}
             if self.FLAT_ROWS
-            else {n: getattr(draft_input, f, False) for n, f in _GATED_READS.items()}
+            else {n: getattr(draft_input, f, False) for n, f in SGLANG_GATED_READS.items()}
         )
         for name, available in gates.items():
             if available and name not in self._fields:
                 raise RelayError(
-                    f"the draft input has `{_GATED_READS[name]}` set, but {self.SPEC} does not "
+                    f"the draft input has `{SGLANG_GATED_READS[name]}` set, but {self.SPEC} does not "
                     f"relay `{name}`: add the field to the spec"
                 )
         if indices.device.type != "cpu":
@@ -476,6 +488,13 @@ class FutureMap:
         indices = future_indices
         if indices.shape[0] == 0:
             return  # DP idle
+        publish_confidence = self.needs_confidence_relay and confidence is not None
+        if publish_confidence and self.confidence_relay is None:
+            raise RelayError(
+                f"publish carries `confidence`, which {self.SPEC} does not relay to the host: "
+                "declare a `confidence` field with `host_mirror: {lag: 2, ring: 3, "
+                "generation_check: true}` and `publish: early` (as dspark.yaml does)"
+            )
         buf = self.new_seq_lens_buf  # None: non-speculative lengths SGLang never reads back
         if buf is not None and not self._already_scattered("new_seq_lens", new_seq_lens):
             if self._fused or new_seq_lens.dtype is not buf.dtype:
@@ -488,7 +507,6 @@ class FutureMap:
                     buf.index_copy_(0, indices, new_seq_lens)
                 except (IndexError, RuntimeError) as exc:
                     raise self._stash_error("new_seq_lens", new_seq_lens, indices) from exc
-        publish_confidence = self.needs_confidence_relay and confidence is not None
         if publish_confidence:
             self.confidence_relay.scatter(indices, confidence)
         if self.spec_algo.is_some():
@@ -586,22 +604,24 @@ class FutureMap:
 
     def resolve_confidence_cpu(self, batch: Any) -> ResolvedConfidence | None:
         """The batch's published confidence on the host (None: not enabled or not yet)."""
-        if not self.needs_confidence_relay:
+        if not self.needs_confidence_relay or self.confidence_relay is None:
             return None
         return self.confidence_relay.resolve(batch, self.fwd_prepare_d2h_stream, self.publish_ready)
 
     def make_staged_spec_input(self, future_indices: torch.Tensor) -> Any:
         """The draft input of a request leaving HiSparse staging: only its future indices,
         so the next overlap resolve fills it from the relay (SGLang's EagleDraftInput)."""
-        if not (self.spec_algo.is_eagle() or self.spec_algo.is_standalone()):
-            raise RuntimeError("HiSparse staging only supports EAGLE-family speculative inputs.")
+        mode = self.STAGING_CAPTURE_HIDDEN
+        if mode is None:
+            raise RuntimeError(
+                "HiSparse staging only supports EAGLE-family speculative inputs "
+                f"({self.SPEC} declares no `staging:`)."
+            )
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
         return EagleDraftInput(
-            capture_hidden_mode=(
-                CaptureHiddenMode.NULL if self.spec_algo.is_standalone() else CaptureHiddenMode.LAST
-            ),
+            capture_hidden_mode=getattr(CaptureHiddenMode, mode),
             future_indices=future_indices,
             future_dsa_topk_indices_available=self.dsa_topk_indices_buf is not None,
         )

@@ -37,6 +37,16 @@ SGLANG_PAYLOAD = (
 # SGLang's FutureMap attribute of a relay field whose buffer is not `<field>_buf`.
 SGLANG_BUFFER_NAMES = {"bonus_tokens": "output_tokens_buf"}
 
+# SGLang's draft-input flags gating the read of a relayed field: 0.5.23 gathers DSA top-k
+# seeds only for a draft input whose seeds are available (a staged one may have none).
+SGLANG_GATED_READS = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
+# Relay field -> (FutureRelayBuffers attribute of its adopted buffer, attribute of the
+# tensor the graph already scattered into it).
+SGLANG_ADOPTED_BUFFERS = {
+    "new_seq_lens": ("new_seq_lens", "published_seq_lens"),
+    "bonus_tokens": ("output_tokens", "published_bonus"),
+}
+
 
 def buffer_name(field_name: str) -> str:
     """SGLang's FutureMap attribute holding relay field `field_name`."""
@@ -81,65 +91,79 @@ class FutureRelayBuffers:
         self.published_bonus: torch.Tensor | None = None
 
 
-# The host relay of per-request confidence (DSPARK's ragged verify planner reads it): the
-# device rows are copied to a ring of pinned host copies on CUDA, and a read takes the copy
-# published LAG iterations ago, with the pool's request generations of that moment so a
-# reused slot is told apart from the request that wrote it.
-CONFIDENCE_RELAY_RING_LAG = 2
-CONFIDENCE_RELAY_RING_DEPTH = CONFIDENCE_RELAY_RING_LAG + 1
+@dataclass(frozen=True)
+class HostRing:
+    """A relay field read on the host `lag` publishes late from a ring of `depth` pinned
+    copies (the spec's `host_mirror: {lag, ring, generation_check}`); `generation_check`:
+    each copy carries the pool's `req_generation` of its moment, so a reused slot is told
+    apart from the request that wrote the row."""
+
+    name: str  # spec field name, also publish()'s keyword
+    dtype: torch.dtype
+    lag: int
+    depth: int
+    generation_check: bool
+    origin: str  # spec file:line
 
 
 @dataclass
 class ResolvedConfidence:
-    """Host confidence rows of a batch and the request generations they belong to."""
+    """Host confidence rows of a batch and the request generations they belong to (None
+    where the spec declares no generation check)."""
 
     confidence: torch.Tensor
-    generation: torch.Tensor
+    generation: torch.Tensor | None
 
 
 class ConfidenceRelay:
-    """Confidence published with the lengths, read on the host LAG iterations later (CUDA:
-    a pinned ring copied on the private D2H stream behind `publish_ready`, each slot with an
-    event), or directly where there is no such stream."""
+    """A field published with the lengths, read on the host `ring.lag` publishes later
+    (CUDA: a pinned ring copied on the private D2H stream behind `publish_ready`, each copy
+    with an event), or directly where there is no such stream."""
 
-    def __init__(self, device: torch.device, req_pool_size: int, pool: Any) -> None:
+    def __init__(self, device: torch.device, req_pool_size: int, pool: Any, ring: HostRing) -> None:
         self.device = device
         self.req_pool_size = req_pool_size
         self.pool = pool  # its `req_generation` [req_pool_size] tells reused slots apart
-        self.confidence_buf: torch.Tensor | None = None  # [pool, gamma] float32, first use
-        self.conf_ring: torch.Tensor | None = None  # [depth, pool, gamma] pinned (CUDA)
+        self.ring = ring
+        self.confidence_buf: torch.Tensor | None = None  # [pool, *row], first use
+        self.conf_ring: torch.Tensor | None = None  # [depth, pool, *row] pinned (CUDA)
         self.gen_ring: torch.Tensor | None = None  # [depth, pool] int64 (CUDA)
         self.copy_done: list[Any] = []
         self.ring_pos = 0  # ring copies issued so far
 
+    def _generation(self, rows: torch.Tensor) -> torch.Tensor | None:
+        return self.pool.req_generation[rows].clone() if self.ring.generation_check else None
+
     def scatter(self, indices: torch.Tensor, confidence: torch.Tensor) -> None:
+        ring = self.ring
         if self.confidence_buf is None:
-            gamma = confidence.shape[-1]
-            shape = (self.req_pool_size, gamma)
-            self.confidence_buf = torch.empty(shape, dtype=torch.float32, device=self.device)
+            shape = (self.req_pool_size, *confidence.shape[1:])
+            self.confidence_buf = torch.empty(shape, dtype=ring.dtype, device=self.device)
             if self.device.type == "cuda":
-                depth = CONFIDENCE_RELAY_RING_DEPTH
-                self.conf_ring = torch.empty((depth, *shape), dtype=torch.float32, pin_memory=True)
-                self.gen_ring = torch.zeros((depth, self.req_pool_size), dtype=torch.int64)
+                depth = ring.depth
+                self.conf_ring = torch.empty((depth, *shape), dtype=ring.dtype, pin_memory=True)
+                if ring.generation_check:
+                    self.gen_ring = torch.zeros((depth, self.req_pool_size), dtype=torch.int64)
                 self.copy_done = [torch.cuda.Event() for _ in range(depth)]
-        self.confidence_buf[indices] = confidence.to(torch.float32)
+        self.confidence_buf[indices] = confidence.to(ring.dtype)
 
     def issue_ring_copy(self, stream: Any, publish_ready: Any) -> None:
         """Copy the device rows into the next ring slot once the publish has happened."""
-        if self.confidence_buf is None or self.conf_ring is None or self.gen_ring is None:
+        if self.confidence_buf is None or self.conf_ring is None:
             return
         if stream is None or publish_ready is None:
             return
-        slot = self.ring_pos % CONFIDENCE_RELAY_RING_DEPTH
+        slot = self.ring_pos % self.ring.depth
         stream.wait_event(publish_ready)
         with torch.get_device_module(self.device).stream(stream):
             self.conf_ring[slot].copy_(self.confidence_buf, non_blocking=True)
             self.copy_done[slot].record()
-        self.gen_ring[slot].copy_(self.pool.req_generation)
+        if self.gen_ring is not None:
+            self.gen_ring[slot].copy_(self.pool.req_generation)
         self.ring_pos += 1
 
     def resolve(self, batch: Any, stream: Any, publish_ready: Any) -> ResolvedConfidence | None:
-        """The batch's confidence LAG publishes ago (None: not there yet), or read directly
+        """The batch's rows `ring.lag` publishes ago (None: not there yet), or read directly
         without a copy stream."""
         if self.confidence_buf is None or batch.spec_info is None:
             return None
@@ -150,13 +174,13 @@ class ConfidenceRelay:
         if stream is None or publish_ready is None or self.conf_ring is None:
             return ResolvedConfidence(
                 confidence=self.confidence_buf[batch.req_pool_indices].cpu(),
-                generation=self.pool.req_generation[rows].clone(),
+                generation=self._generation(rows),
             )
-        if self.ring_pos < CONFIDENCE_RELAY_RING_LAG or self.gen_ring is None:
+        lag = self.ring.lag
+        if self.ring_pos < lag:
             return None
-        slot = (self.ring_pos - CONFIDENCE_RELAY_RING_LAG) % CONFIDENCE_RELAY_RING_DEPTH
+        slot = (self.ring_pos - lag) % self.ring.depth
         if not self.copy_done[slot].query():
             return None  # never wait: the planner falls back without confidence
-        return ResolvedConfidence(
-            confidence=self.conf_ring[slot][rows], generation=self.gen_ring[slot][rows]
-        )
+        generation = None if self.gen_ring is None else self.gen_ring[slot][rows]
+        return ResolvedConfidence(confidence=self.conf_ring[slot][rows], generation=generation)

@@ -131,6 +131,7 @@ def check_algorithm(
         entry_locs=_entry_locs(parts),
         ops=tuple(parts.ops),
         sglang=parts.sglang,
+        staging=parts.staging,
     )
 
 
@@ -253,6 +254,25 @@ def _check_definitions(parts: Parts, dims: dict[str, Dim], errors: list[SpecErro
                         )
                     )
     for name, fld in parts.fields.items():
+        if fld.owner == "graph" and fld.alloc == "lazy":
+            errors.append(
+                SpecError(
+                    index.value(("fields", name, "alloc")),
+                    f"field `{name}` is owned by a captured graph (`owner: graph`), whose buffer "
+                    "exists before the relay; it cannot be allocated on first use",
+                    "drop `alloc: lazy`",
+                )
+            )
+        host = fld.host_mirror
+        if host is not None and host.depth <= host.lag:
+            errors.append(
+                SpecError(
+                    index.value(("fields", name, "host_mirror", "ring")),
+                    f"the host ring of field `{name}` keeps {host.depth} copies, too few to read "
+                    f"one {host.lag} publishes old",
+                    f"give it `ring: {host.lag + 1}` or more, or lower `lag`",
+                )
+            )
         for key in ("init", "poison"):
             value = getattr(fld, key)
             if value is None or value in ("empty", "zeros"):

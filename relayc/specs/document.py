@@ -19,6 +19,7 @@ from relayc.specs.schema import (
     Outputs,
     RelayField,
     SGLangTarget,
+    Staging,
     Step,
 )
 from relayc.specs.yamlsrc import LocIndex, Path
@@ -57,6 +58,7 @@ class Parts:
     capture: Capture | None = None
     outputs: Outputs | None = None
     sglang: SGLangTarget | None = None
+    staging: Staging | None = None
     broken: set[tuple[str, str]] = field(default_factory=set)
     has: set[str] = field(default_factory=set)  # top-level keys present in the file
 
@@ -89,6 +91,7 @@ class Spec:
     # (step name, "reads" | "writes" | "stash", parameter / output / field) -> where it is
     entry_locs: dict[tuple[str, str, str], SourceLoc] = field(default_factory=dict)
     sglang: SGLangTarget | None = None  # SGLang target settings (a plugin's name)
+    staging: Staging | None = None  # staged inputs (`staging:`); None: refused
 
     def locate(self, step: str, section: str, key: str) -> SourceLoc:
         """Where a step's read, write or stash entry is, falling back to the step."""

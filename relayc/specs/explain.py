@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from relayc.specs.document import Library, Spec
-from relayc.specs.schema import Dim, RelayField, Step
+from relayc.specs.schema import Dim, RelayField, Step, staging_text
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -40,7 +40,9 @@ def _field_flags(fld: RelayField) -> str:
     if fld.publish == "early":
         flags.append("published early")
     if fld.host_mirror:
-        flags.append("host mirror")
+        flags.append(fld.host_mirror.text)
+    if fld.owner == "graph":
+        flags.append("owned by a captured graph (adopted)")
     if fld.export:
         flags.append("exported")
     return ", ".join(flags)
@@ -74,6 +76,8 @@ def explain(document: Spec | Library) -> str:
             f"SGLang plugin: the SGLang target relays it for the algorithm registered as "
             f"{document.sglang.plugin} (spec_registry.register_algorithm)"
         )
+    if isinstance(document, Spec) and document.staging is not None:
+        out.append(f"staged inputs: {staging_text(document.staging)}")
     out += [
         "",
         "dims",

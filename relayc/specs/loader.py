@@ -36,6 +36,7 @@ from relayc.specs.schema import (
     RelayField,
     SGLangTarget,
     SpecFile,
+    Staging,
     Step,
 )
 from relayc.specs.yamlsrc import LocIndex, decode_spec_bytes, load_yaml
@@ -252,6 +253,9 @@ def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -
     if valid.sglang is not None:
         _locate(valid.sglang, index.value(("sglang", "plugin")))  # errors point at the name
         parts.sglang = valid.sglang
+    if valid.staging is not None:
+        _locate(valid.staging, index.key(("staging",)))
+        parts.staging = valid.staging
     return parts
 
 
@@ -305,6 +309,8 @@ def _partial_parts(data: dict, index: LocIndex, path: str) -> Parts:
             parts.broken.add(("outputs", "outputs"))
     if "sglang" in data:
         parts.sglang = _validated(SGLangTarget, data["sglang"], index.key(("sglang",)))
+    if "staging" in data:
+        parts.staging = _validated(Staging, data["staging"], index.key(("staging",)))
     parts.broken.add(("file", "partial"))
     return parts
 

@@ -10,11 +10,13 @@ from relayc.specs.errors import SpecError, did_you_mean, join_hints, quoted_list
 from relayc.specs.schema import (
     Capture,
     Dim,
+    HostMirror,
     Import,
     Input,
     Outputs,
     RelayField,
     SpecFile,
+    Staging,
     Step,
 )
 from relayc.specs.yamlsrc import LocIndex, Path
@@ -47,6 +49,10 @@ def model_at(path: Path) -> type[BaseModel] | None:
         return Capture
     if path == ("outputs",):
         return Outputs
+    if path == ("staging",):
+        return Staging
+    if len(path) == 3 and path[0] == "fields" and path[2] == "host_mirror":
+        return HostMirror
     return None
 
 
@@ -176,10 +182,15 @@ def _one(err: Any, index: LocIndex, data: Any, prefix: Path) -> SpecError:
         return SpecError(
             index.value(loc), f"{where} must be {_EXPECTED[kind]}, got {kind_of(value)}"
         )
-    if kind in ("greater_than", "greater_than_equal"):
-        bound = err.get("ctx", {}).get("gt", err.get("ctx", {}).get("ge"))
+    if kind == "greater_than":
+        bound = err.get("ctx", {}).get("gt")
         return SpecError(
             index.value(loc), f"{where} must be greater than {bound}, got {kind_of(value)}"
+        )
+    if kind == "greater_than_equal":
+        bound = err.get("ctx", {}).get("ge")
+        return SpecError(
+            index.value(loc), f"{where} must be at least {bound}, got {kind_of(value)}"
         )
     if kind in ("less_than", "less_than_equal"):
         bound = err.get("ctx", {}).get("lt", err.get("ctx", {}).get("le"))

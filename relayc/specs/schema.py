@@ -45,6 +45,8 @@ REF_KINDS = ("relay", "input")
 MAX_SIZE = 2**31 - 1
 # Names become attributes, and the algorithm's name a file name (<= 255 bytes on disk).
 MAX_NAME_LENGTH = 64
+# Deepest host ring: each copy is a pinned [req_pool_size, *row] tensor.
+MAX_HOST_RING = 16
 # Largest finite value per float dtype; `model` may be float16, so it gets float16's.
 _FLOAT_MAX = {
     "float32": 3.4028234663852886e38,
@@ -257,6 +259,67 @@ class Input(SpecModel):
     doc: str = Field(default="", description="What the input holds.")
 
 
+class HostMirror(SpecModel):
+    """A relay field read on the host: pinned host copies of its device rows, each taken
+    when the field is published, read `lag` publishes late."""
+
+    lag: int = Field(
+        ge=0,
+        le=MAX_HOST_RING,
+        description="Publishes between a copy and the host read that returns it: `0` waits "
+        "for the latest publish (SGLang's `new_seq_lens`, the same as `host_mirror: true`); "
+        "`2` returns the copy two publishes old and never waits (DSPARK's confidence).",
+    )
+    ring: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_HOST_RING,
+        description="Pinned host copies kept in a ring, each filled on the copy stream behind "
+        "the publish event; more than `lag` (default `lag + 1`).",
+    )
+    generation_check: bool = Field(
+        default=False,
+        description="Snapshot the request pool's slot generations (`req_generation`) with "
+        "each copy, so a reader tells a reused slot from the request that wrote the row.",
+    )
+
+    @property
+    def depth(self) -> int:
+        """Copies in the ring (`ring`, or `lag + 1` when not given)."""
+        return self.lag + 1 if self.ring is None else self.ring
+
+    @property
+    def text(self) -> str:
+        """How `relayc explain` and `relayc graph` say it: `host mirror` (lag 0, one copy),
+        else `to the host, 2 publishes late (ring 3, generation-checked)`."""
+        if self.lag == 0 and self.depth == 1 and not self.generation_check:
+            return "host mirror"
+        checked = ", generation-checked" if self.generation_check else ""
+        return f"to the host, {self.lag} publishes late (ring {self.depth}{checked})"
+
+
+def _host_mirror(value: Any) -> Any:
+    if value is True:
+        return HostMirror(lag=0)
+    if value is False or value is None:
+        return None
+    if isinstance(value, dict | HostMirror):
+        return value
+    raise PydanticCustomError(
+        "relayc_host_mirror",
+        "must be `true` or `false`, or a mapping, got {value} (e.g. `{example}`: a ring of 3 "
+        "host copies read 2 publishes late)",
+        {"value": repr(value), "example": "{lag: 2, ring: 3, generation_check: true}"},
+    )
+
+
+# `true` is the lag-0 mirror; YAML and the JSON Schema see a bool or a mapping.
+HostMirrorSetting = Annotated[
+    HostMirror | None,
+    BeforeValidator(_host_mirror, json_schema_input_type=bool | HostMirror),
+]
+
+
 class RelayField(SpecModel):
     """Per-request state carried from one decode iteration to the next."""
 
@@ -279,10 +342,21 @@ class RelayField(SpecModel):
         description="`eager`: allocated with the FutureMap; `lazy`: on the first stash that "
         "carries the field.",
     )
-    host_mirror: bool = Field(
-        default=False,
-        description="Keep a pinned host copy, filled after the publish event (SGLang keeps one "
-        "for `new_seq_lens`).",
+    host_mirror: HostMirrorSetting = Field(
+        default=None,
+        description="Relay the field to the host too: `true` keeps one pinned host copy, "
+        "filled after the publish event that a host read waits for (SGLang's `new_seq_lens`); "
+        "`{lag: L, ring: R, generation_check: G}` keeps a ring of R copies and reads the one "
+        "L publishes old without waiting, with the pool's slot generations if G (DSPARK's "
+        "confidence).",
+    )
+    owner: Literal["relay", "graph"] = Field(
+        default="relay",
+        description="Who owns the field's buffer: `relay` allocates it; `graph`: a graph "
+        "captured before the relay exists owns it and scatters the field into it, the relay "
+        "adopts it when the engine offers it (SGLang's `FutureRelayBuffers` / "
+        "`offer_future_relay_buffers`), and a publish or stash of the very tensor the graph "
+        "already scattered skips its own write (DSPARK's verify graph).",
     )
     publish: Literal["stash", "early"] = Field(
         default="stash",
@@ -363,6 +437,29 @@ class Import(SpecModel):
     )
 
 
+class Staging(SpecModel):
+    """Staged inputs: a request may enter a decode iteration carrying nothing but its relay
+    slot (SGLang's HiSparse staging, `make_staged_spec_input`), the iteration's resolve
+    filling its draft input from what the relay holds."""
+
+    capture_hidden: Literal["last", "none"] = Field(
+        description="Whether the staged request's target forward captures the target's "
+        "hidden state at the last position (`last`: EAGLE's draft extend reads it; `none`: a "
+        "drafter of its own, as STANDALONE).",
+    )
+    doc: str = Field(default="", description="Why requests of this algorithm are staged.")
+
+
+def staging_text(staging: Staging) -> str:
+    """How `relayc explain` says a `staging:` section."""
+    captured = (
+        "capturing the target's last hidden state"
+        if staging.capture_hidden == "last"
+        else "capturing no target hidden state"
+    )
+    return f"a request may enter decode with only its relay slot ({captured})"
+
+
 class SGLangTarget(SpecModel):
     """How the SGLang target (`relayc compile --target sglang`) serves this algorithm."""
 
@@ -413,6 +510,11 @@ class SpecFile(SpecModel):
     outputs: Outputs | None = Field(
         default=None,
         description="What the engine reads after the prefill and after each decode iteration.",
+    )
+    staging: Staging | None = Field(
+        default=None,
+        description="Staged inputs: a request may enter decode with only its relay slot, its "
+        "draft input filled from the relay (HiSparse staging); absent, staging is refused.",
     )
     sglang: SGLangTarget | None = Field(
         default=None,

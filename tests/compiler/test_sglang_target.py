@@ -277,18 +277,30 @@ def test_stash_publish_resolve_round_trip(gen: types.ModuleType) -> None:
     assert info.dsa_topk_indices is None
 
 
-def test_uncovered_features_raise_naming_them(gen: types.ModuleType) -> None:
+def test_uncovered_features_raise_naming_them(gen: types.ModuleType, tmp_path: Path) -> None:
     # an algorithm of a later SGLang: named, with what the module does relay
     with pytest.raises(NotImplementedError, match=r"algorithm MEDUSA; this module relays .*dflash"):
         gen.FutureMap("cpu", FakeAlgorithm("MEDUSA"), pool())
-    fmap = make_map(gen, "eagle")
-    with pytest.raises(gen.RelayError, match=r"dsa_topk_indices.*add the field to the spec"):
-        fmap.stash(torch.tensor([1]), gen.RelayPayload(None, dsa_topk_indices=torch.zeros(1, 4)))
+    # dflash.yaml without its DSA seeds: SGLang relays them for DFLASH, the spec does not
+    spec = tmp_path / "dflash.yaml"
+    spec.write_text(
+        (BUNDLED_DIR / "dflash.yaml")
+        .read_text()
+        .replace(
+            "fields: [bonus_tokens, new_seq_lens, dsa_topk_indices]",
+            "fields: [bonus_tokens, new_seq_lens]",
+        )
+        .replace("file: common.yaml", f"file: {BUNDLED_DIR / 'common.yaml'}")
+    )
+    bare = compile_and_load([spec], tmp_path / "out", "relay_without_dsa")
+    fmap = make_map(bare, "dflash", "DFLASH")
+    with pytest.raises(bare.RelayError, match=r"dsa_topk_indices.*add the field to the spec"):
+        fmap.stash(torch.tensor([1]), bare.RelayPayload(None, dsa_topk_indices=torch.zeros(1, 4)))
     info = types.SimpleNamespace(future_indices=torch.tensor([1]))
     info.future_dsa_topk_indices_available = True
-    with pytest.raises(gen.RelayError, match=r"future_dsa_topk_indices_available.*eagle.yaml"):
+    with pytest.raises(bare.RelayError, match=r"future_dsa_topk_indices_available.*dflash.yaml"):
         fmap._resolve_spec_extras(types.SimpleNamespace(spec_info=info))
-    with pytest.raises(RuntimeError, match="HiSparse staging only supports EAGLE-family"):
+    with pytest.raises(RuntimeError, match=r"EAGLE-family.*dflash.yaml declares no `staging:`"):
         make_map(gen, "dflash", "DFLASH").make_staged_spec_input(torch.tensor([1]))
 
 
@@ -673,7 +685,7 @@ def test_plugin_registered_and_driven_like_sglangs_scheduler(sgl, tmp_path: Path
 
 
 @needs_sglang
-@pytest.mark.parametrize("name", ["EAGLE", "STANDALONE"])
+@pytest.mark.parametrize("name", ["EAGLE", "EAGLE3", "STANDALONE"])
 def test_hisparse_staged_input_resolves_like_sglangs(sgl, gen: types.ModuleType, name: str) -> None:
     """make_staged_spec_input builds SGLang's own EagleDraftInput (capture mode, future
     indices, DSA flag as SGLang sets them); the next overlap resolve fills it from the
@@ -728,13 +740,9 @@ register(
 )
 """
 DSA_EDITS = [
-    (
-        "imports:\n",
-        "ops: [dsa_ops]\n\ndims:\n  dsa_topk:\n    default: 4\n    doc: DSA seeds per request.\n\n"
-        "fields:\n  dsa_topk_indices:\n    dtype: int32\n    shape: [dsa_topk]\n"
-        "    alloc: lazy\n    export: true\n    doc: DSA top-k seeds, SGLang's dsa_topk_indices_buf.\n\n"
-        "imports:\n",
-    ),
+    # eagle.yaml relays common.yaml's lazy dsa_topk_indices; here a step of the spec makes
+    # the seeds (a user op) instead of the engine stashing them with the payload
+    ("imports:\n", "ops: [dsa_ops]\n\nimports:\n"),
     (
         "\ncapture:",
         "\n  - name: dsa_seeds\n    op: dsa_seeds\n"
@@ -752,10 +760,12 @@ def compile_with_dsa(tmp_path: Path) -> types.ModuleType:
 
 
 @needs_sglang
-def test_differential_dsa_seeds(sgl, tmp_path: Path) -> None:
+def test_differential_dsa_seeds(sgl, gen: types.ModuleType, tmp_path: Path) -> None:
     module = compile_with_dsa(tmp_path)
     assert "dsa_topk_indices" in module.EagleFutureMap.STASHED
     run_twin(sgl, module, DSA_SCENARIO)
+    assert "dsa_topk_indices" in gen.EagleFutureMap.STASHED  # the bundled eagle.yaml's
+    run_twin(sgl, gen, DSA_SCENARIO)
 
 
 def test_dsa_seeds_are_read_only_when_flagged(tmp_path: Path) -> None:

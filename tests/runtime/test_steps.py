@@ -162,7 +162,9 @@ def test_static_runner_pads_with_slot_0_and_matches_eager(algorithm: str) -> Non
             assert value.shape[0] == 3
             assert torch.equal(value, getattr(want, key)), key
     for info in module.FIELDS:
-        assert torch.equal(
-            getattr(relay.resolve(inputs["req_pool_indices"]), info.name),
-            getattr(eager_relay.resolve(inputs["req_pool_indices"]), info.name),
-        )
+        got_row = getattr(relay.resolve(inputs["req_pool_indices"]), info.name)
+        want_row = getattr(eager_relay.resolve(inputs["req_pool_indices"]), info.name)
+        if want_row is None:  # a lazy field no step stashes (DSA seeds): never allocated
+            assert got_row is None, info.name
+            continue
+        assert torch.equal(got_row, want_row), info.name

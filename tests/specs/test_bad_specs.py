@@ -25,14 +25,14 @@ CASES = [
         "unknown_field_key",
         [("{dtype: int64, doc: next token}", "{dtype: int64, doc: next token, alocc: lazy}")],
         [
-            "spec.yaml:7:49: error: unknown key `alocc` in field `bonus_tokens` (did you mean `alloc`? allowed keys: `dtype`, `shape`, `init`, `poison`, `alloc`, `host_mirror`, `publish`, `export`, `doc`)"
+            "spec.yaml:7:49: error: unknown key `alocc` in field `bonus_tokens` (did you mean `alloc`? allowed keys: `dtype`, `shape`, `init`, `poison`, `alloc`, `host_mirror`, `owner`, `publish`, `export`, `doc`)"
         ],
     ),
     (
         "unknown_top_key",
         [("algorithm: tiny", "algorithm: tiny\nbogus: 1")],
         [
-            "spec.yaml:2:1: error: unknown key `bogus` in the spec (allowed keys: `version`, `algorithm`, `library`, `description`, `imports`, `ops`, `dims`, `inputs`, `fields`, `prefill`, `steps`, `capture`, `outputs`, `sglang`)"
+            "spec.yaml:2:1: error: unknown key `bogus` in the spec (allowed keys: `version`, `algorithm`, `library`, `description`, `imports`, `ops`, `dims`, `inputs`, `fields`, `prefill`, `steps`, `capture`, `outputs`, `staging`, `sglang`)"
         ],
     ),
     (
@@ -97,6 +97,45 @@ CASES = [
         [("topk: {default: 2}", "topk: {}")],
         [
             "spec.yaml:3:3: error: dim `topk` has no value (give it a `default:` or say where the engine supplies it with `supplied_by:`)"
+        ],
+    ),
+    (
+        "host_ring_too_shallow",
+        [("top-k probabilities}", "top-k probabilities, host_mirror: {lag: 2, ring: 2}}")],
+        [
+            "spec.yaml:8:97: error: the host ring of field `topk_p` keeps 2 copies, too few to read one 2 publishes old (give it `ring: 3` or more, or lower `lag`)"
+        ],
+    ),
+    (
+        "host_mirror_unknown_key",
+        [("top-k probabilities}", "top-k probabilities, host_mirror: {lag: 2, rings: 3}}")],
+        [
+            "spec.yaml:8:91: error: unknown key `rings` in `host_mirror` of field `topk_p` (did you mean `ring`? allowed keys: `lag`, `ring`, `generation_check`)"
+        ],
+    ),
+    (
+        "host_mirror_negative_lag",
+        [("top-k probabilities}", "top-k probabilities, host_mirror: {lag: -1}}")],
+        ["spec.yaml:8:88: error: `host_mirror.lag` of field `topk_p` must be at least 0, got `-1`"],
+    ),
+    (
+        "graph_owned_lazy",
+        [("top-k probabilities}", "top-k probabilities, alloc: lazy, owner: graph}")],
+        [
+            "spec.yaml:8:76: error: field `topk_p` is owned by a captured graph (`owner: graph`), whose buffer exists before the relay; it cannot be allocated on first use (drop `alloc: lazy`)"
+        ],
+    ),
+    (
+        "staging_unknown_key",
+        [
+            (
+                "  decode: {next_tokens: sample.next_tokens}",
+                "  decode: {next_tokens: sample.next_tokens}\nstaging: {capture_hiden: last}",
+            )
+        ],
+        [
+            "spec.yaml:30:1: error: `staging` is missing `capture_hidden` (add `capture_hidden:`: whether the staged request's target forward captures the target's hidden state at the last position (`last`: EAGLE's draft extend reads it; `none`: a drafter of its own, as STANDALONE))",
+            "spec.yaml:30:11: error: unknown key `capture_hiden` in `staging` (did you mean `capture_hidden`? allowed keys: `capture_hidden`, `doc`)",
         ],
     ),
     (

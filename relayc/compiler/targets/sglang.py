@@ -15,7 +15,9 @@ Triton copy kernel over the specs' fields and its host side).
 What is generated from the specs: the relay fields, each once (specs importing one
 common.yaml field share it), one class per algorithm holding only what differs between
 algorithms (its fields, which of them the stash writes and the overlap resolve gathers,
-which SGLang would read back but the spec does not relay, which rows SGLang holds flat),
+which SGLang would read back but the spec does not relay, which rows SGLang holds flat,
+and what the spec's constructs declare: a host ring (`host_mirror: {lag, ...}`, DSPARK's
+confidence), buffers a captured graph owns (`owner: graph`), staged inputs (`staging:`)),
 `RelayPayload`, and the fused kernels over the union of the fields
 (`emit_triton_relay`). What is SGLang's and so fixed here: the names (buffer attributes,
 payload fields, draft-input attributes), which of a payload's fields SGLang reads back per
@@ -41,6 +43,7 @@ from relayc.graph.passes import FieldLayout, RelayLayout, analyse
 from relayc.runtime import fused
 from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
 from relayc.specs.loader import Spec, load_spec
+from relayc.specs.schema import HostMirror
 
 MODULE_NAME = "overlap_utils.py"
 SGLANG_VERSION = "0.5.23"
@@ -91,8 +94,17 @@ SGLANG_READS_BACK: dict[str, tuple[str, ...]] = {
 # Algorithms whose SGLang draft input holds multi-element rows flattened ([bs * row]):
 # NgramVerifyInput; its row width is the attribute named here per dim.
 FLAT_ROW_ALGORITHMS = {"ngram": {"num_draft_tokens": "draft_token_num"}}
-# SGLang's FutureMap publishes exactly these, with a host copy of new_seq_lens.
-SGLANG_PUBLISHED = ("new_seq_lens",)
+# SGLang's FutureMap publishes exactly these: new_seq_lens with a host copy the host read
+# waits for, and DSPARK's confidence to a host ring read late (publish(..., confidence=),
+# resolve_confidence_cpu).
+SGLANG_PUBLISHED = ("new_seq_lens", "confidence")
+SGLANG_HOST_MIRRORED = "new_seq_lens"
+SGLANG_HOST_RING = "confidence"
+# Optional fields whose buffer SGLang creates at the first stash carrying them, flagging a
+# draft input by whether it exists (its flag attribute, e.g. make_staged_spec_input's).
+SGLANG_LAZY = dict(sglang_state.SGLANG_GATED_READS)
+# The fields SGLang's FutureRelayBuffers can hold for a captured graph (`owner: graph`).
+SGLANG_ADOPTABLE = tuple(sglang_state.SGLANG_ADOPTED_BUFFERS)
 # SpeculativeAlgorithm's members and the NEXTN alias: names a plugin cannot register.
 SGLANG_BUILTINS = (
     "NONE",
@@ -125,8 +137,26 @@ class SGLangAlgorithm:
         return None if self.spec.sglang is None else self.spec.sglang.plugin.upper()
 
     @property
+    def fields(self) -> tuple[FieldLayout, ...]:
+        """The fields the FutureMap's buffers relay (a host ring owns its own buffer)."""
+        return tuple(f for f in self.layout.fields if not _host_ring(f))
+
+    @property
     def stashed(self) -> tuple[FieldLayout, ...]:
-        return tuple(f for f in self.layout.fields if f.publish != "early")
+        return tuple(f for f in self.fields if f.publish != "early")
+
+    @property
+    def host_rings(self) -> tuple[tuple[FieldLayout, HostMirror], ...]:
+        return tuple(
+            (f, f.host_mirror)
+            for f in self.layout.fields
+            if f.host_mirror is not None and _host_ring(f)
+        )
+
+
+def _host_ring(f: FieldLayout) -> bool:
+    """Whether `f` is relayed to the host late, from a ring (`host_mirror: {lag: 1+}`)."""
+    return f.host_mirror is not None and f.host_mirror.lag > 0
 
 
 def compile_sglang(
@@ -209,6 +239,16 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                 )
             )
         seen[algo.name] = algo
+        staging = algo.spec.staging
+        if staging is not None and (algo.name in FLAT_ROW_ALGORITHMS or algo.name == "none"):
+            errors.append(
+                SpecError(
+                    staging.loc,
+                    "SGLang stages a request as an EagleDraftInput holding its future indices; "
+                    f"`{algo.name}`'s draft input is not one",
+                    "drop `staging:` from this spec",
+                )
+            )
         for f in algo.layout.fields:
             if f.publish == "early" and f.name not in SGLANG_PUBLISHED:
                 errors.append(
@@ -219,12 +259,63 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                         "publish it with the stash (`publish: stash`)",
                     )
                 )
-            if f.host_mirror and f.name != "new_seq_lens":
+            host = f.host_mirror
+            if host is not None and host.lag == 0 and f.name != SGLANG_HOST_MIRRORED:
                 errors.append(
                     SpecError(
                         _where(algo, f.name),
-                        f"SGLang keeps a host copy only of new_seq_lens, not of `{f.name}`",
+                        f"SGLang keeps a host copy the host read waits for only of "
+                        f"{SGLANG_HOST_MIRRORED}, not of `{f.name}`",
                         "drop `host_mirror` from it",
+                    )
+                )
+            if host is not None and host.lag > 0:
+                if f.name != SGLANG_HOST_RING:
+                    errors.append(
+                        SpecError(
+                            _where(algo, f.name),
+                            f"SGLang relays to the host late (`lag: {host.lag}`) only "
+                            f"`{SGLANG_HOST_RING}` (publish(..., confidence=), "
+                            f"resolve_confidence_cpu), not `{f.name}`",
+                            f"name the field `{SGLANG_HOST_RING}`, or use `host_mirror: true`",
+                        )
+                    )
+                elif f.dtype == "model":
+                    errors.append(
+                        SpecError(
+                            _where(algo, f.name),
+                            f"SGLang relays `{f.name}` to the host as float32, not the model dtype",
+                            "declare it `dtype: float32`",
+                        )
+                    )
+                elif f.publish != "early":
+                    errors.append(
+                        SpecError(
+                            _where(algo, f.name),
+                            f"SGLang copies `{f.name}` to the host when it is published with "
+                            "the lengths, but the spec stashes it",
+                            "mark it `publish: early`",
+                        )
+                    )
+            if f.name in SGLANG_LAZY and f.alloc != "lazy":
+                errors.append(
+                    SpecError(
+                        _where(algo, f.name),
+                        f"SGLang creates the buffer of `{f.name}` at the first stash carrying it "
+                        f"and sets a draft input's `{SGLANG_LAZY[f.name]}` by whether it exists; "
+                        "an eager buffer would flag rows never written",
+                        "declare it `alloc: lazy`",
+                    )
+                )
+            adoptable = f.name in SGLANG_ADOPTABLE and f.dtype == "int64" and not f.shape
+            if f.owner == "graph" and not adoptable:
+                errors.append(
+                    SpecError(
+                        _where(algo, f.name),
+                        "SGLang's FutureRelayBuffers holds only the int64 [pool] buffers of "
+                        f"{' and '.join(SGLANG_ADOPTABLE)} for a captured graph, not `{f.name}` "
+                        f"({f.dtype} [{_shape(f)}])",
+                        "drop `owner: graph`: the relay allocates the buffer",
                     )
                 )
             if f.dtype == "bool":
@@ -271,7 +362,7 @@ def _class_name(algorithm: str) -> str:
 def _union(algorithms: Sequence[SGLangAlgorithm]) -> list[FieldLayout]:
     fields: dict[str, FieldLayout] = {}
     for algo in algorithms:
-        for f in algo.layout.fields:
+        for f in algo.fields:
             fields.setdefault(f.name, f)
     return list(fields.values())
 
@@ -321,7 +412,7 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     w("import torch\n")
     base = ["FutureMap", "offer_future_relay_buffers", "relay_algorithm"]
     base += ["resolve_forward_inputs", "install_relay"]
-    state = ["FutureRelayBuffers", "RelayDebugError", "RelayError", "RelayField"]
+    state = ["FutureRelayBuffers", "HostRing", "RelayDebugError", "RelayError", "RelayField"]
     w(_sibling_imports({"relayc_relay_base": base, "relayc_relay_state": state}))
     classes = [_class_name(a.name) for a in algorithms]
     public = [*base[:-1], *state, "RelayPayload", "install", *classes]
@@ -526,7 +617,7 @@ def _field_table(w, algorithms: Sequence[SGLangAlgorithm]) -> dict[str, str]:
     w("# The relay fields of the specs, each once: RelayField(name, dtype, row shape, lazy,")
     w("# init, debug poison (None: NaN or the integer minimum), consume-once, spec file:line).")
     for algo in algorithms:
-        for f in algo.layout.fields:
+        for f in algo.fields:
             ctor = _relay_field(f)
             if ctor in names:
                 continue
@@ -564,7 +655,7 @@ def _algorithm_class(w, algo: SGLangAlgorithm, field_names: dict[str, str]) -> N
     w(f"    SPEC_HASH = {_q(spec.content_hash)}")
     if algo.plugin is not None:
         w(f"    SGLANG_PLUGIN = {_q(algo.plugin)}  # spec_registry.register_algorithm name")
-    w(f"    FIELDS = {_tuple([field_names[_relay_field(f)] for f in algo.layout.fields])}")
+    w(f"    FIELDS = {_tuple([field_names[_relay_field(f)] for f in algo.fields])}")
     w(f"    STASHED = {_names(relayed)}")
     if extras != relayed:
         w(f"    SPEC_EXTRAS = {_names(extras)}")
@@ -582,6 +673,20 @@ def _algorithm_class(w, algo: SGLangAlgorithm, field_names: dict[str, str]) -> N
         rows = {f.name: flat[f.shape[0]] for f in algo.stashed if f.shape}
         items = ", ".join(f"{_q(k)}: {_q(v)}" for k, v in rows.items())
         w(f"    FLAT_ROWS: ClassVar[dict[str, str]] = {{{items}}}")
-    mirrored = any(f.name == "new_seq_lens" and f.host_mirror for f in algo.layout.fields)
+    for f, ring in algo.host_rings:
+        w(f"    # {comment_text(f.origin)} {f.name}: {comment_text(ring.text)}")
+        args = [_q(f.name), f"torch.{f.dtype}", str(ring.lag), str(ring.depth)]
+        args += [str(ring.generation_check), _q(f.origin)]
+        w(f"    CONFIDENCE_RELAY = HostRing({', '.join(args)})")
+    if spec.staging is not None:
+        mode = "LAST" if spec.staging.capture_hidden == "last" else "NULL"
+        w(f"    STAGING_CAPTURE_HIDDEN = {_q(mode)}  # `staging:`: make_staged_spec_input")
+    adopted = [f.name for f in algo.fields if f.owner == "graph"]
+    if adopted:
+        w(
+            "    # Owned by a captured graph (`owner: graph`): adopted from offered FutureRelayBuffers."
+        )
+        w(f"    ADOPTED = {_names(adopted)}")
+    mirrored = any(f.name == SGLANG_HOST_MIRRORED for f in algo.layout.mirrored)
     if mirrored:
         w("    _host_mirrored = True")
