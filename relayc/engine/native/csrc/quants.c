@@ -273,6 +273,7 @@ struct quant_blocks {
  * weights are used as they are rebuilt, so fewer registers hold weights and more panels
  * fit: a SmolLM2 decode 7-9% faster over eight panels than over four (sixteen: 6% slower),
  * a verify of two rows 6% over six, of three 3% over five (six: 13% slower). */
+#if defined(__AVX512F__)
 #define QUANT_KERNELS(NAME, BLOCK, BYTES)                                                  \
     BLOCK(1, 8) BLOCK(1, 4) BLOCK(1, 1) BLOCK(2, 6) BLOCK(2, 4) BLOCK(2, 1) BLOCK(3, 5)     \
     BLOCK(3, 4) BLOCK(3, 1) BLOCK(4, 4) BLOCK(4, 1) BLOCK(5, 4) BLOCK(5, 1) BLOCK(6, 2)     \
@@ -287,6 +288,24 @@ struct quant_blocks {
         {0, 8, 6, 5},                                                                      \
         BYTES,                                                                             \
     };
+#else
+/* Without AVX-512 a v16 is two of AVX2's sixteen 256-bit registers, so AVX-512's tables
+ * (eight panels' accumulators, scales and offsets for one row) spill: two panels for one
+ * or two rows, one past that. The same sums in the same order: the same bits. */
+#define QUANT_KERNELS(NAME, BLOCK, BYTES)                                                  \
+    BLOCK(1, 2) BLOCK(1, 1) BLOCK(2, 2) BLOCK(2, 1) BLOCK(3, 1) BLOCK(4, 1) BLOCK(5, 1)     \
+    BLOCK(6, 1) BLOCK(7, 1) BLOCK(8, 1)                                                     \
+    static const struct quant_blocks NAME##_blocks = {                                     \
+        {0, NAME##_1_2, NAME##_2_2, NAME##_3_1, NAME##_4_1, NAME##_5_1, NAME##_6_1,         \
+         NAME##_7_1, NAME##_8_1},                                                          \
+        {0, NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1, NAME##_5_1, NAME##_6_1,         \
+         NAME##_7_1, NAME##_8_1},                                                          \
+        {0, 2, 2, 1, 1, 1, 1, 1, 1},                                                       \
+        {0, NAME##_1_2, NAME##_2_2, NAME##_3_1},                                           \
+        {0, 2, 2, 1},                                                                      \
+        BYTES,                                                                             \
+    };
+#endif
 
 QUANT_KERNELS(q4, Q4_BLOCK, Q4_BYTES)
 QUANT_KERNELS(q4f, Q4F_BLOCK, Q4F_BYTES)
