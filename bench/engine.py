@@ -370,9 +370,9 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="smollm2, a checkpoint, a .gguf file")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--algorithm", default="none")
-    parser.add_argument("--num-steps", type=int, default=3)
+    parser.add_argument("--num-steps", type=int, default=None)
     parser.add_argument("--topk", type=int, default=1)
-    parser.add_argument("--num-draft-tokens", type=int, default=4)
+    parser.add_argument("--num-draft-tokens", type=int, default=None)
     parser.add_argument("--draft-model", default=None)
     parser.add_argument("--random-head", action="store_true", help="eagle3: an untrained head")
     parser.add_argument(

@@ -88,6 +88,8 @@ RELAYC: list[tuple[str, str, dict[str, int]]] = [
         "eagle_multilayer",
         {"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
     ),
+    ("relayc dflash", "dflash", {}),  # the shipped drafter's block of 8
+    ("relayc dflash block 4", "dflash", {"num_draft_tokens": 4}),
 ]
 HF_ASSISTED_CONSTANT = "hf assisted (3 const)"
 COUNTERPART = {

@@ -103,17 +103,22 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     p.add_argument(
         "--algorithm",
         default="none",
-        help="none (default: one token per step), eagle, eagle3, eagle_multilayer, ngram or "
-        "standalone",
+        help="none (default: one token per step), eagle, eagle3, eagle_multilayer, ngram, "
+        "standalone or dflash",
     )
-    p.add_argument("--num-steps", type=int_in(1), default=3, help="draft steps (EAGLE; default 3)")
+    p.add_argument(
+        "--num-steps",
+        type=int_in(1),
+        default=None,
+        help="draft steps (EAGLE; default 3; dflash: num_draft_tokens - 1)",
+    )
     p.add_argument("--topk", type=int_in(1), default=1, help="draft branching per step (default 1)")
     p.add_argument(
         "--num-draft-tokens",
         type=int_in(1),
-        default=4,
+        default=None,
         metavar="N",
-        help="tokens verified per step, root included (default 4)",
+        help="tokens verified per step, root included (default 4; dflash: the drafter's block)",
     )
     p.add_argument(
         "--no-overlap", action="store_true", help="run scheduling and the forward synchronously"
