@@ -112,12 +112,18 @@ def _target(
     loaded = load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32)
     if args.data is None:
         raise SystemExit("--data DIR (a chat corpus, relayc.tools.train.chat_corpus) is needed")
-    examples, info = read_corpus(Path(args.data), args.max_examples)
+    chats: list[dict[str, Any]] = []
+    infos: list[dict[str, Any]] = []
+    for folder in args.data.split(","):  # several corpora (other prompt seeds) in order
+        part, part_info = read_corpus(Path(folder), args.max_examples)
+        chats += part
+        infos.append(part_info)
+    corpora: dict[str, Any] = {"corpora": infos}
     tokenizer = loaded.tokenizer
     mask = tokenizer.encode(SMOLLM2_MASK) if tokenizer is not None else []
     if len(mask) != 1:
         raise SystemExit(f"SmolLM2's tokenizer has no single token {SMOLLM2_MASK!r}")
-    return loaded.model, examples, info, mask[0]
+    return loaded.model, chats, corpora, mask[0]
 
 
 def _measure(args: argparse.Namespace, out: Path, target: LlamaForCausalLM) -> dict[str, Any]:
@@ -301,7 +307,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--out", required=True, help="where the drafter goes (config.json + safetensors)"
     )
     p.add_argument("--work", required=True, help="features, examples and the checkpoint (resumed)")
-    p.add_argument("--data", default=None, help="smollm2: the chat corpus directory")
+    p.add_argument(
+        "--data", default=None, help="smollm2: the chat corpus directory (or several, a,b)"
+    )
     p.add_argument("--max-examples", type=int_in(1), default=None)
     p.add_argument("--examples", type=int_in(2), default=2000, help="toy: examples to generate")
     p.add_argument("--layers", type=int_in(1, 16), default=2, help="draft layers")
