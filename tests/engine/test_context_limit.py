@@ -28,6 +28,7 @@ CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("eagle_multilayer", {"num_steps": 3, "topk": 2, "num_draft_tokens": 6}),
     ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 5}),
     ("standalone", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
+    ("dflash", {"num_draft_tokens": 5}),  # the seeded random block drafter
 ]
 IDS = [a for a, _ in CONFIGS]
 CONTEXT = 40

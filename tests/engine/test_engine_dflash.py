@@ -203,3 +203,25 @@ def test_dims_that_are_no_block_are_refused(model: LlamaForCausalLM, drafter_dir
         Engine(model, algorithm="dflash", draft_model=drafter_dir, num_steps=2)
     with pytest.raises(ValueError, match=">= 2"):
         Engine(model, algorithm="dflash", draft_model=drafter_dir, num_draft_tokens=1)
+
+
+def test_bfloat16_greedy_matches_none(tmp_path: Path) -> None:
+    """bfloat16 target and drafter (the drafter takes the target's dtype), greedy, overlap on
+    and eager, overlap off and recorded: the same tokens as `none`."""
+    from relayc.engine.core.config import ModelConfig
+
+    model = random_model(ModelConfig(dtype=torch.bfloat16), seed=4)
+    prompts = [[5, 9, 200, 31, 31, 7], [44, 2, 2, 2, 19, 100, 3, 8, 8]]
+    params = SamplingParams(max_new_tokens=14)
+    with Engine(model, overlap=False) as plain:
+        want = [o.token_ids for o in plain.generate(prompts, params)]
+    saved = DFlashDrafter.random(model, seed=6, num_layers=2, block_size=4, mask_token_id=9)
+    directory = saved.save(tmp_path)
+    for overlap, graphs in [(True, "off"), (False, "tape")]:
+        engine = Engine(model, algorithm="dflash", draft_model=directory, overlap=overlap,
+                        graphs=graphs, max_batch_size=1)  # fmt: skip
+        drafter = engine.algorithm.drafter
+        assert drafter.fc.weight.dtype == torch.bfloat16
+        outs = [engine.generate([p], params)[0] for p in prompts]
+        engine.close()
+        assert [o.token_ids for o in outs] == want, (overlap, graphs)

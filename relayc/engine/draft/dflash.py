@@ -243,8 +243,10 @@ class DFlashDrafter(nn.Module):
     ) -> DFlashDrafter:
         """A seeded random drafter with the target's layer shape (tests; untrained)."""
         layers = target.config.num_layers
-        # SGLang's spread repeats layers of a small target: each once
-        ids = target_layer_ids or sorted(set(default_target_layer_ids(layers, num_layers)))
+        # SGLang's spread repeats layers of a small target (and may name its last): each once,
+        # at most the last layer another layer reads
+        spread = default_target_layer_ids(layers, num_layers) if layers >= 4 else (0,)
+        ids = target_layer_ids or sorted({min(i, layers - 2) for i in spread})
         settings = DFlashSettings(block_size, tuple(ids), mask_token_id)
         drafter = cls(target.config.replace(num_layers=num_layers), target, settings)
         init_module_random(drafter, seed)
