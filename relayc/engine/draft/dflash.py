@@ -51,6 +51,7 @@ from relayc.engine.core.layers import (
     RopeTables,
     RotaryEmbedding,
 )
+from relayc.engine.core.limits import decoder_layer_shapes
 from relayc.engine.decoder.head import NativeHead, native_head_library
 from relayc.engine.draft.dflash_config import (
     ARCHITECTURE,
@@ -59,10 +60,16 @@ from relayc.engine.draft.dflash_config import (
     read_dflash_config,
 )
 from relayc.engine.draft.layers import TargetParts, check_head_config
-from relayc.engine.draft.weights import check_draft_tensors, init_module_random
+from relayc.engine.draft.weights import (
+    check_draft_tensors,
+    init_module_random,
+    load_draft_weights,
+)
 from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
-from relayc.engine.model.weights import reading_safetensors
+
+# Tensors a DFlash checkpoint may carry that are the target's (the drafter borrows them).
+_TARGETS_OWN = ("embed_tokens.weight", "lm_head.weight")
 
 
 class DFlashAttention(nn.Module):
@@ -155,30 +162,16 @@ class BlockAttend:
 
 
 def dflash_tensor_shapes(config: ModelConfig, num_features: int) -> dict[str, tuple[int, ...]]:
-    """The drafter's state-dict names and shapes, without building it."""
-    c = config
-    hidden, heads, kv, head, inter = (
-        c.hidden_size,
-        c.num_heads,
-        c.num_kv_heads,
-        c.head_dim,
-        c.intermediate_size,
-    )
+    """The drafter's state-dict names and shapes, without building it: a Llama decoder
+    layer's (``decoder_layer_shapes``) plus the per-head q/k norms."""
+    hidden, head = config.hidden_size, config.head_dim
     layer = {
-        "self_attn.q_proj.weight": (heads * head, hidden),
-        "self_attn.k_proj.weight": (kv * head, hidden),
-        "self_attn.v_proj.weight": (kv * head, hidden),
-        "self_attn.o_proj.weight": (hidden, heads * head),
+        **decoder_layer_shapes(config),
         "self_attn.q_norm.weight": (head,),
         "self_attn.k_norm.weight": (head,),
-        "mlp.gate_proj.weight": (inter, hidden),
-        "mlp.up_proj.weight": (inter, hidden),
-        "mlp.down_proj.weight": (hidden, inter),
-        "input_layernorm.weight": (hidden,),
-        "post_attention_layernorm.weight": (hidden,),
     }
     shapes = {"fc.weight": (hidden, num_features * hidden), "hidden_norm.weight": (hidden,)}
-    for i in range(c.num_layers):
+    for i in range(config.num_layers):
         shapes.update({f"layers.{i}.{name}": shape for name, shape in layer.items()})
     shapes["norm.weight"] = (hidden,)
     return shapes
@@ -293,10 +286,10 @@ class DFlashDrafter(nn.Module):
             lambda: dflash_tensor_shapes(config, num_features),
             kind="a DFlash drafter",
             files=files,
-            ignored=("embed_tokens.weight", "lm_head.weight"),
+            ignored=_TARGETS_OWN,
         )
         drafter = cls(config, target, settings)
-        _load_tensors(drafter, files)
+        load_draft_weights(drafter, directory, files=files, ignored=_TARGETS_OWN)
         return drafter
 
     def make_kv_cache(self, size: int) -> KVCache:
@@ -445,30 +438,3 @@ class DFlashDrafter(nn.Module):
 
             x = layer(x, rope, 0, attend)
         return self.norm(x).view(num_blocks, width, -1)
-
-
-def _load_tensors(drafter: DFlashDrafter, files: list[Path]) -> None:
-    from safetensors.torch import load_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        with reading_safetensors(path):
-            tensors.update(load_file(str(path)))
-    for name in ("embed_tokens.weight", "lm_head.weight"):  # the target's are used
-        tensors.pop(name, None)
-    expected = drafter.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        parts = [f"lacks {', '.join(f'`{n}`' for n in missing)}"] if missing else []
-        parts += [f"has unexpected {', '.join(f'`{n}`' for n in unexpected)}"] if unexpected else []
-        raise CheckpointError(f"DFlash drafter {files[0].parent} " + " and ".join(parts))
-    with torch.no_grad():
-        for name, param in expected.items():
-            tensor = tensors[name]
-            if tensor.shape != param.shape:
-                raise CheckpointError(
-                    f"tensor `{name}` in {files[0].parent} has shape {list(tensor.shape)}, the "
-                    f"config needs {list(param.shape)}"
-                )
-            param.copy_(tensor.to(param.dtype))

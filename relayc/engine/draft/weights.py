@@ -142,26 +142,41 @@ def check_draft_tensors(
         raise CheckpointError(str(exc), directory) from None
 
 
-def load_draft_weights(module: nn.Module, directory: str | Path) -> nn.Module:
-    """Copy ``model.safetensors`` into ``module``; every tensor must match by name and shape."""
+def load_draft_weights(
+    module: nn.Module,
+    directory: str | Path,
+    *,
+    files: Sequence[Path] | None = None,
+    ignored: Collection[str] = (),
+) -> nn.Module:
+    """Copy the checkpoint's safetensors ``files`` (default: its ``model.safetensors``) into
+    ``module``; every tensor must match by name and shape, bar the ``ignored`` ones (the
+    target's, which a drafter borrows)."""
     from safetensors.torch import load_file
 
-    path = Path(directory) / SINGLE_FILE
-    if not path.is_file():
-        raise CheckpointError(f"draft checkpoint {directory} has no {SINGLE_FILE}")
-    with reading_safetensors(path):
-        tensors = load_file(str(path))
+    if files is None:
+        path = Path(directory) / SINGLE_FILE
+        if not path.is_file():
+            raise CheckpointError(f"draft checkpoint {directory} has no {SINGLE_FILE}")
+        files = [path]
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        with reading_safetensors(path):
+            tensors.update(load_file(str(path)))
+    for name in ignored:
+        tensors.pop(name, None)
+    where = files[0].name if len(files) == 1 else str(directory)
     expected = module.state_dict()
     for name in sorted(set(expected) - set(tensors)):
         raise CheckpointError(f"draft checkpoint {directory} lacks tensor `{name}`")
     for name in sorted(set(tensors) - set(expected)):
-        raise CheckpointError(f"unexpected tensor `{name}` in {path.name}")
+        raise CheckpointError(f"unexpected tensor `{name}` in {where}")
     with torch.no_grad():
         for name, target in expected.items():
             tensor = tensors[name]
             if tensor.shape != target.shape:
                 raise CheckpointError(
-                    f"tensor `{name}` in {path.name} has shape {list(tensor.shape)}, "
+                    f"tensor `{name}` in {where} has shape {list(tensor.shape)}, "
                     f"the config needs {list(target.shape)}"
                 )
             target.copy_(tensor.to(target.dtype))
