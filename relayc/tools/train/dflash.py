@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from relayc.engine.draft.dflash import DFlashDrafter
+from relayc.engine.model.llama import LlamaForCausalLM
 
 
 @dataclass
@@ -78,20 +79,59 @@ def block_labels(
     return row["argmax"].long()[index.clamp(max=length - 1)], valid
 
 
+@dataclass
+class TrainVocab:
+    """A training-time restriction of the LM head to ``tokens`` (sorted ids): the head is
+    most of a step's cost on a large vocabulary, and a self-distilled corpus's labels use a
+    small part of it. ``position`` maps a full-vocabulary id to its row in ``tokens``.
+    Evaluation always scores the full vocabulary."""
+
+    tokens: torch.Tensor  # [V'] int64, sorted
+    position: torch.Tensor  # [V] int64 (-1: not kept)
+
+    @classmethod
+    def of(cls, rows: Sequence[dict[str, torch.Tensor]], vocab_size: int, size: int) -> TrainVocab:
+        """Every label the rows use (the target's argmax at answer positions), then the most
+        frequent other argmax tokens, up to ``size`` ids (at least the labels)."""
+        counts = torch.zeros(vocab_size, dtype=torch.int64)
+        labels = torch.zeros(vocab_size, dtype=torch.bool)
+        for row in rows:
+            argmax = row["argmax"].long()
+            counts += torch.bincount(argmax, minlength=vocab_size)
+            labels[argmax[int(row["prompt_len"]) :]] = True
+        extra = max(size - int(labels.sum()), 0)
+        rest = torch.where(labels, -1, counts)
+        keep = labels.clone()
+        if extra:
+            keep[torch.topk(rest, min(extra, vocab_size)).indices] = True
+        tokens = torch.nonzero(keep).flatten()
+        position = torch.full((vocab_size,), -1, dtype=torch.int64)
+        position[tokens] = torch.arange(tokens.numel())
+        return cls(tokens, position)
+
+
 def block_loss(
     drafter: DFlashDrafter,
     row: dict[str, torch.Tensor],
     anchors: torch.Tensor,
     weights: torch.Tensor,
+    vocab: TrainVocab | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(weighted cross-entropy sum, weight sum, correct [A, W-1] bool with valid mask
     applied as -1)`` of the blocks at ``anchors`` of one example ``row``
-    (``compute_features``' ids / features / argmax)."""
+    (``compute_features``' ids / features / argmax), over the full vocabulary or over
+    ``vocab`` (a label outside it is not scored)."""
     ids = row["ids"].long()
     width = weights.numel() + 1
     hidden = drafter.dense_block_hidden(row["features"], ids, anchors, width)
-    logits = F.linear(hidden[:, 1:], drafter.target.lm_head.weight).float()  # [A, W-1, V]
+    head: torch.Tensor = drafter.target.lm_head.weight
     labels, valid = block_labels(row, anchors, width)
+    if vocab is not None:
+        head = head[vocab.tokens]
+        labels = vocab.position[labels.long()]
+        valid = valid & (labels >= 0)
+        labels = labels.clamp(min=0)
+    logits = F.linear(hidden[:, 1:], head).float()  # [A, W-1, V]
     ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
     w = weights[None, :] * valid
     correct = torch.where(valid, (logits.argmax(-1) == labels).long(), -1)
@@ -108,6 +148,32 @@ def lr_at(recipe: DFlashRecipe, step: int, elapsed: float) -> float:
     else:
         frac = elapsed / max(recipe.minutes * 60.0, 1e-9)
     return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+@torch.no_grad()
+def warm_start(
+    drafter: DFlashDrafter,
+    target: LlamaForCausalLM,
+    target_layers: Sequence[int] = (),
+    fc_from: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Start from what the target already knows instead of noise: draft layer ``i`` copies
+    target layer ``target_layers[i]`` (same shapes: a DFlash layer is the target's with q/k
+    norms, which start at one), the final norm copies the target's; ``fc_from`` (an EAGLE-3
+    head's ``fc.weight`` and ``midlayer.hidden_norm.weight`` over the same tapped layers)
+    seeds the feature fusion."""
+    for layer, index in zip(drafter.draft_layers, target_layers, strict=False):
+        theirs = target.model.layers[index].state_dict()
+        for key, tensor in layer.state_dict().items():  # views of the parameters
+            if key in theirs:
+                tensor.copy_(theirs[key])
+            else:  # the q/k norms the target has not
+                tensor.fill_(1.0)
+    if target_layers:
+        drafter.norm.weight.copy_(target.model.norm.weight)
+    if fc_from is not None:
+        drafter.fc.weight.copy_(fc_from["fc.weight"])
+        drafter.hidden_norm.weight.copy_(fc_from["midlayer.hidden_norm.weight"])
 
 
 @torch.no_grad()
@@ -156,6 +222,7 @@ def train_dflash(
     seed: int,
     on_eval: Callable[[int], dict[str, Any]] | None = None,
     eval_every: float = 600.0,
+    vocab: TrainVocab | None = None,
 ) -> dict[str, Any]:
     """Train ``drafter`` in place on ``train_rows``; resumes from ``work/checkpoint.pt``.
     Returns the run's log (steps, wall time, loss curve, evaluations)."""
@@ -208,7 +275,7 @@ def train_dflash(
                 int(row["prompt_len"]), row["ids"].numel(), recipe.anchors_per_example, generator
             )
             if anchors.numel():
-                loss_sum, w_sum, _ = block_loss(drafter, row, anchors, weights)
+                loss_sum, w_sum, _ = block_loss(drafter, row, anchors, weights, vocab)
                 total, norm = total + loss_sum, norm + w_sum
         if float(norm) > 0:
             loss = total / norm

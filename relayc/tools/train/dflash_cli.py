@@ -33,7 +33,13 @@ from relayc.engine.draft.weights import init_module_random
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.specs.errors import OneLineParser
 from relayc.tools.args import MAX_SEED, float_in, int_in
-from relayc.tools.train.dflash import DFlashRecipe, agreement, train_dflash
+from relayc.tools.train.dflash import (
+    DFlashRecipe,
+    TrainVocab,
+    agreement,
+    train_dflash,
+    warm_start,
+)
 from relayc.tools.train.eagle3_chat import CHAT_PROMPTS, compute_features, read_corpus
 from relayc.tools.train.eagle3_measure import MeasureRun, measure_runs
 
@@ -171,6 +177,36 @@ def _measure(args: argparse.Namespace, out: Path, target: LlamaForCausalLM) -> d
     }
 
 
+def _fc_from(source: str | None, drafter: DFlashDrafter) -> dict[str, torch.Tensor] | None:
+    """An EAGLE-3 head's feature fusion (``fc`` and ``hidden_norm``), checked against the
+    drafter's tapped layers and shapes, or None."""
+    if source is None:
+        return None
+    from safetensors.torch import load_file
+
+    from relayc.engine.draft.eagle3 import LAYER_IDS_KEY
+
+    folder = Path(source)
+    config = json.loads((folder / "config.json").read_text())
+    ids = (config.get("eagle_config") or {}).get(LAYER_IDS_KEY)
+    if ids != list(drafter.settings.target_layer_ids):
+        raise SystemExit(
+            f"--init-fc {folder}: its head taps layers {ids}, the drafter "
+            f"{list(drafter.settings.target_layer_ids)}; pass --target-layer-ids to match"
+        )
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    picked: dict[str, torch.Tensor] = {k: tensors[k].float() for k in ("fc.weight", "midlayer.hidden_norm.weight")
+              if k in tensors}  # fmt: skip
+    want = {"fc.weight": tuple(drafter.fc.weight.shape),
+            "midlayer.hidden_norm.weight": tuple(drafter.hidden_norm.weight.shape)}  # fmt: skip
+    for key, shape in want.items():
+        if key not in picked or tuple(picked[key].shape) != shape:
+            raise SystemExit(f"--init-fc {folder}: needs {key} of shape {shape}")
+    return picked
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -190,10 +226,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         target_layer_ids=ids,
     )
     init_module_random(drafter, args.seed, std=0.02)
+    if len(args.init_layers) > args.layers or any(
+        not -layers <= i < layers for i in args.init_layers
+    ):
+        raise SystemExit(
+            f"--init-layers {args.init_layers}: at most {args.layers} target layers (the "
+            f"draft's), each in -{layers}..{layers - 1} (the target has {layers})"
+        )
+    init_layers = [i % layers for i in args.init_layers]  # -1: the last target layer
+    warm_start(drafter, target, init_layers, _fc_from(args.init_fc, drafter))
     drafter.settings = dataclasses.replace(drafter.settings, num_target_layers=layers)
     rows = compute_features(target, examples, drafter.capture, work / "features")
     train = [r for i, r in enumerate(rows) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
     heldout = [r for i, r in enumerate(rows) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
+    vocab_size = target.config.vocab_size
+    vocab = (
+        TrainVocab.of(train, vocab_size, args.train_vocab)
+        if 0 < args.train_vocab < vocab_size
+        else None
+    )
     recipe = DFlashRecipe(
         lr=args.lr,
         minutes=args.minutes,
@@ -208,7 +259,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return result
 
     log = train_dflash(drafter, train, recipe, work, seed=args.seed, on_eval=evaluate,
-                       eval_every=args.eval_every)  # fmt: skip
+                       eval_every=args.eval_every, vocab=vocab)  # fmt: skip
     final = evaluate(log["steps"])
     drafter.save(out, dtype=torch.float16)
     record: dict[str, Any] = {
@@ -221,6 +272,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "target_layer_ids": list(drafter.settings.target_layer_ids),
             "mask_token_id": mask_id,
             "parameters": sum(p.numel() for p in drafter.parameters()),
+            "warm_start": {"target_layers": init_layers, "fc_from": args.init_fc},
+            "train_vocab": None if vocab is None else int(vocab.tokens.numel()),
         },
         "recipe": {**vars(recipe)},
         "seed": args.seed,
@@ -316,6 +369,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--block-size", type=int_in(2, 64), default=8)
     p.add_argument(
         "--target-layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=None
+    )
+    p.add_argument(
+        "--init-layers",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[],
+        help="target layers the draft layers start from (e.g. -2,-1), else random",
+    )
+    p.add_argument("--init-fc", default=None, help="an EAGLE-3 head whose fc/hidden_norm seed ours")
+    p.add_argument(
+        "--train-vocab",
+        type=int_in(0),
+        default=0,
+        help="score training steps over the corpus's labels plus the most frequent tokens, "
+        "this many in all (0: the whole vocabulary)",
     )
     p.add_argument("--minutes", type=float_in(0.0), default=30.0)
     p.add_argument("--steps", type=int_in(1), default=None, help="a step cap instead of minutes")
