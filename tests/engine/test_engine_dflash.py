@@ -225,3 +225,66 @@ def test_bfloat16_greedy_matches_none(tmp_path: Path) -> None:
         outs = [engine.generate([p], params)[0] for p in prompts]
         engine.close()
         assert [o.token_ids for o in outs] == want, (overlap, graphs)
+
+
+def test_a_draft_vocabulary_narrows_the_drafts_and_stays_lossless(
+    model: LlamaForCausalLM, tmp_path: Path
+) -> None:
+    drafter = DFlashDrafter.random(
+        model, seed=3, num_layers=2, block_size=5, mask_token_id=4, target_layer_ids=(0, 2)
+    )
+    work = random_workload(6, 12, max_prompt=16, max_new=12, last_arrival=3)
+    expected = naive_outputs(model, work.prompts, work.params)
+    # the continuations' tokens and some others: drafts are sometimes right, never outside
+    keep = sorted({t for out in expected for t in out} | set(range(0, 259, 7)))
+    drafter.set_draft_vocab(torch.tensor(keep))
+    saved = drafter.save(tmp_path / "narrow")
+    assert json.loads((saved / "draft_vocab.json").read_text())["token_ids"] == keep
+    engine = Engine(model, algorithm="dflash", draft_model=saved, overlap=False)
+    loaded = engine.algorithm.drafter
+    assert loaded.vocab_head is not None and loaded.vocab_head.tokens.tolist() == keep
+    proposed: list[torch.Tensor] = []
+    original = loaded.target_ids
+
+    def recording(ids: torch.Tensor) -> torch.Tensor:
+        out = original(ids)
+        proposed.append(out.clone())
+        return out
+
+    loaded.target_ids = recording
+    outs = engine.generate(work.prompts, work.params)
+    engine.close()
+    assert [o.token_ids for o in outs] == expected
+    drafts = torch.cat([p.flatten() for p in proposed])
+    assert proposed and bool(torch.isin(drafts, torch.tensor(keep)).all())
+    # saving without one removes the stale file
+    drafter.set_draft_vocab(None)
+    drafter.save(saved)
+    assert not (saved / "draft_vocab.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ('{"format": "other", "token_ids": [1]}', "`format` must be"),
+        ('{"format": "relayc-draft-vocab/1", "token_ids": []}', "non-empty list"),
+        ('{"format": "relayc-draft-vocab/1", "token_ids": [1, "2"]}', "non-empty list"),
+        ('{"format": "relayc-draft-vocab/1", "token_ids": [1, true]}', "non-empty list"),
+        ('{"format": "relayc-draft-vocab/1", "token_ids": [1, 99999]}', "holds 99999, outside"),
+        ('{"format": "relayc-draft-vocab/1", "token_ids": [5, 3]}', "strictly increasing"),
+        ('{"format": "relayc-draft-vocab/1", "token_ids": [3, 3]}', "strictly increasing"),
+        ("[1, 2]", "JSON object"),
+        (" " * 20000, "more than a draft vocabulary"),
+    ],
+)
+def test_a_bad_draft_vocabulary_is_a_located_error(
+    model: LlamaForCausalLM, drafter_dir: Path, tmp_path: Path, body: str, match: str
+) -> None:
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for file in drafter_dir.iterdir():
+        (folder / file.name).write_bytes(file.read_bytes())
+    (folder / "draft_vocab.json").write_text(body)
+    with pytest.raises(CheckpointError, match=match) as info:
+        DFlashDrafter.load(folder, model)
+    assert "draft_vocab.json" in str(info.value)

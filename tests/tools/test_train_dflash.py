@@ -158,3 +158,8 @@ def test_a_warm_started_restricted_smoke_run_records_both(tmp_path: Path) -> Non
     drafter = json.loads((out / "training_log.json").read_text())["drafter"]
     assert drafter["warm_start"] == {"target_layers": [4, 5], "fc_from": None}
     assert 64 <= drafter["train_vocab"] < 300  # every label of the answers, at least 64
+    vocab = json.loads((out / "draft_vocab.json").read_text())["token_ids"]
+    assert (
+        len(vocab) == drafter["train_vocab"]
+        and "Draft vocabulary" in (out / "MODEL_CARD.md").read_text()
+    )

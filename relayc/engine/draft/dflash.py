@@ -59,6 +59,12 @@ from relayc.engine.draft.dflash_config import (
     default_target_layer_ids,
     read_dflash_config,
 )
+from relayc.engine.draft.draft_vocab import FILENAME as DRAFT_VOCAB_FILE
+from relayc.engine.draft.draft_vocab import (
+    DraftVocabHead,
+    read_draft_vocab,
+    write_draft_vocab,
+)
 from relayc.engine.draft.layers import TargetParts, check_head_config
 from relayc.engine.draft.weights import (
     check_draft_tensors,
@@ -205,7 +211,20 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position)
         self._native_head: NativeHead | None = None
+        # the target tokens drafts are scored over (None: the whole vocabulary)
+        self.vocab_head: DraftVocabHead | None = None
         self.to(target.device)
+
+    def set_draft_vocab(self, tokens: torch.Tensor | None) -> None:
+        """Score drafts over ``tokens`` (sorted target ids; :mod:`.draft_vocab`), or the
+        whole vocabulary (None)."""
+        if tokens is None:
+            self.vocab_head = None
+            return
+        vocab = self.config.vocab_size
+        if tokens.numel() == 0 or int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
+            raise ValueError(f"a draft vocabulary holds target ids 0..{vocab - 1}")
+        self.vocab_head = DraftVocabHead(tokens.to(torch.int64).sort().values.unique())
 
     @property
     def draft_layers(self) -> list[DFlashLayer]:
@@ -269,6 +288,10 @@ class DFlashDrafter(nn.Module):
             for name, tensor in sorted(self.state_dict().items())
         }
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        if self.vocab_head is not None:
+            write_draft_vocab(directory, self.vocab_head.tokens.cpu())
+        else:  # a stale one would narrow the drafter saved now
+            (directory / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
         return directory
 
     @classmethod
@@ -288,8 +311,10 @@ class DFlashDrafter(nn.Module):
             files=files,
             ignored=_TARGETS_OWN,
         )
+        tokens = read_draft_vocab(directory, target.config.vocab_size)
         drafter = cls(config, target, settings)
         load_draft_weights(drafter, directory, files=files, ignored=_TARGETS_OWN)
+        drafter.set_draft_vocab(tokens)
         return drafter
 
     def make_kv_cache(self, size: int) -> KVCache:
@@ -332,13 +357,21 @@ class DFlashDrafter(nn.Module):
         """``[R, vocab]`` float32 logits of pre-norm ``hidden [R, hidden]``: ``norm`` and the
         target's LM head, as the native decoder's head on the CPU (it reads a GGUF file's
         quantized head as its blocks and takes the argmax as it goes, which ``greedy_tokens``
-        then reuses: the head is most of a draft's cost), else the modules."""
+        then reuses: the head is most of a draft's cost), else the modules. With a draft
+        vocabulary the columns are its tokens' (:meth:`target_ids` maps them back)."""
         lm_head = self.target.lm_head
+        if self.vocab_head is not None:
+            lm_head = self.vocab_head.linear(lm_head)
         lib = native_head_library(hidden, lm_head.weight.dtype)
         if lib is not None:
             head = self._native_head = NativeHead.reuse(self._native_head, self.norm, lm_head)
             return head.logits(lib, hidden.contiguous())
         return F.linear(self.norm(hidden), lm_head.weight).float()
+
+    def target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids of column indices of :meth:`draft_logits`' logits (the same ids
+        without a draft vocabulary)."""
+        return ids if self.vocab_head is None else self.vocab_head.target_ids(ids)
 
     def block_ids(self, bonus: torch.Tensor, width: int) -> torch.Tensor:
         """``[B, width]``: each bonus token then ``width - 1`` mask tokens."""
@@ -358,7 +391,8 @@ class DFlashDrafter(nn.Module):
         window: torch.Tensor,  # [B, N] KV slots of the block (the verify window)
         max_prefix_len: int,
     ) -> torch.Tensor:
-        """Logits ``[B, N - 1, vocab]`` float32 of block positions ``1..N-1``: one forward
+        """Logits ``[B, N - 1, vocab]`` float32 (vocab: the draft vocabulary's tokens when
+        there is one) of block positions ``1..N-1``: one forward
         whose queries see each request's context and its whole block. (A view of the native
         head's logits keeps the argmax it took: ``greedy_tokens`` reads it back.)"""
         batch, width = window.shape

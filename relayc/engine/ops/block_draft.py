@@ -58,7 +58,7 @@ def impl_dflash_draft(
         verify_slots(ctx, batch, n),
         ctx.max_prefix_len,
     )
-    tree = chain_tree(greedy_tokens(logits))
+    tree = chain_tree(ctx.drafter.target_ids(greedy_tokens(logits)))
     return {
         "parent_list": tree.parent_list,
         "top_scores_index": tree.top_scores_index,

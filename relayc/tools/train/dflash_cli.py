@@ -261,6 +261,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log = train_dflash(drafter, train, recipe, work, seed=args.seed, on_eval=evaluate,
                        eval_every=args.eval_every, vocab=vocab)  # fmt: skip
     final = evaluate(log["steps"])
+    # drafts are scored over what the drafter was trained to tell apart (draft_vocab.json)
+    drafter.set_draft_vocab(None if vocab is None else vocab.tokens)
     drafter.save(out, dtype=torch.float16)
     record: dict[str, Any] = {
         "target": args.target if not args.smoke else "smoke",
@@ -307,6 +309,17 @@ def model_card(record: dict[str, Any]) -> str:
         f"- Drafter: {d['layers']} layers, block size {d['block_size']}, target layers "
         f"{d['target_layer_ids']} (outputs), mask token id {d['mask_token_id']}, "
         f"{d['parameters']:,} parameters.",
+        *(
+            [
+                f"- Draft vocabulary: {d['train_vocab']} target tokens (`draft_vocab.json`: the "
+                "training answers' labels, then the most frequent argmax tokens); training "
+                "scored them and drafts are scored over them (the target still verifies "
+                "every token). Warm start: "
+                f"{json.dumps(d.get('warm_start'))}."
+            ]
+            if d.get("train_vocab")
+            else []
+        ),
         f"- Corpus: {json.dumps(record['corpus'])}.",
         f"- Examples: {record['examples']['train']} training, {record['examples']['heldout']} "
         "held out (every 50th).",
