@@ -247,6 +247,11 @@ class FutureMap:
         self._publish_fresh = False
 
     _host_mirrored = False  # generated: whether the spec mirrors new_seq_lens on the host
+    # Whether stash/resolve run the fused Triton kernels (set per map in __init__). Unfused,
+    # the length resolves read only SGLang's own attributes (`new_seq_lens_buf`,
+    # `publish_ready`, the host mirror), as SGLang's unit tests set them on a map they
+    # build with `object.__new__`.
+    _fused = False
 
     # -- buffers ---------------------------------------------------------------------
     def _adopt_relay(self, relay: FutureRelayBuffers) -> None:
@@ -583,7 +588,10 @@ class FutureMap:
             return
         if self.publish_ready is not None:
             self._wait_publish()
-        (fresh,) = self._gather(idx, ("new_seq_lens",))
+        if self._fused:
+            (fresh,) = self._gather(idx, ("new_seq_lens",))
+        else:
+            fresh = self.new_seq_lens_buf.index_select(0, idx)
         seq_lens = batch.seq_lens.clone()
         seq_lens[-n:] = fresh + 1
         batch.seq_lens = seq_lens
