@@ -247,10 +247,8 @@ class FutureMap:
         self._publish_fresh = False
 
     _host_mirrored = False  # generated: whether the spec mirrors new_seq_lens on the host
-    # Whether stash/resolve run the fused Triton kernels (set per map in __init__). Unfused,
-    # the length resolves read only SGLang's own attributes (`new_seq_lens_buf`,
-    # `publish_ready`, the host mirror), as SGLang's unit tests set them on a map they
-    # build with `object.__new__`.
+    # Fused Triton stash/resolve (set in __init__); unfused, length resolves read only SGLang's
+    # attributes, which SGLang's unit tests set on a map made with `object.__new__`.
     _fused = False
 
     # -- buffers ---------------------------------------------------------------------
