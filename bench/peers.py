@@ -487,8 +487,8 @@ REAL_RELAYC: list[tuple[str, str, dict[str, Any]]] = [
     # DFlash: the whole chain from one draft forward over a block; its block size is the
     # shipped drafter's, or a shorter verify window (fewer rows, the same one draft forward).
     ("relayc dflash", "dflash", {}),
-    ("relayc dflash block 6", "dflash", {"num_draft_tokens": 6}),
     ("relayc dflash block 4", "dflash", {"num_draft_tokens": 4}),
+    ("relayc dflash block 3", "dflash", {"num_draft_tokens": 3}),
 ]
 
 

@@ -257,6 +257,9 @@ def test_a_draft_vocabulary_narrows_the_drafts_and_stays_lossless(
     assert [o.token_ids for o in outs] == expected
     drafts = torch.cat([p.flatten() for p in proposed])
     assert proposed and bool(torch.isin(drafts, torch.tensor(keep)).all())
+    # recorded and replayed steps (the narrowed head and the id map inside the tape)
+    with Engine(model, algorithm="dflash", draft_model=saved, graphs="tape") as taped:
+        assert [o.token_ids for o in taped.generate(work.prompts, work.params)] == expected
     # saving without one removes the stale file
     drafter.set_draft_vocab(None)
     drafter.save(saved)
