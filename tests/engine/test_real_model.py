@@ -5,6 +5,8 @@ purpose: a few tokens per generation (the model runs ~25-30 tokens/s on one CPU 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -149,6 +151,34 @@ def test_ngram_is_lossless_on_the_real_model(overlap: bool, graphs: str) -> None
     assert [o.token_ids for o in outs] == reference
     accepted = [n for o in outs for n in o.accept_lengths]
     assert sum(accepted) / len(accepted) > 1.5  # the quoted text is drafted and accepted
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_shipped_dflash_drafter_is_lossless_and_accepts(overlap: bool) -> None:
+    """`draft_model=None` picks the DFlash drafter shipped for SmolLM2 (its draft
+    vocabulary included); greedy output is `none`'s, and its drafts are accepted."""
+    from relayc.engine.checkpoints.shipped import ASSETS_DIR
+
+    loaded = smollm2()
+    prompts = [loaded.tokenizer.encode_chat(chat) for chat in QUOTING_CHATS + CHATS[:2]]
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    reference = _none_outputs(tuple(tuple(p) for p in prompts), params)
+    engine = Engine(
+        model=loaded.model,
+        tokenizer=loaded.tokenizer,
+        algorithm="dflash",
+        num_draft_tokens=4,
+        overlap=overlap,
+        max_batch_size=4,
+    )
+    drafter = engine.algorithm.drafter
+    assert drafter.vocab_head is not None and drafter.block_size == 8
+    shipped = json.loads((ASSETS_DIR / "smollm2" / "dflash" / "draft_vocab.json").read_text())
+    assert drafter.vocab_head.tokens.tolist() == shipped["token_ids"]
+    outs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == reference
+    accepted = [n for o in outs for n in o.accept_lengths]
+    assert sum(accepted) / len(accepted) > 1.2  # a random drafter: about 1.0
 
 
 _NONE: dict[object, list[list[int]]] = {}
