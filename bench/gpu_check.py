@@ -64,6 +64,7 @@ REAL_ALGORITHMS = [
     ("ngram", 3, 1, 8),
     ("eagle3", 3, 4, 8),
     ("eagle3", 1, 1, 2),
+    ("dflash", 3, 1, 4),  # the shipped drafter over a block of 4
 ]
 
 

@@ -71,12 +71,13 @@ def chat_prompts(quoting: bool | None = None) -> list[Chat]:
     ]
 
 
-# The algorithms with a drafter for the real model (n-gram needs none; EAGLE-3's head ships
-# in relayc/assets/smollm2).
+# The algorithms with a drafter for the real model (n-gram needs none; EAGLE-3's head and
+# the DFlash drafter ship in relayc/assets/smollm2).
 REAL_ALGORITHMS: list[tuple[str, dict[str, int]]] = [
     ("none", {}),
     ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 8}),
     ("eagle3", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),  # the shipped head
+    ("dflash", {"topk": 1, "num_draft_tokens": 4}),  # the shipped drafter, a block of 4
 ]
 
 ALGORITHMS: list[tuple[str, dict[str, int]]] = [

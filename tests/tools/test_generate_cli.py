@@ -207,7 +207,7 @@ def test_a_drafter_that_would_be_random_on_the_real_model_is_refused(
         line = err.splitlines()[-1]
         assert line.startswith("relayc generate: error: "), err
         assert f"no `{algorithm}` drafter ships for 'smollm2'" in line
-        assert "(`eagle3`)" in line and "--draft-model DIR" in line
+        assert "(`eagle3`, `dflash`)" in line and "--draft-model DIR" in line
     argv = ["generate", "--toy", "--prompt", "def f(x):", "--max-new-tokens", "2"]
     assert main([*argv, "--algorithm", "eagle"]) == EXIT_OK
     capsys.readouterr()

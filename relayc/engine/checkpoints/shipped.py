@@ -23,7 +23,7 @@ RANDOM = "random"  # `Engine(model=RANDOM)`: the tiny default config, random wei
 # subdirectories of DEMO_DIR
 _DRAFTERS = ("eagle", "eagle_multilayer", "standalone", "eagle3", "dflash")
 # {named model: {algorithm: subdirectory of ASSETS_DIR}}
-NAMED_DRAFTERS = {"smollm2": {"eagle3": "smollm2/eagle3"}}
+NAMED_DRAFTERS = {"smollm2": {"eagle3": "smollm2/eagle3", "dflash": "smollm2/dflash"}}
 _named_targets: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
 
