@@ -224,7 +224,7 @@ class DFlashDrafter(nn.Module):
         vocab = self.config.vocab_size
         if tokens.numel() == 0 or int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
             raise ValueError(f"a draft vocabulary holds target ids 0..{vocab - 1}")
-        self.vocab_head = DraftVocabHead(tokens.to(torch.int64).sort().values.unique())
+        self.vocab_head = DraftVocabHead(torch.unique(tokens.to(torch.int64)))  # sorted
 
     @property
     def draft_layers(self) -> list[DFlashLayer]:

@@ -15,6 +15,7 @@ target head's rows for those ids and maps a draft's argmax back to target ids.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -65,8 +66,6 @@ def read_draft_vocab(directory: Path, vocab_size: int) -> torch.Tensor | None:
 
 def write_draft_vocab(directory: Path, tokens: torch.Tensor) -> Path:
     """``directory/draft_vocab.json`` holding ``tokens`` (sorted target ids)."""
-    import json
-
     path = directory / FILENAME
     body = {"format": FORMAT, "token_ids": [int(t) for t in tokens.tolist()]}
     path.write_text(json.dumps(body, separators=(",", ":")) + "\n")
