@@ -118,6 +118,7 @@ def check_algorithm(
     return Spec(
         path=parts.path,
         algorithm=parts.algorithm,
+        algorithm_loc=index.value(("algorithm",)),
         description=parts.description,
         content_hash=content_hash,
         dims=dims,

@@ -74,6 +74,7 @@ class Spec:
 
     path: str
     algorithm: str
+    algorithm_loc: SourceLoc  # where the `algorithm:` name is, for errors about it
     description: str
     content_hash: str
     dims: dict[str, Dim]

@@ -38,6 +38,7 @@ from types import ModuleType
 from relayc.compiler.codegen import GENERATED_MARK, pylit, string_literal
 from relayc.compiler.output import Output, comment_text, format_source
 from relayc.compiler.targets import sglang_base, sglang_state
+from relayc.compiler.targets.sglang_names import DropInNaming, check_drop_in_names
 from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
 from relayc.graph.passes import FieldLayout, RelayLayout, analyse
 from relayc.runtime import fused
@@ -182,6 +183,11 @@ def compile_sglang(
         f"{KERNELS_MODULE}.py": generate_kernels_module(algorithms, shown_dir),
         **{f"{name}.py": pasted_module(template) for name, template in TEMPLATES.items()},
     }
+    # Spec names that land on names the emitted drop-in already uses (sglang_names.py).
+    naming = DropInNaming(_class_name, sglang_state.buffer_name, (*SGLANG_PAYLOAD, "new_seq_lens"))
+    relayed = [(a.spec, [f.name for f in a.fields]) for a in algorithms]
+    if errors := check_drop_in_names(sources, relayed, naming):
+        raise SpecErrors(errors)
     return [
         Output(Path(out_dir) / name, format_source(text, name)) for name, text in sources.items()
     ]
