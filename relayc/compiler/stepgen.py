@@ -71,7 +71,15 @@ def _var_names(graph: fx.Graph, placement: str, inputs: Collection[str]) -> VarN
     names: VarNames = {}
     for key, var in short.items():
         others = {v for k, v in [*full.items(), *short.items()] if k != key}
-        names[key] = var if var not in taken and var not in others else full[key]
+        var = var if var not in taken and var not in others else full[key]
+        # `<step>_<output>` can still spell another step's result (`decode` + `logits` and
+        # a step `decode_logits`) or another output's (`a` + `b_c`, `a_b` + `c`): one
+        # variable would hold both, so the later one gets a number.
+        unique, suffix = var, 2
+        while unique in taken:
+            unique, suffix = f"{var}_{suffix}", suffix + 1
+        taken.add(unique)
+        names[key] = unique
     return names
 
 

@@ -6,6 +6,7 @@ import ast
 import builtins
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,66 @@ def test_reserved_names_cover_the_generated_namespace(algorithm: str) -> None:
             read_globals = loaded - bound - assigned - set(dir(builtins)) - user
             assert read_globals <= GENERATED_NAMES, (method.name, read_globals)
     assert {"self", "ctx", "host", "relay"} <= GENERATED_NAMES
+
+
+@pytest.mark.parametrize(
+    ("edits", "held"),
+    [
+        # step `decode_logits` after step `decode`, whose output `logits` is `decode_logits`
+        (
+            [
+                ("  - name: sample\n", "  - name: decode_logits\n"),
+                ("next_tokens: sample.next_tokens", "next_tokens: decode_logits.next_tokens"),
+                (
+                    "    next_tokens: decode_logits",
+                    "    logits: decode.logits\n    next_tokens: decode_logits",
+                ),
+            ],
+            "decode",
+        ),
+        # the same with a short step name: `a` + `logits` is step `a_logits`
+        (
+            [
+                ("  - name: decode\n", "  - name: a\n"),
+                ("{logits: decode.logits}", "{logits: a.logits}"),
+                ("  - name: sample\n", "  - name: a_logits\n"),
+                ("next_tokens: sample.next_tokens", "next_tokens: a_logits.next_tokens"),
+            ],
+            "a",
+        ),
+    ],
+)
+def test_step_output_variables_never_spell_another_name(
+    tmp_path: Path, edits: list[tuple[str, str]], held: str
+) -> None:
+    """`<step>_<output>` can spell another step's result variable or another output's: each
+    variable of a generated step method is assigned once, and `logits` is read from the step
+    that wrote it (before, a step `decode_logits` overwrote `decode.logits` with its own
+    results, which DecodeOutputs then returned as the logits)."""
+    text = NONE_SPEC
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
+    tree = ast.parse(compile_spec(path, tmp_path / "out").text)
+    (decode,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DecodeStep")
+    (call,) = (n for n in decode.body if isinstance(n, ast.FunctionDef) and n.name == "run_device")
+    stores = [
+        n.id for n in ast.walk(call) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    ]
+    assert len(stores) == len(set(stores)), sorted(stores)
+    logits = next(
+        t.id
+        for node in ast.walk(call)
+        if isinstance(node, ast.Assign) and ast.unparse(node.value) == f"{held}['logits']"
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    )
+    sample = next(
+        node
+        for node in ast.walk(call)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "self._sample"
+    )
+    assert [ast.unparse(k.value) for k in sample.keywords if k.arg == "logits"] == [logits]
