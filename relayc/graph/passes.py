@@ -87,13 +87,17 @@ def relay_inference(
             )
         elif reading_steps and not seeded and fld.init == "empty" and stasher is not None:
             step = reading_steps[0]
+            # An `init:` defines the first read only of a buffer that exists from the start:
+            # a lazy field's rows read None until its first stash.
+            fill = "give the field an `init:` of zeros or a fill value"
+            if fld.alloc == "lazy":
+                fill = "drop its `alloc: lazy` and give it an `init:` of zeros or a fill value"
             errors.append(
                 SpecError(
                     spec.prefill.loc,
                     f"the prefill does not seed relay field `{name}`, which step `{step}` reads "
                     "in a request's first decode iteration",
-                    "stash it in the prefill step, or give the field an `init:` of zeros or a "
-                    "fill value so the first read is defined",
+                    f"stash it in the prefill step, or {fill} so the first read is defined",
                 )
             )
         elif not reading_steps and not fld.export:

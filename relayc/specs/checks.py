@@ -264,6 +264,18 @@ def _check_definitions(parts: Parts, dims: dict[str, Dim], errors: list[SpecErro
                     "drop `alloc: lazy`",
                 )
             )
+        if fld.alloc == "lazy" and fld.init != "empty":
+            # A lazy field has no buffer, so every row resolves to None, until the first
+            # stash of any request: the fill would show only after someone else's stash.
+            errors.append(
+                SpecError(
+                    index.value(("fields", name, "init")),
+                    f"field `{name}` is `alloc: lazy`: it has no buffer until its first stash, "
+                    "so its rows read None before then and the `init:` is never their value",
+                    "drop `alloc: lazy` to allocate it filled with the `init:` value, or drop "
+                    "the `init:` and seed the field in the prefill step",
+                )
+            )
         host = fld.host_mirror
         if host is not None and host.depth <= host.lag:
             errors.append(

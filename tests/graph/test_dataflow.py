@@ -108,7 +108,7 @@ CASES = [
             )
         ],
         [
-            "eagle.yaml:12:1: error: the prefill does not seed relay field `topk_index`, which step `draft` reads in a request's first decode iteration (stash it in the prefill step, or give the field an `init:` of zeros or a fill value so the first read is defined)"
+            "eagle.yaml:12:1: error: the prefill does not seed relay field `topk_index`, which step `draft` reads in a request's first decode iteration (stash it in the prefill step, or drop its `alloc: lazy` and give it an `init:` of zeros or a fill value so the first read is defined)"
         ],
     ),
     (
