@@ -16,7 +16,15 @@ import torch.fx as fx
 
 from relayc.graph.builder import IterationGraphs, build_graphs
 from relayc.nodes.registry import Op
-from relayc.runtime.dims import dims_of, dtype_name, eval_dim, torch_dtype
+from relayc.runtime.dims import (
+    MAX_BUFFER_BYTES,
+    MAX_BUFFER_TEXT,
+    buffer_bytes,
+    dims_of,
+    dtype_name,
+    eval_dim,
+    torch_dtype,
+)
 from relayc.specs.errors import SpecError, SpecErrors
 from relayc.specs.loader import Spec
 from relayc.specs.schema import HostMirror, Ref, RelayField
@@ -302,8 +310,39 @@ class RelayLayout:
         return tuple(f for f in self.fields if f.host_mirror is not None and f.host_mirror.lag == 0)
 
 
+def _check_buffer_size(
+    spec: Spec, name: str, fld: RelayField, sample: Mapping[str, int], errors: list[SpecError]
+) -> None:
+    """A located error when field ``name``'s buffer would pass MAX_BUFFER_BYTES in the
+    smallest relay that runs the spec: `capture.max_batch_size` requests and the padding
+    slot, dims at their defaults (a dim the engine supplies counts as 1 here; the engine
+    checks again with the real sizes), the model dtype as float32."""
+    defaults = {d: 1 if dim.default is None else dim.default for d, dim in spec.dims.items()}
+    pool = spec.capture.max_batch_size + 1
+    shape = (pool, *(eval_dim(d, defaults) for d in fld.shape))
+    if math.prod(_field_row(fld, sample)) * _SAMPLE_BATCH > _MAX_ELEMENTS:
+        return  # propagate_meta already said the row alone is too large
+    size = buffer_bytes(shape, torch_dtype(fld.dtype, torch.float32))
+    if size <= MAX_BUFFER_BYTES:
+        return
+    used = sorted({d for entry in fld.shape for d in dims_of(entry)})
+    at = ", ".join(f"{d}={defaults[d]}" for d in used)
+    errors.append(
+        SpecError(
+            fld.loc,
+            f"relay field `{name}` ({_type_text(fld.dtype, fld.shape)}) needs a buffer of "
+            f"{size:.3g} bytes ({math.prod(shape):.3g} elements) for {pool} request slots "
+            f"(capture.max_batch_size + 1){f', dims at their defaults ({at})' if at else ''}: "
+            f"more than the {MAX_BUFFER_TEXT} a relay buffer may take",
+            "use smaller sizes in its shape or smaller dim defaults",
+        )
+    )
+
+
 def plan_layout(graphs: IterationGraphs, errors: list[SpecError]) -> tuple[IterationGraphs, bool]:
     spec = graphs.spec
+    for name, fld in spec.fields.items():
+        _check_buffer_size(spec, name, fld, graphs.analysis["sample_dims"], errors)
     fields = tuple(
         FieldLayout(
             name=name,

@@ -10,7 +10,8 @@ generated code imports, so that importing a generated module needs only torch
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -22,6 +23,44 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "bool": torch.bool,
 }
+
+
+# The most one relay field's buffer, `[req_pool_size, *row]`, may take: 1 TiB, more than
+# any accelerator holds, and so at most 2**40 elements. Each dim is capped at 2**31 - 1 but
+# their product is not; past this a buffer fails in torch (or overflows its size
+# computation) with a message that names neither the field nor the spec.
+MAX_BUFFER_BYTES = 2**40
+MAX_BUFFER_TEXT = "2**40 bytes (1 TiB)"
+
+
+def buffer_bytes(shape: Sequence[int], dtype: torch.dtype) -> int:
+    """The bytes of a buffer of ``shape`` and ``dtype`` (a Python int: no overflow)."""
+    return math.prod(shape) * dtype.itemsize
+
+
+def check_buffer_sizes(
+    algorithm: str,
+    req_pool_size: int,
+    shapes: Mapping[str, Sequence[str | int]],
+    dtypes: Mapping[str, torch.dtype],
+    dims: Mapping[str, int],
+) -> None:
+    """Raise ValueError naming the first relay field of ``algorithm`` (field -> row shape
+    in ``shapes``) whose buffer `[req_pool_size, *row]` would pass MAX_BUFFER_BYTES with
+    ``dims``; called before anything is allocated."""
+    for name, entries in shapes.items():
+        shape = (req_pool_size, *(eval_dim(e, dims) for e in entries))
+        size = buffer_bytes(shape, dtypes[name])
+        if size > MAX_BUFFER_BYTES:
+            used = sorted({d for e in entries for d in dims_of(e)})
+            bound = "".join(f", {d}={dims[d]}" for d in used)
+            raise ValueError(
+                f"relay field `{name}` of the `{algorithm}` spec would need a buffer of "
+                f"{list(shape)} {str(dtypes[name]).removeprefix('torch.')}: "
+                f"{math.prod(shape):.3g} elements, {size:.3g} bytes, more than the "
+                f"{MAX_BUFFER_TEXT} a relay buffer may take (req_pool_size={req_pool_size}"
+                f"{bound}); bind smaller dims or a smaller req_pool_size"
+            )
 
 
 def torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from relayc.runtime.backend import resolve_backend
-from relayc.runtime.dims import dims_of, eval_dim, torch_dtype
+from relayc.runtime.dims import check_buffer_sizes, dims_of, eval_dim, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,8 @@ class FutureMapBase:
         self.dtypes: dict[str, torch.dtype] = {
             i.name: torch_dtype(i.dtype, model_dtype) for i in self.FIELD_INFOS
         }
+        shapes = {i.name: i.shape for i in self.FIELD_INFOS}
+        check_buffer_sizes(self.ALGORITHM, req_pool_size, shapes, self.dtypes, self.dims)
         self._publish_event: Any = None
         # debug mode: which rows of each field were stashed since allocation
         self._written: dict[str, torch.Tensor] = {}

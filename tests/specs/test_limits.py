@@ -4,6 +4,7 @@ errors, never a traceback (or minutes and gigabytes)."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relayc.cli import EXIT_SPEC_ERRORS, main
+from relayc.compiler.writer import compile_spec
 from relayc.specs.errors import SpecErrors
 from relayc.specs.loader import load_spec_text
 from relayc.specs.yamlsrc import MAX_EXPANDED_VALUES
@@ -201,3 +203,101 @@ def test_any_oversized_literal_is_located(size: int) -> None:
     text = TINY.replace("{default: 2}", f"{{default: {size}}}", 1)
     errors = _located(text)
     assert any(e.startswith("spec.yaml:3:") and "must be at most" in e for e in errors)
+
+
+# -- a relay field's whole buffer: [pool, *row] bounded at compile time and in the relay ----
+def _with_field(tmp_path: Path, declaration: str, *, dims: str = "", max_batch: int = 4) -> Path:
+    """tiny.yaml with one more (exported) relay field, more dims and its largest batch."""
+    text = TINY.replace("  topk: {default: 2}\n", f"  topk: {{default: 2}}\n{dims}", 1)
+    text = text.replace("fields:\n", f"fields:\n  big: {declaration}\n", 1)
+    text = text.replace("max_batch_size: 4", f"max_batch_size: {max_batch}", 1)
+    for name in ("shared.yaml", "tiny_ops.py"):
+        shutil.copy(DATA / name, tmp_path / name)
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return path
+
+
+def _big_at(path: Path) -> str:
+    """`path:line:3`, where the field `big` is declared."""
+    lines = path.read_text().splitlines()
+    return f"{path}:{next(i for i, s in enumerate(lines, 1) if s.startswith('  big:'))}:3"
+
+
+def _compile_errors(path: Path) -> list[str]:
+    with pytest.raises(SpecErrors) as info:
+        compile_spec(path, path.parent / "out")
+    return [e.render() for e in info.value.errors]
+
+
+def _field(dtype: str, shape: str) -> str:
+    return f"{{dtype: {dtype}, shape: {shape}, export: true, doc: a large field}}"
+
+
+def test_the_issues_field_is_located_at_compile_time(tmp_path: Path) -> None:
+    """Each dim within 2**31 - 1, their product not: it compiled, then the relay failed in
+    torch ("Storage size calculation overflowed") naming neither field nor spec."""
+    path = _with_field(
+        tmp_path, _field("float32", "[huge, huge]"), dims="  huge: {default: 2147483647}\n"
+    )
+    (error,) = _compile_errors(path)
+    assert error == (
+        f"{_big_at(path)}: error: relay field `big` (float32 [huge, huge]) needs a buffer of "
+        "9.22e+19 bytes (2.31e+19 elements) for 5 request slots (capture.max_batch_size + 1), "
+        "dims at their defaults (huge=2147483647): more than the 2**40 bytes (1 TiB) a relay "
+        "buffer may take (use smaller sizes in its shape or smaller dim defaults)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shape", "max_batch", "refused"),
+    [
+        # 4 slots x 2**36 int32 elements: exactly 2**40 bytes, the limit
+        ("int32", "[262144, 262144]", 3, False),
+        ("int32", "[262144, 262145]", 3, True),
+        ("int64", "[262144, 262144]", 3, True),  # bytes, not elements
+        ("bool", "[262144, 262144]", 15, False),  # 16 slots of one byte
+        ("int32", "[262144, 262144]", 4, True),  # one slot more
+        ("model", "[262144, 262144]", 3, False),  # counted as float32
+        ("model", "[262144, 262144, 2]", 3, True),
+    ],
+)
+def test_the_bound_is_on_bytes_of_the_whole_buffer(
+    tmp_path: Path, dtype: str, shape: str, max_batch: int, refused: bool
+) -> None:
+    path = _with_field(tmp_path, _field(dtype, shape), max_batch=max_batch)
+    if refused:
+        (error,) = _compile_errors(path)
+        assert error.startswith(f"{_big_at(path)}: error: relay field `big`"), error
+        assert "more than the 2**40 bytes (1 TiB)" in error
+    else:
+        assert compile_spec(path, tmp_path / "out")
+
+
+def test_dims_the_engine_supplies_are_checked_when_bound(tmp_path: Path) -> None:
+    """A dim with no default (the model's vocabulary) counts as 1 at compile time; the
+    relay checks the real size before it allocates anything, naming field and spec."""
+    path = _with_field(
+        tmp_path,
+        _field("float32", "[vocab, vocab]"),
+        dims="  vocab: {supplied_by: model config (vocab_size)}\n",
+    )
+    output = compile_spec(path, tmp_path / "out")
+    output.path.parent.mkdir()
+    output.path.write_text(output.text)
+    module_spec = importlib.util.spec_from_file_location("tiny_big_relay", output.path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    relay = module.FutureMap(9, "cpu", dims={"vocab": 100})
+    assert relay.buffers["big"].shape == (9, 100, 100)
+    with pytest.raises(ValueError) as info:
+        module.FutureMap(9, "cpu", dims={"vocab": 2**31 - 1})
+    assert str(info.value) == (
+        "relay field `big` of the `tiny` spec would need a buffer of [9, 2147483647, "
+        "2147483647] float32: 4.15e+19 elements, 1.66e+20 bytes, more than the 2**40 bytes "
+        "(1 TiB) a relay buffer may take (req_pool_size=9, vocab=2147483647); bind smaller "
+        "dims or a smaller req_pool_size"
+    )
+    with pytest.raises(ValueError, match=r"field `big` .* \(req_pool_size=300000, vocab=1000\)"):
+        module.FutureMap(300000, "cpu", dims={"vocab": 1000})  # 1.2e12 bytes: the pool counts
