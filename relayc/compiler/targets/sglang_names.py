@@ -162,13 +162,13 @@ def _members(cls: ast.ClassDef, *, self_attributes: bool) -> Iterator[str]:
             if self_attributes or "ClassVar" in ast.unparse(node.annotation):
                 yield node.target.id
     if self_attributes:
-        for node in ast.walk(cls):
+        for inner in ast.walk(cls):
             if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Name)
-                and node.value.id in ("self", "cls")
+                isinstance(inner, ast.Attribute)
+                and isinstance(inner.value, ast.Name)
+                and inner.value.id in ("self", "cls")
             ):
-                yield node.attr
+                yield inner.attr
 
 
 def _outside(tree: ast.Module, skipped: Sequence[ast.ClassDef]) -> Iterator[ast.AST]:
