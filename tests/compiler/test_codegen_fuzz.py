@@ -95,7 +95,7 @@ def specs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, int]]:
             field["init"] = init
         if draw(st.booleans()):
             field["poison"] = draw(fills(dtype))
-        if draw(st.booleans()):
+        if "init" not in field and draw(st.booleans()):  # a lazy field has no init
             field["alloc"] = "lazy"
         fields[name] = field
     step_names = draw(st.lists(local_names, min_size=2, max_size=2, unique=True))
