@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import closing
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from relayc.engine.checkpoints.shipped import DEMO_DIR, NAMED_DRAFTERS
@@ -375,7 +376,17 @@ def _build_native_decoder(progress: Callable[[str], None]) -> None:
         if seconds is None:
             progress("building the native decoder for this CPU (once, ~20 s)...")
         else:
-            progress(f"built the native decoder in {seconds:.1f} s (cached in {cache_dir()})")
+            progress(
+                f"built the native decoder in {seconds:.1f} s (cached in {_home(cache_dir())})"
+            )
 
     with build_progress(report):
         native_decoder()  # None (and a warning) where it cannot be built: torch layers then
+
+
+def _home(path: Path) -> str:
+    """``path`` with the home folder written ``~``, as a reader would type it."""
+    try:
+        return f"~/{path.relative_to(Path.home()).as_posix()}"
+    except ValueError:
+        return str(path)
