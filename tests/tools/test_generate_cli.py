@@ -289,3 +289,13 @@ def test_a_broken_gguf_file_is_one_line_and_exit_2(
     assert line.startswith("relayc generate: error: ")
     assert str(cut) in line and "copy it again" in line
     assert main(["generate", "--model", str(path), "--prompt-ids", "1,2"]) == EXIT_OK
+
+
+def test_dflash_num_steps_sets_the_block(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--num-steps N` with dflash drafts N tokens a block (as --help says), instead of a
+    ValueError from the drafter, once loaded, against its own block of 8."""
+    argv = ["generate", "--toy", "--algorithm", "dflash", "--prompt", "def f(x):"]
+    assert main([*argv, "--max-new-tokens", "8", "--num-steps", "3"]) == EXIT_OK
+    assert "algorithm dflash" in capsys.readouterr().err
+    assert main([*argv, "--num-steps", "3", "--num-draft-tokens", "5"]) == EXIT_USAGE
+    assert "leave `num_steps` out or set it to 4" in _error_line(capsys)
