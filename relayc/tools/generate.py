@@ -242,12 +242,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(f"{exc}; or pass --toy for the byte-level demo model") from None
     if args.device == "cpu":
         _build_native_decoder(progress)
-    num_steps, num_draft_tokens = args.num_steps, args.num_draft_tokens
+    num_steps: int | None = args.num_steps
+    num_draft_tokens: int | None = args.num_draft_tokens
     if args.algorithm == "dflash" and num_steps is not None and num_draft_tokens is None:
         # As --help says: DFlash drafts num_steps tokens in one block, the bonus token ahead
         # of them. Passed on as is, the engine would compare it with the drafter's block
         # only once the drafter is loaded.
-        num_steps, num_draft_tokens = None, num_steps + 1
+        num_draft_tokens, num_steps = num_steps + 1, None
     try:
         engine = Engine(
             model=model,
