@@ -91,11 +91,13 @@ def _algorithm_help() -> str:
         + ", ".join(runnable(name) or ALGORITHMS)
         for name in NAMED_DRAFTERS
     )
+    drafting = ", ".join(a for a in ALGORITHMS if a not in NO_DRAFTER)
     return (
         f"what to run: none (default: one token per step) or ngram with any model; {named}; "
-        f"with --toy: {', '.join(runnable(None) or ALGORITHMS)}; any of "
-        f"{', '.join(ALGORITHMS)} with a trained --draft-model DIR (or --model random, "
-        "whose drafters are random too)"
+        f"with --toy: {', '.join(runnable(None) or ALGORITHMS)}; with any model, {drafting} "
+        "given a trained "
+        "--draft-model DIR (without one, a model file's or `--model random`'s drafter is "
+        "random: it runs, and accepts next to nothing)"
     )
 
 
