@@ -208,7 +208,7 @@ GENERATE_ERRORS = [
     (["--device", "nonsense"], "unknown device"),
     (["--draft-quantization", "q4"], "invalid choice: 'q4'"),
     (["--prompt", "a\udcffb"], "is not valid UTF-8 (byte 0xff at character 1)"),
-    (["--algorithm", "egale"], "unknown algorithm 'egale' (did you mean `eagle`?)"),
+    (["--algorithm", "egale"], "unknown algorithm `egale` (did you mean `eagle`?)"),
     (["--algorithm", "eagle_multi"], "(did you mean `eagle_multilayer`?)"),
     (["--algorithm", "dspark"], "the reference engine cannot run `dspark`"),
     # smollm2, the default model, ships no EAGLE head: refused before it loads (4-6 s)

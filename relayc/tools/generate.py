@@ -59,7 +59,7 @@ def algorithm_name(text: str) -> str:
         )
     hint = did_you_mean(text, ALGORITHMS)
     raise argparse.ArgumentTypeError(
-        f"unknown algorithm {text!r}"
+        f"unknown algorithm `{text}`"
         + (f" ({hint})" if hint else "")
         + f"; the engine runs {quoted_list(ALGORITHMS)}"
     )
