@@ -2,18 +2,27 @@
 
 Exit codes: 0 success, 1 spec errors (printed as ``path:line:col: error: ...``),
 2 usage errors (bad arguments, unreadable files, checkpoints that cannot be loaded),
-130 interrupted (Ctrl-C). Each is reported in one line, never a traceback.
+130 interrupted (Ctrl-C). Each is reported in one line, never a traceback: every expected
+error is a typed one (``SpecErrors``, ``UsageError``, ``CheckpointError``) raised where the
+bad value is read. Anything else is a bug in relayc: its traceback is shown, then one line
+saying so and how to report it, exit 70 (``EX_SOFTWARE``).
+
+Text from a spec, a checkpoint or a model (descriptions, names, messages quoting them)
+reaches the terminal through ``relayc.tools.terminal.printable``: control characters escaped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from relayc import __version__
 from relayc.compiler.picture import add_graph_command
 from relayc.specs.errors import (
     EXIT_OK,
@@ -27,12 +36,14 @@ from relayc.specs.errors import (
 )
 from relayc.tools.demo import add_demo_command
 from relayc.tools.generate import add_generate_command
+from relayc.tools.terminal import printable
 
 if TYPE_CHECKING:
     from relayc.compiler.writer import Output
     from relayc.specs.loader import Library, Spec
 
 __all__ = [
+    "EXIT_BUG",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_SPEC_ERRORS",
@@ -44,6 +55,8 @@ __all__ = [
 
 # The shell's code for a command ended by SIGINT (128 + 2).
 EXIT_INTERRUPTED = 130
+# sysexits.h's EX_SOFTWARE, "internal software error": not 1, which says the spec is wrong.
+EXIT_BUG = 70
 
 
 def _existing_files(paths: Sequence[str]) -> list[Path]:
@@ -73,7 +86,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         try:
             document = _check_document(path, args.ops)
         except SpecErrors as exc:
-            print(exc.render(), file=sys.stderr)
+            print(printable(exc.render()), file=sys.stderr)
             failed = True
             continue
         if not args.quiet:
@@ -82,7 +95,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 if isinstance(document, Library)
                 else f"algorithm `{document.algorithm}`, {len(document.steps)} steps"
             )
-            print(f"{display_path(path)}: ok ({what}, {len(document.fields)} fields)")
+            print(printable(f"{display_path(path)}: ok ({what}, {len(document.fields)} fields)"))
     return EXIT_SPEC_ERRORS if failed else EXIT_OK
 
 
@@ -94,12 +107,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         try:
             document = _check_document(path, args.ops)
         except SpecErrors as exc:
-            print(exc.render(), file=sys.stderr)
+            print(printable(exc.render()), file=sys.stderr)
             failed = True
             continue
         if i:
             print()
-        print(explain(document))
+        print(printable(explain(document)))  # a description is the spec author's text
     return EXIT_SPEC_ERRORS if failed else EXIT_OK
 
 
@@ -143,11 +156,11 @@ def _algorithms(specs: Sequence[Path], ops: Sequence[str]) -> tuple[list[Path], 
         try:
             document = load_document(path, ops=ops)
         except SpecErrors as exc:
-            print(exc.render(), file=sys.stderr)
+            print(printable(exc.render()), file=sys.stderr)
             failed = True
             continue
         if isinstance(document, Library):
-            print(f"{display_path(path)}: library `{document.name}` is valid; skipped")
+            print(printable(f"{display_path(path)}: library `{document.name}` is valid; skipped"))
             continue
         paths.append(path)
     return paths, failed
@@ -175,7 +188,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     try:
         outputs = compile_specs(paths, out_dir, ops=args.ops)
     except SpecErrors as exc:
-        print(exc.render(), file=sys.stderr)
+        print(printable(exc.render()), file=sys.stderr)
         return EXIT_SPEC_ERRORS
     for output in outputs:
         print(f"{'wrote' if _write(output, write) else 'unchanged'} {output.path}")
@@ -219,7 +232,7 @@ def _compile_sglang(paths: list[Path], out_dir: Path, ops: Sequence[str], failed
     try:
         outputs = compile_sglang(paths, out_dir, ops=ops)
     except SpecErrors as exc:
-        print(exc.render(), file=sys.stderr)
+        print(printable(exc.render()), file=sys.stderr)
         return EXIT_SPEC_ERRORS
     for output in outputs:
         print(f"{'wrote' if _write(output, write) else 'unchanged'} {output.path}")
@@ -232,7 +245,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         diffs = stale_bundled()
     except SpecErrors as exc:
-        print(exc.render(), file=sys.stderr)
+        print(printable(exc.render()), file=sys.stderr)
         return EXIT_SPEC_ERRORS
     if diffs:
         sys.stdout.write("".join(diffs))
@@ -260,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="relayc",
         description="Compile relay-state specs for overlapped speculative decoding.",
-        epilog="Exit codes: 0 ok, 1 spec errors, 2 usage errors, 130 interrupted (Ctrl-C).",
+        epilog="Exit codes: 0 ok, 1 spec errors, 2 usage errors, 70 a bug in relayc (reported "
+        "with its traceback), 130 interrupted (Ctrl-C).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -344,6 +358,18 @@ def _is_checkpoint_error(exc: Exception) -> bool:
     return weights is not None and isinstance(exc, weights.CheckpointError)
 
 
+def report_bug(command: str) -> None:
+    """After an exception no check anticipated: its traceback, then one line saying that it
+    is relayc's bug, not the user's, and what to send."""
+    traceback.print_exc()
+    print(
+        f"relayc{command}: internal error: this is a bug in relayc {__version__} (Python "
+        f"{platform.python_version()}), not in your input; please report it as an issue in "
+        "relayc's repository with the traceback above and the command you ran",
+        file=sys.stderr,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     command = ""
     try:
@@ -366,12 +392,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return EXIT_OK
     except Exception as exc:
-        if not _is_checkpoint_error(exc):
-            raise
-        # The one place a checkpoint error becomes a usage error, wherever it was raised
-        # (the engine's loaders, a tokenizer's, a flag that reads a file).
-        print(one_line(f"relayc{command}: error: {exc}"), file=sys.stderr)
-        return EXIT_USAGE
+        if _is_checkpoint_error(exc):
+            # The one place a checkpoint error becomes a usage error, wherever it was raised
+            # (the engine's loaders, a tokenizer's, a flag that reads a file).
+            print(one_line(f"relayc{command}: error: {exc}"), file=sys.stderr)
+            return EXIT_USAGE
+        report_bug(command)
+        return EXIT_BUG
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayc.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser, main
+from relayc.cli import EXIT_BUG, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser, main
 
 COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
 
@@ -208,6 +208,16 @@ GENERATE_ERRORS = [
     (["--device", "nonsense"], "unknown device"),
     (["--draft-quantization", "q4"], "invalid choice: 'q4'"),
     (["--prompt", "a\udcffb"], "is not valid UTF-8 (byte 0xff at character 1)"),
+    (["--algorithm", "egale"], "unknown algorithm `egale` (did you mean `eagle`?)"),
+    (["--algorithm", "eagle_multi"], "(did you mean `eagle_multilayer`?)"),
+    (["--algorithm", "dspark"], "the reference engine cannot run `dspark`"),
+    # smollm2, the default model, ships no EAGLE head: refused before it loads (4-6 s)
+    (["--algorithm", "eagle"], "no `eagle` drafter ships for 'smollm2'"),
+    (["--toy", "--algorithm", "eagle_multilayer", "--num-steps", "2"], "--num-steps N"),
+    (
+        ["--toy", "--algorithm", "eagle3", "--draft-quantization", "q8_0", "--dtype", "bfloat16"],
+        "drop --dtype bfloat16",
+    ),
 ]
 
 
@@ -287,6 +297,91 @@ def test_train_argument_errors(tmp_path: Path, capsys) -> None:
         assert info.value.code == EXIT_USAGE
         (line,) = capsys.readouterr().err.splitlines()
         assert message in line
+
+
+TERMINAL_ESCAPES = "\x1b]0;owned\x07 \x1b[2J \r \x9b31m \u202eevil"
+
+
+def test_explain_prints_spec_text_escaped(tmp_path: Path, capsys) -> None:
+    """A spec's description (and a step's doc) must not retitle or clear the terminal."""
+    from relayc.specs.loader import BUNDLED_DIR
+
+    text = (BUNDLED_DIR / "none.yaml").read_text()
+    escaped = '"\\e]0;owned\\a \\e[2J \\r \\x9b31m \\u202eevil"'  # YAML's own escapes
+    text = text.replace("description: Plain autoregressive", f"description: {escaped}\n# ")
+    text = text.replace("  doc: Target forward", f"  doc: {escaped}\n  # ")
+    shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
+    (tmp_path / "spec.yaml").write_text(text)
+    assert main(["explain", str(tmp_path / "spec.yaml")]) == EXIT_OK
+    out = capsys.readouterr().out
+    for raw in ("\x1b", "\x07", "\r", "\x9b", "\u202e"):
+        assert raw not in out
+    shown = "\\x1b]0;owned\\x07 \\x1b[2J \\r \\x9b31m \\u202eevil"
+    assert out.count(shown) == 2, out  # the description and the step's doc
+
+
+def test_printable_keeps_text_and_layout() -> None:
+    from relayc.tools.terminal import printable
+
+    text = "déjà vu\tdef f():\n    return '中文 🙂 ∑'\u00a0 \u200d"
+    assert printable(text) == text
+    assert printable(TERMINAL_ESCAPES) == "\\x1b]0;owned\\x07 \\x1b[2J \\r \\x9b31m \\u202eevil"
+    assert printable("\x00\x7f\ud800\u2066") == "\\x00\\x7f\\ud800\\u2066"
+
+
+def test_an_algorithm_without_a_drafter_names_what_runs(capsys, no_model_loads: None) -> None:
+    from relayc.engine.checkpoints.shipped import NAMED_DRAFTERS
+
+    for algorithm in ("eagle", "eagle_multilayer", "standalone"):
+        assert main(["generate", "--chat", "hi", "--algorithm", algorithm]) == EXIT_USAGE
+        line = _one_line(capsys, "generate")
+        runs = ", ".join(f"`{a}`" for a in ("none", "ngram", *NAMED_DRAFTERS["smollm2"]))
+        assert f"with it run {runs}, or bring a trained `{algorithm}` drafter" in line
+        assert line.endswith("with --draft-model DIR")
+
+
+def test_help_lists_per_model_what_runs(capsys) -> None:
+    assert main(["generate", "--help"]) == EXIT_OK
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert "with smollm2 (the default): none, ngram, eagle3, dflash;" in text
+    assert "with --toy: none, ngram, eagle, eagle3, eagle_multilayer, standalone, dflash;" in text
+
+
+def test_the_command_line_knows_the_engines_algorithms() -> None:
+    from relayc.engine.draft.speculative import ALGORITHMS, NO_ENGINE_DRAFTER
+    from relayc.tools import generate
+
+    assert generate.ALGORITHMS == ALGORITHMS
+    assert set(generate.SGLANG_ONLY) == set(NO_ENGINE_DRAFTER)
+
+
+def test_an_engine_argument_error_is_one_line_and_any_other_a_bug(
+    monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`relayc generate` used to turn every ValueError, RuntimeError and OSError out of the
+    engine into a usage line: a bug in relayc read as the user's mistake, with no traceback."""
+    from relayc.engine.serving import engine
+    from relayc.engine.serving.engine_args import EngineArgumentError
+
+    raised: list[Exception] = []
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise raised[-1]
+
+    monkeypatch.setattr(engine.Engine, "__init__", fail)
+    argv = ["generate", "--model", "random", "--prompt", "hi"]
+    raised.append(EngineArgumentError("`kv_pool_tokens` must be a positive integer; got 0"))
+    assert main(argv) == EXIT_USAGE
+    assert _one_line(capsys, "generate").endswith("must be a positive integer; got 0")
+    for bug in (ValueError("shape mismatch"), RuntimeError("CUDA error"), OSError(5, "EIO")):
+        raised.append(bug)
+        assert main(argv) == EXIT_BUG
+        err = capsys.readouterr().err
+        assert err.startswith("Traceback (most recent call last):")
+        assert str(bug) in err
+        last = err.splitlines()[-1]
+        assert last.startswith("relayc generate: internal error: this is a bug in relayc ")
+        assert "please report it" in last
 
 
 def test_control_characters_in_messages_are_escaped(tmp_path: Path, capsys) -> None:

@@ -155,6 +155,35 @@ def run_walkthrough(name: str, cwd: Path, text: str | None = None) -> None:
 def test_readme_walkthrough_runs_as_printed(name: str, tmp_path: Path) -> None:
     shutil.copytree(BUNDLED_DIR, tmp_path / "relayc" / "specs")
     run_walkthrough(name, tmp_path)
+    # A reader runs them in a checkout: what they leave must not show in `git status`.
+    left = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()]
+    assert not_ignored(left) == [], f"walkthrough `{name}` leaves files .gitignore misses"
+
+
+def not_ignored(paths: list[str]) -> list[str]:
+    """Those of ``paths`` (relative to the checkout) that its .gitignore does not ignore;
+    the checked-in ones (the specs the walkthroughs start from) aside."""
+    result = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--verbose", "--non-matching", "--stdin"],
+        cwd=ROOT,
+        input="\n".join(paths),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    misses = [line.split("\t")[1] for line in result.stdout.splitlines() if line.startswith("::")]
+    return [path for path in misses if path not in tracked]
+
+
+def test_walkthrough_files_are_ignored() -> None:
+    assert not_ignored(["eagle_before.py", "mypkg/relay/eagle.py", "relayc/specs/none.yaml"]) == []
+    assert not_ignored(["relayc/specs/mine.yaml", "notes.txt"]) == [
+        "relayc/specs/mine.yaml",
+        "notes.txt",
+    ]
 
 
 def test_blocks_are_extracted_by_marker() -> None:

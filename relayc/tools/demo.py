@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from relayc.specs.errors import UsageError
 from relayc.tools.args import int_in, model_arg, writable_file
+from relayc.tools.terminal import printable
 
 if TYPE_CHECKING:  # the peers import torch: `relayc validate` and friends should not
     from relayc.engine import Engine
@@ -107,9 +108,15 @@ def _label(name: str, sizes: dict[str, int]) -> str:
 
 
 def _progress(done: int, total: int, label: str) -> None:
+    """A bar redrawn in place on a terminal; a plain line per step elsewhere, where a
+    carriage return would leave every redraw in the log."""
     width = 24
     filled = width * done // total
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<32}")
+    bar = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+    if not sys.stderr.isatty():
+        print(f"{bar} {label}", file=sys.stderr, flush=True)
+        return
+    sys.stderr.write(f"\r{bar} {label:<32}")
     sys.stderr.flush()
     if done == total:
         sys.stderr.write("\n")
@@ -343,13 +350,14 @@ def _answers(prompts: Sequence[Prompt], answers: Sequence[str], shown: int) -> s
         question = prompt.messages[-1]["content"] if isinstance(prompt, Chat) else prompt
         lines += [f"> {line}" for line in str(question).splitlines()]
         lines += [answer.strip(), ""]
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # the model's text, and prompts from a file
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from relayc.compiler.writer import GENERATED_DIR, regenerate_bundled
     from relayc.engine.checkpoints.named import named_model_file
     from relayc.engine.errors import CheckpointError
+    from relayc.engine.serving.engine_args import EngineArgumentError
     from relayc.tools.peers import transformers_missing
 
     model: str | None = None if args.toy else (args.model or REAL_MODEL)
@@ -402,7 +410,7 @@ def run_demo(args: argparse.Namespace) -> int:
             peers=peers,
             answers=answers,
         )
-    except (CheckpointError, ValueError) as exc:  # a checkpoint the engine cannot run
+    except EngineArgumentError as exc:  # --batch-size and the like; CheckpointError: cli.main
         raise UsageError(str(exc)) from None
     if model == REAL_MODEL:
         print(_answers(prompts, answers, args.answers))
@@ -448,7 +456,8 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
         "byte-level demo models and all their drafters.",
         epilog="Exit codes: 0 ok, 1 one of relayc's algorithms' output differs from greedy "
         "none (a transformers row that differs is reported, not an exit code), 2 usage "
-        "errors (bad arguments, checkpoint), 130 interrupted (Ctrl-C).",
+        "errors (bad arguments, checkpoint), 70 a bug in relayc (reported with its traceback), "
+        "130 interrupted (Ctrl-C).",
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(

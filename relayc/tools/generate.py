@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from contextlib import closing
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relayc.specs.errors import EXIT_OK, UsageError
+from relayc.engine.checkpoints.shipped import DEMO_DIR, NAMED_DRAFTERS
+from relayc.specs.errors import EXIT_OK, UsageError, did_you_mean, quoted_list
 from relayc.tools.args import (
     MAX_SEED,
     float_in,
@@ -24,29 +27,78 @@ from relayc.tools.args import (
     torch_device,
     utf8_text,
 )
+from relayc.tools.terminal import printable
 
 # relayc.engine.checkpoints.quantize.QUANTIZATIONS (a test keeps them equal), not imported
 # here: it imports torch
 DRAFT_QUANTIZATIONS = ("q8_0", "q4_1", "q4_0")
 REAL_MODEL = "smollm2"  # the default model, as `relayc demo`'s (relayc.tools.demo)
+# relayc.engine.draft.speculative.ALGORITHMS and NO_ENGINE_DRAFTER (a test keeps them equal),
+# as text: that module imports torch, and `relayc validate` builds this parser too.
+ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone", "dflash")
+SGLANG_ONLY = ("dspark", "uno")
+NO_DRAFTER = ("none", "ngram")  # run with any model: no draft weights
+# A --chat answer ends at the model's end of turn; the cap only bounds a model that rambles.
+CHAT_MAX_NEW_TOKENS = 512
+PROMPT_MAX_NEW_TOKENS = 32  # a --prompt continuation has no turn to end
 
 if TYPE_CHECKING:  # torch: `relayc validate` imports this module and should not pay for it
     from relayc.engine.core.sampling import SamplingParams
     from relayc.engine.serving.engine import Engine
     from relayc.engine.serving.request import Prompt
 
-# Control characters a random model happily samples (ESC among them) would
-# drive the terminal; print them escaped. Newlines and tabs stay.
-_KEEP = {"\n", "\t"}
+
+def algorithm_name(text: str) -> str:
+    """An argparse type: an algorithm the reference engine runs (with "did you mean")."""
+    if text in ALGORITHMS:
+        return text
+    if text in SGLANG_ONLY:
+        raise argparse.ArgumentTypeError(
+            f"the reference engine cannot run `{text}` (no drafter for it here); compile its "
+            f"spec for SGLang: `relayc compile --target sglang`"
+        )
+    hint = did_you_mean(text, ALGORITHMS)
+    raise argparse.ArgumentTypeError(
+        f"unknown algorithm `{text}`"
+        + (f" ({hint})" if hint else "")
+        + f"; the engine runs {quoted_list(ALGORITHMS)}"
+    )
 
 
-def _printable(text: str) -> str:
-    def escape(c: str) -> str:
-        if c.isprintable() or c in _KEEP:
-            return c
-        return f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+algorithm_name.__name__ = "algorithm"  # argparse names the type in its messages
 
-    return "".join(escape(c) for c in text)
+
+def toy_drafters() -> tuple[str, ...]:
+    """The algorithms whose drafter ships with the byte-level demo model (``--toy``): the
+    folders relayc/assets/demo holds, so an install without one does not offer it."""
+    return tuple(a for a in ALGORITHMS if a not in NO_DRAFTER and (DEMO_DIR / a).is_dir())
+
+
+def runnable(model: str | None) -> tuple[str, ...] | None:
+    """What runs on ``model`` without ``--draft-model``: None for any algorithm (a file or
+    `random`, whose drafters are random unless given), else the drafter-free ones and
+    those whose drafter ships for it."""
+    if model is None:
+        return (*NO_DRAFTER, *toy_drafters())
+    if model in NAMED_DRAFTERS:
+        return (*NO_DRAFTER, *(a for a in ALGORITHMS if a in NAMED_DRAFTERS[model]))
+    return None
+
+
+def _algorithm_help() -> str:
+    named = "; ".join(
+        f"with {name}{' (the default)' if name == REAL_MODEL else ''}: "
+        + ", ".join(runnable(name) or ALGORITHMS)
+        for name in NAMED_DRAFTERS
+    )
+    drafting = ", ".join(a for a in ALGORITHMS if a not in NO_DRAFTER)
+    return (
+        f"what to run: none (default: one token per step) or ngram with any model; {named}; "
+        f"with --toy: {', '.join(runnable(None) or ALGORITHMS)}; with any model, {drafting} "
+        "given a trained "
+        "--draft-model DIR (without one, a model file's or `--model random`'s drafter is "
+        "random: it runs, and accepts next to nothing)"
+    )
 
 
 def add_generate_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,7 +115,7 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         "and a summary line (tokens, tokens/s, mean accept length: tokens per decode step) "
         "to stderr.",
         epilog="Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request), "
-        "130 interrupted (Ctrl-C).",
+        "70 a bug in relayc (reported with its traceback), 130 interrupted (Ctrl-C).",
     )
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", type=utf8_text, help="prompt text (the model's tokenizer)")
@@ -81,7 +133,14 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         help="the prompt as token ids, e.g. 1,2,3 (BOS not added): for a model without a "
         "tokenizer, or an exact prompt",
     )
-    p.add_argument("--max-new-tokens", type=int_in(1), default=32, metavar="N", help="default 32")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int_in(1),
+        default=None,
+        metavar="N",
+        help=f"at most N new tokens (default {CHAT_MAX_NEW_TOKENS} with --chat, which stops "
+        f"at the end of the answer first; else {PROMPT_MAX_NEW_TOKENS})",
+    )
     p.add_argument(
         "--temperature", type=float_in(0.0), default=0.0, help="0 = greedy (default); > 0 samples"
     )
@@ -100,12 +159,7 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         default=0,
         help="seeds the sampler (and `--model random`'s weights)",
     )
-    p.add_argument(
-        "--algorithm",
-        default="none",
-        help="none (default: one token per step), eagle, eagle3, eagle_multilayer, ngram, "
-        "standalone or dflash",
-    )
+    p.add_argument("--algorithm", type=algorithm_name, default="none", help=_algorithm_help())
     p.add_argument(
         "--num-steps",
         type=int_in(1),
@@ -135,7 +189,7 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         "--toy",
         action="store_true",
         help="the shipped byte-level demo model (trained here on Python source; no chat "
-        "template) and its drafters: eagle, eagle_multilayer, standalone, eagle3",
+        f"template) and its drafters: {', '.join(toy_drafters())}",
     )
     p.add_argument(
         "--dtype",
@@ -164,46 +218,62 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    """``relayc generate``: 0 ok, 2 usage errors (raised as ``UsageError``; a checkpoint's
+    """``relayc generate``: 0 ok, 2 usage errors (raised as ``UsageError`` where the bad value
+    is read; the engine's ``EngineArgumentError`` becomes one here, and a checkpoint's
     ``CheckpointError`` from anywhere reaches ``relayc.cli.main`` as one, too)."""
     # Imported here: torch is slow to import, and `relayc validate` should not pay for it.
     from relayc.engine.checkpoints.named import named_model_file
     from relayc.engine.core.sampling import SamplingParams
     from relayc.engine.errors import CheckpointError
     from relayc.engine.serving.engine import Engine
+    from relayc.engine.serving.engine_args import EngineArgumentError
     from relayc.engine.serving.overlap import set_cpu_threads
     from relayc.engine.text.chat import Chat
 
     set_cpu_threads()  # as `relayc demo` and the benchmarks do
 
     def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        print(printable(line), file=sys.stderr, flush=True)  # loader lines name files
 
     model = None if args.toy else (args.model or REAL_MODEL)
+    _check_drafter(args, model)
     try:
         if model == REAL_MODEL:
             named_model_file(REAL_MODEL)  # not installed: say how, and name the alternative
     except CheckpointError as exc:
         raise UsageError(f"{exc}; or pass --toy for the byte-level demo model") from None
+    if args.device == "cpu":
+        _build_native_decoder(progress)
+    num_steps: int | None = args.num_steps
+    num_draft_tokens: int | None = args.num_draft_tokens
+    if args.algorithm == "dflash" and num_steps is not None and num_draft_tokens is None:
+        # As --help says: DFlash drafts num_steps tokens in one block, the bonus token ahead
+        # of them. Passed on as is, the engine would compare it with the drafter's block
+        # only once the drafter is loaded.
+        num_draft_tokens, num_steps = num_steps + 1, None
     try:
         engine = Engine(
             model=model,
             dtype=args.dtype,
             progress=progress,
             algorithm=args.algorithm,
-            num_steps=args.num_steps,
+            num_steps=num_steps,
             topk=args.topk,
-            num_draft_tokens=args.num_draft_tokens,
+            num_draft_tokens=num_draft_tokens,
             draft_model=args.draft_model,
             draft_quantization=args.draft_quantization,
             overlap=not args.no_overlap,
             seed=args.seed,
             device=args.device,
         )
-    except (ValueError, RuntimeError, OSError) as exc:  # NotImplementedError too
+    except EngineArgumentError as exc:
         raise UsageError(str(exc)) from None
+    max_new_tokens = args.max_new_tokens
+    if max_new_tokens is None:
+        chat = args.chat is not None
+        max_new_tokens = CHAT_MAX_NEW_TOKENS if chat else PROMPT_MAX_NEW_TOKENS
     params = SamplingParams(
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -260,7 +330,7 @@ def _stream(
                 else:
                     text = " ".join(str(t) for t in delta.token_ids)
                     text = f" {text}" if tokens and text else text
-                sys.stdout.write(_printable(text))
+                sys.stdout.write(printable(text))
                 sys.stdout.flush()
                 if first is None and delta.token_ids:
                     first = time.perf_counter() - start
@@ -270,3 +340,62 @@ def _stream(
         if tokens:  # end the streamed line, also when cut short (Ctrl-C, an error)
             sys.stdout.write("\n")
     return tokens, str(finish), first
+
+
+def _check_drafter(args: argparse.Namespace, model: str | None) -> None:
+    """Refuse, before any model loads, what the engine would refuse only after loading:
+    an algorithm with no drafter for the model, a drafter quantization it cannot apply."""
+    from relayc.engine.checkpoints.shipped import shipped_drafter
+    from relayc.engine.serving.algorithms import default_dims
+
+    runs = runnable(model)
+    if args.draft_model is None and runs is not None and args.algorithm not in runs:
+        name = "the byte-level demo model (--toy)" if model is None else f"{model!r}"
+        raise UsageError(
+            f"no `{args.algorithm}` drafter ships for {name}: with it run "
+            f"{quoted_list(runs)}, or bring a trained `{args.algorithm}` drafter with "
+            "--draft-model DIR"
+        )
+    if model is None and args.draft_model is None:
+        num_steps, _ = default_dims(args.algorithm, args.num_steps, args.num_draft_tokens)
+        try:  # the MTP drafter serves its own number of steps only
+            shipped_drafter(args.algorithm, num_steps)
+        except (ValueError, FileNotFoundError) as exc:
+            raise UsageError(f"{exc} (here: --num-steps N, --draft-model DIR)") from None
+    if args.draft_quantization is not None:
+        if args.dtype == "bfloat16":
+            raise UsageError(
+                f"--draft-quantization {args.draft_quantization} quantizes float32 matrices; "
+                "drop --dtype bfloat16 (or the quantization)"
+            )
+        if args.device != "cpu":
+            raise UsageError(
+                f"--draft-quantization is read by the native CPU decoder; on {args.device} it "
+                "would only change the drafts: drop it"
+            )
+
+
+def _build_native_decoder(progress: Callable[[str], None]) -> None:
+    """Build the native CPU decoder now, when it is not cached yet, saying so: the first
+    run compiles it (~20 s, once per machine and compiler), and inside the model load it
+    looked like a slow load, silent, and was reported as one."""
+    from relayc.engine.native.library import build_progress, cache_dir, native_decoder
+
+    def report(seconds: float | None) -> None:
+        if seconds is None:
+            progress("building the native decoder for this CPU (once, ~20 s)...")
+        else:
+            progress(
+                f"built the native decoder in {seconds:.1f} s (cached in {_home(cache_dir())})"
+            )
+
+    with build_progress(report):
+        native_decoder()  # None (and a warning) where it cannot be built: torch layers then
+
+
+def _home(path: Path) -> str:
+    """``path`` with the home folder written ``~``, as a reader would type it."""
+    try:
+        return f"~/{path.relative_to(Path.home()).as_posix()}"
+    except ValueError:
+        return str(path)

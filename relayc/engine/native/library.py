@@ -31,7 +31,10 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from relayc.engine.native import tape_ops
@@ -135,6 +138,24 @@ def sources() -> list[Path]:
     return units
 
 
+# Told None when a compile starts and its seconds when it ends (`relayc generate` prints
+# them: a first run otherwise sits silent for the build, which looks like a slow load).
+BuildListener = Callable[[float | None], None]
+_build_listener: BuildListener | None = None
+
+
+@contextmanager
+def build_progress(listener: BuildListener) -> Iterator[None]:
+    """Within the block, ``listener`` hears of every build of the library (not of a cached
+    one being loaded)."""
+    global _build_listener
+    previous, _build_listener = _build_listener, listener
+    try:
+        yield
+    finally:
+        _build_listener = previous
+
+
 def _build(compiler: str) -> Path:
     units = sources()
     version = subprocess.run(
@@ -161,6 +182,9 @@ def _build(compiler: str) -> Path:
         # -x c before every unit: C whatever the driver, so CC=g++ or clang++ still exports
         # relayc_decoder unmangled (g++ takes only the one file after an -x c as C).
         as_c = [arg for unit in units for arg in ("-x", "c", str(unit))]
+        listener, start = _build_listener, time.perf_counter()
+        if listener is not None:
+            listener(None)
         result = subprocess.run(
             [compiler, *FLAGS, "-o", str(built), *as_c, "-lm"],
             capture_output=True,
@@ -169,6 +193,8 @@ def _build(compiler: str) -> Path:
         )
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:2000]}")
+        if listener is not None:
+            listener(time.perf_counter() - start)
         written = Path(tmp) / record.name
         written.write_text(json.dumps(_record(built)))
         os.replace(built, target)

@@ -1,5 +1,6 @@
-"""``Engine(...)``'s argument checks: a clear ``TypeError`` / ``ValueError`` before the engine
-loads a model or allocates anything.
+"""``Engine(...)``'s argument checks: a clear ``EngineArgumentError`` (a ``ValueError``; a
+``TypeError`` too for a value of the wrong type) before the engine loads a model or allocates
+anything.
 
 Types are checked strictly where a loose value would silently mean something else:
 ``block_verification="no"`` is truthy, ``draft_confidence=True`` is 1.0, a bucket of 2.5
@@ -25,9 +26,19 @@ from relayc.engine.serving.algorithms import DecodeAlgorithm, check_generated
 from relayc.engine.serving.graphs import check_batch_sizes
 
 
+class EngineArgumentError(ValueError):
+    """An argument ``Engine(...)`` cannot run with, found before anything loads: typed, so a
+    command line reports it in one line and lets every other ``ValueError`` (a bug) show
+    its traceback. A ``ValueError`` still, for callers that catch that."""
+
+
+class EngineArgumentTypeError(EngineArgumentError, TypeError):
+    """An argument of the wrong type (``overlap="no"``); a ``TypeError`` as before."""
+
+
 def positive_int(name: str, value: object) -> int:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer; got {value!r}")
+        raise EngineArgumentError(f"`{name}` must be a positive integer; got {value!r}")
     return int(value)
 
 
@@ -37,7 +48,7 @@ def optional_positive_int(name: str, value: object, default: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(
+        raise EngineArgumentError(
             f"`{name}` must be a positive integer, or None for {default}; got {value!r}"
         )
     return int(value)
@@ -46,7 +57,7 @@ def optional_positive_int(name: str, value: object, default: str) -> int | None:
 def check_flag(name: str, value: object) -> bool:
     """A switch must be a bool: ``"no"`` or ``"false"`` would turn it on."""
     if not isinstance(value, bool):
-        raise TypeError(f"`{name}` must be True or False; got {value!r}")
+        raise EngineArgumentTypeError(f"`{name}` must be True or False; got {value!r}")
     return value
 
 
@@ -55,12 +66,12 @@ def check_draft_confidence(value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
+        raise EngineArgumentTypeError(
             f"`draft_confidence` must be a number in (0, 1] (e.g. 0.4) or None (off); got {value!r}"
         )
     number = float(value)
     if not (math.isfinite(number) and 0 < number <= 1):
-        raise ValueError(f"`draft_confidence` must lie in (0, 1]; got {value!r}")
+        raise EngineArgumentError(f"`draft_confidence` must lie in (0, 1]; got {value!r}")
     return number
 
 
@@ -70,10 +81,14 @@ def check_draft_quantization(value: object) -> str | None:
         return None
     choices = ", ".join(repr(q) for q in QUANTIZATIONS)
     if not isinstance(value, str):
-        raise TypeError(f"`draft_quantization` must be one of {choices} or None; got {value!r}")
+        raise EngineArgumentTypeError(
+            f"`draft_quantization` must be one of {choices} or None; got {value!r}"
+        )
     name = value.lower()
     if name not in QUANTIZATIONS:
-        raise ValueError(f"`draft_quantization` must be one of {choices} or None; got {value!r}")
+        raise EngineArgumentError(
+            f"`draft_quantization` must be one of {choices} or None; got {value!r}"
+        )
     return name
 
 
@@ -86,22 +101,24 @@ def resolve_relay_module(value: object) -> ModuleType | None:
     if value is None or isinstance(value, ModuleType):
         return value
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(
+        raise EngineArgumentTypeError(
             "`relay_module` must be a module `relayc compile` generated (imported, or its "
             f"module name or .py path); got {type(value).__name__}"
         )
     path = Path(os.fspath(value)).expanduser()
     if path.suffix == ".py" or path.is_file():
         if not path.is_file():
-            raise ValueError(f"`relay_module` {os.fspath(value)!r}: no such file")
+            raise EngineArgumentError(f"`relay_module` {os.fspath(value)!r}: no such file")
         spec = importlib.util.spec_from_file_location(path.stem, path)
         if spec is None or spec.loader is None:
-            raise ValueError(f"`relay_module` {os.fspath(value)!r} cannot be loaded as a module")
+            raise EngineArgumentError(
+                f"`relay_module` {os.fspath(value)!r} cannot be loaded as a module"
+            )
         module = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
-            raise ValueError(
+            raise EngineArgumentError(
                 f"`relay_module` {os.fspath(value)!r} failed to load: {type(exc).__name__}: {exc}"
             ) from exc
         return module
@@ -109,7 +126,7 @@ def resolve_relay_module(value: object) -> ModuleType | None:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise ValueError(
+        raise EngineArgumentError(
             f"`relay_module` {name!r}: cannot import it ({exc}); pass the module, its "
             "importable name, or the path of the .py file `relayc compile` wrote"
         ) from exc
@@ -156,7 +173,7 @@ def check_engine_args(
     confidence = check_draft_confidence(draft_confidence)
     quantization = check_draft_quantization(draft_quantization)
     if quantization is not None and algorithm in ("none", "ngram"):
-        raise ValueError(
+        raise EngineArgumentError(
             f"`draft_quantization={quantization!r}` quantizes a drafter's weights; "
             f"`{algorithm}` drafts without any: drop it"
         )
@@ -165,7 +182,7 @@ def check_engine_args(
     module = resolve_relay_module(relay_module)
     if isinstance(algorithm, DecodeAlgorithm):
         if module is not None or impls is not None:
-            raise ValueError(
+            raise EngineArgumentError(
                 "`relay_module` and `impls` configure an algorithm given by name; a "
                 "DecodeAlgorithm instance runs its own steps: drop them"
             )
@@ -208,34 +225,40 @@ def check_decode_dims(
     if algorithm in most and n > most[algorithm]:
         tree = algorithm in ("eagle", "eagle3")
         shape = "topk + (num_steps - 1) * topk**2" if tree else "topk * num_steps"
-        raise ValueError(
+        raise EngineArgumentError(
             f"`num_draft_tokens` must lie in 1..{most[algorithm]} for `{algorithm}` with "
             f"topk={k}, num_steps={steps} (the root plus {shape} drafted candidates); "
             f"got {n}: lower it or raise `topk` / `num_steps`"
         )
     if algorithm == "ngram" and n < 2:
-        raise ValueError(f"`num_draft_tokens` must be >= 2 for `ngram` (root + drafts); got {n}")
+        raise EngineArgumentError(
+            f"`num_draft_tokens` must be >= 2 for `ngram` (root + drafts); got {n}"
+        )
     if algorithm == "standalone" and (k != 1 or n != steps + 1):
-        raise ValueError(
+        raise EngineArgumentError(
             "`standalone` drafts a chain: it needs topk=1 and num_draft_tokens = "
             f"num_steps + 1 = {steps + 1}; got topk={k}, num_draft_tokens={n}"
         )
     if vocab_size is not None and algorithm in most and k > vocab_size:
-        raise ValueError(f"`topk` must not exceed the vocabulary size {vocab_size}; got {k}")
+        raise EngineArgumentError(
+            f"`topk` must not exceed the vocabulary size {vocab_size}; got {k}"
+        )
 
 
 def _check_block_dims(num_steps: object, topk: object, num_draft_tokens: object) -> None:
     """DFlash drafts one chain of ``num_draft_tokens - 1`` tokens (None: the drafter's
     ``block_size`` decides, once it is loaded)."""
     if positive_int("topk", topk) != 1:
-        raise ValueError(f"`dflash` drafts a chain: it needs topk=1; got topk={topk}")
+        raise EngineArgumentError(f"`dflash` drafts a chain: it needs topk=1; got topk={topk}")
     n = None if num_draft_tokens is None else positive_int("num_draft_tokens", num_draft_tokens)
     if n is not None and n < 2:
-        raise ValueError(f"`num_draft_tokens` must be >= 2 for `dflash` (bonus + drafts); got {n}")
+        raise EngineArgumentError(
+            f"`num_draft_tokens` must be >= 2 for `dflash` (bonus + drafts); got {n}"
+        )
     if num_steps is not None:
         steps = positive_int("num_steps", num_steps)
         if n is not None and steps != n - 1:
-            raise ValueError(
+            raise EngineArgumentError(
                 "`dflash` drafts num_draft_tokens - 1 tokens in one block forward: leave "
                 f"`num_steps` out or set it to {n - 1}; got num_steps={steps}"
             )
