@@ -148,6 +148,26 @@ def test_one_far_layer_tensor_does_not_vouch_for_a_huge_layer_count(
     assert peak_bytes() - start < PEAK_BYTES
 
 
+@needs_shipped
+def test_a_header_that_claims_more_bytes_than_its_file_does_not_vouch_for_a_config(
+    tmp_path: Path, toy_target: LlamaForCausalLM, peak_bytes: Callable[[], int]
+) -> None:
+    """The config's sizes are checked against the headers' shapes, and each shape against
+    the bytes the file holds (safetensors' own check, as the loaders read it): a 1 GiB
+    MLP claimed by a 100-byte file is refused before anything is sized by either."""
+    huge = BadConfig("huge", lambda c: {**c, "intermediate_size": 2**20}, "")
+    config = break_checkpoint(SHIPPED_DFLASH, tmp_path / "lie", huge)
+    header = {"fc.weight": {"dtype": "F32", "shape": [2**20, 256], "data_offsets": [0, 4]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    shard = config.parent / SINGLE_FILE
+    shard.write_bytes(len(text).to_bytes(8, "little") + text + bytes(4))
+    start = peak_bytes()
+    with _raises_naming(shard, "not a readable safetensors file"):
+        DFlashDrafter.load(config.parent, toy_target)
+    assert peak_bytes() - start < PEAK_BYTES
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
