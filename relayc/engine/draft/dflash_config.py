@@ -10,6 +10,11 @@ can look the ``mask_token`` string up in the tokenizer; a drafter's loader here 
 
 Every key of SGLang's variants this drafter does not implement is refused by name, so a
 drafter trained with one never loads into something that computes otherwise.
+
+The file is hostile until checked: every key is read with the engine's typed reads
+(``relayc.engine.core.config.config_value``), and every count is bounded by the target (a
+drafter no deeper than its target, fewer layer ids than it has layers) before anything is
+listed from it; the safetensors headers bound the sizes again before the drafter is built.
 """
 
 from __future__ import annotations
@@ -103,8 +108,8 @@ class DFlashSettings:
             )
         if self.num_target_layers is not None and self.num_target_layers != num_layers:
             raise ValueError(
-                f"`num_target_layers` is {shown(self.num_target_layers)}: the drafter was trained for "
-                f"a target of that many layers, this one has {num_layers}"
+                f"`num_target_layers` is {shown(self.num_target_layers)}: the drafter was "
+                f"trained for a target of that many layers, this one has {num_layers}"
             )
 
 

@@ -89,8 +89,8 @@ def read_draft_config(
     found = header.get(DRAFT_TYPE_KEY)
     if found != draft_type:
         raise CheckpointError(
-            f"holds `{DRAFT_TYPE_KEY}: {shown(found, quoted=False)}`, expected `{draft_type}` (a checkpoint of "
-            "the draft head this algorithm uses, as its save() writes it)",
+            f"holds `{DRAFT_TYPE_KEY}: {shown(found, quoted=False)}`, expected `{draft_type}` "
+            "(a checkpoint of the draft head this algorithm uses, as its save() writes it)",
             path,
         )
     config = config_from_hf(header, path)
