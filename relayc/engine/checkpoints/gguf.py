@@ -24,6 +24,7 @@ count is an error, not gigabytes allocated; nothing half-loaded escapes.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,16 @@ _GLOBAL_TENSORS = {
 _IGNORED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
+# A metadata value in a message, as Python spells it: arrays cut to their first entries and
+# strings to 40 characters before they are rendered (a 10**7-entry array costs no more).
+_REPR = reprlib.Repr()  # its keyword arguments are Python 3.12's
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxstring, _REPR.maxother = 2, 4, 40, 40
+
+
+def _shown(value: Any) -> str:
+    return _REPR.repr(value)
+
+
 @dataclass
 class GGUFFile:
     """An opened GGUF file: its metadata (plain Python values) and its tensors (views of
@@ -94,9 +105,8 @@ class GGUFFile:
         value = self.metadata[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
             raise GGUFError(
-                f"{self.path}: metadata key `{key}` has {type(value).__name__} {shown}, "
+                f"{self.path}: metadata key `{key}` has {type(value).__name__} {_shown(value)}, "
                 f"expected {' or '.join(k.__name__ for k in kinds)}"
             )
         return value
@@ -150,13 +160,14 @@ def config_from_gguf(file: GGUFFile) -> ModelConfig:
     arch = file.architecture
     if arch not in ARCHITECTURES:
         raise GGUFError(
-            f"{file.path}: `general.architecture` is {arch!r}; relayc's model runs "
+            f"{file.path}: `general.architecture` is {_shown(arch)}; relayc's model runs "
             f"{', '.join(repr(a) for a in ARCHITECTURES)} (Llama-architecture) files only"
         )
     scaling = file.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", "", None):
         raise GGUFError(
-            f"{file.path}: `{arch}.rope.scaling.type` is {scaling!r}; only plain RoPE is supported"
+            f"{file.path}: `{arch}.rope.scaling.type` is {_shown(scaling)}; only plain RoPE is "
+            "supported"
         )
 
     num_heads = file.count(f"{arch}.attention.head_count")
@@ -164,7 +175,7 @@ def config_from_gguf(file: GGUFFile) -> ModelConfig:
     kv_key = f"{arch}.attention.head_count_kv"
     if isinstance(file.get(kv_key), list):  # a per-layer list (variable GQA) is not this model
         raise GGUFError(
-            f"{file.path}: `{kv_key}` is {file.get(kv_key)!r}; one value for every layer is "
+            f"{file.path}: `{kv_key}` is {_shown(file.get(kv_key))}; one value for every layer is "
             "supported"
         )
     kv_heads = file.count(kv_key, num_heads)

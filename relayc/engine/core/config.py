@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -29,7 +30,7 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
         return name
     key = name.removeprefix("torch.")
     if key not in _DTYPES:
-        raise ValueError(f"`dtype` must be one of {', '.join(_DTYPES)}; got {name!r}")
+        raise ValueError(f"`dtype` must be one of {', '.join(_DTYPES)}; got {shown(name)}")
     return _DTYPES[key]
 
 
@@ -68,55 +69,162 @@ def json_kind(value: Any) -> str:
     return _JSON_KINDS.get(type(value), type(value).__name__)
 
 
-def _shown(value: Any) -> str:
-    """``value`` as config.json spells it, cut short: a message stays one readable line."""
+_SHOWN_CHARS = 40  # a value in a message: one readable line, whatever the file holds
+_SHOWN_ENTRIES = 4  # a list's or object's first entries shown; the rest are counted
+
+
+def _sketch(value: Any, depth: int) -> str:
+    """JSON text of ``value`` with containers cut to their first entries, so that the work
+    is bounded too (a 10**7-entry list is not rendered to be cut afterwards)."""
+    if isinstance(value, list | tuple):
+        if depth == 0:
+            return "[...]" if value else "[]"
+        items = [_sketch(item, depth - 1) for item in value[:_SHOWN_ENTRIES]]
+        if len(value) > _SHOWN_ENTRIES:
+            items.append(f"... {len(value)} entries")
+        return "[" + ", ".join(items) + "]"
+    if isinstance(value, dict):
+        if depth == 0:
+            return "{...}" if value else "{}"
+        pairs = [
+            f"{_sketch(str(key), 0)}: {_sketch(item, depth - 1)}"
+            for key, item in list(value.items())[:_SHOWN_ENTRIES]
+        ]
+        if len(value) > _SHOWN_ENTRIES:
+            pairs.append(f"... {len(value)} entries")
+        return "{" + ", ".join(pairs) + "}"
+    if isinstance(value, str):
+        value = value[: _SHOWN_CHARS + 1]  # escaped below: control characters stay inert
     try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+        return json.dumps(value)
+    except (TypeError, ValueError):  # not JSON (a dict built in Python); an int past str()'s limit
+        return f"<{type(value).__name__}>"
+
+
+def shown(value: Any, *, quoted: bool = True) -> str:
+    """``value`` as config.json spells it, cut short: a message stays one readable line, and
+    a hostile value (a 10**7-entry list, a megabyte string) costs no more to show. A string
+    is escaped as JSON escapes it; ``quoted=False`` leaves out its quotes (`rope_type: yarn`)."""
+    text = _sketch(value, 2)
+    if not quoted and isinstance(value, str):
+        text = text[1:-1]
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
 
 
 def _wrong_type(key: str, value: Any, expected: str, fix: str = "") -> ConfigError:
-    return ConfigError(f"`{key}` must be {expected}; got {_shown(value)} ({json_kind(value)}){fix}")
+    return ConfigError(f"`{key}` must be {expected}; got {shown(value)} ({json_kind(value)}){fix}")
 
 
 _Value = TypeVar("_Value")
+# What a message asks for when a key is missing, by the JSON kind it must hold.
+_PLACEHOLDERS: dict[type, str] = {
+    bool: "true or false",
+    int: "<whole number>",
+    float: "<number>",
+    str: '"<text>"',
+    list: "[...]",
+    dict: "{...}",
+}
 
 
-def _optional(hf: dict[str, Any], key: str, kind: type[_Value], default: _Value) -> _Value:
-    """``hf[key]`` of JSON type ``kind``; ``default`` when absent or null."""
+def config_value(
+    hf: Mapping[str, Any],
+    key: str,
+    kind: type[_Value],
+    default: Any = _REQUIRED,
+    *,
+    within: str | None = None,
+) -> _Value:
+    """``hf[key]`` when it is a JSON value of ``kind`` (bool, int, float, str, list or dict):
+    the one typed read of a config.json key, so that no stray ``TypeError`` comes from
+    using a value of another type. ``ConfigError`` names the key (``within.key`` for a key
+    of the object ``within``), what it must be, and the value found, cut short.
+
+    null counts as absent: ``default`` then, or an error saying to add the key when there
+    is none. A JSON bool is no number (``true`` is no layer count); a whole number is a
+    number (a float ``kind`` returns it as a float).
+    """
+    name = f"{within}.{key}" if within else key
     value = hf.get(key)
     if value is None:
-        return default
-    # A bool is an int to Python but not to JSON: `true` is no layer count.
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise _wrong_type(key, value, _JSON_KINDS[kind])
+        if default is not _REQUIRED:
+            return cast("_Value", default)
+        needs = f"; a Llama config.json needs {', '.join(_REQUIRED_INTS)}"
+        raise ConfigError(
+            f'`{name}` is missing; add `"{key}": {_PLACEHOLDERS.get(kind, "...")}`'
+            + (needs if name in _REQUIRED_INTS else "")
+        )
+    return _typed(name, value, kind)
+
+
+def _typed(name: str, value: Any, kind: type[_Value]) -> _Value:
+    """``value`` when it is a JSON ``kind`` (:func:`config_value`'s rules), else
+    ``ConfigError`` naming ``name``."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return cast("_Value", float(value))
+    if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+        return value
+    fix = ""
+    if kind is int and isinstance(value, float) and value.is_integer():
+        fix = f"; write {int(value)}"
+    elif kind is int and isinstance(value, str) and 0 < len(value.strip()) <= 18:
+        fix = f"; write {value.strip()} without quotes" if value.strip().isdigit() else ""
+    raise _wrong_type(name, value, _JSON_KINDS.get(kind, kind.__name__), fix)
+
+
+def whole_number(
+    hf: Mapping[str, Any],
+    key: str,
+    default: Any = _REQUIRED,
+    *,
+    low: int = 1,
+    high: tuple[int, str] | None = None,
+    within: str | None = None,
+) -> int:
+    """``hf[key]``, a JSON whole number ``>= low`` (:func:`config_value`'s rules); ``high``
+    is ``(bound, why)``: a larger value is a ``ConfigError`` naming the bound and the reason,
+    raised before anything is sized by it."""
+    if hf.get(key) is None and default is not _REQUIRED:
+        return cast("int", default)
+    name = f"{within}.{key}" if within else key
+    value = config_value(hf, key, int, within=within)
+    if value < low:
+        raise ConfigError(
+            f"`{name}` must be positive; got {shown(value)}"
+            if low == 1
+            else f"`{name}` must be at least {low}; got {shown(value)}"
+        )
+    if high is not None and value > high[0]:
+        raise ConfigError(f"`{name}` is {shown(value)}, more than {high[0]}: {high[1]}")
     return value
 
 
 def positive_int(hf: dict[str, Any], key: str, default: int = _REQUIRED) -> int:
     """``hf[key]``, a JSON whole number > 0 (``ConfigError`` otherwise); required unless
     ``default`` is given (then used when the key is absent or null)."""
-    value = hf.get(key)
-    if value is None:
-        if default is not _REQUIRED:
-            return default
-        needs = f"; a Llama config.json needs {', '.join(_REQUIRED_INTS)}"
+    return whole_number(hf, key, default)
+
+
+def config_list(
+    hf: Mapping[str, Any],
+    key: str,
+    item_kind: type[_Value],
+    *,
+    max_items: tuple[int, str],
+    within: str | None = None,
+) -> list[_Value] | None:
+    """``hf[key]``, a JSON list of at most ``max_items[0]`` values of ``item_kind`` (why:
+    ``max_items[1]``), or None when absent or null; ``ConfigError`` naming the key, or the
+    entry (``key[3]``), otherwise. The length is checked before any entry is looked at."""
+    name = f"{within}.{key}" if within else key
+    items: list[Any] | None = config_value(hf, key, list, None, within=within)
+    if items is None:
+        return None
+    if len(items) > max_items[0]:
         raise ConfigError(
-            f'`{key}` is missing; add `"{key}": <whole number>`'
-            + (needs if key in _REQUIRED_INTS else "")
+            f"`{name}` lists {len(items)} entries, more than {max_items[0]}: {max_items[1]}"
         )
-    if isinstance(value, bool) or not isinstance(value, int):
-        fix = ""
-        if isinstance(value, float) and value.is_integer():
-            fix = f"; write {int(value)}"
-        elif isinstance(value, str) and value.strip().isdigit():
-            fix = f"; write {int(value)} without quotes"
-        raise _wrong_type(key, value, "a whole number", fix)
-    if value <= 0:
-        raise ConfigError(f"`{key}` must be positive; got {value}")
-    return value
+    return [_typed(f"{name}[{i}]", item, item_kind) for i, item in enumerate(items)]
 
 
 def finite_positive(value: object, key: str) -> float:
@@ -165,7 +273,7 @@ def _dtype(hf: dict[str, Any]) -> torch.dtype:
     if isinstance(value, torch.dtype):  # a dict built in Python rather than read from JSON
         return value
     if not isinstance(value, str) or value.removeprefix("torch.") not in _DTYPES:
-        raise ConfigError(f"`{key}` must be one of {', '.join(_DTYPES)}; got {_shown(value)}")
+        raise ConfigError(f"`{key}` must be one of {', '.join(_DTYPES)}; got {shown(value)}")
     return _DTYPES[value.removeprefix("torch.")]
 
 
@@ -225,10 +333,10 @@ class ModelConfig:
             raise ConfigError(
                 f"must hold a JSON object ({{...}}) at the top level; found {json_kind(hf)}"
             )
-        model_type = _optional(hf, "model_type", str, "llama")
+        model_type = config_value(hf, "model_type", str, "llama")
         if model_type != "llama":
             raise ConfigError(
-                f"only `model_type: llama` checkpoints are supported; got {model_type!r}"
+                f"only `model_type: llama` checkpoints are supported; got {shown(model_type)}"
             )
         sizes = {key: positive_int(hf, key) for key in _REQUIRED_INTS}
         num_heads = sizes["num_attention_heads"]
@@ -250,17 +358,25 @@ class ModelConfig:
                     f"{num_heads})"
                 )
             )
-        hidden_act = _optional(hf, "hidden_act", str, "silu")
+        hidden_act = config_value(hf, "hidden_act", str, "silu")
         if hidden_act != "silu":
-            raise ConfigError(f"`hidden_act` must be silu (SwiGLU); got {hidden_act!r}")
+            raise ConfigError(f"`hidden_act` must be silu (SwiGLU); got {shown(hidden_act)}")
         for flag in ("attention_bias", "mlp_bias"):
-            if _optional(hf, flag, bool, False):
+            if config_value(hf, flag, bool, False):
                 raise ConfigError(f"`{flag}: true` is not supported by the reference model")
         rope_key = next((k for k in ("rope_parameters", "rope_scaling") if hf.get(k)), None)
-        rope: dict[str, Any] = _optional(hf, rope_key, dict, {}) if rope_key else {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        rope: dict[str, Any] = config_value(hf, rope_key, dict, {}) if rope_key else {}
+        rope_type = config_value(
+            rope,
+            "rope_type",
+            str,
+            config_value(rope, "type", str, "default", within=rope_key),
+            within=rope_key,
+        )
         if rope_type != "default":
-            raise ConfigError(f"only default RoPE is supported; got `rope_type: {rope_type}`")
+            raise ConfigError(
+                f"only default RoPE is supported; got `rope_type: {shown(rope_type, quoted=False)}`"
+            )
         if hf.get("rope_theta") is not None:  # transformers 4.x
             rope_theta = _positive_number(hf, "rope_theta", 10000.0)
         else:
@@ -279,7 +395,7 @@ class ModelConfig:
                 max_position=check_context(
                     positive_int(hf, "max_position_embeddings", 2048), "max_position_embeddings"
                 ),
-                tie_word_embeddings=_optional(hf, "tie_word_embeddings", bool, False),
+                tie_word_embeddings=config_value(hf, "tie_word_embeddings", bool, False),
                 dtype=_dtype(hf),
             )
         except ValueError as exc:  # a check of __post_init__ the ones above do not make

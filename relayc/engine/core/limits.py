@@ -63,10 +63,13 @@ def check_count(count: int, key: str, table: Mapping[str, tuple[int, ...]], pref
     Called before anything lists ``count`` blocks: a hostile count (``2**30``) must not cost
     time or memory in proportion to itself."""
     indices = (name[len(prefix) :].split(".")[0] for name in table if name.startswith(prefix))
-    stored = 1 + max((int(i) for i in indices if i.isdigit()), default=-1)
+    # The layers the file holds tensors of, not its largest index: one tensor named
+    # `layers.99999999.x` must not let 10**8 layers' tensors be listed.
+    stored = len({i for i in indices if i.isdigit()})
     if count > stored:
         raise ValueError(
-            f"`{key}` is {count}, but the file holds tensors for {stored} layers; "
+            f"`{key}` is {count}, but the file holds tensors for {stored} layers "
+            f"(`{prefix}N.*`); "
             "the file is damaged or incomplete"
         )
 

@@ -308,6 +308,7 @@ class DFlashDrafter(nn.Module):
             directory,
             lambda: dflash_tensor_shapes(config, num_features),
             kind="a DFlash drafter",
+            count=("num_hidden_layers", config.num_layers),
             files=files,
             ignored=_TARGETS_OWN,
         )

@@ -40,7 +40,14 @@ import torch
 from torch import nn
 
 from relayc.engine.core.attention import PagedAttend, dense_causal_attention
-from relayc.engine.core.config import ModelConfig
+from relayc.engine.core.config import (
+    ConfigError,
+    ModelConfig,
+    config_list,
+    config_value,
+    shown,
+    whole_number,
+)
 from relayc.engine.core.kv_cache import KVCache
 from relayc.engine.core.layers import (
     AttendFn,
@@ -262,11 +269,19 @@ class Eagle3Head(EagleHead):
         try:
             config = ModelConfig.from_hf_config(header).replace(dtype=target.config.dtype)
             check_head_config(config, target)
-            eagle_config = header.get("eagle_config") or {}
-            capture = capture_layers(target.config.num_layers, eagle_config.get(LAYER_IDS_KEY))
-            draft_vocab_size = int(header.get("draft_vocab_size") or config.vocab_size)
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise CheckpointError(f"{where}: {exc}") from exc
+            eagle_config = config_value(header, "eagle_config", dict, {})
+            layer_ids = config_list(
+                eagle_config,
+                LAYER_IDS_KEY,
+                int,
+                max_items=(NUM_FEATURE_LAYERS, "EAGLE-3 reads that many target layers"),
+                within="eagle_config",
+            )
+            capture = capture_layers(target.config.num_layers, layer_ids)
+            # its bound is the safetensors headers' (the draft LM head's rows), checked next
+            draft_vocab_size = whole_number(header, "draft_vocab_size", config.vocab_size)
+        except ValueError as exc:  # ConfigError among them
+            raise CheckpointError(str(exc), where) from None
         check_draft_tensors(
             directory,
             lambda: cls.tensor_shapes(config, draft_vocab_size, len(capture)),
@@ -443,27 +458,35 @@ def _read_config(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"EAGLE-3 head directory {directory} has no config.json")
     header = read_json_object(path)
-    architectures = header.get("architectures") or [ARCHITECTURE]
-    if not any("Eagle3" in str(a) for a in architectures):
+    try:
+        architectures = config_list(
+            header, "architectures", str, max_items=(8, "it names a model class")
+        )
+        eagle_config = config_value(header, "eagle_config", dict, {})
+    except ConfigError as exc:
+        raise CheckpointError(str(exc), path) from None
+    if architectures and not any("Eagle3" in a for a in architectures):
         raise CheckpointError(
-            f"{path}: `architectures` is {architectures}, not an EAGLE-3 head "
-            f"({ARCHITECTURE}); for an EAGLE-1 head use algorithm='eagle'"
+            f"`architectures` is {shown(architectures)}, not an EAGLE-3 head "
+            f"({ARCHITECTURE}); for an EAGLE-1 head use algorithm='eagle'",
+            path,
         )
     problems = []
     if header.get("num_hidden_layers", 1) != 1:
-        problems.append(f"`num_hidden_layers: {header['num_hidden_layers']}` (one layer only)")
+        problems.append(f"`num_hidden_layers: {shown(header['num_hidden_layers'])}` (one only)")
     if header.get("tie_word_embeddings"):
         problems.append("`tie_word_embeddings: true` (the head needs its own lm_head)")
     target_hidden = header.get("target_hidden_size")
     if target_hidden is not None and target_hidden != header.get("hidden_size"):
-        problems.append(f"`target_hidden_size: {target_hidden}` unlike the head's `hidden_size`")
-    eagle_config = header.get("eagle_config") or {}
+        problems.append(
+            f"`target_hidden_size: {shown(target_hidden)}` unlike the head's `hidden_size`"
+        )
     for flag in _UNSUPPORTED_FLAGS:
         if header.get(flag) or eagle_config.get(flag):
             problems.append(f"`{flag}: true`")
     if problems:
         raise CheckpointError(
-            f"{path}: relayc's EAGLE-3 head does not implement " + "; ".join(problems)
+            "relayc's EAGLE-3 head does not implement " + "; ".join(problems), path
         )
     return header
 

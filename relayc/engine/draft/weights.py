@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from relayc.engine.core.config import ModelConfig, positive_int
+from relayc.engine.core.config import ModelConfig, positive_int, shown
 from relayc.engine.core.limits import check_count, check_shapes
 from relayc.engine.draft.layers import check_head_config
 from relayc.engine.errors import CheckpointError
@@ -89,8 +89,8 @@ def read_draft_config(
     found = header.get(DRAFT_TYPE_KEY)
     if found != draft_type:
         raise CheckpointError(
-            f"holds `{DRAFT_TYPE_KEY}: {found}`, expected `{draft_type}` (a checkpoint of "
-            "the draft head this algorithm uses, as its save() writes it)",
+            f"holds `{DRAFT_TYPE_KEY}: {shown(found, quoted=False)}`, expected `{draft_type}` "
+            "(a checkpoint of the draft head this algorithm uses, as its save() writes it)",
             path,
         )
     config = config_from_hf(header, path)
@@ -132,9 +132,12 @@ def check_draft_tensors(
     table, where = tensor_table(files)
     for name in ignored:
         table.pop(name, None)
-    try:
-        if count is not None:
+    if count is not None:
+        try:
             check_count(count[1], count[0], table, "layers.")
+        except ValueError as exc:  # the key is config.json's: name that file
+            raise CheckpointError(str(exc), directory / "config.json") from None
+    try:
         check_shapes(
             shapes(), table, model=kind, needs="the config", describe=where, optional=optional
         )
