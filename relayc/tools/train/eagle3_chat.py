@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from relayc.engine.draft.eagle3 import capture_layers
+from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.tools.train.eagle3 import (
     Eagle3Teacher,
@@ -41,6 +42,7 @@ from relayc.tools.train.eagle3_run import (
     starting_head,
     train_and_store,
 )
+from relayc.tools.train.work import FRESH, load_pt
 
 HOLDOUT_EVERY = 50
 MAX_LEN = 320  # tokens per example (prompt + answer), the rest cut
@@ -87,7 +89,7 @@ def compute_features(
         key = hashlib.sha256(json.dumps([capture, part]).encode()).hexdigest()[:16]
         path = work / f"features-{first // SHARD:05d}-{key}.pt"
         if path.is_file():
-            rows += torch.load(path)
+            rows += read_shard(path, len(part), len(capture), target.config.hidden_size)
             continue
         shard = []
         for example in part:
@@ -111,6 +113,41 @@ def compute_features(
             f"({time.perf_counter() - start:.0f} s)",
             flush=True,
         )
+    return rows
+
+
+SHARD_KEYS = ("ids", "features", "hidden", "argmax", "prompt_len")
+
+
+def read_shard(path: Path, count: int, layers: int, hidden: int) -> list[dict[str, torch.Tensor]]:
+    """A feature shard :func:`compute_features` stored: ``count`` rows of tensors whose
+    lengths agree, ``layers`` captured hidden states of size ``hidden`` a position, read
+    without unpickling code; anything else a ``CheckpointError``."""
+    rows = load_pt(path)
+    if not isinstance(rows, list) or len(rows) != count:
+        raise CheckpointError(f"is not a feature shard of {count} examples; {FRESH}", path)
+    for number, row in enumerate(rows):
+        if not isinstance(row, dict) or not all(
+            isinstance(row.get(k), torch.Tensor) for k in SHARD_KEYS
+        ):
+            raise CheckpointError(
+                f"row {number} lacks one of the tensors {', '.join(SHARD_KEYS)}; {FRESH}", path
+            )
+        length = row["ids"].numel()
+        shapes_agree = (
+            row["ids"].ndim == 1
+            and row["features"].ndim == row["hidden"].ndim == 2
+            and row["features"].shape[0] == row["hidden"].shape[0] == length
+            and row["features"].shape[1] == layers * hidden
+            and row["hidden"].shape[1] == hidden
+            and tuple(row["argmax"].shape) == (length,)
+            and row["prompt_len"].numel() == 1
+            and 0 <= int(row["prompt_len"]) <= length
+        )
+        if not shapes_agree:
+            raise CheckpointError(
+                f"row {number}'s tensors do not have the shapes this target gives; {FRESH}", path
+            )
     return rows
 
 
@@ -200,7 +237,7 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
         target,
         head,
         sample,
-        (lambda: {"gen": gen.get_state()}, lambda s: gen.set_state(s["gen"])),
+        {"gen": gen},
         eval_batches,
         log,
     )
