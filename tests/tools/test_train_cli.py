@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 
 import relayc
+from relayc.engine.core.config import ModelConfig
+from relayc.engine.errors import CheckpointError
+from relayc.engine.model.weights import random_model
+from relayc.specs.errors import UsageError
 from relayc.tools.train import cli, dflash_cli, eagle3_cli
+from relayc.tools.train.eagle3_chat import compute_features, read_corpus
 
 REPO = Path(relayc.__file__).resolve().parent.parent
 
@@ -97,7 +102,7 @@ def test_cached_toy_examples_that_do_not_fit_the_target_are_refused(tmp_path: Pa
     assert dflash_cli._cached_examples(path, 2, 300) == good
     for bad in ([good[0]], [good[0], {"prompt_ids": [1, 300], "answer_ids": []}], {"a": 1}):
         path.write_text(json.dumps(bad))
-        with pytest.raises(dflash_cli.CheckpointError, match=str(path)):
+        with pytest.raises(CheckpointError, match=str(path)):
             dflash_cli._cached_examples(path, 2, 300)
 
 
@@ -186,3 +191,26 @@ def test_python_dash_m_help_lists_the_commands() -> None:
         check=True,
     )
     assert "  eagle3 " in done.stdout and "  dflash " in done.stdout
+
+
+def test_a_chat_corpus_line_that_is_not_an_example_names_the_file_and_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "examples.jsonl"
+    good = json.dumps({"index": 0, "prompt_ids": [1, 2], "answer_ids": [3]}) + "\n"
+    path.write_text(good)
+    assert read_corpus(tmp_path, None)[0] == [{"index": 0, "prompt_ids": [1, 2], "answer_ids": [3]}]
+    for bad in ("{oops\n", '{"index": 1, "prompt_ids": [1]}\n', '{"index": 1, "prompt_ids": '
+                '[-1], "answer_ids": []}\n', "[1]\n"):  # fmt: skip
+        path.write_text(good + bad)
+        with pytest.raises(CheckpointError, match=f"{path}: line 2 "):
+            read_corpus(tmp_path, None)
+
+
+def test_a_corpus_for_another_vocabulary_is_refused_before_any_forward(tmp_path: Path) -> None:
+    config = ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=4,
+                         num_heads=2, num_kv_heads=1, head_dim=16, max_position=64)  # fmt: skip
+    examples = [{"index": 7, "prompt_ids": [1, 2], "answer_ids": [300]}]
+    with pytest.raises(UsageError, match=r"example 7 .* \(0\.\.299\).*--data"):
+        compute_features(random_model(config), examples, (1, 2), tmp_path / "features")
+    assert not (tmp_path / "features").exists()

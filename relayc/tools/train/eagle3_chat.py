@@ -28,6 +28,7 @@ import torch
 from relayc.engine.draft.eagle3 import capture_layers
 from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.specs.errors import UsageError
 from relayc.tools.train.eagle3 import (
     Eagle3Teacher,
     choose_vocabulary,
@@ -42,9 +43,10 @@ from relayc.tools.train.eagle3_run import (
     starting_head,
     train_and_store,
 )
-from relayc.tools.train.work import FRESH, load_pt
+from relayc.tools.train.work import FRESH, load_pt, read_json
 
 HOLDOUT_EVERY = 50
+MAX_TOKEN_ID = 2**31 - 1  # the target's vocabulary bounds ids when it embeds them
 MAX_LEN = 320  # tokens per example (prompt + answer), the rest cut
 SHARD = 64  # examples per feature shard
 CHAT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "chat" / "heldout_chat_prompts.json"
@@ -55,13 +57,16 @@ def read_corpus(folder: Path, limit: int | None) -> tuple[list[dict[str, Any]], 
     provenance: count, tokens, SHA-256 of the bytes read."""
     digest = hashlib.sha256()
     examples: list[dict[str, Any]] = []
-    with (folder / "examples.jsonl").open("rb") as f:
-        for line in f:
-            if not line.endswith(b"\n") or (limit is not None and len(examples) == limit):
-                break
-            digest.update(line)
-            record = json.loads(line)
-            examples.append({k: record[k] for k in ("index", "prompt_ids", "answer_ids")})
+    path = folder / "examples.jsonl"
+    try:
+        with path.open("rb") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.endswith(b"\n") or (limit is not None and len(examples) == limit):
+                    break
+                digest.update(line)
+                examples.append(_example(line, path, number))
+    except OSError as exc:
+        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
     manifest = folder / "manifest.json"
     info = {
         "folder": str(folder),
@@ -70,9 +75,31 @@ def read_corpus(folder: Path, limit: int | None) -> tuple[list[dict[str, Any]], 
         "answer_tokens": sum(len(e["answer_ids"]) for e in examples),
         "sha256": digest.hexdigest(),
         "sha256_of": "the examples.jsonl lines read, as bytes",
-        "manifest": json.loads(manifest.read_text()) if manifest.is_file() else None,
+        "manifest": read_json(manifest) if manifest.is_file() else None,
     }
     return examples, info
+
+
+def _example(line: bytes, path: Path, number: int) -> dict[str, Any]:
+    """Line ``number`` of a corpus's ``examples.jsonl``: ``index`` and the token id lists
+    ``prompt_ids`` / ``answer_ids``, else a ``CheckpointError`` naming the file and line."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"line {number} is not JSON ({exc})", path) from None
+    fields = ("index", "prompt_ids", "answer_ids")
+    ok = isinstance(record, dict) and all(
+        isinstance(record.get(k), list)
+        and all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in record[k])
+        for k in fields[1:]
+    )
+    if not ok or "index" not in record:
+        raise CheckpointError(
+            f"line {number} needs `index` and `prompt_ids` / `answer_ids` (lists of token ids); "
+            "rewrite the corpus with python -m relayc.tools.train.chat_corpus",
+            path,
+        )
+    return {k: record[k] for k in fields}
 
 
 @torch.no_grad()
@@ -81,6 +108,13 @@ def compute_features(
 ) -> list[dict[str, torch.Tensor]]:
     """Per example: ``ids``, ``features`` / ``hidden`` (bfloat16), ``argmax``, ``prompt_len``;
     shards already in ``work`` are read back (the same examples in the same order)."""
+    vocab = target.config.vocab_size
+    for example in examples:
+        if any(t >= vocab for t in (*example["prompt_ids"], *example["answer_ids"])):
+            raise UsageError(
+                f"example {example['index']} holds a token id outside the target's vocabulary "
+                f"(0..{vocab - 1}): the corpus (--data) was made for another model"
+            )
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, torch.Tensor]] = []
     start = time.perf_counter()
