@@ -88,8 +88,13 @@ def test_resuming_a_one_layer_dflash_work_with_two_layers_names_the_flags(
     assert dflash_cli.main(_dflash(tmp_path, "--layers", "1")) == 0
     capsys.readouterr()
     err = _one_line(_refused(dflash_cli.main, _dflash(tmp_path, "--layers", "2"), capsys), DFLASH)
-    assert f"{tmp_path / 'work' / 'checkpoint.pt'}: was saved by a run with another model" in err
-    assert "missing (e.g. layers.1." in err and "--layers" in err and "fresh --work" in err
+    assert f"{tmp_path / 'work' / 'checkpoint.pt'}: was saved by a run with --layers 1" in err
+    assert "this run has 2" in err and "fresh --work" in err
+    # settings the weights' shapes do not show: named too
+    for flag, value, saved in (("--block-size", "4", "8"), ("--target-layer-ids", "0", "3")):
+        argv = _dflash(tmp_path, "--layers", "1", flag, value)
+        err = _one_line(_refused(dflash_cli.main, argv, capsys), DFLASH)
+        assert f"was saved by a run with {flag} {saved}, this run has {value}" in err
     # the same flags still resume
     assert dflash_cli.main(_dflash(tmp_path, "--layers", "1", "--steps", "2")) == 0
     assert "resumed from" in capsys.readouterr().out

@@ -18,9 +18,10 @@ from torch import nn
 from relayc.engine.core.config import ModelConfig
 from relayc.engine.draft.dflash import DFlashDrafter
 from relayc.engine.errors import CheckpointError
+from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.engine.model.weights import random_model
 from relayc.tools.train import dflash_cli, eagle3_cli
-from relayc.tools.train.dflash import DFlashRecipe, train_dflash
+from relayc.tools.train.dflash import DFlashRecipe, check_checkpoint, train_dflash
 from relayc.tools.train.eagle3_chat import read_shard
 from relayc.tools.train.loop import Checkpoint, train_loop
 
@@ -186,10 +187,14 @@ def test_an_interrupted_loop_resumes_to_the_uninterrupted_weights(tmp_path: Path
         assert not torch.equal(ours, other)
 
 
-def _dflash_run(work: Path, stop_at: int | None) -> DFlashDrafter:
+def _smoke_target() -> LlamaForCausalLM:
     config = ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=6,
                          num_heads=2, num_kv_heads=1, head_dim=16, max_position=512)  # fmt: skip
-    target = random_model(config, seed=0).requires_grad_(False)
+    return random_model(config, seed=0).requires_grad_(False)
+
+
+def _dflash_run(work: Path, stop_at: int | None) -> DFlashDrafter:
+    target = _smoke_target()
     drafter = DFlashDrafter.random(target, 0, num_layers=1, block_size=4, mask_token_id=299)
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -218,3 +223,18 @@ def test_an_interrupted_dflash_run_resumes_to_the_uninterrupted_weights(tmp_path
         resumed.state_dict().items(), whole.state_dict().values(), strict=True
     ):
         assert torch.equal(ours, theirs), name
+
+
+def test_a_dflash_checkpoint_without_recorded_settings_is_checked_by_its_shapes(
+    tmp_path: Path,
+) -> None:
+    drafter = _dflash_run(tmp_path, None)
+    path = tmp_path / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    assert state["settings"]["--layers"] == 1
+    del state["settings"]  # as checkpoints written before settings were recorded
+    torch.save(state, path)
+    check_checkpoint(drafter, tmp_path, "--layers")  # the same shape resumes
+    wider = DFlashDrafter.random(_smoke_target(), 0, num_layers=2, block_size=4, mask_token_id=299)
+    with pytest.raises(CheckpointError, match=r"another model shape.*layers\.1\..*--layers"):
+        check_checkpoint(wider, tmp_path, "--layers")

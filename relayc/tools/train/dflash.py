@@ -32,8 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from relayc.engine.draft.dflash import DFlashDrafter
+from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.tools.train.work import (
+    FRESH,
     check_fits,
     load_state,
     require,
@@ -234,13 +236,45 @@ CHECKPOINT_FIELDS: dict[str, type | tuple[type, ...]] = {
 LOG_FIELDS: dict[str, type | tuple[type, ...]] = {"losses": list, "evals": list, "invocations": int}
 
 
+def drafter_settings(drafter: DFlashDrafter) -> dict[str, Any]:
+    """What a checkpoint records of the drafter it holds, by the flag that sets each: the
+    tapped layers and block size do not show in the weights' shapes, and a run resumed with
+    others would train the saved weights on other features or blocks."""
+    return {
+        "--layers": drafter.config.num_layers,
+        "--block-size": drafter.block_size,
+        "--target-layer-ids": list(drafter.settings.target_layer_ids),
+    }
+
+
 def check_checkpoint(drafter: DFlashDrafter, work: Path, shape_flags: str) -> None:
     """Before any work is spent: ``CheckpointError`` unless ``work/checkpoint.pt``, when there
-    is one, is a checkpoint of ``train_dflash`` for a drafter of ``drafter``'s shape."""
+    is one, is a checkpoint of ``train_dflash`` for a drafter of ``drafter``'s shape and
+    settings."""
     checkpoint = work / "checkpoint.pt"
     if checkpoint.is_file():
         state = load_state(checkpoint, CHECKPOINT_FIELDS)
+        _check_settings(drafter, state, checkpoint)
         check_fits(drafter, state["drafter"], checkpoint, shape_flags)
+
+
+def _check_settings(drafter: DFlashDrafter, state: dict[str, Any], checkpoint: Path) -> None:
+    saved = state.get("settings")  # absent from checkpoints written before it was recorded
+    if saved is None:
+        return
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"`settings` is a {type(saved).__name__}, not a dict", checkpoint)
+    for flag, value in drafter_settings(drafter).items():
+        if flag in saved and saved[flag] != value:
+            shown = (
+                ",".join(map(str, saved[flag])) if isinstance(saved[flag], list) else saved[flag]
+            )
+            raise CheckpointError(
+                f"was saved by a run with {flag} {shown}, this run has "
+                f"{','.join(map(str, value)) if isinstance(value, list) else value}: resume "
+                f"with the flags the run in this --work folder started with, or {FRESH}",
+                checkpoint,
+            )
 
 
 def train_dflash(
@@ -271,6 +305,7 @@ def train_dflash(
     if checkpoint.is_file():
         state = load_state(checkpoint, CHECKPOINT_FIELDS)
         require(state["log"], LOG_FIELDS, checkpoint, "log.")
+        _check_settings(drafter, state, checkpoint)
         restore_module(drafter, state["drafter"], checkpoint, shape_flags)
         restore_optimizer(optimizer, state["optimizer"], checkpoint)
         restore_generator(generator, state["generator"], checkpoint, "generator")
@@ -286,6 +321,7 @@ def train_dflash(
             "step": step,
             "elapsed": elapsed,
             "log": log,
+            "settings": drafter_settings(drafter),
         }
         torch.save(state, work / "checkpoint.tmp")
         (work / "checkpoint.tmp").replace(checkpoint)
