@@ -219,3 +219,13 @@ def test_a_corpus_for_another_vocabulary_is_refused_before_any_forward(tmp_path:
     with pytest.raises(UsageError, match=r"example 7 .* \(0\.\.299\).*--data"):
         compute_features(random_model(config), examples, (1, 2), tmp_path / "features")
     assert not (tmp_path / "features").exists()
+
+
+def test_resuming_an_eagle3_work_for_another_target_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--smoke", "--steps", "2", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")]
+    assert eagle3_cli.main([*argv, "--target", "toy"]) == 0
+    capsys.readouterr()
+    err = _one_line(_refused(eagle3_cli.main, [*argv, "--target", "smollm2"], capsys), EAGLE3)
+    assert "was saved by a run with --target toy, this run has smollm2" in err

@@ -32,11 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from relayc.engine.draft.dflash import DFlashDrafter
-from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.tools.train.work import (
-    FRESH,
     check_fits,
+    check_settings,
     load_state,
     require,
     restore_generator,
@@ -254,27 +253,8 @@ def check_checkpoint(drafter: DFlashDrafter, work: Path, shape_flags: str) -> No
     checkpoint = work / "checkpoint.pt"
     if checkpoint.is_file():
         state = load_state(checkpoint, CHECKPOINT_FIELDS)
-        _check_settings(drafter, state, checkpoint)
+        check_settings(state.get("settings"), drafter_settings(drafter), checkpoint)
         check_fits(drafter, state["drafter"], checkpoint, shape_flags)
-
-
-def _check_settings(drafter: DFlashDrafter, state: dict[str, Any], checkpoint: Path) -> None:
-    saved = state.get("settings")  # absent from checkpoints written before it was recorded
-    if saved is None:
-        return
-    if not isinstance(saved, dict):
-        raise CheckpointError(f"`settings` is a {type(saved).__name__}, not a dict", checkpoint)
-    for flag, value in drafter_settings(drafter).items():
-        if flag in saved and saved[flag] != value:
-            shown = (
-                ",".join(map(str, saved[flag])) if isinstance(saved[flag], list) else saved[flag]
-            )
-            raise CheckpointError(
-                f"was saved by a run with {flag} {shown}, this run has "
-                f"{','.join(map(str, value)) if isinstance(value, list) else value}: resume "
-                f"with the flags the run in this --work folder started with, or {FRESH}",
-                checkpoint,
-            )
 
 
 def train_dflash(
@@ -305,7 +285,7 @@ def train_dflash(
     if checkpoint.is_file():
         state = load_state(checkpoint, CHECKPOINT_FIELDS)
         require(state["log"], LOG_FIELDS, checkpoint, "log.")
-        _check_settings(drafter, state, checkpoint)
+        check_settings(state.get("settings"), drafter_settings(drafter), checkpoint)
         restore_module(drafter, state["drafter"], checkpoint, shape_flags)
         restore_optimizer(optimizer, state["optimizer"], checkpoint)
         restore_generator(generator, state["generator"], checkpoint, "generator")

@@ -189,7 +189,11 @@ def train_head(
         eval_every_s=args.eval_every,
         log=log,
         checkpoint=Checkpoint(
-            work / "checkpoint.pt", 60 * args.save_every, generators, "--target (and --smoke)"
+            work / "checkpoint.pt",
+            60 * args.save_every,
+            generators,
+            "--target (and --smoke)",
+            {"--target": args.target, "--smoke": args.smoke},
         ),
     )
 

@@ -23,6 +23,7 @@ from relayc.engine.text.bytes import BOS_ID
 from relayc.tools.train.losses import STEP_WEIGHTS, TargetOut
 from relayc.tools.train.work import (
     FRESH,
+    check_settings,
     load_state,
     require,
     restore_generator,
@@ -59,8 +60,8 @@ CHECKPOINT_FIELDS: dict[str, type | tuple[type, ...]] = {
 class Checkpoint:
     """Where ``train_loop`` saves its state every ``every_s`` seconds (and at the end), so an
     interrupted run resumes: the module, the optimizer, the step, the elapsed time (the
-    schedule's clock), the curves, and the states of ``generators`` (the caller's data
-    samplers, set back on resume). The file is read without unpickling code
+    schedule's clock), the curves, the states of ``generators`` (the caller's data
+    samplers, set back on resume) and ``settings`` (the flags a resumed run must repeat). The file is read without unpickling code
     (``relayc.tools.train.work``); ``flags`` names the options that shape the model, for the
     message when a resumed run's model does not fit the checkpoint."""
 
@@ -68,11 +69,13 @@ class Checkpoint:
     every_s: float
     generators: dict[str, torch.Generator] = field(default_factory=dict)
     flags: str = "options"
+    settings: dict[str, Any] = field(default_factory=dict)  # flag -> value, must match
 
     def load(self) -> dict[str, Any] | None:
         if not self.path.is_file():
             return None
         state = load_state(self.path, CHECKPOINT_FIELDS)
+        check_settings(state.get("settings"), self.settings, self.path)
         require(state["record"], {"train": list, "heldout": list}, self.path, "record.")
         for name in self.generators:
             if name not in state["extra"]:
@@ -86,7 +89,7 @@ class Checkpoint:
     def save(self, state: dict[str, Any]) -> None:
         tmp = self.path.with_suffix(".tmp")
         extra = {name: g.get_state() for name, g in self.generators.items()}
-        torch.save({**state, "extra": extra}, tmp)
+        torch.save({**state, "extra": extra, "settings": self.settings}, tmp)
         os.replace(tmp, self.path)  # a run killed mid-save keeps the previous checkpoint
 
 

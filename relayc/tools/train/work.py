@@ -167,6 +167,30 @@ def restore_generator(generator: torch.Generator, state: Any, path: Path, key: s
         ) from None
 
 
+def check_settings(saved: Any, current: dict[str, Any], path: Path) -> None:
+    """``CheckpointError`` naming the flag when a checkpoint's recorded ``saved`` settings
+    (flag -> value; None in checkpoints from before they were recorded) differ from this
+    run's ``current`` ones."""
+    if saved is None:
+        return
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"`settings` is a {type(saved).__name__}, not a dict; {FRESH}", path)
+    for flag, value in current.items():
+        if flag in saved and saved[flag] != value:
+            raise CheckpointError(
+                f"was saved by a run with {flag} {_flag_value(saved[flag])}, this run has "
+                f"{_flag_value(value)}: resume with the flags the run in this --work folder "
+                f"started with, or {FRESH}",
+                path,
+            )
+
+
+def _flag_value(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return "(not given)" if value is False or value is None else str(value)
+
+
 def read_json(path: Path) -> Any:
     """The JSON value in ``path`` (a record the training tools wrote into ``--work``), or a
     ``CheckpointError`` naming it."""
