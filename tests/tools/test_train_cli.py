@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import relayc
+from relayc.engine.checkpoints.shipped import shipped_target
 from relayc.engine.core.config import ModelConfig
 from relayc.engine.errors import CheckpointError
 from relayc.engine.model.weights import random_model
@@ -229,3 +230,25 @@ def test_resuming_an_eagle3_work_for_another_target_names_the_flag(
     capsys.readouterr()
     err = _one_line(_refused(eagle3_cli.main, [*argv, "--target", "smollm2"], capsys), EAGLE3)
     assert "was saved by a run with --target toy, this run has smollm2" in err
+
+
+@pytest.mark.skipif(shipped_target() is None, reason="an install without the shipped demo target")
+def test_a_draft_vocabulary_larger_than_the_target_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--target", "toy", "--draft-vocab", "100000", "--corpus-bytes", str(1 << 20),
+            "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")]  # fmt: skip
+    err = _one_line(_refused(eagle3_cli.main, argv, capsys), EAGLE3)
+    assert "--draft-vocab 100000: the target has 259 tokens" in err
+    # a corpus cap below the first file: no training text, said before any training
+    err = _one_line(_refused(eagle3_cli.main, [*argv, "--corpus-bytes", "4096"], capsys), EAGLE3)
+    assert "--corpus-bytes 4096: the files that fit give no training text" in err
+
+
+def test_measure_only_checks_the_log_it_reads_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "training_log.json"
+    log.write_text(json.dumps({"corpus": {}, "models": {}}))
+    err = _refused(cli.main, ["--out", str(tmp_path), "--measure-only"], capsys)
+    assert f"{log}: has no `curves`" in _one_line(err, "python -m relayc.tools.train")

@@ -48,7 +48,7 @@ from relayc.tools.train.plan import (
     smoke_plan,
     store_half,
 )
-from relayc.tools.train.work import read_json
+from relayc.tools.train.work import read_json, require
 
 
 def run_training(args: argparse.Namespace) -> dict[str, Any]:
@@ -344,6 +344,12 @@ def _train_demo(args: argparse.Namespace) -> int:
     if args.measure_only:
         torch.set_num_threads(args.threads)
         log = read_json(out / "training_log.json")
+        if not isinstance(log, dict):
+            raise CheckpointError(
+                "is not a JSON object; rerun the training", out / "training_log.json"
+            )
+        # what the model card reads back, checked before the minutes of measuring
+        require(log, LOG_FIELDS, out / "training_log.json")
     else:
         log = run_training(args)
         write_outputs(out, log, None)
@@ -351,6 +357,12 @@ def _train_demo(args: argparse.Namespace) -> int:
         write_outputs(out, log, measure_acceptance(out, _prompt_texts(out), args.new_tokens))
     print(f"wrote {out} ({dir_bytes(out) / 1e6:.2f} MB)", flush=True)
     return 0
+
+
+LOG_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "corpus": dict, "models": dict, "curves": dict, "prompts": dict, "seed": int, "torch": str,
+    "threads": int, "batch": int, "seq": int, "argv_tail": str,
+}  # fmt: skip
 
 
 def _prompt_texts(out: Path) -> list[str]:

@@ -215,6 +215,11 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
     target, examples, info = _target_and_corpus(args)
     target.requires_grad_(False)
     target.eval()
+    if args.draft_vocab > target.config.vocab_size:
+        raise UsageError(
+            f"--draft-vocab {args.draft_vocab}: the target has {target.config.vocab_size} "
+            "tokens; give at most that many"
+        )
     capture = capture_layers(target.config.num_layers, None)
     rows = compute_features(target, examples, capture, Path(args.work) / "features")
     if args.features_only:

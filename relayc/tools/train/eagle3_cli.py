@@ -71,6 +71,11 @@ def run_toy(args: argparse.Namespace) -> dict[str, Any]:
         batch, seq, vocab_size, layer_ids = args.batch, 256, args.draft_vocab, TOY_LAYER_IDS
     target.requires_grad_(False)
     target.eval()
+    if args.draft_vocab > target.config.vocab_size:
+        raise UsageError(
+            f"--draft-vocab {args.draft_vocab}: the target has {target.config.vocab_size} "
+            "tokens; give at most that many"
+        )
     counts = torch.bincount(corpus.train.long(), minlength=target.config.vocab_size)
     head, vocab = starting_head(
         args, target, choose_vocabulary(counts, vocab_size), layer_ids, args.seed + 1

@@ -87,7 +87,7 @@ def require(
     for key, kind in fields.items():
         if key not in mapping:
             raise CheckpointError(
-                f"has no `{where}{key}`: not a checkpoint of this training command; {FRESH}", path
+                f"has no `{where}{key}`: not a file this training command wrote; {FRESH}", path
             )
         value = mapping[key]
         if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _types(kind)):
