@@ -252,3 +252,20 @@ def test_measure_only_checks_the_log_it_reads_back(
     log.write_text(json.dumps({"corpus": {}, "models": {}}))
     err = _refused(cli.main, ["--out", str(tmp_path), "--measure-only"], capsys)
     assert f"{log}: has no `curves`" in _one_line(err, "python -m relayc.tools.train")
+
+
+def test_ctrl_c_is_one_line_saying_how_to_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dflash_cli, "run", interrupt)
+    monkeypatch.setattr(cli, "run_training", interrupt)
+    assert dflash_cli.main(_dflash(tmp_path)) == 130
+    assert (
+        capsys.readouterr().err
+        == f"\n{DFLASH}: interrupted (the same command resumes from --work)\n"
+    )
+    assert cli.main(["--smoke", "--out", str(tmp_path)]) == 130  # no --work to resume from
+    assert capsys.readouterr().err == "\npython -m relayc.tools.train: interrupted\n"

@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return dflash_main(words[1:])
     args = parse_args(words)
-    return run_command(PROG, lambda: _train_demo(args))
+    return run_command(PROG, lambda: _train_demo(args), resumable=False)
 
 
 def _train_demo(args: argparse.Namespace) -> int:

@@ -26,17 +26,19 @@ EXIT_BUG = 70  # sysexits.h EX_SOFTWARE: an internal error, not the user's input
 MAX_LAYER_ID = 4095  # far above any model's depth; the target's own bound is checked later
 
 
-def run_command(prog: str, body: Callable[[], int]) -> int:
+def run_command(prog: str, body: Callable[[], int], *, resumable: bool = True) -> int:
     """``body()``'s exit code; a ``UsageError`` or ``CheckpointError`` (a bad flag, a bad
-    file) becomes one line on stderr and exit 2, Ctrl-C one line and exit 130. Any other
-    exception is a bug in relayc: its traceback, then one line asking for a report."""
+    file) becomes one line on stderr and exit 2, Ctrl-C one line (saying the command
+    resumes from ``--work`` when it is ``resumable``) and exit 130. Any other exception is
+    a bug in relayc: its traceback, then one line asking for a report."""
     try:
         return body()
     except (UsageError, CheckpointError) as exc:
         print(one_line(f"{prog}: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted (the same command resumes from --work)", file=sys.stderr)
+        resume = " (the same command resumes from --work)" if resumable else ""
+        print(f"\n{prog}: interrupted{resume}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception:
         traceback.print_exc()
