@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from relayc.tools.train import dflash_cli, eagle3_cli
 from relayc.tools.train.dflash import DFlashRecipe, check_checkpoint, train_dflash
 from relayc.tools.train.eagle3_chat import read_shard
 from relayc.tools.train.loop import Checkpoint, train_loop
+from relayc.tools.train.work import load_pt
 
 
 class _LeavesMarker:
@@ -238,3 +240,21 @@ def test_a_dflash_checkpoint_without_recorded_settings_is_checked_by_its_shapes(
     wider = DFlashDrafter.random(_smoke_target(), 0, num_layers=2, block_size=4, mask_token_id=299)
     with pytest.raises(CheckpointError, match=r"another model shape.*layers\.1\..*--layers"):
         check_checkpoint(wider, tmp_path, "--layers")
+
+
+def test_a_checkpoint_claiming_more_elements_than_it_holds_is_refused_unallocated(
+    tmp_path: Path,
+) -> None:
+    """The size in the pickle is checked against the stored record before any allocation:
+    a 16-byte record claiming 2**30 float elements (4 GiB) is a damaged file, at once."""
+    small, path = tmp_path / "small.pt", tmp_path / "checkpoint.pt"
+    torch.save({"a": torch.ones(4)}, small)
+    with zipfile.ZipFile(small) as source, zipfile.ZipFile(path, "w") as out:
+        for name in source.namelist():
+            data = source.read(name)
+            if name.endswith("data.pkl"):  # the storage's numel, 4 (BININT1), after 'cpu'
+                at = data.index(b"K\x04", data.index(b"cpu"))
+                data = data[:at] + b"J" + (2**30).to_bytes(4, "little") + data[at + 2 :]
+            out.writestr(name, data)
+    with pytest.raises(CheckpointError, match=r"damaged.*does not match expected size"):
+        load_pt(path)
