@@ -4,6 +4,7 @@ labels), a smoke run that stores a drafter the engine loads, and a resumed run."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -135,19 +136,31 @@ def test_warm_start_copies_the_target_layers_norm_and_an_eagle3_fusion() -> None
     assert torch.equal(drafter.hidden_norm.weight, fc["midlayer.hidden_norm.weight"])
 
 
-def test_bad_warm_start_options_are_refused_with_what_to_pass(tmp_path: Path) -> None:
+def test_bad_warm_start_options_are_refused_with_what_to_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = ["--smoke", "--steps", "1", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")]
-    with pytest.raises(SystemExit, match=r"--init-layers \[6\].*in -6\.\.5"):
-        main([*base, "--init-layers", "6"])
-    with pytest.raises(SystemExit, match="at most 2 target layers"):
-        main([*base, "--init-layers", "0,1,2"])
+
+    def refused(*extra: str) -> str:
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        return err
+
+    assert re.search(r"--init-layers \[6\].*in -6\.\.5", refused("--init-layers", "6"))
+    assert "at most 2 target layers" in refused("--init-layers", "0,1,2")
     head = tmp_path / "head"
     head.mkdir()
     (head / "config.json").write_text(
         json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 3]}})
     )
-    with pytest.raises(SystemExit, match=r"taps layers \[0, 2, 3\].*--target-layer-ids"):
-        main([*base, "--init-fc", str(head)])
+    err = refused("--init-fc", str(head))
+    assert re.search(r"taps layers \[0, 2, 3\].*--target-layer-ids", err)
+    # a config.json that is not an EAGLE-3 head's: named, not a TypeError
+    (head / "config.json").write_text(json.dumps({"eagle_config": 5}))
+    assert "taps layers None" in refused("--init-fc", str(head))
+    (head / "config.json").write_text("[1,")
+    assert f"{head / 'config.json'}: invalid JSON" in refused("--init-fc", str(head))
 
 
 def test_a_warm_started_restricted_smoke_run_records_both(tmp_path: Path) -> None:

@@ -19,9 +19,10 @@ from torch import nn
 from relayc.engine.draft.eagle import EagleHead
 from relayc.engine.draft.mtp import MtpDrafter
 from relayc.engine.draft.standalone import StandaloneDrafter
+from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.engine.model.weights import load_checkpoint, save_checkpoint
-from relayc.specs.errors import OneLineParser
+from relayc.specs.errors import OneLineParser, did_you_mean
 from relayc.tools.args import MAX_SEED, float_in, int_in
 from relayc.tools.train.card import write_outputs
 from relayc.tools.train.corpus import assemble_corpus, heldout_prompts, sample_batch
@@ -34,6 +35,7 @@ from relayc.tools.train.losses import (
     weighted,
 )
 from relayc.tools.train.measure import measure_acceptance
+from relayc.tools.train.options import output_folder, run_command
 from relayc.tools.train.plan import (
     MTP_STEPS,
     SUBDIRS,
@@ -46,6 +48,7 @@ from relayc.tools.train.plan import (
     smoke_plan,
     store_half,
 )
+from relayc.tools.train.work import read_json, require
 
 
 def run_training(args: argparse.Namespace) -> dict[str, Any]:
@@ -240,6 +243,20 @@ def run_training(args: argparse.Namespace) -> dict[str, Any]:
 # The package docstring (relayc/tools/train/__init__.py) tells the whole story; the
 # package imports this module, so the one-line summary is kept here rather than read back.
 DESCRIPTION = "Train the tiny demo models shipped in relayc/assets/demo on the CPU."
+PROG = "python -m relayc.tools.train"
+# The first word after the module picks a command; --help lists them, one line each.
+COMMANDS = {
+    "eagle3": "train an EAGLE-3 head (demo target or SmolLM2)",
+    "dflash": "train a DFlash drafter (demo target or SmolLM2)",
+}
+USAGE = f"{PROG} [--help] {{{','.join(COMMANDS)}}} ...\n       {PROG} --out DIR [options]"
+EPILOG = "\n".join(
+    [
+        "commands (the first word; each has its own --help):",
+        f"  {'(none)':<8}  train the demo models (target, EAGLE, MTP, standalone): options above",
+        *(f"  {name:<8}  {summary}: {name} --help" for name, summary in COMMANDS.items()),
+    ]
+)
 
 
 def _argv_tail(args: argparse.Namespace) -> str:
@@ -254,8 +271,25 @@ def _argv_tail(args: argparse.Namespace) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = OneLineParser(prog="python -m relayc.tools.train", description=DESCRIPTION)
-    p.add_argument("--out", required=True, help="output directory (e.g. relayc/assets/demo)")
+    p = OneLineParser(
+        prog=PROG,
+        usage=USAGE,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if argv and not argv[0].startswith("-"):
+        hint = did_you_mean(argv[0], COMMANDS)
+        p.error(
+            f"no command {argv[0]!r}: give one of {', '.join(COMMANDS)}, or options only for "
+            f"the demo models{'; ' + hint if hint else ''}"
+        )
+    p.add_argument(
+        "--out",
+        required=True,
+        type=output_folder,
+        help="output directory (e.g. relayc/assets/demo)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps (tests)")
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
     p.add_argument("--threads", type=int_in(1, 4096), default=2, help="torch CPU threads")
@@ -286,24 +320,62 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     log = Path(args.out) / "training_log.json"
     if args.measure_only and not log.is_file():
         p.error(f"--measure-only needs {log} from an earlier training run")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        p.error(f"--out {args.out} is not a folder")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    """``python -m relayc.tools.train``: a command of ``COMMANDS`` when the first word names
+    one, else the demo models."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words and words[0] == "eagle3":
+        from relayc.tools.train.eagle3_cli import main as eagle3_main
+
+        return eagle3_main(words[1:])
+    if words and words[0] == "dflash":
+        from relayc.tools.train.dflash_cli import main as dflash_main
+
+        return dflash_main(words[1:])
+    args = parse_args(words)
+    return run_command(PROG, lambda: _train_demo(args), resumable=False)
+
+
+def _train_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.measure_only:
         torch.set_num_threads(args.threads)
-        log = json.loads((out / "training_log.json").read_text())
+        log = read_json(out / "training_log.json")
+        if not isinstance(log, dict):
+            raise CheckpointError(
+                "is not a JSON object; rerun the training", out / "training_log.json"
+            )
+        # what the model card reads back, checked before the minutes of measuring
+        require(log, LOG_FIELDS, out / "training_log.json")
     else:
         log = run_training(args)
         write_outputs(out, log, None)
     if args.measure_only or not (args.no_measure or args.smoke):
-        prompts = [
-            p["text"] for p in json.loads((out / "heldout_prompts.json").read_text())["prompts"]
-        ]
-        write_outputs(out, log, measure_acceptance(out, prompts, args.new_tokens))
+        write_outputs(out, log, measure_acceptance(out, _prompt_texts(out), args.new_tokens))
     print(f"wrote {out} ({dir_bytes(out) / 1e6:.2f} MB)", flush=True)
     return 0
+
+
+LOG_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "corpus": dict, "models": dict, "curves": dict, "prompts": dict, "seed": int, "torch": str,
+    "threads": int, "batch": int, "seq": int, "argv_tail": str,
+}  # fmt: skip
+
+
+def _prompt_texts(out: Path) -> list[str]:
+    """The held-out prompts a training run wrote into ``out``."""
+    path = out / "heldout_prompts.json"
+    record = read_json(path)
+    prompts = record.get("prompts") if isinstance(record, dict) else None
+    if not isinstance(prompts, list) or not all(
+        isinstance(p, dict) and isinstance(p.get("text"), str) for p in prompts
+    ):
+        raise CheckpointError(
+            'needs `prompts`, a list of {"text": ...} records; rerun the training without '
+            "--measure-only to write it again",
+            path,
+        )
+    return [p["text"] for p in prompts]

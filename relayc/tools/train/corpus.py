@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from relayc.engine.text.bytes import BOS_ID
+from relayc.specs.errors import UsageError
 
 # Directories (any path component) left out of the corpus: tests, the IDE, third-party
 # packages, demos, generated tables and bundled wheels.
@@ -93,6 +94,13 @@ def assemble_corpus(cap_bytes: int) -> Corpus:
         else:
             train_parts.append(data)
     train, heldout = b"".join(train_parts), b"".join(heldout_parts)
+    if not train or not heldout:
+        # checked here: which files fit the cap depends on this Python's standard library
+        raise UsageError(
+            f"--corpus-bytes {cap_bytes}: the files that fit give no "
+            f"{'training' if not train else 'held-out'} text ({len(files)} file(s); every "
+            f"{HOLDOUT_EVERY}th is held out); raise it (the default is {8 << 20})"
+        )
     info = {
         "source": "Python standard library *.py (sysconfig stdlib path), sorted by path",
         "stdlib": str(root),

@@ -33,6 +33,15 @@ import torch.nn.functional as F
 
 from relayc.engine.draft.dflash import DFlashDrafter
 from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.tools.train.work import (
+    check_fits,
+    check_settings,
+    load_state,
+    require,
+    restore_generator,
+    restore_module,
+    restore_optimizer,
+)
 
 
 @dataclass
@@ -213,6 +222,41 @@ def agreement(
     }
 
 
+# What ``train_dflash`` saves, each checked on resume before any of it is used.
+CHECKPOINT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "drafter": dict,
+    "optimizer": dict,
+    "generator": torch.Tensor,
+    "step": int,
+    "elapsed": (int, float),
+    "log": dict,
+}
+
+LOG_FIELDS: dict[str, type | tuple[type, ...]] = {"losses": list, "evals": list, "invocations": int}
+
+
+def drafter_settings(drafter: DFlashDrafter) -> dict[str, Any]:
+    """What a checkpoint records of the drafter it holds, by the flag that sets each: the
+    tapped layers and block size do not show in the weights' shapes, and a run resumed with
+    others would train the saved weights on other features or blocks."""
+    return {
+        "--layers": drafter.config.num_layers,
+        "--block-size": drafter.block_size,
+        "--target-layer-ids": list(drafter.settings.target_layer_ids),
+    }
+
+
+def check_checkpoint(drafter: DFlashDrafter, work: Path, shape_flags: str) -> None:
+    """Before any work is spent: ``CheckpointError`` unless ``work/checkpoint.pt``, when there
+    is one, is a checkpoint of ``train_dflash`` for a drafter of ``drafter``'s shape and
+    settings."""
+    checkpoint = work / "checkpoint.pt"
+    if checkpoint.is_file():
+        state = load_state(checkpoint, CHECKPOINT_FIELDS)
+        check_settings(state.get("settings"), drafter_settings(drafter), checkpoint)
+        check_fits(drafter, state["drafter"], checkpoint, shape_flags)
+
+
 def train_dflash(
     drafter: DFlashDrafter,
     train_rows: Sequence[dict[str, torch.Tensor]],
@@ -223,9 +267,12 @@ def train_dflash(
     on_eval: Callable[[int], dict[str, Any]] | None = None,
     eval_every: float = 600.0,
     vocab: TrainVocab | None = None,
+    shape_flags: str = "drafter settings",
 ) -> dict[str, Any]:
-    """Train ``drafter`` in place on ``train_rows``; resumes from ``work/checkpoint.pt``.
-    Returns the run's log (steps, wall time, loss curve, evaluations)."""
+    """Train ``drafter`` in place on ``train_rows``; resumes from ``work/checkpoint.pt`` (read
+    without unpickling code; a drafter of another shape than the checkpoint's is a
+    ``CheckpointError`` telling to resume with the same ``shape_flags``). Returns the run's
+    log (steps, wall time, loss curve, evaluations)."""
     work.mkdir(parents=True, exist_ok=True)
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -236,11 +283,13 @@ def train_dflash(
     log: dict[str, Any] = {"losses": [], "evals": [], "invocations": 0}
     checkpoint = work / "checkpoint.pt"
     if checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=False)
-        drafter.load_state_dict(state["drafter"])
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
-        step, elapsed, log = state["step"], state["elapsed"], state["log"]
+        state = load_state(checkpoint, CHECKPOINT_FIELDS)
+        require(state["log"], LOG_FIELDS, checkpoint, "log.")
+        check_settings(state.get("settings"), drafter_settings(drafter), checkpoint)
+        restore_module(drafter, state["drafter"], checkpoint, shape_flags)
+        restore_optimizer(optimizer, state["optimizer"], checkpoint)
+        restore_generator(generator, state["generator"], checkpoint, "generator")
+        step, elapsed, log = state["step"], float(state["elapsed"]), state["log"]
         print(f"resumed from {checkpoint}: step {step}, {elapsed / 60:.1f} min", flush=True)
     log["invocations"] += 1
 
@@ -252,6 +301,7 @@ def train_dflash(
             "step": step,
             "elapsed": elapsed,
             "log": log,
+            "settings": drafter_settings(drafter),
         }
         torch.save(state, work / "checkpoint.tmp")
         (work / "checkpoint.tmp").replace(checkpoint)

@@ -30,20 +30,35 @@ import torch
 
 from relayc.engine.draft.dflash import DFlashDrafter
 from relayc.engine.draft.weights import init_module_random
+from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
-from relayc.specs.errors import OneLineParser
+from relayc.engine.model.weights import read_json_object, reading_safetensors
+from relayc.specs.errors import OneLineParser, UsageError
 from relayc.tools.args import MAX_SEED, float_in, int_in
 from relayc.tools.train.dflash import (
     DFlashRecipe,
     TrainVocab,
     agreement,
+    check_checkpoint,
     train_dflash,
     warm_start,
 )
 from relayc.tools.train.eagle3_chat import CHAT_PROMPTS, compute_features, read_corpus
 from relayc.tools.train.eagle3_measure import MeasureRun, measure_runs
+from relayc.tools.train.options import (
+    check_layer_ids,
+    corpus_folders,
+    head_folder,
+    layer_ids,
+    layer_offsets,
+    output_folder,
+    run_command,
+)
+from relayc.tools.train.work import FRESH, read_json
 
+PROG = "python -m relayc.tools.train dflash"
 HOLDOUT_EVERY = 50
+SHAPE_FLAGS = "--layers, --block-size and --target-layer-ids"  # what shapes the drafter
 TOY_MASK = 258  # the byte-level vocabulary's PAD: never in text
 SMOLLM2_MASK = "<empty_output>"  # a special token chat never uses
 TOY_PROMPT_BYTES, TOY_ANSWER_TOKENS = 96, 160
@@ -59,7 +74,7 @@ def _toy_examples(
 
     path = work / f"toy-examples-{count}-{seed}.json"
     if path.is_file():
-        return list(json.loads(path.read_text()))
+        return _cached_examples(path, count, target.config.vocab_size)
     corpus = assemble_corpus(8 << 20)
     gen = torch.Generator().manual_seed(seed)
     windows = sample_batch(corpus.train, corpus.train_line_starts, count, TOY_PROMPT_BYTES, gen)
@@ -73,6 +88,30 @@ def _toy_examples(
     ]
     work.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(examples))
+    return examples
+
+
+def _cached_examples(path: Path, count: int, vocab_size: int) -> list[dict[str, Any]]:
+    """The examples an earlier run cached in ``path``: ``count`` records of token ids below
+    ``vocab_size``, else a ``CheckpointError`` naming the file."""
+    examples = read_json(path)
+    if not isinstance(examples, list) or len(examples) != count:
+        raise CheckpointError(f"does not hold the {count} examples its name says; {FRESH}", path)
+    for number, example in enumerate(examples):
+        ids = (
+            [example.get(k) for k in ("prompt_ids", "answer_ids")]
+            if isinstance(example, dict)
+            else [None]
+        )
+        if not all(
+            isinstance(part, list) and all(type(t) is int and 0 <= t < vocab_size for t in part)
+            for part in ids
+        ):
+            raise CheckpointError(
+                f"example {number} needs `prompt_ids` and `answer_ids`, lists of token ids "
+                f"in 0..{vocab_size - 1}; {FRESH}",
+                path,
+            )
     return examples
 
 
@@ -103,7 +142,10 @@ def _target(
 
         source = shipped_target()
         if source is None:
-            raise SystemExit("the shipped demo target is missing (relayc/assets/demo/target)")
+            raise UsageError(
+                "the shipped demo target is missing (relayc/assets/demo/target): reinstall "
+                "relayc, or use --target smollm2 or --smoke"
+            )
         target = load_checkpoint(source)
         examples = _toy_examples(target, args.examples, args.seed, work)
         info = {
@@ -117,7 +159,7 @@ def _target(
 
     loaded = load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32)
     if args.data is None:
-        raise SystemExit("--data DIR (a chat corpus, relayc.tools.train.chat_corpus) is needed")
+        raise UsageError("--target smollm2 needs --data DIR (a chat corpus folder: examples.jsonl)")
     chats: list[dict[str, Any]] = []
     infos: list[dict[str, Any]] = []
     for folder in args.data.split(","):  # several corpora (other prompt seeds) in order
@@ -128,7 +170,7 @@ def _target(
     tokenizer = loaded.tokenizer
     mask = tokenizer.encode(SMOLLM2_MASK) if tokenizer is not None else []
     if len(mask) != 1:
-        raise SystemExit(f"SmolLM2's tokenizer has no single token {SMOLLM2_MASK!r}")
+        raise CheckpointError(f"SmolLM2's tokenizer has no single token {SMOLLM2_MASK!r}")
     return loaded.model, chats, corpora, mask[0]
 
 
@@ -187,23 +229,29 @@ def _fc_from(source: str | None, drafter: DFlashDrafter) -> dict[str, torch.Tens
     from relayc.engine.draft.eagle3 import LAYER_IDS_KEY
 
     folder = Path(source)
-    config = json.loads((folder / "config.json").read_text())
-    ids = (config.get("eagle_config") or {}).get(LAYER_IDS_KEY)
+    config = read_json_object(folder / "config.json")
+    eagle_config = config.get("eagle_config")
+    ids = eagle_config.get(LAYER_IDS_KEY) if isinstance(eagle_config, dict) else None
     if ids != list(drafter.settings.target_layer_ids):
-        raise SystemExit(
+        raise UsageError(
             f"--init-fc {folder}: its head taps layers {ids}, the drafter "
             f"{list(drafter.settings.target_layer_ids)}; pass --target-layer-ids to match"
         )
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(file))
+        with reading_safetensors(file):
+            tensors.update(load_file(file))
     picked: dict[str, torch.Tensor] = {k: tensors[k].float() for k in ("fc.weight", "midlayer.hidden_norm.weight")
               if k in tensors}  # fmt: skip
     want = {"fc.weight": tuple(drafter.fc.weight.shape),
             "midlayer.hidden_norm.weight": tuple(drafter.hidden_norm.weight.shape)}  # fmt: skip
     for key, shape in want.items():
         if key not in picked or tuple(picked[key].shape) != shape:
-            raise SystemExit(f"--init-fc {folder}: needs {key} of shape {shape}")
+            raise CheckpointError(
+                f"--init-fc needs {key} of shape {shape} (an EAGLE-3 head over the drafter's "
+                "target and tapped layers)",
+                folder,
+            )
     return picked
 
 
@@ -216,6 +264,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     target.requires_grad_(False)
     target.eval()
     layers = target.config.num_layers
+    if args.target_layer_ids:
+        check_layer_ids("--target-layer-ids", args.target_layer_ids, layers)
     ids = tuple(args.target_layer_ids) if args.target_layer_ids else None
     drafter = DFlashDrafter.random(
         target,
@@ -229,13 +279,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if len(args.init_layers) > args.layers or any(
         not -layers <= i < layers for i in args.init_layers
     ):
-        raise SystemExit(
+        raise UsageError(
             f"--init-layers {args.init_layers}: at most {args.layers} target layers (the "
             f"draft's), each in -{layers}..{layers - 1} (the target has {layers})"
         )
     init_layers = [i % layers for i in args.init_layers]  # -1: the last target layer
     warm_start(drafter, target, init_layers, _fc_from(args.init_fc, drafter))
     drafter.settings = dataclasses.replace(drafter.settings, num_target_layers=layers)
+    check_checkpoint(drafter, work, SHAPE_FLAGS)  # a mismatch, before the features are made
     rows = compute_features(target, examples, drafter.capture, work / "features")
     train = [r for i, r in enumerate(rows) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
     heldout = [r for i, r in enumerate(rows) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
@@ -259,7 +310,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return result
 
     log = train_dflash(drafter, train, recipe, work, seed=args.seed, on_eval=evaluate,
-                       eval_every=args.eval_every, vocab=vocab)  # fmt: skip
+                       eval_every=args.eval_every, vocab=vocab,
+                       shape_flags=SHAPE_FLAGS)  # fmt: skip
     final = evaluate(log["steps"])
     # drafts are scored over what the drafter was trained to tell apart (draft_vocab.json)
     drafter.set_draft_vocab(None if vocab is None else vocab.tokens)
@@ -367,29 +419,48 @@ def model_card(record: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = OneLineParser(prog="python -m relayc.tools.train dflash", description=__doc__)
+    p = OneLineParser(prog=PROG, description=__doc__)
     p.add_argument("--target", choices=("toy", "smollm2"), default="toy")
     p.add_argument(
-        "--out", required=True, help="where the drafter goes (config.json + safetensors)"
+        "--out",
+        required=True,
+        type=output_folder,
+        help="where the drafter goes (config.json + safetensors)",
     )
-    p.add_argument("--work", required=True, help="features, examples and the checkpoint (resumed)")
     p.add_argument(
-        "--data", default=None, help="smollm2: the chat corpus directory (or several, a,b)"
+        "--work",
+        required=True,
+        type=output_folder,
+        help="features, examples and the checkpoint (resumed)",
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        type=corpus_folders,
+        help="smollm2: the chat corpus directory (or several, a,b)",
     )
     p.add_argument("--max-examples", type=int_in(1), default=None)
     p.add_argument("--examples", type=int_in(2), default=2000, help="toy: examples to generate")
     p.add_argument("--layers", type=int_in(1, 16), default=2, help="draft layers")
     p.add_argument("--block-size", type=int_in(2, 64), default=8)
     p.add_argument(
-        "--target-layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=None
+        "--target-layer-ids",
+        type=layer_ids,
+        default=None,
+        help="target layers whose outputs the drafter reads, e.g. 0,2,4 (default: spread)",
     )
     p.add_argument(
         "--init-layers",
-        type=lambda s: [int(x) for x in s.split(",") if x],
+        type=layer_offsets,
         default=[],
         help="target layers the draft layers start from (e.g. -2,-1), else random",
     )
-    p.add_argument("--init-fc", default=None, help="an EAGLE-3 head whose fc/hidden_norm seed ours")
+    p.add_argument(
+        "--init-fc",
+        default=None,
+        type=head_folder,
+        help="an EAGLE-3 head whose fc/hidden_norm seed ours",
+    )
     p.add_argument(
         "--train-vocab",
         type=int_in(0),
@@ -417,6 +488,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    record = run(args)
-    print(json.dumps({k: record[k] for k in ("drafter", "heldout_agreement")}, indent=1))
-    return 0
+
+    def body() -> int:
+        record = run(args)
+        print(json.dumps({k: record[k] for k in ("drafter", "heldout_agreement")}, indent=1))
+        return 0
+
+    return run_command(PROG, body)

@@ -26,7 +26,9 @@ from typing import Any
 import torch
 
 from relayc.engine.draft.eagle3 import capture_layers
+from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.specs.errors import UsageError
 from relayc.tools.train.eagle3 import (
     Eagle3Teacher,
     choose_vocabulary,
@@ -41,8 +43,10 @@ from relayc.tools.train.eagle3_run import (
     starting_head,
     train_and_store,
 )
+from relayc.tools.train.work import FRESH, load_pt, read_json
 
 HOLDOUT_EVERY = 50
+MAX_TOKEN_ID = 2**31 - 1  # the target's vocabulary bounds ids when it embeds them
 MAX_LEN = 320  # tokens per example (prompt + answer), the rest cut
 SHARD = 64  # examples per feature shard
 CHAT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "chat" / "heldout_chat_prompts.json"
@@ -53,13 +57,16 @@ def read_corpus(folder: Path, limit: int | None) -> tuple[list[dict[str, Any]], 
     provenance: count, tokens, SHA-256 of the bytes read."""
     digest = hashlib.sha256()
     examples: list[dict[str, Any]] = []
-    with (folder / "examples.jsonl").open("rb") as f:
-        for line in f:
-            if not line.endswith(b"\n") or (limit is not None and len(examples) == limit):
-                break
-            digest.update(line)
-            record = json.loads(line)
-            examples.append({k: record[k] for k in ("index", "prompt_ids", "answer_ids")})
+    path = folder / "examples.jsonl"
+    try:
+        with path.open("rb") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.endswith(b"\n") or (limit is not None and len(examples) == limit):
+                    break
+                digest.update(line)
+                examples.append(_example(line, path, number))
+    except OSError as exc:
+        raise CheckpointError(f"cannot read: {exc.strerror or exc}", path) from None
     manifest = folder / "manifest.json"
     info = {
         "folder": str(folder),
@@ -68,9 +75,31 @@ def read_corpus(folder: Path, limit: int | None) -> tuple[list[dict[str, Any]], 
         "answer_tokens": sum(len(e["answer_ids"]) for e in examples),
         "sha256": digest.hexdigest(),
         "sha256_of": "the examples.jsonl lines read, as bytes",
-        "manifest": json.loads(manifest.read_text()) if manifest.is_file() else None,
+        "manifest": read_json(manifest) if manifest.is_file() else None,
     }
     return examples, info
+
+
+def _example(line: bytes, path: Path, number: int) -> dict[str, Any]:
+    """Line ``number`` of a corpus's ``examples.jsonl``: ``index`` and the token id lists
+    ``prompt_ids`` / ``answer_ids``, else a ``CheckpointError`` naming the file and line."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"line {number} is not JSON ({exc})", path) from None
+    fields = ("index", "prompt_ids", "answer_ids")
+    ok = isinstance(record, dict) and all(
+        isinstance(record.get(k), list)
+        and all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in record[k])
+        for k in fields[1:]
+    )
+    if not ok or "index" not in record:
+        raise CheckpointError(
+            f"line {number} needs `index` and `prompt_ids` / `answer_ids` (lists of token ids); "
+            "rewrite the corpus with python -m relayc.tools.train.chat_corpus",
+            path,
+        )
+    return {k: record[k] for k in fields}
 
 
 @torch.no_grad()
@@ -79,6 +108,13 @@ def compute_features(
 ) -> list[dict[str, torch.Tensor]]:
     """Per example: ``ids``, ``features`` / ``hidden`` (bfloat16), ``argmax``, ``prompt_len``;
     shards already in ``work`` are read back (the same examples in the same order)."""
+    vocab = target.config.vocab_size
+    for example in examples:
+        if any(t >= vocab for t in (*example["prompt_ids"], *example["answer_ids"])):
+            raise UsageError(
+                f"example {example['index']} holds a token id outside the target's vocabulary "
+                f"(0..{vocab - 1}): the corpus (--data) was made for another model"
+            )
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, torch.Tensor]] = []
     start = time.perf_counter()
@@ -87,7 +123,7 @@ def compute_features(
         key = hashlib.sha256(json.dumps([capture, part]).encode()).hexdigest()[:16]
         path = work / f"features-{first // SHARD:05d}-{key}.pt"
         if path.is_file():
-            rows += torch.load(path)
+            rows += read_shard(path, len(part), len(capture), target.config.hidden_size)
             continue
         shard = []
         for example in part:
@@ -111,6 +147,41 @@ def compute_features(
             f"({time.perf_counter() - start:.0f} s)",
             flush=True,
         )
+    return rows
+
+
+SHARD_KEYS = ("ids", "features", "hidden", "argmax", "prompt_len")
+
+
+def read_shard(path: Path, count: int, layers: int, hidden: int) -> list[dict[str, torch.Tensor]]:
+    """A feature shard :func:`compute_features` stored: ``count`` rows of tensors whose
+    lengths agree, ``layers`` captured hidden states of size ``hidden`` a position, read
+    without unpickling code; anything else a ``CheckpointError``."""
+    rows = load_pt(path)
+    if not isinstance(rows, list) or len(rows) != count:
+        raise CheckpointError(f"is not a feature shard of {count} examples; {FRESH}", path)
+    for number, row in enumerate(rows):
+        if not isinstance(row, dict) or not all(
+            isinstance(row.get(k), torch.Tensor) for k in SHARD_KEYS
+        ):
+            raise CheckpointError(
+                f"row {number} lacks one of the tensors {', '.join(SHARD_KEYS)}; {FRESH}", path
+            )
+        length = row["ids"].numel()
+        shapes_agree = (
+            row["ids"].ndim == 1
+            and row["features"].ndim == row["hidden"].ndim == 2
+            and row["features"].shape[0] == row["hidden"].shape[0] == length
+            and row["features"].shape[1] == layers * hidden
+            and row["hidden"].shape[1] == hidden
+            and tuple(row["argmax"].shape) == (length,)
+            and row["prompt_len"].numel() == 1
+            and 0 <= int(row["prompt_len"]) <= length
+        )
+        if not shapes_agree:
+            raise CheckpointError(
+                f"row {number}'s tensors do not have the shapes this target gives; {FRESH}", path
+            )
     return rows
 
 
@@ -144,6 +215,11 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
     target, examples, info = _target_and_corpus(args)
     target.requires_grad_(False)
     target.eval()
+    if args.draft_vocab > target.config.vocab_size:
+        raise UsageError(
+            f"--draft-vocab {args.draft_vocab}: the target has {target.config.vocab_size} "
+            "tokens; give at most that many"
+        )
     capture = capture_layers(target.config.num_layers, None)
     rows = compute_features(target, examples, capture, Path(args.work) / "features")
     if args.features_only:
@@ -200,7 +276,7 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
         target,
         head,
         sample,
-        (lambda: {"gen": gen.get_state()}, lambda s: gen.set_state(s["gen"])),
+        {"gen": gen},
         eval_batches,
         log,
     )

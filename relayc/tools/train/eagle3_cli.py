@@ -22,8 +22,9 @@ import torch
 
 from relayc.engine.checkpoints.shipped import heldout_prompts, shipped_target
 from relayc.engine.core.config import ModelConfig
+from relayc.engine.errors import CheckpointError
 from relayc.engine.model.weights import load_checkpoint, random_model
-from relayc.specs.errors import OneLineParser
+from relayc.specs.errors import OneLineParser, UsageError
 from relayc.tools.args import MAX_SEED, float_in, int_in
 from relayc.tools.train.corpus import assemble_corpus, sample_batch
 from relayc.tools.train.eagle3 import (
@@ -41,8 +42,11 @@ from relayc.tools.train.eagle3_run import (
     starting_head,
     train_and_store,
 )
+from relayc.tools.train.options import corpus_folder, head_folder, output_folder, run_command
 from relayc.tools.train.plan import dir_bytes
+from relayc.tools.train.work import FRESH, read_json
 
+PROG = "python -m relayc.tools.train eagle3"
 TOY_LAYER_IDS = (0, 2, 4)  # inputs of layers 1, 3, 5: SGLang's default repeats layer 3 at L=6
 MEASURE_SIZES = {"topk": 4, "num_draft_tokens": 8}
 
@@ -58,12 +62,20 @@ def run_toy(args: argparse.Namespace) -> dict[str, Any]:
     else:
         source = shipped_target()
         if source is None:
-            raise SystemExit("the shipped demo target is missing (relayc/assets/demo/target)")
+            raise UsageError(
+                "the shipped demo target is missing (relayc/assets/demo/target): reinstall "
+                "relayc, or use --target smollm2 or --smoke"
+            )
         target = load_checkpoint(source)
         corpus = assemble_corpus(args.corpus_bytes)
         batch, seq, vocab_size, layer_ids = args.batch, 256, args.draft_vocab, TOY_LAYER_IDS
     target.requires_grad_(False)
     target.eval()
+    if args.draft_vocab > target.config.vocab_size:
+        raise UsageError(
+            f"--draft-vocab {args.draft_vocab}: the target has {target.config.vocab_size} "
+            "tokens; give at most that many"
+        )
     counts = torch.bincount(corpus.train.long(), minlength=target.config.vocab_size)
     head, vocab = starting_head(
         args, target, choose_vocabulary(counts, vocab_size), layer_ids, args.seed + 1
@@ -96,7 +108,7 @@ def run_toy(args: argparse.Namespace) -> dict[str, Any]:
         target,
         head,
         sample,
-        (lambda: {"data_gen": data_gen.get_state()}, lambda s: data_gen.set_state(s["data_gen"])),
+        {"data_gen": data_gen},
         eval_batches,
         log,
     )
@@ -128,10 +140,17 @@ def run_toy(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = OneLineParser(prog="python -m relayc.tools.train eagle3", description=__doc__)
+    p = OneLineParser(prog=PROG, description=__doc__)
     p.add_argument("--target", choices=("toy", "smollm2"), required=True)
-    p.add_argument("--out", required=True, help="where the head goes (config.json + safetensors)")
-    p.add_argument("--work", required=True, help="checkpoint / features folder (resumable)")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=output_folder,
+        help="where the head goes (config.json + safetensors)",
+    )
+    p.add_argument(
+        "--work", required=True, type=output_folder, help="checkpoint / features folder (resumable)"
+    )
     p.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps (tests)")
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
     p.add_argument("--threads", type=int_in(1, 4096), default=2)
@@ -142,7 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=float_in(0.0), default=120.0, help="seconds")
     p.add_argument("--draft-vocab", type=int_in(1), default=None)
     p.add_argument("--corpus-bytes", type=int_in(1), default=8 << 20)
-    p.add_argument("--data", default=None, help="chat corpus folder (smollm2)")
+    p.add_argument("--data", default=None, type=corpus_folder, help="chat corpus folder (smollm2)")
     p.add_argument("--max-examples", type=int_in(1), default=None, help="chat examples used")
     p.add_argument("--batch", type=int_in(1), default=8, help="sequences a step")
     p.add_argument("--measure-dtype", choices=("float32", "bfloat16"), default=None)
@@ -151,6 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--init",
         default=None,
+        type=head_folder,
         help="start from this stored head (its weights and draft vocabulary) instead of a "
         "fresh one; a fresh optimizer and schedule fine-tune it (ignored when --work resumes)",
     )
@@ -180,7 +200,9 @@ def _record_invocation(work: Path, argv: list[str] | None) -> list[dict[str, Any
     """Every command that trained the head in ``work`` (a resumed run has several)."""
     work.mkdir(parents=True, exist_ok=True)
     path = work / "invocations.json"
-    seen = json.loads(path.read_text()) if path.is_file() else []
+    seen = read_json(path) if path.is_file() else []
+    if not isinstance(seen, list):
+        raise CheckpointError(f"holds a {type(seen).__name__}, not a list of runs; {FRESH}", path)
     words = sys.argv[1:] if argv is None else argv
     seen.append({"argv": " ".join(words), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
     path.write_text(json.dumps(seen, indent=1) + "\n")
@@ -189,6 +211,10 @@ def _record_invocation(work: Path, argv: list[str] | None) -> list[dict[str, Any
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_command(PROG, lambda: _train(args, argv))
+
+
+def _train(args: argparse.Namespace, argv: list[str] | None) -> int:
     torch.set_num_threads(1 if args.smoke else args.threads)
     torch.manual_seed(args.seed)
     start = time.perf_counter()

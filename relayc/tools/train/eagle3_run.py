@@ -11,12 +11,15 @@ from typing import Any
 import torch
 
 from relayc.engine.draft.eagle3 import Eagle3Head, capture_layers
+from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.specs.errors import UsageError
 from relayc.tools.train.chat_corpus import file_sha256
 from relayc.tools.train.eagle3 import eagle3_eval, eagle3_losses, out_of_vocab_rate, warm_start
-from relayc.tools.train.loop import Checkpoint, train_loop
+from relayc.tools.train.loop import CHECKPOINT_FIELDS, Checkpoint, train_loop
 from relayc.tools.train.losses import weighted
 from relayc.tools.train.plan import init_for_training, model_record, store_half
+from relayc.tools.train.work import FRESH, load_state, read_json
 
 INIT_RECORD = "init.json"  # in --work: the stored head a run started from (--init)
 NUM_STEPS = 3  # the engine's num_steps for the measured runs (topk 4, 8 draft tokens)
@@ -59,7 +62,7 @@ def starting_head(
         if layer_ids is not None and tuple(head.capture) != capture_layers(
             target.config.num_layers, layer_ids
         ):
-            raise SystemExit(
+            raise UsageError(
                 f"--init {init}: the head captures layers {list(head.capture)}, this run "
                 f"{list(capture_layers(target.config.num_layers, layer_ids))}"
             )
@@ -87,7 +90,7 @@ def starting_head(
         }
         (work / INIT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
         return head, vocab.cpu()
-    vocab = resumed_vocabulary(work, chosen)
+    vocab = resumed_vocabulary(work, chosen, target.config.vocab_size)
     return build_head(target, vocab, layer_ids, seed), vocab
 
 
@@ -118,17 +121,40 @@ def init_record(args: argparse.Namespace) -> dict[str, Any] | None:
     """Where the head in ``--work`` started (``--init``), kept across resumed invocations;
     None for a fresh head."""
     path = Path(args.work) / INIT_RECORD
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    record = read_json(path)
+    if not isinstance(record, dict):
+        raise CheckpointError(f"holds a {type(record).__name__}, not a JSON object; {FRESH}", path)
+    return record
 
 
-def resumed_vocabulary(work: Path, chosen: torch.Tensor) -> torch.Tensor:
+def resumed_vocabulary(work: Path, chosen: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The draft vocabulary of the checkpoint in ``work`` when there is one (a resumed run
-    may read more data, whose counts would pick another), else ``chosen``."""
+    may read more data, whose counts would pick another), else ``chosen``; a checkpoint whose
+    vocabulary is not one of a target of ``vocab_size`` tokens is a ``CheckpointError``."""
     path = work / "checkpoint.pt"
     if not path.is_file():
         return chosen
-    d2t = torch.load(path, weights_only=False)["module"]["d2t"]
-    return d2t + torch.arange(d2t.numel())
+    d2t = load_state(path, CHECKPOINT_FIELDS)["module"].get("d2t")
+    if not isinstance(d2t, torch.Tensor) or d2t.ndim != 1 or d2t.dtype != torch.int64:
+        raise CheckpointError(
+            f"holds no EAGLE-3 head (no `module.d2t` int64 vector); {FRESH}", path
+        )
+    vocab = d2t + torch.arange(d2t.numel())
+    ascending = bool((vocab[1:] > vocab[:-1]).all())
+    if (
+        not 0 < vocab.numel() <= vocab_size
+        or not ascending
+        or not 0 <= int(vocab[0])
+        or int(vocab[-1]) >= vocab_size
+    ):
+        raise CheckpointError(
+            f"its draft vocabulary is not one of this target's {vocab_size} tokens (another "
+            f"--target?); {FRESH}",
+            path,
+        )
+    return vocab
 
 
 def train_head(
@@ -136,7 +162,7 @@ def train_head(
     target: LlamaForCausalLM,
     head: Eagle3Head,
     sample: Any,
-    sampler_state: tuple[Any, Any],
+    generators: dict[str, torch.Generator],
     eval_batches: list[tuple[torch.Tensor, Any]],
     log: dict[str, Any],
 ) -> dict[str, Any]:
@@ -149,7 +175,6 @@ def train_head(
         losses, agree = eagle3_losses(head, ids, teacher)
         return weighted(losses), {"top1_agree_per_step": [round(a, 4) for a in agree]}
 
-    get_state, set_state = sampler_state
     return train_loop(
         "eagle3",
         head,
@@ -163,7 +188,13 @@ def train_head(
         warmup_frac=0.05,
         eval_every_s=args.eval_every,
         log=log,
-        checkpoint=Checkpoint(work / "checkpoint.pt", 60 * args.save_every, get_state, set_state),
+        checkpoint=Checkpoint(
+            work / "checkpoint.pt",
+            60 * args.save_every,
+            generators,
+            "--target (and --smoke)",
+            {"--target": args.target, "--smoke": args.smoke},
+        ),
     )
 
 
@@ -198,13 +229,13 @@ def train_and_store(
     target: LlamaForCausalLM,
     head: Eagle3Head,
     sample: Any,
-    sampler_state: tuple[Any, Any],
+    generators: dict[str, torch.Generator],
     eval_batches: list[tuple[torch.Tensor, Any]],
     log: dict[str, Any],
 ) -> Path:
     """Train (``train_head``, curves into ``log["curves"]``), store the head in ``--out``,
     reload it and log its entry with the reloaded head's held-out evaluation."""
-    record = train_head(args, target, head, sample, sampler_state, eval_batches, log["curves"])
+    record = train_head(args, target, head, sample, generators, eval_batches, log["curves"])
     out = store(head, Path(args.out))
     final = eagle3_eval(Eagle3Head.load(out, target), eval_batches)
     log["model"] = model_entry(head, out, record, final)

@@ -9,7 +9,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.engine.text.bytes import BOS_ID
 from relayc.tools.train.losses import STEP_WEIGHTS, TargetOut
+from relayc.tools.train.work import (
+    FRESH,
+    check_settings,
+    load_state,
+    require,
+    restore_generator,
+    restore_module,
+    restore_optimizer,
+)
 
 
 def make_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -35,27 +45,51 @@ def make_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.o
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+# What ``Checkpoint.save`` writes, each checked on load before any of it is used.
+CHECKPOINT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "module": dict,
+    "optimizer": dict,
+    "step": int,
+    "elapsed_s": (int, float),
+    "record": dict,
+    "extra": dict,
+}
+
+
 @dataclass
 class Checkpoint:
     """Where ``train_loop`` saves its state every ``every_s`` seconds (and at the end), so an
     interrupted run resumes: the module, the optimizer, the step, the elapsed time (the
-    schedule's clock), the curves, and ``extra()`` (the caller's data-sampler state, given
-    back to ``restore`` on resume)."""
+    schedule's clock), the curves, the states of ``generators`` (the caller's data
+    samplers, set back on resume) and ``settings`` (the flags a resumed run must repeat). The file is read without unpickling code
+    (``relayc.tools.train.work``); ``flags`` names the options that shape the model, for the
+    message when a resumed run's model does not fit the checkpoint."""
 
     path: Path
     every_s: float
-    extra: Callable[[], dict[str, Any]] = dict
-    restore: Callable[[dict[str, Any]], None] = lambda state: None
+    generators: dict[str, torch.Generator] = field(default_factory=dict)
+    flags: str = "options"
+    settings: dict[str, Any] = field(default_factory=dict)  # flag -> value, must match
 
     def load(self) -> dict[str, Any] | None:
         if not self.path.is_file():
             return None
-        state: dict[str, Any] = torch.load(self.path, weights_only=False)
+        state = load_state(self.path, CHECKPOINT_FIELDS)
+        check_settings(state.get("settings"), self.settings, self.path)
+        require(state["record"], {"train": list, "heldout": list}, self.path, "record.")
+        for name in self.generators:
+            if name not in state["extra"]:
+                raise CheckpointError(f"has no `extra.{name}` generator state; {FRESH}", self.path)
         return state
+
+    def restore_generators(self, extra: dict[str, Any]) -> None:
+        for name, generator in self.generators.items():
+            restore_generator(generator, extra[name], self.path, f"extra.{name}")
 
     def save(self, state: dict[str, Any]) -> None:
         tmp = self.path.with_suffix(".tmp")
-        torch.save({**state, "extra": self.extra()}, tmp)
+        extra = {name: g.get_state() for name, g in self.generators.items()}
+        torch.save({**state, "extra": extra, "settings": self.settings}, tmp)
         os.replace(tmp, self.path)  # a run killed mid-save keeps the previous checkpoint
 
 
@@ -86,10 +120,10 @@ def train_loop(
     step, resumed_s = 0, 0.0
     state = checkpoint.load() if checkpoint is not None else None
     if state is not None and checkpoint is not None:
-        module.load_state_dict(state["module"])
-        optimizer.load_state_dict(state["optimizer"])
+        restore_module(module, state["module"], checkpoint.path, checkpoint.flags)
+        restore_optimizer(optimizer, state["optimizer"], checkpoint.path)
         step, resumed_s, record = state["step"], state["elapsed_s"], state["record"]
-        checkpoint.restore(state["extra"])
+        checkpoint.restore_generators(state["extra"])
         print(f"[{time.strftime('%H:%M:%S')}] {name} resumed at step {step}", flush=True)
     log[name] = record
     start = time.perf_counter() - resumed_s
