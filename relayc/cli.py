@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relayc import __version__
 from relayc.compiler.picture import add_graph_command
 from relayc.specs.errors import (
+    EXIT_BUG,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SPEC_ERRORS,
     EXIT_USAGE,
@@ -33,6 +32,7 @@ from relayc.specs.errors import (
     UsageError,
     add_ops_option,
     one_line,
+    report_bug,
 )
 from relayc.tools.demo import add_demo_command
 from relayc.tools.generate import add_generate_command
@@ -52,11 +52,6 @@ __all__ = [
     "build_parser",
     "main",
 ]
-
-# The shell's code for a command ended by SIGINT (128 + 2).
-EXIT_INTERRUPTED = 130
-# sysexits.h's EX_SOFTWARE, "internal software error": not 1, which says the spec is wrong.
-EXIT_BUG = 70
 
 
 def _existing_files(paths: Sequence[str]) -> list[Path]:
@@ -358,18 +353,6 @@ def _is_checkpoint_error(exc: Exception) -> bool:
     return weights is not None and isinstance(exc, weights.CheckpointError)
 
 
-def report_bug(command: str) -> None:
-    """After an exception no check anticipated: its traceback, then one line saying that it
-    is relayc's bug, not the user's, and what to send."""
-    traceback.print_exc()
-    print(
-        f"relayc{command}: internal error: this is a bug in relayc {__version__} (Python "
-        f"{platform.python_version()}), not in your input; please report it as an issue in "
-        "relayc's repository with the traceback above and the command you ran",
-        file=sys.stderr,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     command = ""
     try:
@@ -397,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # (the engine's loaders, a tokenizer's, a flag that reads a file).
             print(one_line(f"relayc{command}: error: {exc}"), file=sys.stderr)
             return EXIT_USAGE
-        report_bug(command)
+        report_bug(f"relayc{command}")
         return EXIT_BUG
 
 

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from relayc.engine.errors import CheckpointError
-from relayc.specs.errors import EXIT_USAGE, UsageError, one_line
+from relayc.specs.errors import (
+    EXIT_BUG,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    UsageError,
+    one_line,
+    report_bug,
+)
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
-EXIT_BUG = 70  # sysexits.h EX_SOFTWARE: an internal error, not the user's input
 MAX_LAYER_ID = 4095  # far above any model's depth; the target's own bound is checked later
 
 
@@ -41,12 +45,7 @@ def run_command(prog: str, body: Callable[[], int], *, resumable: bool = True) -
         print(f"\n{prog}: interrupted{resume}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception:
-        traceback.print_exc()
-        print(
-            f"{prog}: internal error: this is a bug in relayc, please report it with the "
-            "traceback above and the command you ran",
-            file=sys.stderr,
-        )
+        report_bug(prog)
         return EXIT_BUG
 
 
