@@ -19,9 +19,8 @@ import sys
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import NoReturn
-
-from relayc import __version__
 
 EXIT_OK, EXIT_SPEC_ERRORS, EXIT_USAGE = 0, 1, 2
 # The shell's code for a command ended by SIGINT (128 + 2).
@@ -34,9 +33,13 @@ def report_bug(prog: str) -> None:
     """After an exception no check anticipated: its traceback, then one line saying that it
     is relayc's bug, not the user's, and what to send (every relayc command ends this way:
     ``relayc``, ``python -m relayc.tools.train``)."""
+    try:
+        version = metadata.version("relayc")
+    except metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        version = "(not installed)"
     traceback.print_exc()
     print(
-        f"{prog}: internal error: this is a bug in relayc {__version__} (Python "
+        f"{prog}: internal error: this is a bug in relayc {version} (Python "
         f"{platform.python_version()}), not in your input; please report it as an issue in "
         "relayc's repository with the traceback above and the command you ran",
         file=sys.stderr,
