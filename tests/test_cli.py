@@ -488,7 +488,7 @@ def test_compile_bundled_honours_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, target: str
 ) -> None:
     from relayc.compiler import writer
-    from relayc.specs.loader import bundled_spec_paths
+    from relayc.compiler.writer import engine_specs
 
     def refuse() -> None:
         raise AssertionError("--bundled -o DIR rewrote relayc's own generated modules")
@@ -504,7 +504,7 @@ def test_compile_bundled_honours_output(
             "relayc_relay_state.py",
         }
         if target == "sglang"
-        else {f"{p.stem}.py" for p in bundled_spec_paths()}  # one per algorithm
+        else {f"{p.stem}.py" for p in engine_specs()}  # one per algorithm the engine runs
     )
     assert {p.name for p in out.iterdir()} == expected
     assert capsys.readouterr().out.count(f"wrote {out}/") == len(expected)

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from relayc.cli import main
-from relayc.compiler.writer import GENERATED_DIR, compile_spec, stale_bundled
+from relayc.compiler.writer import GENERATED_DIR, compile_spec, engine_specs, stale_bundled
 from relayc.runtime.relay import RelayError
-from relayc.specs.loader import BUNDLED_DIR, bundled_spec_paths
+from relayc.specs.loader import BUNDLED_DIR
 from tests.spec_edits import DRAFT_PROBS_EDITS, edited_eagle_spec
 
-ALGORITHMS = [p.stem for p in bundled_spec_paths()]
+ALGORITHMS = [p.stem for p in engine_specs()]  # dspark, uno: SGLang only
 DIMS = {"hidden": 24, "vocab": 40}
 POOL = 300
 
@@ -91,7 +91,7 @@ def test_output_is_deterministic_across_hash_seeds(tmp_path: Path) -> None:
                 "-m",
                 "relayc.cli",
                 "compile",
-                *map(str, bundled_spec_paths()),
+                *map(str, engine_specs()),
                 "-o",
                 "out",
             ],
