@@ -87,7 +87,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from relayc.specs.explain import explain
+    from relayc.plan.explain import explain
 
     failed = False
     for i, path in enumerate(_existing_files(args.specs)):

@@ -24,6 +24,7 @@ from relayc.plan.model import (
     EngineOutput,
     FieldUse,
     InputValue,
+    PluginModule,
     Read,
     RelayPlan,
     RelayValue,
@@ -122,6 +123,7 @@ def plan_from_graphs(graphs: IterationGraphs) -> RelayPlan:
         sglang_plugin=spec.sglang.plugin if spec.sglang else None,
         sglang_plugin_loc=spec.sglang.loc if spec.sglang else None,
         op_modules=op_modules,
+        plugins=tuple(PluginModule(m.name, m.from_cli, m.loc) for m in spec.ops),
         sample_dims=dict(graphs.sample_dims),
     )
 

@@ -226,6 +226,15 @@ class Staging:
 
 
 @dataclass(frozen=True)
+class PluginModule:
+    """A module of plugin ops the spec names (`ops:`, or `--ops` on the command line)."""
+
+    name: str
+    from_cli: bool
+    loc: SourceLoc
+
+
+@dataclass(frozen=True)
 class RelayPlan:
     """Everything a target needs to emit one algorithm's relay and decode step.
 
@@ -253,6 +262,7 @@ class RelayPlan:
     sglang_plugin: str | None
     sglang_plugin_loc: SourceLoc | None
     op_modules: Mapping[str, str | None]  # op name -> plugin module (None: built in)
+    plugins: tuple[PluginModule, ...]  # the plugin-op modules, in the order they are asked
     sample_dims: Mapping[str, int]  # the sizes the passes checked shapes with
 
     def field(self, name: str) -> RelayField:
