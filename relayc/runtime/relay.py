@@ -215,9 +215,10 @@ class FutureMapBase:
             try:
                 if indices.dtype != torch.int64:  # index_copy_ takes int64 slots only
                     indices = indices.long()
-                for name, value in zip(buffers, values, strict=True):
+                # strict=False: the generated stash passes one value per field, and a
+                # length check on every call costs more than the copy of a small field.
+                for (name, buffer), value in zip(buffers.items(), values, strict=False):
                     if value is not None:
-                        buffer = buffers[name]
                         if buffer is None:
                             buffer = self.allocate(name)
                         buffer.index_copy_(0, indices, value)
