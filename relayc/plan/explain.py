@@ -54,6 +54,8 @@ def _step_block(number: str, step: Step) -> list[str]:
         lines.append(f"      {step.doc}")
     writes = ", ".join(w.output for w in step.writes)
     lines += [f"      reads    {reads or '-'}", f"      writes   {writes or '-'}"]
+    if step.effects:  # state the op touches that no tensor carries (the draft KV cache)
+        lines.append(f"      effects  {', '.join(e.text for e in step.effects)}")
     if stash:
         lines.append(f"      stashes  {stash}")
     return lines

@@ -18,6 +18,7 @@ from relayc.plan import (
     ValueType,
     plan_spec_file,
 )
+from relayc.plan.explain import explain_plan
 from relayc.plan.support import TargetSupport, construct_uses, unsupported
 from relayc.specs.errors import SpecErrors
 from relayc.specs.loader import BUNDLED_DIR
@@ -53,6 +54,9 @@ def test_effects_are_declared_not_dummy_outputs() -> None:
     assert [e.text for e in plan.step("draft").effects] == ["reads draft_kv_cache"]
     assert [e.text for e in plan.prefill.effects] == ["writes draft_kv_cache"]
     assert "# effect: writes draft_kv_cache" in generate_relay_module(plan)
+    assert not inject.writes  # no dummy output keeps the step alive
+    explained = explain_plan(plan)
+    assert "      writes   -\n      effects  writes draft_kv_cache" in explained
 
 
 def test_the_plan_says_which_library_fields_are_left_out() -> None:
