@@ -21,8 +21,10 @@ Built once per algorithm from the validated spec and the graph passes
 * ``dims`` (:class:`Dim` with :class:`DimConstraint`), ``inputs``, the engine outputs of
   each phase, ``capture`` buckets, ``staging`` and the SGLang plugin name.
 
-Every record keeps its spec location, so a target refusing a construct
-(:mod:`.support`) points at the line that asked for it.
+Every record keeps its spec location, so a target refusing a construct points at the
+line that asked for it: a target declares a :class:`TargetSupport` (the constructs of
+:data:`CONSTRUCTS` and the built-in ops it implements) and raises the located errors
+:func:`unsupported` returns (the engine target's: ``relayc.compiler.codegen.ENGINE_TARGET``).
 """
 
 from __future__ import annotations
@@ -47,10 +49,13 @@ from relayc.plan.model import (
     ValueType,
     Write,
 )
+from relayc.plan.support import CONSTRUCTS, ConstructUse, TargetSupport, construct_uses, unsupported
 from relayc.runtime.fields import HostMirror, RelayField
 
 __all__ = [
+    "CONSTRUCTS",
     "AbsentField",
+    "ConstructUse",
     "Dim",
     "DimConstraint",
     "EngineInput",
@@ -66,10 +71,13 @@ __all__ = [
     "Stash",
     "Step",
     "StepValue",
+    "TargetSupport",
     "Value",
     "ValueType",
     "Write",
     "build_plan",
+    "construct_uses",
     "plan_from_graphs",
     "plan_spec_file",
+    "unsupported",
 ]
