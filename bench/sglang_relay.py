@@ -17,7 +17,7 @@ A control row times SGLang's map against a second SGLang map, rounds interleaved
 way: it must read 1.00 +- 0.05, or the run says the machine was too noisy to trust the
 ratios.
 
-    python bench/sglang_relay.py [--iters 300] [--threads 1] [--device cpu]
+    python bench/sglang_relay.py [--iters 300] [--threads 1] [--device cpu] [--only ngram]
 """
 
 from __future__ import annotations
@@ -172,6 +172,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--only", default="", help="rows whose name contains this (and the control)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -185,7 +188,8 @@ def main() -> None:
 
     rows = []
     noisy = []
-    for name, algorithm, topk in [(CONTROL, "DFLASH", 0), *configs()]:
+    chosen = [c for c in configs() if args.only in c[0]]
+    for name, algorithm, topk in [(CONTROL, "DFLASH", 0), *chosen]:
         with sglang_env.server_args(sgl, algorithm):
             for bs in BATCH_SIZES:
                 conf = "confidence" in name

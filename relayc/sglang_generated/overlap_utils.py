@@ -27,21 +27,37 @@ import torch
 # Relative inside a package (relayc.sglang_generated, sglang/srt/managers/), absolute
 # when the files were copied onto sys.path as top-level modules.
 if __package__:
-    from .relayc_relay_runtime import FutureRelayBuffers, HostRing, RelayDebugError, RelayError
-    from .relayc_relay_runtime import RelayMap, ResolvedConfidence, check_version, env_flag
     from .relayc_relay_runtime import (
+        FutureRelayBuffers,
+        HostRing,
+        RelayDebugError,
+        RelayError,
+        RelayMap,
+        ResolvedConfidence,
+        check_version,
+        env_flag,
         install_relay,
         offer_future_relay_buffers,
         resolve_forward_inputs,
     )
 else:
-    from relayc_relay_runtime import FutureRelayBuffers, HostRing, RelayDebugError, RelayError
-    from relayc_relay_runtime import RelayMap, ResolvedConfidence, check_version, env_flag
     from relayc_relay_runtime import (
+        FutureRelayBuffers,
+        HostRing,
+        RelayDebugError,
+        RelayError,
+        RelayMap,
+        ResolvedConfidence,
+        check_version,
+        env_flag,
         install_relay,
         offer_future_relay_buffers,
         resolve_forward_inputs,
     )
+
+# SGLang's names this module defines or takes from the runtime.
+__all__ = ["FutureMap", "FutureRelayBuffers", "RelayPayload", "install", "resolve_forward_inputs"]
+__all__ += ["RelayDebugError", "RelayError", "ResolvedConfidence", "offer_future_relay_buffers"]
 
 check_version(1, __name__)
 
@@ -113,6 +129,10 @@ class FutureMap(RelayMap):
         accept_lens_buf
     ) = None
 
+    def _make_buffers(self) -> None:
+        self.output_tokens_buf = self._buffer(torch.int64, -1, -1)
+        self.new_seq_lens_buf = self._buffer(torch.int64, "empty", None)
+
 
 def install() -> None:
     """Point SGLang at this drop-in, in each SGLang process before its scheduler starts
@@ -128,18 +148,13 @@ class DflashFutureMap(FutureMap):
     """Relays bonus_tokens (common.yaml:48), new_seq_lens (common.yaml:59), dsa_topk_indices
     (common.yaml:117). Refuses draft_probs: SGLang reads it back, the spec does not relay
     it. Drops topk_p, topk_index, hidden_states, accept_tokens, accept_lens: SGLang never
-    reads them back."""
+    reads them back. _make_buffers: as FutureMap's."""
 
     ALGORITHM = "dflash"
     SPEC = "relayc/specs/dflash.yaml"
 
-    def _make_buffers(self) -> None:
-        self.output_tokens_buf = self._buffer(torch.int64, -1, -1)
-        self.new_seq_lens_buf = self._buffer(torch.int64, "empty", None)
-
     def _stash(self, i: torch.Tensor, payload: RelayPayload) -> None:
-        if payload.draft_probs is not None:
-            self._refuse("draft_probs")
+        self._refuse("draft_probs", payload.draft_probs)
         self._write(self.output_tokens_buf, i, payload.bonus_tokens, "bonus_tokens")
         if self.dsa_topk_indices_buf is None and payload.dsa_topk_indices is not None:
             self.dsa_topk_indices_buf = self._lazy(
@@ -175,8 +190,7 @@ class DsparkFutureMap(FutureMap):
         )
 
     def _stash(self, i: torch.Tensor, payload: RelayPayload) -> None:
-        if payload.draft_probs is not None:
-            self._refuse("draft_probs")
+        self._refuse("draft_probs", payload.draft_probs)
         if self.dsa_topk_indices_buf is None and payload.dsa_topk_indices is not None:
             self.dsa_topk_indices_buf = self._lazy(
                 "dsa_topk_indices", payload.dsa_topk_indices, torch.int32, "dsa_topk"
@@ -196,19 +210,15 @@ class EagleFutureMap(FutureMap):
     """Relays bonus_tokens (common.yaml:48), new_seq_lens (common.yaml:59), topk_p
     (common.yaml:70), topk_index (common.yaml:75), hidden_states (common.yaml:83),
     dsa_topk_indices (common.yaml:117). Refuses draft_probs: SGLang reads it back, the spec
-    does not relay it. Drops accept_tokens, accept_lens: SGLang never reads them back."""
+    does not relay it. Drops accept_tokens, accept_lens: SGLang never reads them back.
+    _make_buffers: as FutureMap's."""
 
     ALGORITHM = "eagle"
     SPEC = "relayc/specs/eagle.yaml"
     STAGING = "LAST"  # relayc/specs/eagle.yaml:114:1 staging: make_staged_spec_input
 
-    def _make_buffers(self) -> None:
-        self.output_tokens_buf = self._buffer(torch.int64, -1, -1)
-        self.new_seq_lens_buf = self._buffer(torch.int64, "empty", None)
-
     def _stash(self, i: torch.Tensor, payload: RelayPayload) -> None:
-        if payload.draft_probs is not None:
-            self._refuse("draft_probs")
+        self._refuse("draft_probs", payload.draft_probs)
         self._write(self.output_tokens_buf, i, payload.bonus_tokens, "bonus_tokens")
         if self.topk_p_buf is None and payload.topk_p is not None:
             self.topk_p_buf = self._lazy("topk_p", payload.topk_p, torch.float32, "topk")
@@ -257,19 +267,15 @@ class EagleMultilayerFutureMap(FutureMap):
     """Relays bonus_tokens (common.yaml:48), new_seq_lens (common.yaml:59), dsa_topk_indices
     (common.yaml:117), topk_p (eagle_multilayer.yaml:13), topk_index
     (eagle_multilayer.yaml:18). Refuses draft_probs: SGLang reads it back, the spec does not
-    relay it. Drops hidden_states, accept_tokens, accept_lens: SGLang never reads them back."""
+    relay it. Drops hidden_states, accept_tokens, accept_lens: SGLang never reads them back.
+    _make_buffers: as FutureMap's."""
 
     ALGORITHM = "eagle_multilayer"
     SPEC = "relayc/specs/eagle_multilayer.yaml"
     STAGING = "LAST"  # relayc/specs/eagle_multilayer.yaml:116:1 staging: make_staged_spec_input
 
-    def _make_buffers(self) -> None:
-        self.output_tokens_buf = self._buffer(torch.int64, -1, -1)
-        self.new_seq_lens_buf = self._buffer(torch.int64, "empty", None)
-
     def _stash(self, i: torch.Tensor, payload: RelayPayload) -> None:
-        if payload.draft_probs is not None:
-            self._refuse("draft_probs")
+        self._refuse("draft_probs", payload.draft_probs)
         self._write(self.output_tokens_buf, i, payload.bonus_tokens, "bonus_tokens")
         if self.dsa_topk_indices_buf is None and payload.dsa_topk_indices is not None:
             self.dsa_topk_indices_buf = self._lazy(
@@ -343,15 +349,11 @@ class StandaloneFutureMap(FutureMap):
     """Relays bonus_tokens (common.yaml:48), new_seq_lens (common.yaml:59), topk_p
     (common.yaml:70), topk_index (common.yaml:75), draft_probs (common.yaml:91),
     dsa_topk_indices (common.yaml:117). Drops hidden_states, accept_tokens, accept_lens:
-    SGLang never reads them back."""
+    SGLang never reads them back. _make_buffers: as FutureMap's."""
 
     ALGORITHM = "standalone"
     SPEC = "relayc/specs/standalone.yaml"
     STAGING = "NULL"  # relayc/specs/standalone.yaml:105:1 staging: make_staged_spec_input
-
-    def _make_buffers(self) -> None:
-        self.output_tokens_buf = self._buffer(torch.int64, -1, -1)
-        self.new_seq_lens_buf = self._buffer(torch.int64, "empty", None)
 
     def _stash(self, i: torch.Tensor, payload: RelayPayload) -> None:
         self._write(self.output_tokens_buf, i, payload.bonus_tokens, "bonus_tokens")
@@ -395,10 +397,8 @@ class UnoFutureMap(DflashFutureMap):
     SPEC = "relayc/specs/uno.yaml"
 
     def _stash(self, i: torch.Tensor, payload: RelayPayload) -> None:
-        if payload.hidden_states is not None:
-            self._refuse("hidden_states")
-        if payload.draft_probs is not None:
-            self._refuse("draft_probs")
+        self._refuse("hidden_states", payload.hidden_states)
+        self._refuse("draft_probs", payload.draft_probs)
         self._write(self.output_tokens_buf, i, payload.bonus_tokens, "bonus_tokens")
         if self.dsa_topk_indices_buf is None and payload.dsa_topk_indices is not None:
             self.dsa_topk_indices_buf = self._lazy(

@@ -18,6 +18,7 @@ class's derives from it and writes only what differs (EAGLE3 is EAGLE's relay).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,12 +31,13 @@ from relayc.compiler.targets.sglang_checks import (
     SGLANG_LAZY,
     SGLANG_PAYLOAD,
     SGLANG_READS_BACK,
+    SGLANG_TARGET,
     SGLangAlgorithm,
     check_algorithms,
 )
-from relayc.graph.passes import FieldLayout, analyse
+from relayc.plan import RelayField, plan_spec_file
+from relayc.plan.support import unsupported
 from relayc.specs.errors import SpecError, SpecErrors
-from relayc.specs.loader import load_spec
 
 MODULE_NAME = "overlap_utils.py"
 RUNTIME_MODULE = "relayc_relay_runtime"
@@ -54,8 +56,9 @@ def compile_sglang(
     errors: list[SpecError] = []
     for path in spec_paths:
         try:
-            spec = load_spec(path, ops=ops)
-            algorithms.append(SGLangAlgorithm(spec, analyse(spec).analysis["layout"]))
+            plan = plan_spec_file(path, ops=list(ops))
+            errors += unsupported(plan, SGLANG_TARGET)
+            algorithms.append(SGLangAlgorithm(plan))
         except SpecErrors as exc:
             errors.extend(exc.errors)
     if not errors:
@@ -75,11 +78,11 @@ def runtime_source() -> str:
 
 
 def header(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
-    paths = comment_text(" ".join(a.spec.path for a in algorithms))
+    paths = comment_text(" ".join(a.plan.spec_path for a in algorithms))
     lines = [
         f"# {GENERATED_MARK} by relayc (target sglang, SGLang {SGLANG_VERSION}) from:",
         *(
-            f"#     {comment_text(a.spec.path)} (spec hash {a.spec.content_hash})"
+            f"#     {comment_text(a.plan.spec_path)} (spec hash {a.plan.spec_hash})"
             for a in algorithms
         ),
         "# Do not edit: change the specs, then run",
@@ -88,7 +91,19 @@ def header(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-# What overlap_utils imports from the runtime (SGLang's names re-exported among them).
+# SGLang's public names overlap_utils holds (with the drop-in's errors), for `__all__`.
+SGLANG_NAMES = (  # two runs, each in isort's order (classes, then functions)
+    "FutureMap",
+    "FutureRelayBuffers",
+    "RelayPayload",
+    "install",
+    "resolve_forward_inputs",
+    "RelayDebugError",
+    "RelayError",
+    "ResolvedConfidence",
+    "offer_future_relay_buffers",
+)
+# What overlap_utils imports from the runtime, in isort's order.
 RUNTIME_NAMES = [
     "FutureRelayBuffers",
     "HostRing",
@@ -119,12 +134,13 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     w("import torch\n")
     w("# Relative inside a package (relayc.sglang_generated, sglang/srt/managers/), absolute")
     w("# when the files were copied onto sys.path as top-level modules.")
-    groups = [RUNTIME_NAMES[:4], RUNTIME_NAMES[4:8], RUNTIME_NAMES[8:]]
     for prefix in (".", ""):
         w("if __package__:" if prefix else "else:")
-        for group in groups:  # short lines, so that the formatter keeps one name list each
-            w(f"    from {prefix}{RUNTIME_MODULE} import {', '.join(group)}")
+        w(f"    from {prefix}{RUNTIME_MODULE} import {', '.join(RUNTIME_NAMES)}")
     w("")
+    w("# SGLang's names this module defines or takes from the runtime.")
+    w(f"__all__ = {list(SGLANG_NAMES[:5])!r}".replace("'", '"'))
+    w(f"__all__ += {list(SGLANG_NAMES[5:])!r}\n".replace("'", '"'))
     w(f"check_version({sglang_runtime.RUNTIME_VERSION}, __name__)\n")
     w("# SGLang's platform and debug flags, read by the relay when it runs: patching them here")
     w("# (or in SGLang's overlap_utils once install() ran) is honoured, as SGLang honours it.")
@@ -139,11 +155,13 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     _payload(w, algorithms)
     w("\n")
     shared = _shared_poisons(algorithms)
-    _future_map(w, algorithms, shared)
-    emitted: dict[str, dict[str, str]] = {}
-    for algo in algorithms:
+    members = [_members(algo, ring, shared) for algo in algorithms]
+    base = _hoisted(members)
+    _future_map(w, algorithms, shared, base)
+    emitted = {"FutureMap": base}
+    for algo, body in zip(algorithms, members, strict=True):
         w("\n")
-        _algorithm_class(w, algo, ring, emitted, shared)
+        _algorithm_class(w, algo, body, emitted)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -162,35 +180,35 @@ def _buf(name: str) -> str:
     return "output_tokens_buf" if name == "bonus_tokens" else f"{name}_buf"
 
 
-def _lazy(f: FieldLayout) -> bool:
+def _lazy(f: RelayField) -> bool:
     """Made by the first stash carrying it: `alloc: lazy`, or rows whose dims only the
     payload knows (SGLang's constructor learns no dims either)."""
-    return f.alloc == "lazy" or bool(f.shape)
+    return f.lazy or bool(f.shape)
 
 
-def _origin(f: FieldLayout) -> str:
+def _origin(f: RelayField) -> str:
     """`file:line` of the field's definition, for a docstring (the spec's folder is in the
     class's header comment): no quote or backslash can end the docstring."""
     name = f.origin.replace("\\", "/").rsplit("/", 1)[-1]
     return comment_text(name).replace('"', "'").replace("\\", "/")
 
 
-def _dims(f: FieldLayout) -> str:
+def _dims(f: RelayField) -> str:
     return ", ".join(str(d) for d in f.shape)
 
 
-def _dtype(f: FieldLayout) -> str:
+def _dtype(f: RelayField) -> str:
     return "None" if f.dtype == "model" else f"torch.{f.dtype}"
 
 
-def _consume_once(f: FieldLayout) -> bool:
+def _consume_once(f: RelayField) -> bool:
     # Rows that read as poison until written must be rewritten between reads; lazy fields
     # are exempt because SGLang re-reads them (staging refreshes only the bonus token).
     return not _lazy(f) and (f.init == "empty" or f.init == f.poison)
 
 
-def _payload_fields(algorithms: Sequence[SGLangAlgorithm]) -> list[FieldLayout]:
-    fields: dict[str, FieldLayout] = {}
+def _payload_fields(algorithms: Sequence[SGLangAlgorithm]) -> list[RelayField]:
+    fields: dict[str, RelayField] = {}
     for algo in algorithms:
         for f in algo.stashed:
             fields.setdefault(f.name, f)
@@ -243,7 +261,10 @@ def _payload(w: Callable[[str], None], algorithms: Sequence[SGLangAlgorithm]) ->
 
 
 def _future_map(
-    w: Callable[[str], None], algorithms: Sequence[SGLangAlgorithm], shared: dict[str, str]
+    w: Callable[[str], None],
+    algorithms: Sequence[SGLangAlgorithm],
+    shared: dict[str, str],
+    base: dict[str, str],
 ) -> None:
     buffers = [_buf(n) for n in (*SGLANG_PAYLOAD, *(f.name for f in _payload_fields(algorithms)))]
     declared = ("new_seq_lens_buf", "output_tokens_buf", "dsa_topk_indices_buf")  # RelayMap's
@@ -258,7 +279,10 @@ def _future_map(
     for hook, value in shared.items():
         w(f"    {hook} = {value}  # the specs' debug poison")
     w("    # SGLang's buffers; those an algorithm does not relay stay None on its maps.")
-    w(f"    {' = '.join(unset)} = None\n\n")
+    w(f"    {' = '.join(unset)} = None")
+    for text in base.values():  # what most algorithms share, once
+        w(text)
+    w("\n")
     w("def install() -> None:")
     w('    """Point SGLang at this drop-in, in each SGLang process before its scheduler starts')
     w("    (docs/sglang.md: a sitecustomize): SGLang's relay names, in its overlap_utils and in")
@@ -272,29 +296,51 @@ def _class_name(algorithm: str) -> str:
     return "".join(part.capitalize() for part in algorithm.split("_")) + "FutureMap"
 
 
+def _members(
+    algo: SGLangAlgorithm, ring: tuple[int, int, str], shared: dict[str, str]
+) -> dict[str, str]:
+    """The class body of one algorithm: its attributes and methods' text, by name."""
+    members = {
+        "attrs": _attributes(algo, shared),
+        "_make_buffers": _init(algo, ring) or _NO_BUFFERS,
+        "_stash": _stash(algo, _refused(algo)),
+        "_resolve": _resolve(algo),
+    }
+    return {k: v for k, v in members.items() if v}
+
+
+_NO_BUFFERS = "\n    def _make_buffers(self) -> None:\n        return  # none made eagerly"
+
+
+def _hoisted(members: Sequence[dict[str, str]]) -> dict[str, str]:
+    """The `_make_buffers` most algorithms share (the bonus tokens and lengths), written
+    once on the base FutureMap."""
+    texts = Counter(m["_make_buffers"] for m in members)
+    text, count = texts.most_common(1)[0] if texts else ("", 0)
+    return {"_make_buffers": text} if count >= 2 else {}
+
+
+def _refused(algo: SGLangAlgorithm) -> list[str]:
+    # A plugin's spec decides what is relayed for it: nothing SGLang reads back is refused.
+    stashed = [f.name for f in algo.stashed]
+    return [n for n in SGLANG_READS_BACK.get(algo.name, ()) if n not in stashed]
+
+
 def _algorithm_class(
     w: Callable[[str], None],
     algo: SGLangAlgorithm,
-    ring: tuple[int, int, str],
+    members: dict[str, str],
     emitted: dict[str, dict[str, str]],
-    shared: dict[str, str],
 ) -> None:
-    """One algorithm's class; members equal to an earlier class's are inherited from it."""
+    """One algorithm's class; members equal to its parent's (an earlier class, or the base
+    FutureMap: `emitted["FutureMap"]`) are inherited."""
     relayed = [f.name for f in algo.fields]
-    stashed = [f.name for f in algo.stashed]
-    # A plugin's spec decides what is relayed for it: nothing SGLang reads back is refused.
-    refused = [n for n in SGLANG_READS_BACK.get(algo.name, ()) if n not in stashed]
+    refused = _refused(algo)
     dropped = [n for n in SGLANG_PAYLOAD if n not in (*relayed, *refused)]
-    members = {
-        "attrs": _attributes(algo, shared),
-        "_make_buffers": _init(algo, ring),
-        "_stash": _stash(algo, refused),
-        "_resolve": _resolve(algo),
-    }
-    members = {k: v for k, v in members.items() if v}
     # Derive from the earlier class sharing the most methods, two at least, so that a
     # class reads as a variant of one it resembles (EAGLE3 of EAGLE, UNO of DFLASH).
-    parent, inherited = "FutureMap", {}
+    parent = "FutureMap"
+    inherited = {k: v for k, v in members.items() if emitted[parent].get(k) == v}
     for name, other in emitted.items():
         same = {k: v for k, v in members.items() if other.get(k) == v}
         methods = len(same.keys() - {"attrs"})
@@ -302,8 +348,8 @@ def _algorithm_class(
             parent, inherited = name, same
     cls = _class_name(algo.name)
     emitted[cls] = members
-    spec = f"{comment_text(algo.spec.path)} (spec hash {algo.spec.content_hash})"
-    w(f"# {spec}: {comment_text(algo.spec.description)}")
+    spec = f"{comment_text(algo.plan.spec_path)} (spec hash {algo.plan.spec_hash})"
+    w(f"# {spec}: {comment_text(algo.plan.description)}")
     w(f"class {cls}({parent}):")
     doc = f"Relays {', '.join(f'{f.name} ({_origin(f)})' for f in algo.fields)}."
     for f, _ in algo.host_rings:
@@ -313,11 +359,11 @@ def _algorithm_class(
     if dropped:
         why = "the plugin's spec relays none" if algo.plugin else "SGLang never reads them back"
         doc += f" Drops {', '.join(dropped)}: {why}."
-    if parent != "FutureMap":
-        doc += f" {', '.join(sorted(inherited))}: as {parent}'s."
+    if inherited.keys() - {"attrs"}:
+        doc += f" {', '.join(sorted(inherited.keys() - {'attrs'}))}: as {parent}'s."
     w(f'    """{_wrap(doc, 4)}"""\n')
     w(f"    ALGORITHM = {_q(algo.name)}")
-    w(f"    SPEC = {_q(algo.spec.path)}")
+    w(f"    SPEC = {_q(algo.plan.spec_path)}")
     for key, text in members.items():
         if key not in inherited:
             w(text)
@@ -338,9 +384,9 @@ def _attributes(algo: SGLangAlgorithm, shared: dict[str, str]) -> str:
     lines = []
     if algo.plugin is not None:
         lines.append(f"    SGLANG_PLUGIN = {_q(algo.plugin)}  # spec_registry.register_algorithm")
-    if algo.spec.staging is not None:
-        mode = "LAST" if algo.spec.staging.capture_hidden == "last" else "NULL"
-        where = comment_text(str(algo.spec.staging.loc))
+    if algo.plan.staging is not None:
+        mode = "LAST" if algo.plan.staging.capture_hidden == "last" else "NULL"
+        where = comment_text(str(algo.plan.staging.loc))
         lines.append(f"    STAGING = {_q(mode)}  # {where} staging: make_staged_spec_input")
     for hook, value in _poisons(algo).items():
         if shared.get(hook) != value:
@@ -400,10 +446,7 @@ def _init(algo: SGLangAlgorithm, ring: tuple[int, int, str]) -> str:
 def _stash(algo: SGLangAlgorithm, refused: list[str]) -> str:
     lines = ["    def _stash(self, i: torch.Tensor, payload: RelayPayload) -> None:"]
     for name in refused:
-        lines += [
-            f"        if payload.{name} is not None:",
-            f"            self._refuse({_q(name)})",
-        ]
+        lines.append(f"        self._refuse({_q(name)}, payload.{name})")
     for f in algo.stashed:
         value, buf = f"payload.{f.name}", f"self.{_buf(f.name)}"
         write = f"self._write({buf}, i, {value}, {_q(f.name)})"

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from relayc.graph.passes import FieldLayout, RelayLayout
+from relayc.plan import HostMirror, RelayField, RelayPlan
+from relayc.plan.support import CONSTRUCTS, TargetSupport
 from relayc.specs.errors import SourceLoc, SpecError
-from relayc.specs.loader import Spec
-from relayc.specs.schema import HostMirror
 
 # SGLang's RelayPayload fields, in its order.
 SGLANG_PAYLOAD = (
@@ -75,6 +74,19 @@ SGLANG_HOST_RING = "confidence"
 SGLANG_LAZY = {"dsa_topk_indices": "future_dsa_topk_indices_available"}
 # The fields SGLang's FutureRelayBuffers can hold for a captured graph (`owner: graph`).
 SGLANG_ADOPTABLE = {"new_seq_lens": "new_seq_lens", "bonus_tokens": "output_tokens"}
+# What the SGLang target implements: every construct, each for the fields SGLang has a
+# hook for (check_algorithms says which); no ops, since SGLang's workers run the steps.
+SGLANG_TARGET = TargetSupport(
+    target="sglang",
+    constructs=frozenset(CONSTRUCTS),
+    ops=None,
+    notes={
+        "host_mirror: true": "the pinned new_seq_lens mirror resolve_seq_lens_cpu reads",
+        "host_mirror lag": "the ring `publish(..., confidence=)` fills, resolve_confidence_cpu",
+        "owner: graph": "the buffers FutureRelayBuffers offers (lengths, bonus tokens)",
+        "staging": "make_staged_spec_input's EagleDraftInput",
+    },
+)
 # SpeculativeAlgorithm's members and the NEXTN alias: names a plugin cannot register.
 SGLANG_BUILTINS = (
     "NONE",
@@ -92,47 +104,47 @@ SGLANG_BUILTINS = (
 
 @dataclass(frozen=True)
 class SGLangAlgorithm:
-    """One spec as the SGLang target sees it."""
+    """One algorithm's relay plan as the SGLang target sees it."""
 
-    spec: Spec
-    layout: RelayLayout
+    plan: RelayPlan
 
     @property
     def name(self) -> str:
-        return self.spec.algorithm
+        return self.plan.algorithm
 
     @property
     def plugin(self) -> str | None:
         """The SGLang plugin name (upper case, as SGLang registers it), if it is one."""
-        return None if self.spec.sglang is None else self.spec.sglang.plugin.upper()
+        plugin = self.plan.sglang_plugin
+        return None if plugin is None else plugin.upper()
 
     @property
-    def fields(self) -> tuple[FieldLayout, ...]:
+    def fields(self) -> tuple[RelayField, ...]:
         """The fields the FutureMap's buffers relay (a host ring owns its own buffer)."""
-        return tuple(f for f in self.layout.fields if not _host_ring(f))
+        return tuple(f for f in self.plan.fields if not _host_ring(f))
 
     @property
-    def stashed(self) -> tuple[FieldLayout, ...]:
-        return tuple(f for f in self.fields if f.publish != "early")
+    def stashed(self) -> tuple[RelayField, ...]:
+        return tuple(f for f in self.fields if not f.early)
 
     @property
-    def host_rings(self) -> tuple[tuple[FieldLayout, HostMirror], ...]:
+    def host_rings(self) -> tuple[tuple[RelayField, HostMirror], ...]:
         return tuple(
             (f, f.host_mirror)
-            for f in self.layout.fields
+            for f in self.plan.fields
             if f.host_mirror is not None and _host_ring(f)
         )
 
 
-def _host_ring(f: FieldLayout) -> bool:
+def _host_ring(f: RelayField) -> bool:
     """Whether `f` is relayed to the host late, from a ring (`host_mirror: {lag: 1+}`)."""
     return f.host_mirror is not None and f.host_mirror.lag > 0
 
 
 def _where(algorithm: SGLangAlgorithm, field: str | None = None) -> SourceLoc:
     if field is not None:
-        return algorithm.spec.fields[field].loc
-    return SourceLoc(algorithm.spec.path, 1, 1)
+        return algorithm.plan.field_locs[field]
+    return algorithm.plan.loc
 
 
 def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
@@ -143,8 +155,8 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
     plugins: dict[str, SGLangAlgorithm] = {}
     for algo in algorithms:
         plugin = algo.plugin
-        if plugin is not None and algo.spec.sglang is not None:
-            where = algo.spec.sglang.loc
+        if plugin is not None and algo.plan.sglang_plugin_loc is not None:
+            where = algo.plan.sglang_plugin_loc
             if plugin in SGLANG_BUILTINS:
                 errors.append(
                     SpecError(
@@ -158,7 +170,7 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                 errors.append(
                     SpecError(
                         where,
-                        f"plugin `{plugin}` is also relayed by {plugins[plugin].spec.path}",
+                        f"plugin `{plugin}` is also relayed by {plugins[plugin].plan.spec_path}",
                         "one spec per registered plugin",
                     )
                 )
@@ -176,12 +188,12 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
             errors.append(
                 SpecError(
                     _where(algo),
-                    f"algorithm `{algo.name}` is also compiled from {seen[algo.name].spec.path}",
+                    f"algorithm `{algo.name}` is also compiled from {seen[algo.name].plan.spec_path}",
                     "pass one spec per algorithm",
                 )
             )
         seen[algo.name] = algo
-        staging = algo.spec.staging
+        staging = algo.plan.staging
         if staging is not None and (algo.name in FLAT_ROW_ALGORITHMS or algo.name == "none"):
             errors.append(
                 SpecError(
@@ -191,7 +203,7 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                     "drop `staging:` from this spec",
                 )
             )
-        for f in algo.layout.fields:
+        for f in algo.plan.fields:
             if f.publish == "early" and f.name not in SGLANG_PUBLISHED:
                 errors.append(
                     SpecError(
@@ -275,7 +287,7 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                     SpecError(
                         _where(algo, f.name),
                         f"relay field `{f.name}` is {f.dtype} here but {other[0]} in "
-                        f"{other[1].spec.path}; one SGLang module holds one buffer layout per field",
+                        f"{other[1].plan.spec_path}; one SGLang module holds one buffer layout per field",
                         "declare it with the same dtype in every spec",
                     )
                 )
@@ -293,5 +305,5 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
     return errors
 
 
-def _shape(f: FieldLayout) -> str:
+def _shape(f: RelayField) -> str:
     return ", ".join(str(d) for d in f.shape)

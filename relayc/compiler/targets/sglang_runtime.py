@@ -3,8 +3,8 @@
 # relayc_relay_runtime.py; the generated module checks RUNTIME_VERSION when imported.
 """The SGLang drop-in's runtime: what the generated relays share (needs only torch).
 
-The generated overlap_utils.py holds a FutureMap subclass per algorithm whose `__init__`,
-`stash` and spec-extras resolve name that algorithm's buffers. This module holds what
+The generated overlap_utils.py holds a FutureMap subclass per algorithm whose
+`_make_buffers`, `_stash` and `_resolve` name that algorithm's buffers. This module holds what
 depends on no spec: the factory, SGLang's hooks on the lengths (`new_seq_lens_buf`: publish,
 its host mirror, the length resolves), the input tokens (`output_tokens_buf`), the host ring
 and the buffers a captured graph owns; allocation and the checks that name a misfit field;
@@ -98,7 +98,9 @@ class HostRing:
             depth,
             generation_check,
         )
-        self.buf = self.ring = self.gen_ring = None  # [(depth,) pool, *row], first publish
+        self.buf: Any = None  # [pool, *row], made by the first publish
+        self.ring: Any = None  # [depth, pool, *row] pinned, and [depth, pool] generations
+        self.gen_ring: Any = None
         self.copy_done: list[Any] = []
         self.ring_pos = 0  # ring copies issued so far
 
@@ -111,7 +113,7 @@ class HostRing:
                 if self.generation_check:
                     self.gen_ring = torch.zeros((self.depth, self.req_pool_size), dtype=torch.int64)
                 self.copy_done = [torch.cuda.Event() for _ in range(self.depth)]
-        self.buf[indices] = rows.to(self.dtype)
+        self.buf.index_copy_(0, indices.long(), rows.to(self.dtype))
 
     def issue_ring_copy(self, stream: Any, publish_ready: Any) -> None:
         if self.ring is None or stream is None or publish_ready is None:
@@ -133,8 +135,12 @@ class HostRing:
             return None
         rows = batch.req_pool_indices_cpu
         if stream is None or publish_ready is None or self.ring is None:
-            generation = self.pool.req_generation[rows].clone() if self.generation_check else None
-            return ResolvedConfidence(self.buf[batch.req_pool_indices].cpu(), generation)
+            generation = (
+                self.pool.req_generation.index_select(0, rows) if self.generation_check else None
+            )
+            return ResolvedConfidence(
+                self.buf.index_select(0, batch.req_pool_indices).cpu(), generation
+            )
         if self.ring_pos < self.lag:
             return None
         slot = (self.ring_pos - self.lag) % self.depth
@@ -190,8 +196,11 @@ class RelayMap:
     ALGORITHM = SPEC = SGLANG_PLUGIN = ""
     STAGING = ""  # CaptureHiddenMode member of a staged draft input (`staging:`); "": refused
     TOKENS_POISON = LENGTHS_POISON = None  # the spec's debug poison (None: dtype's minimum)
-    new_seq_lens_buf = output_tokens_buf = dsa_topk_indices_buf = None
-    confidence_relay: HostRing | None = None
+    # SGLang's hooks' buffers (None where the algorithm does not relay the field) and ring.
+    new_seq_lens_buf: Any = None
+    output_tokens_buf: Any = None
+    dsa_topk_indices_buf: Any = None
+    confidence_relay: Any = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -237,7 +246,8 @@ class RelayMap:
         self.publish_ready: Any = None  # lazy device Event; speculative algorithms only
         self._publish_fresh = False  # debug: armed by a publish, consumed by a resolve
         self._relay: FutureRelayBuffers | None = None
-        self.new_seq_lens_cpu_pinned = self.fwd_prepare_d2h_stream = None  # CUDA only
+        self.new_seq_lens_cpu_pinned: Any = None  # CUDA only, like the private D2H stream
+        self.fwd_prepare_d2h_stream: Any = None
         if self.FLAGS._is_cuda:
             self.new_seq_lens_cpu_pinned = torch.empty(
                 (self.req_pool_size,), dtype=torch.int64, pin_memory=True
@@ -245,7 +255,7 @@ class RelayMap:
             self.fwd_prepare_d2h_stream = torch.get_device_module(self.device).Stream()
         self._make_buffers()
 
-    def _buffer(self, dtype: torch.dtype | None, init: Any, poison: Any, row: Any = ()) -> Any:
+    def _buffer(self, dtype: Any, init: Any, poison: Any, row: Any = ()) -> Any:
         """A [pool, *row] buffer: `init` ("empty", "zeros" or a fill value), or `poison`
         in debug mode (None: NaN or the dtype's minimum)."""
         shape, dtype = (self.req_pool_size, *row), dtype or self.model_dtype
@@ -300,11 +310,14 @@ class RelayMap:
             )
             raise RelayError(f"stash of `{name}` failed: {why}") from exc
 
-    def _refuse(self, name: str) -> None:
-        raise RelayError(
-            f"payload carries `{name}`, which SGLang relays for `{self.ALGORITHM}` but "
-            f"{self.SPEC} does not: add the field to the spec"
-        )
+    def _refuse(self, name: str, rows: Any) -> None:
+        """A payload field SGLang reads back for this algorithm that its spec does not relay
+        is refused (None: absent), rather than silently lost."""
+        if rows is not None:
+            raise RelayError(
+                f"payload carries `{name}`, which SGLang relays for `{self.ALGORITHM}` but "
+                f"{self.SPEC} does not: add the field to the spec"
+            )
 
     def _consume_once(
         self, name: str, buf: torch.Tensor, rows: torch.Tensor, indices: Any, poison: Any
@@ -385,7 +398,8 @@ class RelayMap:
             if new_seq_lens is relay.published_seq_lens:
                 relay.published_seq_lens = buf = None  # the captured graph scattered them
         if buf is not None:  # None: lengths SGLang never reads back (non-speculative)
-            self._write(buf, future_indices.long(), new_seq_lens, "new_seq_lens")
+            i = future_indices if future_indices.dtype is torch.int64 else future_indices.long()
+            self._write(buf, i, new_seq_lens, "new_seq_lens")
         if to_host:
             self.confidence_relay.scatter(future_indices, confidence, self.FLAGS._is_cuda)
         if self.spec_algo.is_some():  # only the speculative resolves wait for it
@@ -427,15 +441,15 @@ class RelayMap:
                 raise RelayDebugError("resolve without a fresh forward publish")
             self._publish_fresh = False
             self._wait_publish()
-        batch.seq_lens = self.new_seq_lens_buf[fi]
+        batch.seq_lens = self.new_seq_lens_buf.index_select(0, fi)
         if not self.needs_cpu_seq_lens:
             batch.seq_lens_cpu = batch.seq_lens_sum = None
         else:
             batch.seq_lens_cpu = self._host_lengths(batch.seq_lens, batch.req_pool_indices_cpu)
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        self._consume_once(
-            "new_seq_lens", self.new_seq_lens_buf, batch.seq_lens, fi, self.LENGTHS_POISON
-        )
+        if self.FLAGS._DEBUG_ASSERT:
+            poison = self.LENGTHS_POISON
+            self._consume_once("new_seq_lens", self.new_seq_lens_buf, batch.seq_lens, fi, poison)
 
     def resolve_mixed_spec_tails(self, batch: Any) -> None:
         """Late-bind a speculative mixed batch's decode tails: their lengths (and KV slots)
@@ -446,7 +460,7 @@ class RelayMap:
             return
         if self.publish_ready is not None:
             self._wait_publish()
-        fresh = self.new_seq_lens_buf[idx]
+        fresh = self.new_seq_lens_buf.index_select(0, idx)
         seq_lens = batch.seq_lens.clone()
         seq_lens[-n:] = fresh + 1
         batch.seq_lens = seq_lens
@@ -468,7 +482,7 @@ class RelayMap:
                 f"`{self.ALGORITHM}` relays no bonus tokens, so its decode inputs cannot come "
                 "from the relay (SGLang: mixed chunk prefill is unsupported for it)"
             )
-        tokens = self.output_tokens_buf[indices]
+        tokens = self.output_tokens_buf.index_select(0, indices)
         self._consume_tokens(tokens, indices)
         return tokens
 
@@ -508,7 +522,8 @@ class RelayMap:
     def stash(self, future_indices: torch.Tensor, payload: Any) -> None:
         """Write the payload's relayed rows (`_stash`, generated per algorithm)."""
         if future_indices.shape[0]:  # else DP idle: the payload is an empty stub
-            self._stash(future_indices.long(), payload)
+            i = future_indices if future_indices.dtype is torch.int64 else future_indices.long()
+            self._stash(i, payload)
 
     def _resolve_spec_extras(self, batch: Any) -> None:
         """Read the relayed draft state into `batch.spec_info` (`_resolve`, generated)."""
