@@ -36,7 +36,7 @@ CHECKED_IN = REPO / "relayc" / "sglang_generated"
 DROP_IN_FILES = {"overlap_utils.py", "relayc_relay_runtime.py"}
 # The whole drop-in, every file it imports: 1,489 lines before issue #51, whose goal is
 # SGLang 0.5.23's own 720; this bound is what the straight-line rewrite reached.
-DROP_IN_LINES = 1000
+DROP_IN_LINES = 1010
 # scripts/test-sglang.sh sets RELAYC_REQUIRE_SGLANG=1: there a missing sglang fails, not skips.
 needs_sglang = pytest.mark.skipif(
     not sglang_env.sglang_available() and not os.environ.get("RELAYC_REQUIRE_SGLANG"),
@@ -298,6 +298,36 @@ def test_stash_publish_resolve_round_trip(gen: types.ModuleType) -> None:
     assert torch.equal(info.topk_p, payload.topk_p[[1, 0]])
     assert torch.equal(info.hidden_states, payload.hidden_states[[1, 0]])
     assert info.dsa_topk_indices is None
+
+
+def test_platform_and_debug_flags_are_read_when_the_relay_runs(
+    gen: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang's tests patch overlap_utils' `_is_hip` / `_DEBUG_ASSERT`: the drop-in defines
+    them and reads them when it runs, as SGLang's module does (also on a map SGLang's tests
+    build with object.__new__)."""
+    calls: list[str] = []
+    event = types.SimpleNamespace(
+        wait=lambda: calls.append("wait"), synchronize=lambda: calls.append("synchronize")
+    )
+    fmap = object.__new__(gen.FutureMap)
+    fmap.publish_ready, fmap.fwd_prepare_d2h_stream = event, None
+    fmap.new_seq_lens_buf = torch.tensor([0, 7, 9])
+    fmap.req_to_token = torch.arange(30).reshape(3, 10)
+    for hip, expected in ((True, "synchronize"), (False, "wait")):
+        monkeypatch.setattr(gen, "_is_hip", hip)
+        batch = types.SimpleNamespace(
+            mix_running_indices=torch.tensor([2]),
+            seq_lens=torch.tensor([4, 1]),
+            out_cache_loc=torch.tensor([0, 0]),
+            seq_lens_cpu=None,
+            prefix_lens=[3, 0],
+        )
+        fmap.resolve_mixed_spec_tails(batch)
+        assert calls[-1] == expected and batch.seq_lens.tolist() == [4, 10]
+    monkeypatch.setattr(gen, "_DEBUG_ASSERT", True)
+    assert make_map(gen, "none", "NONE").output_tokens_buf.eq(-1).all()  # poisoned
+    assert (gen.CONFIDENCE_RELAY_RING_LAG, gen.CONFIDENCE_RELAY_RING_DEPTH) == (2, 3)
 
 
 def test_uncovered_features_raise_naming_them(gen: types.ModuleType, tmp_path: Path) -> None:

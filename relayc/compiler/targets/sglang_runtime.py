@@ -182,6 +182,12 @@ def relay_algorithm(spec_algo: Any, algorithms: dict[str, Any], plugins: dict[st
     )
 
 
+def _host_sum(lengths: torch.Tensor) -> int:
+    # Summing a small batch's host lengths in Python skips two aten ops (sum, item), a few
+    # microseconds on a CPU; past ~100 rows the tensor sum is faster (measured, 1 thread).
+    return sum(lengths.tolist()) if lengths.shape[0] <= 128 else int(lengths.sum())
+
+
 def _poison(dtype: torch.dtype) -> Any:
     return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
 
@@ -446,7 +452,7 @@ class RelayMap:
             batch.seq_lens_cpu = batch.seq_lens_sum = None
         else:
             batch.seq_lens_cpu = self._host_lengths(batch.seq_lens, batch.req_pool_indices_cpu)
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            batch.seq_lens_sum = _host_sum(batch.seq_lens_cpu)
         if self.FLAGS._DEBUG_ASSERT:
             poison = self.LENGTHS_POISON
             self._consume_once("new_seq_lens", self.new_seq_lens_buf, batch.seq_lens, fi, poison)
@@ -472,7 +478,7 @@ class RelayMap:
             seq_lens_cpu = batch.seq_lens_cpu.clone()
             seq_lens_cpu[-n:] = fresh_cpu + 1
             batch.seq_lens_cpu = seq_lens_cpu
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            batch.seq_lens_sum = _host_sum(batch.seq_lens_cpu)
         batch.prefix_lens = batch.prefix_lens[:-n] + [int(x) for x in fresh_cpu.tolist()]
 
     def _input_tokens(self, indices: torch.Tensor) -> torch.Tensor:
