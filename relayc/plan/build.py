@@ -122,6 +122,7 @@ def plan_from_graphs(graphs: IterationGraphs) -> RelayPlan:
         ),
         sglang_plugin=spec.sglang.plugin if spec.sglang else None,
         sglang_plugin_loc=spec.sglang.loc if spec.sglang else None,
+        sglang_hooks={str(k): v for k, v in spec.sglang.hooks.items()} if spec.sglang else {},
         op_modules=op_modules,
         plugins=tuple(PluginModule(m.name, m.from_cli, m.loc) for m in spec.ops),
         sample_dims=dict(graphs.sample_dims),

@@ -260,7 +260,8 @@ class RelayPlan:
     capture: Capture
     staging: Staging | None
     sglang_plugin: str | None
-    sglang_plugin_loc: SourceLoc | None
+    sglang_plugin_loc: SourceLoc | None  # the `sglang:` section (its `plugin:` when named)
+    sglang_hooks: Mapping[str, str]  # SGLang's fixed-name call site -> the field it reaches
     op_modules: Mapping[str, str | None]  # op name -> plugin module (None: built in)
     plugins: tuple[PluginModule, ...]  # the plugin-op modules, in the order they are asked
     sample_dims: Mapping[str, int]  # the sizes the passes checked shapes with

@@ -66,6 +66,36 @@ def test_another_ring_depth_and_no_generation_check(tmp_path: Path) -> None:
     assert read.confidence.shape == (2, 4) and read.generation is None
 
 
+def test_any_field_reaches_the_confidence_hook_the_spec_maps_it_to(tmp_path: Path) -> None:
+    """SGLang's call sites name `confidence=`; a spec relays any field there by mapping it
+    (`sglang: {hooks: {confidence: NAME}}`), and the hook must name a host-ring field."""
+    renamed = [
+        ("confidence:\n", "draft_confidence:\n"),
+        ("{confidence: confidence}", "{draft_confidence: confidence}"),
+        ("\nprefill:", "\nsglang: {hooks: {confidence: draft_confidence}}\n\nprefill:"),
+    ]
+    module = compile_and_load([edited(tmp_path, "dspark", *renamed)], tmp_path / "o", "hook")
+    assert "Publishes draft_confidence (dspark.yaml:" in (module.DsparkFutureMap.__doc__ or "")
+    fmap = module.FutureMap("cpu", FakeAlgorithm("DSPARK"), pool(), True, True)
+    idx, rows = torch.tensor([3, 5]), torch.rand(2, 4)
+    fmap.publish(idx, torch.tensor([7, 9]), confidence=rows)
+    batch = types.SimpleNamespace(
+        spec_info=types.SimpleNamespace(future_indices=idx),
+        req_pool_indices=idx,
+        req_pool_indices_cpu=idx,
+    )
+    batch.spec_info.future_indices = idx
+    fmap.req_to_token_pool.req_generation = torch.zeros(16, dtype=torch.int64)
+    assert torch.equal(fmap.resolve_confidence_cpu(batch).confidence, rows)
+    wrong = [
+        *renamed[:2],
+        ("\nprefill:", "\nsglang: {hooks: {confidence: bonus_tokens}}\nprefill:"),
+    ]
+    with pytest.raises(SpecErrors) as exc:
+        compile_sglang([edited(tmp_path, "dspark", *wrong, to="wrong")], "o")
+    assert "`hooks: {confidence: bonus_tokens}` names no field" in exc.value.render()
+
+
 def test_a_spec_without_the_host_field_refuses_confidence(gen: types.ModuleType) -> None:
     fmap = gen.FutureMap("cpu", FakeAlgorithm("DFLASH"), pool(), True, True)
     with pytest.raises(gen.RelayError, match=r"confidence.*dflash.yaml.*host_mirror"):
@@ -80,7 +110,7 @@ def test_a_spec_without_the_host_field_refuses_confidence(gen: types.ModuleType)
                 ("confidence:\n", "draft_confidence:\n"),
                 ("{confidence: confidence}", "{draft_confidence: confidence}"),
             ],
-            "SGLang relays to the host late (`lag: 2`) only `confidence`",
+            "map it: `sglang: {hooks: {confidence: draft_confidence}}`",
         ),
         ([("publish: early\n    host", "publish: stash\n    host")], "mark it `publish: early`"),
         ([(RING, "host_mirror: true")], "SGLang keeps a host copy the host read waits for only"),

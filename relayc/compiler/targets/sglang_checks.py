@@ -66,7 +66,6 @@ FLAT_ROW_ALGORITHMS = {"ngram": {"num_draft_tokens": "draft_token_num"}}
 # SGLang's FutureMap publishes exactly these: new_seq_lens with a host copy the host read
 # waits for, and DSPARK's confidence to a host ring read late (publish(..., confidence=),
 # resolve_confidence_cpu).
-SGLANG_PUBLISHED = ("new_seq_lens", "confidence")
 SGLANG_HOST_MIRRORED = "new_seq_lens"
 SGLANG_HOST_RING = "confidence"
 # Optional fields whose buffer SGLang creates at the first stash carrying them, flagging a
@@ -147,6 +146,11 @@ def _where(algorithm: SGLangAlgorithm, field: str | None = None) -> SourceLoc:
     return algorithm.plan.loc
 
 
+def _ring_field(algo: SGLangAlgorithm) -> str:
+    """The field SGLang's `publish(..., confidence=)` hook reaches (`sglang: {hooks:}`)."""
+    return algo.plan.sglang_hooks.get(SGLANG_HOST_RING, SGLANG_HOST_RING)
+
+
 def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
     """What the SGLang surface cannot express, located at the spec entry responsible."""
     errors: list[SpecError] = []
@@ -193,6 +197,19 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                 )
             )
         seen[algo.name] = algo
+        hooked = algo.plan.sglang_hooks.get(SGLANG_HOST_RING)
+        if hooked is not None and not any(
+            f.name == hooked and _host_ring(f) for f in algo.plan.fields
+        ):
+            errors.append(
+                SpecError(
+                    algo.plan.sglang_plugin_loc or algo.plan.loc,
+                    f"`hooks: {{{SGLANG_HOST_RING}: {hooked}}}` names no field of this spec "
+                    "relayed to the host late",
+                    f"name a field with `host_mirror: {{lag: ...}}` (`{hooked}` is "
+                    f"{'not relayed' if hooked not in algo.plan.field_locs else 'not one'})",
+                )
+            )
         staging = algo.plan.staging
         if staging is not None and (algo.name in FLAT_ROW_ALGORITHMS or algo.name == "none"):
             errors.append(
@@ -204,13 +221,15 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                 )
             )
         for f in algo.plan.fields:
-            if f.publish == "early" and f.name not in SGLANG_PUBLISHED:
+            ring = _ring_field(algo)
+            if f.publish == "early" and f.name not in (SGLANG_HOST_MIRRORED, ring):
                 errors.append(
                     SpecError(
                         _where(algo, f.name),
-                        f"SGLang's FutureMap.publish carries only {', '.join(SGLANG_PUBLISHED)}, "
-                        f"not `{f.name}`",
-                        "publish it with the stash (`publish: stash`)",
+                        f"SGLang's FutureMap.publish carries only {SGLANG_HOST_MIRRORED} and "
+                        f"the host-ring field (`{SGLANG_HOST_RING}=`), not `{f.name}`",
+                        "publish it with the stash (`publish: stash`), or map it to the ring: "
+                        f"`sglang: {{hooks: {{{SGLANG_HOST_RING}: {f.name}}}}}`",
                     )
                 )
             host = f.host_mirror
@@ -224,14 +243,15 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                     )
                 )
             if host is not None and host.lag > 0:
-                if f.name != SGLANG_HOST_RING:
+                if f.name != ring:
                     errors.append(
                         SpecError(
                             _where(algo, f.name),
-                            f"SGLang relays to the host late (`lag: {host.lag}`) only "
-                            f"`{SGLANG_HOST_RING}` (publish(..., confidence=), "
-                            f"resolve_confidence_cpu), not `{f.name}`",
-                            f"name the field `{SGLANG_HOST_RING}`, or use `host_mirror: true`",
+                            f"SGLang relays to the host late (`lag: {host.lag}`) only the field "
+                            f"its `{SGLANG_HOST_RING}=` hook maps to (publish(..., "
+                            f"confidence=), resolve_confidence_cpu), `{ring}`, not `{f.name}`",
+                            f"map it: `sglang: {{hooks: {{{SGLANG_HOST_RING}: {f.name}}}}}`, or "
+                            "use `host_mirror: true`",
                         )
                     )
                 elif f.dtype == "model":
