@@ -66,10 +66,9 @@ def compile_sglang(
     if errors:
         raise SpecErrors(errors)
     module = generate_sglang_module(algorithms, Path(out_dir).as_posix())
-    return [
-        Output(Path(out_dir) / MODULE_NAME, format_source(module, MODULE_NAME)),
-        Output(Path(out_dir) / f"{RUNTIME_MODULE}.py", runtime_source()),
-    ]
+    module = format_source(module, MODULE_NAME)
+    sources = {MODULE_NAME: module, f"{RUNTIME_MODULE}.py": runtime_source()}
+    return [Output(Path(out_dir) / name, text) for name, text in sources.items()]
 
 
 def runtime_source() -> str:
