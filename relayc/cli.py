@@ -95,7 +95,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from relayc.specs.explain import explain
+    from relayc.plan.explain import explain
 
     failed = False
     for i, path in enumerate(_existing_files(args.specs)):
@@ -162,7 +162,7 @@ def _algorithms(specs: Sequence[Path], ops: Sequence[str]) -> tuple[list[Path], 
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from relayc.compiler.writer import compile_specs, write
+    from relayc.compiler.writer import compile_specs, engine_specs, write
     from relayc.specs.loader import bundled_spec_paths
 
     if args.bundled and args.specs:
@@ -177,6 +177,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     # --bundled -o DIR: the bundled specs compiled into DIR like any others, e.g. to vendor
     # them; relayc's own checked-in copies are left alone.
     specs = bundled_spec_paths() if args.bundled else _existing_files(args.specs)
+    if args.bundled and args.target != "sglang":
+        specs = engine_specs()  # dspark and uno use what only the SGLang target implements
     paths, failed = _algorithms(specs, args.ops)
     if args.target == "sglang":
         return _compile_sglang(paths, out_dir, args.ops, failed)

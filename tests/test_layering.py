@@ -282,3 +282,31 @@ def test_the_engine_has_no_import_cycle_even_through_type_checking() -> None:
         "import cycles in relayc/engine/, counting `if TYPE_CHECKING:` imports (move the "
         "shared type down into a third module):\n" + "\n".join(describe(c, engine) for c in cycles)
     )
+
+
+# The compiler's pipeline, bottom to top: a stage imports its own room and those below it.
+# `runtime` is what generated code imports (torch only), `plan` the typed relay plan that
+# every target reads (built from the graphs), `compiler` the targets and the writer.
+PIPELINE = ("runtime", "specs", "nodes", "graph", "plan", "compiler")
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in PIPELINE else None
+
+
+def test_the_pipeline_imports_only_downwards() -> None:
+    graph = import_graph()
+    upward = []
+    for module, edges in graph.items():
+        room = _room(module)
+        if room is None:
+            continue
+        for target, line in edges.items():
+            other = _room(target)
+            if other is not None and PIPELINE.index(other) > PIPELINE.index(room):
+                upward.append(f"  {module} -> {target} (line {line})")
+    assert not upward, (
+        f"a pipeline stage imports a later one (order: {' < '.join(PIPELINE)}):\n"
+        + "\n".join(upward)
+    )

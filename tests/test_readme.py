@@ -36,6 +36,7 @@ WALKTHROUGHS = [
     "real-model",
     "draft-quantization",
     "spec-constructs",
+    "read-none",
 ]
 _BLOCK = re.compile(
     r"^<!-- walkthrough: (?P<name>[\w-]+)(?: (?P<output>output)| file: (?P<file>[\w./-]+))? -->\n"

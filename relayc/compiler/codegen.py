@@ -1,7 +1,10 @@
-"""Generate the relay module of one algorithm from its analysed graphs.
+"""The engine target: the relay module of one algorithm, generated from its relay plan.
 
-The output reads like careful hand-written code: a provenance header, one
-block per field tied to its spec line, shapes and dtypes in comments. It is
+The output reads like careful hand-written code: a provenance header, one line per field
+tied to its spec line and saying which steps write and read it, shapes and dtypes in
+comments, and a list of the library fields the algorithm leaves out. Everything shared
+lives in the hand-written, versioned runtime (:mod:`relayc.runtime.relay`, with its one
+fused kernel): the module checks that runtime's version when it is imported. Output is
 byte-for-byte deterministic: everything iterates in spec order, and nothing
 machine-specific (absolute paths, timestamps) is written.
 """
@@ -9,14 +12,82 @@ machine-specific (absolute paths, timestamps) is written.
 from __future__ import annotations
 
 import math
+import textwrap
 
 from relayc.compiler.output import comment_text
 from relayc.compiler.stepgen import generate_steps
-from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
-from relayc.graph.builder import IterationGraphs
-from relayc.graph.passes import FieldLayout, RelayLayout
+from relayc.plan.model import RelayPlan, ValueType
+from relayc.plan.support import TargetSupport, unsupported
+from relayc.runtime.fields import RelayField
+from relayc.runtime.relay import RUNTIME_VERSION
+from relayc.specs.errors import SpecErrors
 
 GENERATED_MARK = "@" + "generated"  # split so this file is not itself marked generated
+
+# What the engine target implements. Staging holds by construction: every engine decode
+# iteration resolves its draft input from the relay slot alone. Not implemented: a
+# captured graph owning a field's buffer, and host copies read publishes late (a ring).
+ENGINE_TARGET = TargetSupport(
+    target="engine",
+    constructs=frozenset(
+        {
+            "alloc: lazy",
+            "publish: early",
+            "host_mirror: true",
+            "staging",
+            "placement: host",
+            "export",
+        }
+    ),
+    # The built-in ops relayc.engine implements (tests/compiler/test_generated.py holds
+    # this list to the engine's registry); a plugin's ops come with their implementations.
+    ops=frozenset(
+        {
+            "accept_chain",
+            "accept_chain_block",
+            "accept_tree",
+            "build_tree",
+            "compact_accepted_kv",
+            "dflash_draft",
+            "dflash_inject_kv",
+            "dflash_prefill",
+            "dflash_verify",
+            "draft_to_target",
+            "eagle3_draft",
+            "eagle3_draft_extend",
+            "eagle3_prefill",
+            "eagle_draft",
+            "eagle_draft_extend",
+            "eagle_prefill",
+            "mtp_draft_extend",
+            "mtp_prefill",
+            "mtp_select",
+            "ngram_prefill",
+            "ngram_propose",
+            "ngram_splice",
+            "sample",
+            "standalone_draft",
+            "standalone_draft_extend",
+            "standalone_prefill",
+            "target_decode",
+            "target_prefill",
+            "target_verify",
+            "target_verify_aux",
+        }
+    ),
+    notes={
+        "staging": "every engine decode iteration fills its draft input from the relay "
+        "slot alone, so a staged request needs nothing more",
+    },
+    alternative="compile it for SGLang (`relayc compile --target sglang`)",
+)
+
+
+def check_engine_target(plan: RelayPlan) -> None:
+    """Raise located SpecErrors for whatever ``plan`` uses that the engine lacks."""
+    errors = unsupported(plan, ENGINE_TARGET)
+    if errors:
+        raise SpecErrors(errors)
 
 
 def pylit(value: object) -> str:
@@ -41,8 +112,8 @@ def string_literal(text: str) -> str:
     return f'"{body}"'
 
 
-def _row(field: FieldLayout) -> str:
-    return ", ".join(["bs", *(str(d) for d in field.shape)])
+def _where(loc_text: str) -> str:
+    return comment_text(loc_text)
 
 
 def header(spec_path: str, spec_hash: str, out_dir: str) -> str:
@@ -50,145 +121,175 @@ def header(spec_path: str, spec_hash: str, out_dir: str) -> str:
         f"# {GENERATED_MARK} by relayc from {comment_text(spec_path)} (spec hash {spec_hash}).\n"
         "# Do not edit: change the spec, then run\n"
         f"#     relayc compile {comment_text(spec_path)} -o {comment_text(out_dir)}\n"
-        "# Layout: the spec's constants (FIELDS, DIM_DEFAULTS), RelayPayload (one iteration's\n"
-        "# relay values), FutureMap (the per-request buffers: stash / publish / resolve), the\n"
-        "# fused Triton kernel FutureMap uses on CUDA, then PrefillStep and DecodeStep (the\n"
-        "# spec's steps, calling the engine's op implementations). Comments name the spec\n"
-        "# line each block comes from and the `[rows, *row shape] dtype` of each value.\n"
+        "# Layout: the spec's constants (FIELDS: what is relayed, who writes and reads each\n"
+        "# field; DIM_DEFAULTS), RelayPayload (one iteration's relay values), FutureMap (the\n"
+        "# per-request buffers: stash / publish / resolve, over the hand-written runtime\n"
+        "# relayc.runtime.relay and its one fused kernel), then PrefillStep and DecodeStep\n"
+        "# (the spec's steps, calling the engine's op implementations). Comments name the\n"
+        "# spec line each block comes from and the `[rows, *row shape] dtype` of each value.\n"
     )
 
 
-def generate_relay_module(graphs: IterationGraphs, out_dir: str = "relayc/generated") -> str:
-    """Source of the relay module of ``graphs``' algorithm (before formatting).
+def _field_literal(f: RelayField) -> str:
+    extra = ""
+    if f.alloc != "eager":
+        extra += f", alloc={pylit(f.alloc)}"
+    if f.init != "empty":
+        extra += f", init={pylit(f.init)}"
+    if f.poison is not None:
+        extra += f", poison={pylit(f.poison)}"
+    if f.host_mirror is not None:
+        extra += ", host_mirror=HostMirror()"  # the engine implements the lag-0 mirror only
+    if f.publish != "stash":
+        extra += f", publish={pylit(f.publish)}"
+    if f.export:
+        extra += ", export=True"
+    shape = pylit(tuple(f.shape))
+    return (
+        f"RelayField({pylit(f.name)}, {pylit(f.dtype)}, {shape}{extra}, origin={pylit(f.origin)})"
+    )
+
+
+def _field_story(plan: RelayPlan, f: RelayField) -> list[str]:
+    """Comment lines: where the field is defined, who writes it and who reads it."""
+    use = plan.use(f.name)
+    writers = []
+    if use.seeded_by_prefill:
+        stash = next(s for s in plan.prefill.stashes if s.field == f.name)
+        writers.append(f"the prefill ({stash.loc.path}:{stash.loc.line})")
+    if use.stashed_by:
+        step = plan.step(use.stashed_by)
+        stash = next(s for s in step.stashes if s.field == f.name)
+        when = "publishes" if stash.early else "stashes"
+        writers.append(f"`{step.name}` {when} {stash.output} ({stash.loc.path}:{stash.loc.line})")
+    row = ValueType(f.dtype, f.shape).rows_text("pool")
+    head = comment_text(f"{f.origin} {f.name} {row}")
+    if not writers and not use.readers:
+        return [head, "  written and read by the engine only (`export: true`)"]
+    readers = ", ".join(f"`{r}`" for r in use.readers) or "the engine only (`export: true`)"
+    return [
+        head,
+        *_wrapped(f"written by {', '.join(writers) or 'the engine only'}", "  "),
+        *_wrapped(f"read by {readers}", "  "),
+    ]
+
+
+def _wrapped(text: str, indent: str, width: int = 88) -> list[str]:
+    """Comment text wrapped to fit the line length once indented in the module."""
+    return textwrap.wrap(
+        comment_text(text),
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+
+
+def generate_relay_module(plan: RelayPlan, out_dir: str = "relayc/generated") -> str:
+    """Source of the engine relay module of ``plan`` (before formatting); raises located
+    SpecErrors when the plan uses what the engine target does not implement.
 
     Spec text (descriptions, docs, paths) appears only in comments (escaped by
     :func:`comment_text`) and string literals; spec names appear only as attribute names,
-    keyword arguments and dict keys (never as local variables of the generated methods),
-    plus the kernel parameters `<field>_buf` / `_rows` / `_width`, which cannot collide.
+    keyword arguments and string literals, never as local variables of generated methods.
     """
-    spec = graphs.spec
-    layout: RelayLayout = graphs.analysis["layout"]
-    fields = layout.fields
-    lines: list[str] = [header(spec.path, spec.content_hash, out_dir)]
+    check_engine_target(plan)
+    fields = plan.fields
+    lines: list[str] = [header(plan.spec_path, plan.spec_hash, out_dir)]
     w = lines.append
-    w(f'"""Relay state of the `{spec.algorithm}` algorithm, generated by relayc from its spec.\n')
+    w(f'"""Relay state of the `{plan.algorithm}` algorithm, generated by relayc from its spec.\n')
     w("DESCRIPTION holds the spec's description. Import this module from the engine; it")
-    w("never touches CUDA at import time and needs only torch (Triton for the fused path).")
+    w("never touches CUDA at import time and needs only torch and relayc.runtime (Triton")
+    w("for the fused path).")
     w('"""\n')
     w("from __future__ import annotations\n")
-    w("from collections.abc import Callable, Mapping, Sequence")
+    w("from collections.abc import Callable, Mapping")
     w("from dataclasses import dataclass")
     w("from typing import Any\n")
     w("import torch\n")
-    w("from relayc.runtime.fused import fused_copy")
-    w("from relayc.runtime.relay import FieldInfo, FutureMapBase\n")
-    w("try:  # optional: only the fused path (CUDA / backend='triton') uses it")
-    w("    import triton")
-    w("    import triton.language as tl")
-    w("except ImportError:")
-    w("    _HAVE_TRITON = False")
-    w("else:")
-    w("    _HAVE_TRITON = True\n")
-    w(f"ALGORITHM = {string_literal(spec.algorithm)}")
-    w(f"DESCRIPTION = {string_literal(spec.description)}")
-    w(f"SPEC_HASH = {string_literal(spec.content_hash)}")
-    w("# One entry per relay field, in spec order (the order of every generated list).")
-    w("FIELDS: tuple[FieldInfo, ...] = (")
+    mirrored = any(f.host_mirror for f in fields)
+    w(f"from relayc.runtime.fields import {'HostMirror, ' if mirrored else ''}RelayField")
+    w("from relayc.runtime.relay import FutureMapBase, require_runtime\n")
+    w(
+        f"require_runtime({RUNTIME_VERSION}, __name__)  # the runtime this module was generated for\n"
+    )
+    w(f"ALGORITHM = {string_literal(plan.algorithm)}")
+    w(f"DESCRIPTION = {string_literal(plan.description)}")
+    w(f"SPEC_HASH = {string_literal(plan.spec_hash)}")
+    if plan.staging is not None:
+        where = f"{plan.staging.loc.path}:{plan.staging.loc.line}"
+        staged = (
+            f"{where} staging: {plan.staging.text}; the engine: {ENGINE_TARGET.notes['staging']}."
+        )
+        for line in _wrapped(staged, " ", 95):
+            w(f"#{line}")
+    w("# The relayed fields, in spec order (the order of every generated list): where each")
+    w("# is defined, its buffer `[pool, *row] dtype`, the steps that write and read it.")
+    w("FIELDS: tuple[RelayField, ...] = (")
     for f in fields:
-        extra = ""
-        if f.alloc != "eager":
-            extra += f", alloc={pylit(f.alloc)}"
-        if f.init != "empty":
-            extra += f", init={pylit(f.init)}"
-        if f.poison is not None:
-            extra += f", poison={pylit(f.poison)}"
-        if f in layout.mirrored:
-            extra += ", host_mirror=True"
-        shape = pylit(tuple(f.shape))
-        w(f"    # {comment_text(f.origin)}")
-        w(f"    FieldInfo({pylit(f.name)}, {pylit(f.dtype)}, {shape}{extra}),")
+        for line in _field_story(plan, f):
+            w(f"    # {line}")
+        w(f"    {_field_literal(f)},")
     w(")")
+    if plan.absent:
+        w("# Not relayed: fields the imported libraries define but this spec does not import")
+        w("# (its `imports: fields:`), so they cross no iteration boundary here:")
+        listed = ", ".join(f"{a.name} ({a.loc.path}:{a.loc.line})" for a in plan.absent)
+        for line in _wrapped(listed, "   ", 94):
+            w(f"#{line}")
     w("# Dim -> default size (None: the engine must bind it); comments say who supplies it.")
     w("DIM_DEFAULTS: dict[str, int | None] = {")
-    for name, dim in spec.dims.items():
+    for dim in plan.dims:
         if dim.supplied_by:
             w(f"    # supplied by: {comment_text(dim.supplied_by)}")
-        w(f"    {pylit(name)}: {dim.default!r},")
+        w(f"    {pylit(dim.name)}: {dim.default!r},")
     w("}")
-    # The spec's `capture:` buckets, for the engine's graph runner.
-    w(f"CAPTURE_BATCH_SIZES: tuple[int, ...] = {pylit(tuple(spec.capture.batch_sizes))}")
-    w(f"MAX_CAPTURE_BATCH_SIZE = {pylit(spec.capture.max_batch_size)}\n\n")
+    w("# The spec's `capture:` buckets, for the engine's graph runner.")
+    w(f"CAPTURE_BATCH_SIZES: tuple[int, ...] = {pylit(plan.capture.batch_sizes)}")
+    w(f"MAX_CAPTURE_BATCH_SIZE = {pylit(plan.capture.max_batch_size)}\n\n")
 
     w("@dataclass")
     w("class RelayPayload:")
     w('    """One iteration\'s relay values for a batch; a field left None is not written."""\n')
     for f in fields:
-        w(f"    # [{_row(f)}] {f.dtype}: {comment_text(f.doc)}")
+        row = ValueType(f.dtype, f.shape).rows_text()
+        w(f"    # {row}: {comment_text(f.doc)}")
         w(f"    {f.name}: torch.Tensor | None = None")
     w("\n")
-
-    _future_map(w, fields, layout)
+    _future_map(w, plan)
     w("\n")
-    w(emit_triton_relay([RelayBuffer(f.name, f.dtype) for f in fields]))
-    w("")
-    w(generate_steps(graphs))
+    w(generate_steps(plan))
     return "\n".join(lines).rstrip() + "\n"
 
 
-_CAUGHT = "(AttributeError, IndexError, RuntimeError, TypeError)"
-
-
-def _future_map(w, fields: tuple[FieldLayout, ...], layout: RelayLayout) -> None:
+def _future_map(w, plan: RelayPlan) -> None:
+    fields = plan.fields
     w("class FutureMap(FutureMapBase):")
     w('    """Relay buffers of `ALGORITHM`, indexed by request-pool slot (slot 0 pads).\n')
     w("    stash(indices, payload) writes the non-None fields of a payload into rows")
     w("    `indices`; publish() writes the early-published fields and records the publish")
     w("    event; resolve(indices) gathers every field for those rows. Buffers live in")
-    w("    `self.buffers[field]` (allocated by FutureMapBase: eager fields at once, lazy")
-    w("    fields on their first stash). On the torch path each field is one index_copy_ /")
-    w("    index_select; on the fused path (CUDA, or backend='triton') a stash and a resolve")
-    w("    are one launch each of the kernel below. Bad calls raise RelayError.")
+    w("    `self.buffers[field]`. FutureMapBase.write / read copy with one fused kernel")
+    w("    launch on CUDA (or backend='triton'), else one index_copy_ / index_select per")
+    w("    field; bad calls raise RelayError.")
     w('    """\n')
     w("    ALGORITHM = ALGORITHM")
-    w("    FIELD_INFOS = FIELDS")
+    w("    FIELDS = FIELDS")
     w("    DIM_DEFAULTS = DIM_DEFAULTS\n")
-    w(
-        "    def __init__(self, req_pool_size: int, device: torch.device | str, **kwargs: Any) -> None:"
-    )
-    w("        super().__init__(req_pool_size, device, **kwargs)")
-    w('        if self.backend == "triton":  # one kernel launch per stash and per resolve')
-    w("            self.use_fused(triton_stash, triton_resolve, RelayPayload)")
-    w("")
-
-    # The torch path checks nothing up front: index_copy_ itself rejects a wrong dtype,
-    # shape or slot, and the except branch turns that into a RelayError (zero cost when
-    # all is well). Locals are fixed names; spec names are only attributes and keys.
     w("    def stash(self, indices: torch.Tensor, payload: RelayPayload) -> None:")
     w('        """Write every non-None payload field into rows `indices`."""')
-    w("        buffers = self.buffers")
     w("        try:")
-    w("            if indices.dtype != torch.int64:  # index_copy_ takes int64 slots only")
-    w("                indices = indices.long()")
+    w("            values = (")
     for f in fields:
-        key = pylit(f.name)
-        w(f"            value = payload.{f.name}  # [{_row(f)}] {f.dtype}")
-        w("            if value is not None:")
-        if f.alloc == "lazy":
-            w(f"                buffer = buffers[{key}]")
-            w("                if buffer is None:  # lazy: the first stash allocates")
-            w(f"                    buffer = self.allocate({key})")
-            w("                buffer.index_copy_(0, indices, value)")
-        else:
-            w(f"                buffers[{key}].index_copy_(0, indices, value)")
-    w(f"        except {_CAUGHT} as exc:")
-    w("            raise self.call_error(indices, payload, RelayPayload) from exc")
-    w("        if self.debug:")
-    w("            self.mark_written(indices, payload)")
+        w(f"                payload.{f.name},  # {ValueType(f.dtype, f.shape).rows_text()}")
+    w("            )")
+    w("        except AttributeError:")
+    w("            raise self.call_error(indices, payload, RelayPayload) from None")
+    w("        self.write(indices, values)")
     w("")
-
-    early = layout.early
-    if early:
-        names = ", ".join(f"`{f.name}`" for f in early)
+    if plan.early:
+        names = ", ".join(f"`{f.name}`" for f in plan.early)
         # Positional-only parameters and **values: a field may be called `self` or `indices`.
         w("    def publish(self, indices: torch.Tensor, /, **values: torch.Tensor) -> None:")
         w(
@@ -201,32 +302,19 @@ def _future_map(w, fields: tuple[FieldLayout, ...], layout: RelayLayout) -> None
         w("        self.stash(indices, payload)")
         w("        self.record_publish()")
         w("")
-
     w("    def resolve(self, indices: torch.Tensor) -> RelayPayload:")
     w('        """Gather every relay field for rows `indices` (None: lazy, never stashed)."""')
-    w("        if self.debug:")
-    w("            self.check_resolve(indices)")
-    w("        buffers = self.buffers")
-    w("        try:")
-    w("            return RelayPayload(")
-    for f in fields:
-        key = pylit(f.name)
-        if f.alloc == "lazy":
-            w(f"                {f.name}=None")
-            w(f"                if (buffer := buffers[{key}]) is None")
-            w("                else torch.index_select(buffer, 0, indices),")
-        else:
-            w(f"                {f.name}=torch.index_select(buffers[{key}], 0, indices),")
-    w("            )")
-    w(f"        except {_CAUGHT} as exc:")
-    w("            raise self.call_error(indices) from exc")
-    mirrored = layout.mirrored
-    for f in mirrored:
+    w("        rows = self.read(indices)  # in FIELDS order")
+    w("        return RelayPayload(")
+    for i, f in enumerate(fields):
+        w(f"            {f.name}=rows[{i}],  # {ValueType(f.dtype, f.shape).rows_text()}")
+    w("        )")
+    for f in plan.mirrored:
         w("")
         w(f"    def resolve_{f.name}_cpu(self, indices_cpu: torch.Tensor) -> torch.Tensor:")
         w(f'        """Host copy of `{f.name}` rows, after the publish event (pinned on CUDA)."""')
         w(f"        return self.host_copy({pylit(f.name)}, indices_cpu)")
-    names = {f.name for f in mirrored}
+    names = {f.name for f in plan.mirrored}
     if "new_seq_lens" in names and "seq_lens" not in names:
         w("")
         w("    # SGLang's name for the host copy of the new sequence lengths.")

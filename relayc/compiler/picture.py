@@ -40,9 +40,10 @@ from relayc.specs.errors import (
 
 if TYPE_CHECKING:
     # Imported lazily at run time: the CLI imports this module while building its
-    # parser, and `relayc --help` should not pay for pydantic and YAML.
+    # parser, and `relayc --help` should not pay for pydantic, YAML and torch.fx.
+    from relayc.plan.model import RelayPlan
+    from relayc.runtime.fields import RelayField
     from relayc.specs.loader import Spec
-    from relayc.specs.schema import RelayField
 
 FORMATS = ("mermaid", "dot", "svg")
 GRAPHVIZ_MISSING = (
@@ -99,27 +100,38 @@ def input_id(name: str) -> str:
     return f"input_{name}"
 
 
-def field_text(name: str, fld: RelayField) -> str:
+def field_text(fld: RelayField) -> str:
     """``topk_p [topk] float32``; a one-value-per-row field has no shape part."""
     shape = f" [{', '.join(str(d) for d in fld.shape)}]" if fld.shape else ""
-    return f"{name}{shape} {fld.dtype}"
+    return f"{fld.name}{shape} {fld.dtype}"
 
 
-def _stash_text(name: str, output: str, fld: RelayField) -> str:
-    text = field_text(name, fld)
-    if output != name:
+def _stash_text(output: str, fld: RelayField) -> str:
+    text = field_text(fld)
+    if output != fld.name:
         text += f" (from {output})"
-    if fld.publish == "early":
+    if fld.early:
         text += ", published early"
-    if fld.host_mirror:
+    if fld.host_mirror is not None:
         text += ", " + fld.host_mirror.text
     if fld.owner == "graph":
         text += ", owned by a captured graph (adopted)"
     return text
 
 
-def build_picture(spec: Spec) -> Picture:
-    """The nodes and edges of one decode iteration of ``spec``, in spec order."""
+def _plan(source: Spec | RelayPlan) -> RelayPlan:
+    """The relay plan to draw: ``source`` itself, or the plan of a validated spec."""
+    from relayc.plan.build import build_plan
+    from relayc.plan.model import RelayPlan
+
+    return source if isinstance(source, RelayPlan) else build_plan(source)
+
+
+def build_picture(source: Spec | RelayPlan) -> Picture:
+    """The nodes and edges of one decode iteration, read from the relay plan, in spec order."""
+    from relayc.plan.model import InputValue, RelayValue
+
+    plan = _plan(source)
     # Dicts keep insertion order, so grouping values by (source, target, kind)
     # keeps the spec's order of first appearance.
     grouped: dict[tuple[str, str, EdgeKind], list[str]] = {}
@@ -130,42 +142,42 @@ def build_picture(spec: Spec) -> Picture:
         if line is not None and line not in lines:
             lines.append(line)
 
-    for step in spec.steps:
+    for step in plan.steps:
         target = step_id(step.name)
-        for ref in step.reads.values():
-            head, tail = ref.source, ref.name
-            if head == "relay":
-                add(RESOLVE_ID, target, "relay", field_text(tail, spec.fields[tail]))
-            elif head == "input":
-                inputs_read[tail] = None
-                add(input_id(tail), target, "input", None)
+        for read in step.reads:
+            value = read.value
+            if isinstance(value, RelayValue):
+                add(RESOLVE_ID, target, "relay", field_text(plan.field(value.field)))
+            elif isinstance(value, InputValue):
+                inputs_read[value.input] = None
+                add(input_id(value.input), target, "input", None)
             else:
-                add(step_id(head), target, "value", tail)
-        for name, output in step.stash.items():
-            fld = spec.fields[name]
-            kind: EdgeKind = "early" if fld.publish == "early" else "relay"
-            add(target, STASH_ID, kind, _stash_text(name, output, fld))
+                add(step_id(value.step), target, "value", value.output)
+        for stash in step.stashes:
+            fld = plan.field(stash.field)
+            kind: EdgeKind = "early" if stash.early else "relay"
+            add(target, STASH_ID, kind, _stash_text(stash.output, fld))
 
     nodes = [
-        Node(input_id(name), ("input", name), "input")
-        for name in spec.inputs
-        if name in inputs_read
+        Node(input_id(i.name), ("input", i.name), "input")
+        for i in plan.inputs
+        if i.name in inputs_read
     ]
     resolve: tuple[str, ...] = ("resolve relay", "start of iteration i")
-    if spec.staging is not None:  # `staging:`: a staged request's draft input comes from here
+    if plan.staging is not None:  # `staging:`: a staged request's draft input comes from here
         resolve += ("staged requests: relay slot only",)
     nodes.append(Node(RESOLVE_ID, resolve, "resolve"))
-    for step in spec.steps:
+    for step in plan.steps:
         if step.placement == "host":
-            nodes.append(Node(step_id(step.name), (step.name, step.op, "on the host"), "host"))
+            nodes.append(Node(step_id(step.name), (step.name, step.op.name, "on the host"), "host"))
         else:
-            nodes.append(Node(step_id(step.name), (step.name, step.op), "device"))
+            nodes.append(Node(step_id(step.name), (step.name, step.op.name), "device"))
     nodes.append(Node(STASH_ID, ("stash relay", "end of iteration i → i+1"), "stash"))
     edges = tuple(
         Edge(source, target, tuple(lines), kind)
         for (source, target, kind), lines in grouped.items()
     )
-    return Picture(spec.algorithm, tuple(nodes), edges)
+    return Picture(plan.algorithm, tuple(nodes), edges)
 
 
 def _mermaid_text(lines: Iterable[str]) -> str:
@@ -209,9 +221,9 @@ def _mermaid_node(node: Node) -> str:
     return f'{node.id}{left}"{label}"{right}:::{_MERMAID_CLASS_OF[node.kind]}'
 
 
-def to_mermaid(spec: Spec) -> str:
-    """A Mermaid flowchart of one decode iteration of ``spec``."""
-    return render_mermaid(build_picture(spec))
+def to_mermaid(source: Spec | RelayPlan) -> str:
+    """A Mermaid flowchart of one decode iteration (of a plan, or of a spec's plan)."""
+    return render_mermaid(build_picture(source))
 
 
 def render_mermaid(picture: Picture) -> str:
@@ -261,9 +273,9 @@ def _dot_node(node: Node) -> str:
     return f"{node.id} [label={_dot_string(node.lines)}, {_DOT_NODE_ATTRS[node.kind]}];"
 
 
-def to_dot(spec: Spec) -> str:
-    """A Graphviz DOT digraph of one decode iteration of ``spec``."""
-    return render_dot(build_picture(spec))
+def to_dot(source: Spec | RelayPlan) -> str:
+    """A Graphviz DOT digraph of one decode iteration (of a plan, or of a spec's plan)."""
+    return render_dot(build_picture(source))
 
 
 def render_dot(picture: Picture) -> str:
@@ -297,7 +309,7 @@ def render_dot(picture: Picture) -> str:
     return "\n".join(out) + "\n"
 
 
-def to_svg(spec: Spec) -> bytes:
+def to_svg(source: Spec | RelayPlan) -> bytes:
     """SVG of one decode iteration, drawn by Graphviz's `dot`.
 
     Raises :class:`GraphvizError` when `dot` is not installed or fails.
@@ -306,7 +318,7 @@ def to_svg(spec: Spec) -> bytes:
     if dot is None:
         raise GraphvizError(GRAPHVIZ_MISSING)
     result = subprocess.run(
-        [dot, "-Tsvg"], input=to_dot(spec).encode("utf-8"), capture_output=True, check=False
+        [dot, "-Tsvg"], input=to_dot(source).encode("utf-8"), capture_output=True, check=False
     )
     if result.returncode != 0:
         why = result.stderr.decode("utf-8", "replace").strip()
@@ -344,8 +356,7 @@ def add_graph_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 def cmd_graph(args: argparse.Namespace) -> int:
     """``relayc graph``: 0 ok, 1 spec errors, 2 usage errors."""
-    from relayc.graph.passes import analyse
-    from relayc.specs.loader import load_spec
+    from relayc.plan.build import plan_spec_file
 
     def usage(message: str) -> int:
         print(one_line(f"relayc graph: error: {message}"), file=sys.stderr)
@@ -356,16 +367,16 @@ def cmd_graph(args: argparse.Namespace) -> int:
     if not Path(args.spec).is_file():
         return usage(f"no such spec file: {args.spec}")
     try:
-        spec = load_spec(args.spec, ops=args.ops)
-        analyse(spec)  # the same checks as `relayc compile`: draw only a spec that compiles
+        # The same checks as `relayc compile`: draw only a spec that compiles.
+        plan = plan_spec_file(args.spec, ops=args.ops)
     except SpecErrors as exc:
         print(exc.render(), file=sys.stderr)
         return EXIT_SPEC_ERRORS
     try:
         if args.format == "svg":
-            Path(args.output).write_bytes(to_svg(spec))
+            Path(args.output).write_bytes(to_svg(plan))
             return EXIT_OK
-        text = to_mermaid(spec) if args.format == "mermaid" else to_dot(spec)
+        text = to_mermaid(plan) if args.format == "mermaid" else to_dot(plan)
         if args.output:
             Path(args.output).write_text(text, encoding="utf-8")
         else:

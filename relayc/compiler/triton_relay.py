@@ -1,20 +1,18 @@
-"""Fused Triton relay kernels: one launch per stash and one per resolve, whatever the field count.
+"""The SGLang target's fused relay kernel source: one launch per stash and one per resolve.
 
-A generated module relays per-request state through one device buffer per relay field,
-shaped ``[req_pool_size, *row_shape]`` and indexed by request-pool slot. Copying field by
-field costs one launch (and one index_put/index_select allocation) per field; for EAGLE's
-five fields that is five launches on the critical path of every iteration. The code emitted
-here does the whole payload in one launch: program ``i`` reads ``indices[i]`` on the device
-and copies row ``i`` of every present field, so nothing syncs with the host, nothing is
-allocated and the grid is ``(n,)``, which makes stash and resolve safe to capture in a
-CUDA graph.
+The engine target no longer emits this: its modules share the one hand-written kernel in
+:mod:`relayc.runtime.relay_kernel`. The SGLang target still pastes the block emitted here
+into its drop-in (``relayc_relay_kernels.py``), unrolled for the specs' field union, until
+it moves to its own runtime; :func:`count_triton_launches` counts launches of either
+kernel (both are named ``_relay_copy_kernel``).
 
-The emitted block is module-level code meant to be pasted into a generated module. Contract
-with that module (see :func:`emit_triton_relay`): it defines ``torch``, ``Sequence`` (from
+The emitted block copies the whole payload in one launch: program ``i`` reads
+``indices[i]`` on the device and copies row ``i`` of every present field, so nothing syncs
+with the host, nothing is allocated and the grid is ``(n,)``. Contract with the module it
+is pasted into (see :func:`emit_triton_relay`): it defines ``torch``, ``Sequence`` (from
 ``collections.abc``) and, when Triton imported, ``triton`` and ``tl``, plus a boolean guard
 (``_HAVE_TRITON`` by default). Everything the block defines lives under the guard, so the
-module still imports without Triton; callers fall back to torch indexing when
-``triton_stash`` is not defined.
+module still imports without Triton.
 """
 
 from __future__ import annotations

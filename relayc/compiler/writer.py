@@ -6,10 +6,11 @@ import difflib
 from collections.abc import Sequence
 from pathlib import Path
 
-from relayc.compiler.codegen import generate_relay_module
+from relayc.compiler.codegen import ENGINE_TARGET, generate_relay_module
 from relayc.compiler.output import Output, RuffMissing, format_source, style_problems
 from relayc.compiler.targets.sglang import compile_sglang
-from relayc.graph.passes import analyse
+from relayc.plan import build_plan
+from relayc.plan.support import unsupported
 from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
 from relayc.specs.loader import bundled_spec_paths, load_spec
 
@@ -20,6 +21,7 @@ __all__ = [
     "RuffMissing",
     "compile_spec",
     "compile_specs",
+    "engine_specs",
     "regenerate_bundled",
     "stale_bundled",
     "style_of_bundled",
@@ -33,12 +35,21 @@ SGLANG_GENERATED_DIR = GENERATED_DIR.parent / "sglang_generated"
 def compile_spec(spec_path: str | Path, out_dir: str | Path, *, ops: Sequence[str] = ()) -> Output:
     """Generate the (formatted) module of one spec (``ops``: more user-op modules); raises
     SpecErrors."""
-    spec = load_spec(spec_path, ops=ops)
-    graphs = analyse(spec)
+    plan = build_plan(load_spec(spec_path, ops=ops))
     shown_dir = Path(out_dir).as_posix()
-    name = f"{spec.algorithm}.py"
-    text = format_source(generate_relay_module(graphs, shown_dir), name)
+    name = f"{plan.algorithm}.py"
+    text = format_source(generate_relay_module(plan, shown_dir), name)
     return Output(Path(out_dir) / name, text)
+
+
+def engine_specs() -> list[Path]:
+    """The bundled specs the engine target compiles; the others use a construct or op it
+    does not implement (`relayc compile` on them says which, located)."""
+    return [
+        path
+        for path in bundled_spec_paths()
+        if not unsupported(build_plan(load_spec(path)), ENGINE_TARGET)
+    ]
 
 
 def compile_specs(
@@ -85,9 +96,10 @@ def write(output: Output) -> bool:
 
 def _bundled_outputs() -> list[tuple[Output, Path, str]]:
     """(module, checked-in path, source) of every module generated from the bundled specs:
-    one per algorithm, and the SGLang target's drop-in for all of them."""
+    one per algorithm the engine target implements, and the SGLang target's drop-in for
+    all of them."""
     outputs = []
-    for spec_path in bundled_spec_paths():
+    for spec_path in engine_specs():
         output = compile_spec(spec_path, "relayc/generated")
         outputs.append((output, GENERATED_DIR / output.path.name, spec_path.name))
     # The SGLang drop-in's files, each checked: a stale or missing one fails `relayc check`.
@@ -96,10 +108,35 @@ def _bundled_outputs() -> list[tuple[Output, Path, str]]:
     return outputs
 
 
+def _orphans(outputs: list[tuple[Output, Path, str]]) -> list[Path]:
+    """Checked-in engine modules that no bundled spec generates any more (a spec the engine
+    target now refuses, or one removed)."""
+    made = {target for _, target, _ in outputs}
+    return sorted(
+        path
+        for path in GENERATED_DIR.glob("*.py")
+        if path.name != "__init__.py" and path not in made
+    )
+
+
 def stale_bundled() -> list[str]:
-    """Unified diffs of every checked-in generated module that differs from its specs."""
+    """Unified diffs of every checked-in generated module that differs from its specs,
+    and of every one that no spec generates (to be removed)."""
     diffs = []
-    for output, target, source in _bundled_outputs():
+    outputs = _bundled_outputs()
+    for path in _orphans(outputs):
+        shown = f"relayc/generated/{path.name}"
+        diffs.append(
+            "".join(
+                difflib.unified_diff(
+                    path.read_text(encoding="utf-8").splitlines(keepends=True),
+                    [],
+                    f"{shown} (checked in)",
+                    f"{shown} (no bundled spec generates it for the engine)",
+                )
+            )
+        )
+    for output, target, source in outputs:
         current = target.read_text(encoding="utf-8") if target.exists() else ""
         if current != output.text:
             shown = f"{output.path.parent.as_posix()}/{output.path.name}"
@@ -117,8 +154,14 @@ def stale_bundled() -> list[str]:
 
 
 def regenerate_bundled() -> list[Path]:
+    """Rewrite the checked-in generated modules that changed, and remove those no bundled
+    spec generates; returns the paths written or removed."""
     written = []
-    for output, target, _ in _bundled_outputs():
+    outputs = _bundled_outputs()
+    for path in _orphans(outputs):
+        path.unlink()
+        written.append(path)
+    for output, target, _ in outputs:
         if write(Output(target, output.text)):
             written.append(target)
     return written

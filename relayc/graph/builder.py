@@ -37,14 +37,33 @@ _ENGINE_OUTPUTS: dict[str, tuple[tuple[str, ...], int, str]] = {
 }
 
 
+@dataclass(frozen=True)
+class RelayUse:
+    """How one relay field crosses the iteration boundary (the relay-inference pass's result)."""
+
+    readers: tuple[str, ...]  # decode steps that read it
+    stashed_by: str | None  # decode step whose output is stashed into it
+    seeded_by_prefill: bool
+
+
 @dataclass
 class IterationGraphs:
-    """The graphs of one algorithm plus analysis results that belong to no single node."""
+    """The graphs of one algorithm plus the passes' results that belong to no single node,
+    as typed attributes (:mod:`relayc.plan` turns all of it into the relay plan)."""
 
     spec: Spec
     decode: fx.Graph
     prefill: fx.Graph
-    analysis: dict[str, Any] = field(default_factory=dict)
+    uses: dict[str, RelayUse] = field(default_factory=dict)  # relay_inference
+    sample_dims: dict[str, int] = field(default_factory=dict)  # propagate_meta
+    # The SGLang target's field layout (graph.passes.plan_layout): a shim until that target
+    # reads relayc.plan, as the engine target does.
+    layout: Any = None
+
+    @property
+    def analysis(self) -> dict[str, Any]:
+        """The passes' results keyed as before, for the SGLang target until it reads the plan."""
+        return {"relay": self.uses, "sample_dims": self.sample_dims, "layout": self.layout}
 
 
 def _placeholder(graph: fx.Graph, name: str, kind: str, ident: str, spec: Spec) -> fx.Node:

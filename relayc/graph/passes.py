@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from relayc.graph.builder import IterationGraphs, build_graphs
+from relayc.graph.builder import IterationGraphs, RelayUse, build_graphs
 from relayc.nodes.registry import Op
 from relayc.runtime.dims import (
     MAX_BUFFER_BYTES,
@@ -51,15 +51,6 @@ def _field_row(fld: RelayField, dims: Mapping[str, int]) -> tuple[int, ...]:
 
 def _type_text(dtype: str, shape: tuple | list) -> str:
     return f"{dtype} [{', '.join(str(d) for d in shape)}]"
-
-
-@dataclass(frozen=True)
-class RelayUse:
-    """How one relay field crosses the iteration boundary."""
-
-    readers: tuple[str, ...]  # decode steps that read it
-    stashed_by: str | None  # decode step whose output is stashed into it
-    seeded_by_prefill: bool
 
 
 def relay_inference(
@@ -125,9 +116,7 @@ def relay_inference(
                     "engine reads it",
                 )
             )
-    graphs.analysis["relay"] = uses
-    output = next(n for n in graphs.decode.nodes if n.op == "output")
-    output.meta["relay"] = uses
+    graphs.uses = uses
     return graphs, True
 
 
@@ -177,7 +166,7 @@ def propagate_meta(
                 node.meta["val"] = outputs.get(node.args[1])
             elif node.op == "output":
                 _check_stash(spec, node, dims, errors)
-    graphs.analysis["sample_dims"] = dims
+    graphs.sample_dims = dims
     return graphs, True
 
 
@@ -273,7 +262,12 @@ def _check_stash(
 
 @dataclass(frozen=True)
 class FieldLayout:
-    """How the generated FutureMap stores one relay field."""
+    """How the SGLang target stores one relay field.
+
+    A shim: the engine target reads :class:`relayc.runtime.fields.RelayField` from the
+    relay plan (:mod:`relayc.plan`); this record and :func:`plan_layout` stay only until
+    the SGLang target does too.
+    """
 
     name: str
     dtype: str
@@ -359,7 +353,7 @@ def plan_layout(graphs: IterationGraphs, errors: list[SpecError]) -> tuple[Itera
         )
         for name, fld in spec.fields.items()
     )
-    graphs.analysis["layout"] = RelayLayout(fields)
+    graphs.layout = RelayLayout(fields)
     return graphs, True
 
 

@@ -7,11 +7,16 @@ by the engine that runs them.
 
 from __future__ import annotations
 
-from relayc.nodes.registry import Op, TensorType, register
+from relayc.nodes.registry import Effect, Op, TensorType, register
 
 T = TensorType
 N = "num_draft_tokens"
 PARENTS = "topk*(num_steps-1)+1"
+
+# The DFlash family's draft KV cache: the prefill and inject_kv write the target's tapped
+# context into it, the draft forward attends to it. No tensor of theirs carries it.
+_WRITES_DRAFT_KV = (Effect("draft_kv_cache", "writes", "the tapped target context"),)
+_READS_DRAFT_KV = (Effect("draft_kv_cache", "reads", "the context the block attends to"),)
 
 _SLOTS = {"req_pool_indices": T("int64", (), doc="request-pool slots")}
 _LENS = {"seq_lens": T("int64", (), doc="KV length before this iteration")}
@@ -277,12 +282,14 @@ for op in (
         {**_SLOTS, **_LENS},
         _PREFILLED,
         doc="target prefill; its layer features go straight into the draft KV cache",
+        effects=_WRITES_DRAFT_KV,
     ),
     Op(
         "dflash_draft",
         {"bonus_tokens": T("int64", ()), **_LENS, **_SLOTS},
         _DRAFTING,
         doc="one draft forward over a block (the bonus token, then masks): the whole chain",
+        effects=_READS_DRAFT_KV,
     ),
     Op(
         "dflash_verify",
@@ -307,8 +314,9 @@ for op in (
             **_LENS,
             **_SLOTS,
         },
-        {"draft_seq_lens": T("int64", ())},
+        {"draft_seq_lens": T("int64", (), doc="the draft KV cache's length after the write")},
         doc="write the accepted positions' draft context (dflash_verify's) into the draft KV cache",
+        effects=_WRITES_DRAFT_KV,
     ),
     Op(
         "dspark_draft",
@@ -318,6 +326,7 @@ for op in (
             "confidence": T("float32", (N,), doc="the confidence head's, per block position"),
         },
         doc="dflash_draft with DSpark's Markov head refining the block",
+        effects=_READS_DRAFT_KV,
     ),
     Op(
         "uno_prefill",

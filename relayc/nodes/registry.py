@@ -75,15 +75,43 @@ class TensorType:
         return tuple(eval_dim(d, dims) for d in self.shape)
 
 
+EFFECT_ACCESS: tuple[str, ...] = ("reads", "writes")
+
+
+@dataclass(frozen=True)
+class Effect:
+    """State an op touches besides its inputs and outputs, named so the compiler sees it.
+
+    The draft KV cache is the example: `dflash_inject_kv` writes it and `dflash_draft` reads
+    it, and nothing in their tensors says so. A declared effect keeps that order visible in
+    the plan (``relayc explain``, the generated comments) instead of a dummy output.
+    """
+
+    resource: str  # what is touched: `draft_kv_cache`, `target_kv_cache`
+    access: str = "writes"  # `reads` or `writes`
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.resource.isidentifier():
+            raise ValueError(f"effect resource {self.resource!r} is not an identifier")
+        if self.access not in EFFECT_ACCESS:
+            raise ValueError(f"effect access {self.access!r} is not reads or writes")
+
+    @property
+    def text(self) -> str:
+        return f"{self.access} {self.resource}"
+
+
 @dataclass(frozen=True, eq=False)
 class Op:
-    """A node op: typed inputs and outputs and a meta function."""
+    """A node op: typed inputs and outputs, the effects it has, and a meta function."""
 
     name: str
     inputs: Mapping[str, TensorType]
     outputs: Mapping[str, TensorType]
     placement: str = "device"  # where it may run: device, host, or any
     doc: str = ""
+    effects: tuple[Effect, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -96,6 +124,9 @@ class Op:
             for name, tensor_type in signature.items():
                 if not isinstance(tensor_type, TensorType):
                     raise ValueError(f"op `{self.name}`: {kind} `{name}` is not a TensorType")
+        for effect in self.effects:
+            if not isinstance(effect, Effect):
+                raise ValueError(f"op `{self.name}`: effect {effect!r} is not an Effect")
 
     @property
     def __name__(self) -> str:  # torch.fx names call_function nodes after the target

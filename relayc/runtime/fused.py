@@ -1,8 +1,7 @@
-"""Host side of the fused relay kernel that relayc emits into generated modules.
+"""Argument checks and launch of the fused relay kernel, the same for every field set.
 
-A generated module holds one Triton kernel specialised to its fields (per field a buffer
-pointer, a rows pointer and a constexpr row width; a constexpr direction picks stash or
-resolve); the argument checks and the launch are the same for every algorithm and live here.
+:func:`launch_args` serves the engine runtime's kernel (:mod:`relayc.runtime.relay_kernel`)
+and, pasted without this docstring, the SGLang drop-in's kernel module.
 """
 
 from __future__ import annotations

@@ -1,38 +1,56 @@
-"""What generated relay modules import: the FutureMap base and its checks.
+"""The engine relay's runtime: the FutureMap base that generated engine modules subclass.
 
-The generated ``FutureMap`` of an algorithm spells out the torch-path stash / publish /
-resolve per field; the base class holds what is the same for every algorithm: binding
-dims, the buffers (``buffers[field]``, keyed by field name so no field name can collide
-with an attribute of the class), the fused path's argument lists, the publish event, the
-debug-mode bookkeeping and the error messages for bad calls. Every bad call into the
-relay API raises :class:`RelayError`.
+Hand-written and versioned (:data:`RUNTIME_VERSION`): a generated module calls
+:func:`require_runtime` with the version it was generated for when it is imported, so a
+module and a runtime that do not match fail at import with what to do, not at the first
+stash (protobuf's generated code checks its runtime the same way).
+
+The generated ``FutureMap`` names its fields: ``stash`` hands :meth:`FutureMapBase.write`
+one value per field in ``FIELDS`` order, ``resolve`` builds its ``RelayPayload`` from
+:meth:`FutureMapBase.read`. Those two are the one path on every device: they check the
+call the same way, then copy with the fused kernel (:mod:`relayc.runtime.relay_kernel`,
+one launch, on CUDA or with ``backend='triton'``) or with one ``index_copy_`` /
+``index_select`` per field (the CPU, where Triton only interprets). The base also binds
+dims, allocates the buffers (``buffers[field]``, keyed by name so no field name can
+collide with an attribute), records the publish event, keeps the host mirrors and the
+debug-mode bookkeeping. Every bad call into the relay raises :class:`RelayError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from relayc.runtime.backend import resolve_backend
 from relayc.runtime.dims import check_buffer_sizes, dims_of, eval_dim, torch_dtype
+from relayc.runtime.fields import RelayField
+from relayc.runtime.relay_kernel import relay_copy
+
+# Bumped whenever what generated engine modules call here changes; they pass the version
+# they were generated for to require_runtime().
+RUNTIME_VERSION = 2
+
+# What index_copy_ / index_select raise for a bad call (wrong dtype, shape, slot, payload).
+_CAUGHT = (AttributeError, IndexError, RuntimeError, TypeError)
 
 
-@dataclass(frozen=True)
-class FieldInfo:
-    """A relay field as the generated module describes it (`FIELDS`)."""
+class RuntimeVersionError(ImportError):
+    """A generated module meets a relay runtime of another version."""
 
-    name: str
-    dtype: str  # a spec dtype name; `model` is the model's dtype
-    shape: tuple[str | int, ...]  # row shape in dims
-    alloc: str = "eager"
-    init: str | bool | int | float = "empty"
-    poison: bool | int | float | None = None
-    host_mirror: bool = False  # keep a pinned host copy (CUDA), filled after publish
+
+def require_runtime(version: int, module: str) -> None:
+    """Called by generated module ``module`` at import: it was generated for ``version``."""
+    if version != RUNTIME_VERSION:
+        raise RuntimeVersionError(
+            f"{module} was generated for relay runtime version {version}, but "
+            f"relayc.runtime.relay is version {RUNTIME_VERSION}: regenerate it with the "
+            "relayc that provides this runtime (`relayc compile SPEC -o DIR`), or install "
+            "the relayc it was generated with"
+        )
 
 
 def default_poison(dtype: torch.dtype) -> bool | int | float:
@@ -57,7 +75,7 @@ class FutureMapBase:
     """Shared machinery of generated FutureMaps; see the generated class for the API."""
 
     ALGORITHM: str = ""
-    FIELD_INFOS: tuple[FieldInfo, ...] = ()
+    FIELDS: tuple[RelayField, ...] = ()
     DIM_DEFAULTS: Mapping[str, int | None] = {}
 
     def __init__(
@@ -85,28 +103,34 @@ class FutureMapBase:
         self.debug = debug
         self.dims = self._bind_dims(dims or {})
         self.backend = resolve_backend(backend, self.device)
-        self._infos = {info.name: info for info in self.FIELD_INFOS}
+        self._infos = {info.name: info for info in self.FIELDS}
         self.rows: dict[str, tuple[int, ...]] = {
-            i.name: tuple(eval_dim(d, self.dims) for d in i.shape) for i in self.FIELD_INFOS
+            i.name: tuple(eval_dim(d, self.dims) for d in i.shape) for i in self.FIELDS
         }
         self.dtypes: dict[str, torch.dtype] = {
-            i.name: torch_dtype(i.dtype, model_dtype) for i in self.FIELD_INFOS
+            i.name: torch_dtype(i.dtype, model_dtype) for i in self.FIELDS
         }
-        shapes = {i.name: i.shape for i in self.FIELD_INFOS}
+        shapes = {i.name: i.shape for i in self.FIELDS}
         check_buffer_sizes(self.ALGORITHM, req_pool_size, shapes, self.dtypes, self.dims)
         self._publish_event: Any = None
         # debug mode: which rows of each field were stashed since allocation
         self._written: dict[str, torch.Tensor] = {}
         # One buffer per field, [req_pool_size, *row]; None until a lazy field's first stash.
         self.buffers: dict[str, torch.Tensor | None] = dict.fromkeys(self._infos)
-        for info in self.FIELD_INFOS:
+        for info in self.FIELDS:
             if info.alloc == "eager":
                 self.allocate(info.name)
         # Pinned host copies of the mirrored fields (CUDA only: on the CPU the buffer is one).
+        # Only the lag-0 mirror (a host read waits for the publish): generated engine modules
+        # exist only for specs whose fields the engine target implements.
         self.host_mirrors: dict[str, torch.Tensor | None] = {
-            info.name: self._host_mirror(info.name) for info in self.FIELD_INFOS if info.host_mirror
+            info.name: self._host_mirror(info.name)
+            for info in self.FIELDS
+            if info.host_mirror is not None
         }
-        self._fused: tuple[Callable[..., None], Callable[..., None], type] | None = None
+        # The fused kernel's view of the fields: (name, dtype), in FIELDS order.
+        self._kernel_fields = tuple((name, dtype) for name, dtype in self.dtypes.items())
+        self.fused = self.backend == "triton"
 
     def _host_mirror(self, name: str) -> torch.Tensor | None:
         if self.device.type != "cuda":
@@ -124,7 +148,7 @@ class FutureMapBase:
                 f"(it has {', '.join(self.DIM_DEFAULTS) or 'none'})"
             )
         # Only dims that a field's row shape names must have a value here.
-        used = {d for info in self.FIELD_INFOS for entry in info.shape for d in dims_of(entry)}
+        used = {d for info in self.FIELDS for entry in info.shape for d in dims_of(entry)}
         bound: dict[str, int] = {}
         for name, default in self.DIM_DEFAULTS.items():
             value = given.get(name, default)
@@ -168,55 +192,65 @@ class FutureMapBase:
         self.buffers[name] = buffer
         return buffer
 
-    # -- the fused path -----------------------------------------------------------------
-    def use_fused(
-        self,
-        stash: Callable[..., None],
-        resolve: Callable[..., None],
-        payload_type: type,
-    ) -> None:
-        """Route stash / resolve through the module's fused kernel (one launch each)."""
-        self._fused = (stash, resolve, payload_type)
-        self.stash = self.stash_fused  # type: ignore[method-assign]
-        self.resolve = self.resolve_fused  # type: ignore[method-assign]
-
-    def stash_fused(self, indices: torch.Tensor, payload: Any) -> None:
-        """stash() as one fused Triton launch; the kernel masks slots outside the pool."""
-        assert self._fused is not None, "use_fused() binds the kernels first"
-        stash, _, payload_type = self._fused
-        self.check_payload(indices, payload, payload_type)
+    # -- the one stash / resolve path --------------------------------------------------
+    def write(self, indices: torch.Tensor, values: Sequence[torch.Tensor | None]) -> None:
+        """Write ``values`` (one per field, in FIELDS order; None: not written) into rows
+        ``indices``: what the generated ``stash`` calls. A lazy field's first value
+        allocates its buffer."""
+        buffers = self.buffers
+        if self.fused:
+            self.check_values(indices, values)
+            if self.debug:
+                self.check_slots(indices)
+            for name, value in zip(buffers, values, strict=True):
+                if value is not None and buffers[name] is None:
+                    self.allocate(name)
+            try:
+                relay_copy(
+                    self._kernel_fields, indices, list(buffers.values()), values, to_buffers=True
+                )
+            except ValueError as exc:
+                raise RelayError(str(exc)) from exc
+        else:
+            # No checks up front: index_copy_ rejects a wrong dtype, shape or slot itself,
+            # and the except branch says why (zero cost when all is well).
+            try:
+                if indices.dtype != torch.int64:  # index_copy_ takes int64 slots only
+                    indices = indices.long()
+                # strict=False: the generated stash passes one value per field, and a
+                # length check on every call costs more than the copy of a small field.
+                for (name, buffer), value in zip(buffers.items(), values, strict=False):
+                    if value is not None:
+                        if buffer is None:
+                            buffer = self.allocate(name)
+                        buffer.index_copy_(0, indices, value)
+            except (*_CAUGHT, ValueError) as exc:
+                raise self.call_error(indices, values) from exc
         if self.debug:
-            self.check_slots(indices)
-        values = [getattr(payload, name) for name in self.buffers]
-        for name, value in zip(self._infos, values, strict=True):
-            if value is not None and self.buffers[name] is None:
-                self.allocate(name)
-        try:
-            stash(indices, list(self.buffers.values()), values)
-        except ValueError as exc:
-            raise RelayError(str(exc)) from exc
-        if self.debug:
-            self.mark_written(indices, payload)
+            self.mark_written(indices, values)
 
-    def resolve_fused(self, indices: torch.Tensor) -> Any:
-        """resolve() as one fused Triton launch; a slot outside the pool reads as zeros."""
-        assert self._fused is not None, "use_fused() binds the kernels first"
-        _, resolve, payload_type = self._fused
-        self.check_indices(indices)
+    def read(self, indices: torch.Tensor) -> list[torch.Tensor | None]:
+        """Rows ``indices`` of every field, in FIELDS order (None: a lazy field never
+        stashed): what the generated ``resolve`` builds its payload from."""
         if self.debug:
             self.check_resolve(indices)
+        buffers = self.buffers.values()
+        if not self.fused:
+            try:
+                return [None if b is None else torch.index_select(b, 0, indices) for b in buffers]
+            except _CAUGHT as exc:
+                raise self.call_error(indices) from exc
+        self.check_indices(indices)
         n = indices.shape[0]
         outs = [
-            None
-            if buffer is None
-            else torch.empty((n, *buffer.shape[1:]), dtype=buffer.dtype, device=buffer.device)
-            for buffer in self.buffers.values()
+            None if b is None else torch.empty((n, *b.shape[1:]), dtype=b.dtype, device=b.device)
+            for b in buffers
         ]
         try:
-            resolve(indices, list(self.buffers.values()), outs)
+            relay_copy(self._kernel_fields, indices, list(buffers), outs, to_buffers=False)
         except ValueError as exc:
             raise RelayError(str(exc)) from exc
-        return payload_type(*outs)
+        return outs
 
     # -- events -----------------------------------------------------------------------
     def record_publish(self) -> None:
@@ -265,14 +299,19 @@ class FutureMapBase:
                 "0 is the padding slot)"
             )
 
-    def call_error(self, indices: Any, payload: Any = None, payload_type: Any = None) -> Exception:
-        """Why a stash or resolve failed, as a RelayError; the original error when it is not ours.
+    def call_error(
+        self, indices: Any, values: Sequence[Any] | None = None, payload_type: Any = None
+    ) -> Exception:
+        """Why a stash or resolve failed, as a RelayError.
 
-        Called from the except branch of the generated methods, so the happy path pays
-        for no checks: index_copy_ / index_select reject bad calls themselves.
+        Called from except branches, so the happy path pays for no checks: index_copy_ /
+        index_select reject bad calls themselves. ``values``: a stash's per-field values,
+        or (with ``payload_type``) the payload that was not a ``RelayPayload``.
         """
         if payload_type is not None:
-            self.check_payload(indices, payload, payload_type)
+            self.check_payload(indices, values, payload_type)
+        elif values is not None:
+            self.check_values(indices, values)
         self.check_indices(indices)
         self.check_slots(indices)
         return RelayError(
@@ -300,10 +339,17 @@ class FutureMapBase:
                     f"{', '.join(f'`{n}`' for n in foreign)} not relayed by "
                     f"`{self.ALGORITHM}` (its fields: {', '.join(self._infos)})"
                 )
+        self.check_values(indices, [getattr(payload, name, None) for name in self.dtypes])
+
+    def check_values(self, indices: Any, values: Sequence[Any]) -> None:
+        """Every non-None value has its field's dtype and `[batch, *row]` shape."""
         self.check_indices(indices)
+        if len(values) != len(self.dtypes):
+            raise RelayError(
+                f"expected {len(self.dtypes)} values ({', '.join(self.dtypes)}), got {len(values)}"
+            )
         batch = indices.shape[0]
-        for name, dtype in self.dtypes.items():
-            value = getattr(payload, name, None)
+        for (name, dtype), value in zip(self.dtypes.items(), values, strict=True):
             if value is None:
                 continue
             if (
@@ -334,10 +380,11 @@ class FutureMapBase:
             f"(its fields: {', '.join(self._infos)})"
         )
 
-    def mark_written(self, indices: torch.Tensor, payload: Any) -> None:
+    def mark_written(self, indices: torch.Tensor, values: Sequence[Any]) -> None:
         """Debug mode: remember which rows of each field a stash wrote."""
-        for name, written in self._written.items():
-            if getattr(payload, name) is not None:
+        for name, value in zip(self.dtypes, values, strict=True):
+            written = self._written.get(name)
+            if written is not None and value is not None:
                 written[indices.long()] = True
 
     def check_resolve(self, indices: torch.Tensor) -> None:

@@ -1,11 +1,15 @@
-"""`relayc explain`: a readable summary of a spec -- dims, inputs, fields, steps."""
+"""`relayc explain` of a library, and the plain-text table every summary uses.
+
+An algorithm is explained from its relay plan (:mod:`relayc.plan.explain`), which sits
+above this layer.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from relayc.specs.document import Library, Spec
-from relayc.specs.schema import Dim, RelayField, Step, staging_text
+from relayc.specs.document import Library
+from relayc.specs.schema import Dim, RelayField
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -48,36 +52,12 @@ def _field_flags(fld: RelayField) -> str:
     return ", ".join(flags)
 
 
-def _step_block(number: str, step: Step) -> list[str]:
-    reads = ", ".join(f"{p}={r}" if p != r.name else str(r) for p, r in step.reads.items())
-    stash = ", ".join(f"{f}<-{o}" if f != o else f for f, o in step.stash.items())
-    lines = [f"  {number}{step.name}  ({step.op}, on the {step.placement})"]
-    if step.doc:
-        lines.append(f"      {step.doc}")
-    lines += [f"      reads    {reads or '-'}", f"      writes   {', '.join(step.writes) or '-'}"]
-    if stash:
-        lines.append(f"      stashes  {stash}")
-    return lines
-
-
-def explain(document: Spec | Library) -> str:
-    out: list[str] = []
-    if isinstance(document, Spec):
-        out.append(f"algorithm {document.algorithm}  ({document.path})")
-    else:
-        out.append(f"library {document.name}  ({document.path})")
+def explain_library(document: Library) -> str:
+    """`relayc explain` of a library (an algorithm is explained from its relay plan:
+    :func:`relayc.plan.explain.explain`)."""
+    out: list[str] = [f"library {document.name}  ({document.path})"]
     if document.description:
         out.append(document.description)
-    if isinstance(document, Spec) and document.ops:
-        names = ", ".join(m.name + (" (--ops)" if m.from_cli else "") for m in document.ops)
-        out.append(f"user ops from: {names}")
-    if isinstance(document, Spec) and document.sglang is not None:
-        out.append(
-            f"SGLang plugin: the SGLang target relays it for the algorithm registered as "
-            f"{document.sglang.plugin} (spec_registry.register_algorithm)"
-        )
-    if isinstance(document, Spec) and document.staging is not None:
-        out.append(f"staged inputs: {staging_text(document.staging)}")
     out += [
         "",
         "dims",
@@ -96,30 +76,9 @@ def explain(document: Spec | Library) -> str:
             ],
         ),
     ]
-    rows = []
-    for name, fld in document.fields.items():
-        origin = ""
-        if isinstance(document, Spec) and document.origin[name] != document.path:
-            origin = f" [{document.origin[name].rsplit('/', 1)[-1]}]"
-        rows.append([name + origin, fld.dtype, shape_text(fld.shape), _field_flags(fld), fld.doc])
-    out += [
-        "",
-        "relay fields (per request-pool slot)" if isinstance(document, Spec) else "fields",
-        table(["name", "dtype", "row shape", "policy", "doc"], rows),
+    rows = [
+        [name, fld.dtype, shape_text(fld.shape), _field_flags(fld), fld.doc]
+        for name, fld in document.fields.items()
     ]
-    if isinstance(document, Spec):
-        out += ["", "prefill", *_step_block("", document.prefill)]
-        out += ["", "decode iteration (in order)"]
-        for number, step in enumerate(document.steps, 1):
-            out += _step_block(f"{number}. ", step)
-        cap = document.capture
-        out += [
-            "",
-            f"capture: batch sizes {', '.join(map(str, cap.batch_sizes))}; "
-            f"max batch size {cap.max_batch_size}",
-        ]
-        for phase in ("prefill", "decode"):
-            entries = getattr(document.outputs, phase)
-            listed = ", ".join(f"{name}={ref}" for name, ref in entries.items())
-            out.append(f"the engine reads after {phase}: {listed}")
+    out += ["", "fields", table(["name", "dtype", "row shape", "policy", "doc"], rows)]
     return "\n".join(out)

@@ -40,6 +40,9 @@ GENERATED_NAMES: frozenset[str] = frozenset(
         "fused_copy",
         "FieldInfo",
         "FutureMapBase",
+        "RelayField",
+        "HostMirror",
+        "require_runtime",
         # the module's own constants and classes
         "ALGORITHM",
         "DESCRIPTION",

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from relayc.compiler.writer import GENERATED_DIR, compile_spec, compile_specs
+from relayc.compiler.writer import GENERATED_DIR, compile_spec, compile_specs, engine_specs
 from relayc.specs.errors import SpecErrors
-from relayc.specs.loader import BUNDLED_DIR, bundled_spec_paths, load_spec_text
+from relayc.specs.loader import BUNDLED_DIR, load_spec_text
 from relayc.specs.reserved import GENERATED_NAMES
 
 NONE_SPEC = (BUNDLED_DIR / "none.yaml").read_text()
@@ -149,7 +149,7 @@ def _module_names(tree: ast.Module) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("algorithm", [p.stem for p in bundled_spec_paths()])
+@pytest.mark.parametrize("algorithm", [p.stem for p in engine_specs()])
 def test_reserved_names_cover_the_generated_namespace(algorithm: str) -> None:
     """Every public module-level name of a generated module, and every global its step
     methods read, is reserved: a step or input named like it would shadow it."""

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from relayc.compiler.writer import GENERATED_DIR, compile_spec
-from relayc.specs.loader import BUNDLED_DIR, bundled_spec_paths, load_spec
+from relayc.compiler.writer import GENERATED_DIR, compile_spec, engine_specs
+from relayc.specs.loader import BUNDLED_DIR, load_spec
 
-ALGORITHMS = [p.stem for p in bundled_spec_paths()]
+ALGORITHMS = [p.stem for p in engine_specs()]  # dspark, uno: SGLang only
 
 
 def _step_methods(tree: ast.Module) -> list[ast.FunctionDef]:

@@ -389,3 +389,72 @@ def test_kernels_compile_for_sm90_without_a_gpu(tmp_path: Path) -> None:
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-4000:]
+
+
+# -- the engine runtime's one kernel (relayc.runtime.relay_kernel) ----------------------
+
+
+def _runtime_fields() -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """Eleven fields: more than one launch's SLOTS, every dtype, awkward row widths."""
+    from relayc.runtime.relay_kernel import MAX_BLOCK as RUNTIME_BLOCK
+
+    dtypes = (torch.int64, torch.int32, torch.float32, torch.bfloat16, torch.float16, torch.bool)
+    shapes = ((), (1,), (3,), (2, 5), (RUNTIME_BLOCK + 3,), (7,))
+    return {f"f{i}": (dtypes[i % len(dtypes)], shapes[i % len(shapes)]) for i in range(11)}
+
+
+def _rows_of(dtype: torch.dtype, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(dtype)
+    return torch.randint(-1000, 1000, shape, generator=gen).to(dtype)
+
+
+def test_runtime_kernel_matches_indexing_across_launches() -> None:
+    from relayc.runtime.relay_kernel import SLOTS, relay_copy
+
+    fields = _runtime_fields()
+    assert len(fields) > SLOTS  # two launches per direction
+    names = list(fields)
+    kernel_fields = [(name, dtype) for name, (dtype, _) in fields.items()]
+    gen = torch.Generator().manual_seed(7)
+    bufs = [_rows_of(dtype, (POOL, *shape), gen) for dtype, shape in fields.values()]
+    want = [b.clone() for b in bufs]
+    # Odd batch with the padding slot, one slot outside the pool; field f3 absent.
+    indices = torch.tensor([5, 0, POOL + 2, 17, 46], dtype=torch.int32)
+    rows = [_rows_of(d, (5, *s), gen) for d, s in fields.values()]
+    rows[names.index("f3")] = None
+    with count_triton_launches() as launches:
+        relay_copy(kernel_fields, indices, bufs, rows, to_buffers=True)
+    assert [d for d, _ in launches.launches] == ["stash", "stash"]
+    inside = torch.tensor([0, 1, 3, 4])
+    for name, buf, expected, src in zip(names, bufs, want, rows, strict=True):
+        if src is not None:
+            expected[indices[inside].long()] = src[inside]
+        assert torch.equal(buf, expected), name
+    outs = [torch.full_like(r, 1) if r is not None else None for r in rows]  # poisoned
+    with count_triton_launches() as launches:
+        relay_copy(kernel_fields, indices, bufs, outs, to_buffers=False)
+    assert [d for d, _ in launches.launches] == ["resolve", "resolve"]
+    for name, buf, out in zip(names, bufs, outs, strict=True):
+        if out is None:
+            continue
+        assert torch.equal(out[inside], buf[indices[inside].long()]), name
+        assert not out[2].any(), f"{name}: a slot outside the pool must read as zeros"
+
+
+def test_runtime_kernel_launches_nothing_for_an_empty_batch() -> None:
+    from relayc.runtime.relay_kernel import relay_copy
+
+    buf = torch.zeros(POOL, dtype=torch.int64)
+    with count_triton_launches() as launches:
+        relay_copy(
+            [("x", torch.int64)],
+            torch.zeros(0, dtype=torch.int64),
+            [buf],
+            [buf[:0]],
+            to_buffers=True,
+        )
+        relay_copy([("x", torch.int64)], torch.tensor([1]), [buf], [None], to_buffers=True)
+    assert launches.launches == []

@@ -8,12 +8,13 @@ import importlib
 import pytest
 import torch
 
+from relayc.compiler.writer import engine_specs
 from relayc.runtime.capture import CaptureViolation, capture_check
 from relayc.runtime.graph_runner import GraphRunner, StaticInput
-from relayc.specs.loader import bundled_spec_paths, load_spec
+from relayc.specs.loader import load_spec
 from tests.runtime.fakes import fake_impls
 
-ALGORITHMS = [p.stem for p in bundled_spec_paths()]
+ALGORITHMS = [p.stem for p in engine_specs()]  # dspark, uno: SGLang only
 POOL = 64
 
 

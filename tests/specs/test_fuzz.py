@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relayc.compiler.codegen import generate_relay_module
-from relayc.graph.passes import analyse
+from relayc.plan import build_plan
 from relayc.specs.errors import SpecErrors
 from relayc.specs.loader import BUNDLED_DIR, Library, Spec, load_spec_text
 
@@ -56,7 +56,7 @@ def assert_loads_or_locates(text: str) -> None:
     try:
         result = load_spec_text(text, "fuzz.yaml", base_dir=base_dir)
         if isinstance(result, Spec):
-            generate_relay_module(analyse(result), "out")
+            generate_relay_module(build_plan(result), "out")
     except SpecErrors as exc:
         assert exc.errors, "SpecErrors raised with no errors"
         lines = text.count("\n") + 2
