@@ -24,49 +24,32 @@ from typing import Any, ClassVar
 
 import torch
 
-# Relative inside a package (relayc.sglang_generated, sglang/srt/managers/), absolute
-# when the files were copied onto sys.path as top-level modules.
+# The runtime: relative inside a package (relayc.sglang_generated, sglang/srt/managers/),
+# absolute when the files were copied onto sys.path as top-level modules.
 if __package__:
-    from .relayc_relay_runtime import (
-        FutureRelayBuffers,
-        HostRing,
-        RelayDebugError,
-        RelayError,
-        RelayMap,
-        ResolvedConfidence,
-        check_version,
-        env_flag,
-        install_relay,
-        offer_future_relay_buffers,
-        resolve_forward_inputs,
-    )
+    from . import relayc_relay_runtime as runtime
 else:
-    from relayc_relay_runtime import (
-        FutureRelayBuffers,
-        HostRing,
-        RelayDebugError,
-        RelayError,
-        RelayMap,
-        ResolvedConfidence,
-        check_version,
-        env_flag,
-        install_relay,
-        offer_future_relay_buffers,
-        resolve_forward_inputs,
-    )
+    import relayc_relay_runtime as runtime
+
+FutureRelayBuffers = runtime.FutureRelayBuffers
+RelayDebugError = runtime.RelayDebugError
+RelayError = runtime.RelayError
+ResolvedConfidence = runtime.ResolvedConfidence
+offer_future_relay_buffers = runtime.offer_future_relay_buffers
+resolve_forward_inputs = runtime.resolve_forward_inputs
 
 # SGLang's names this module defines or takes from the runtime.
 __all__ = ["FutureMap", "FutureRelayBuffers", "RelayPayload", "install", "resolve_forward_inputs"]
 __all__ += ["RelayDebugError", "RelayError", "ResolvedConfidence", "offer_future_relay_buffers"]
 
-check_version(1, __name__)
+runtime.check_version(1, __name__)
 
 # SGLang's platform and debug flags, read by the relay when it runs: patching them here
 # (or in SGLang's overlap_utils once install() ran) is honoured, as SGLang honours it.
 _is_cuda = torch.cuda.is_available() and torch.version.cuda is not None
 _is_hip = torch.version.hip is not None
 _is_npu = hasattr(torch, "npu") and torch.npu.is_available()
-_DEBUG_ASSERT = env_flag("SGLANG_IS_IN_CI")  # poisoned buffers, consume-once checks
+_DEBUG_ASSERT = runtime.env_flag("SGLANG_IS_IN_CI")  # poisoned buffers, consume-once checks
 # SGLang's ring constants, from relayc/specs/dspark.yaml:47 confidence: to the host, 2 publishes late (ring 3, generation-checked)
 CONFIDENCE_RELAY_RING_LAG = 2
 CONFIDENCE_RELAY_RING_DEPTH = 3
@@ -115,7 +98,7 @@ class RelayPayload:
         )
 
 
-class FutureMap(RelayMap):
+class FutureMap(runtime.RelayMap):
     """SGLang's FutureMap: `FutureMap(device, spec_algo, req_to_token_pool, ...)` returns
     the class below generated for the algorithm `spec_algo` maps to (`algorithm=` picks
     one by relayc name). `publish`, the length and token resolves: the runtime's."""
@@ -140,7 +123,7 @@ def install() -> None:
     every SGLang module that imported them, become these."""
     names = ["FutureMap", "RelayPayload", "resolve_forward_inputs", "FutureRelayBuffers"]
     names.append("offer_future_relay_buffers")
-    install_relay({name: globals()[name] for name in names}, FutureMap)
+    runtime.install_relay({name: globals()[name] for name in names}, FutureMap)
 
 
 # relayc/specs/dflash.yaml (spec hash 2b65a935dce4702e): DFlash block drafting (topk 1) with one draft forward per chain, conditioned on target features in the draft KV cache.
@@ -185,7 +168,7 @@ class DsparkFutureMap(FutureMap):
             self.output_tokens_buf = self._adopted(relay.output_tokens, -1)
             self.new_seq_lens_buf = self._adopted(relay.new_seq_lens, None)
         # relayc/specs/dspark.yaml:47 confidence: to the host, 2 publishes late (ring 3, generation-checked)
-        self.confidence_relay = HostRing(
+        self.confidence_relay = runtime.HostRing(
             self, torch.float32, CONFIDENCE_RELAY_RING_LAG, CONFIDENCE_RELAY_RING_DEPTH, True
         )
 

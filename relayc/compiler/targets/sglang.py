@@ -108,20 +108,15 @@ SGLANG_NAMES = (  # two runs, each in isort's order (classes, then functions)
     "ResolvedConfidence",
     "offer_future_relay_buffers",
 )
-# What overlap_utils imports from the runtime, in isort's order.
-RUNTIME_NAMES = [
+# SGLang's names that the runtime defines: overlap_utils holds them as SGLang's does.
+RUNTIME_EXPORTS = (
     "FutureRelayBuffers",
-    "HostRing",
     "RelayDebugError",
     "RelayError",
-    "RelayMap",
     "ResolvedConfidence",
-    "check_version",
-    "env_flag",
-    "install_relay",
     "offer_future_relay_buffers",
     "resolve_forward_inputs",
-]
+)
 
 
 def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
@@ -137,22 +132,27 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     w("from dataclasses import dataclass")
     w("from typing import Any, ClassVar\n")
     w("import torch\n")
-    w("# Relative inside a package (relayc.sglang_generated, sglang/srt/managers/), absolute")
-    w("# when the files were copied onto sys.path as top-level modules.")
-    for prefix in (".", ""):
-        w("if __package__:" if prefix else "else:")
-        w(f"    from {prefix}{RUNTIME_MODULE} import {', '.join(RUNTIME_NAMES)}")
+    w("# The runtime: relative inside a package (relayc.sglang_generated, sglang/srt/managers/),")
+    w("# absolute when the files were copied onto sys.path as top-level modules.")
+    w("if __package__:")
+    w(f"    from . import {RUNTIME_MODULE} as runtime")
+    w("else:")
+    w(f"    import {RUNTIME_MODULE} as runtime\n")
+    for name in RUNTIME_EXPORTS:
+        w(f"{name} = runtime.{name}")
     w("")
     w("# SGLang's names this module defines or takes from the runtime.")
     w(f"__all__ = {list(SGLANG_NAMES[:5])!r}".replace("'", '"'))
     w(f"__all__ += {list(SGLANG_NAMES[5:])!r}\n".replace("'", '"'))
-    w(f"check_version({sglang_runtime.RUNTIME_VERSION}, __name__)\n")
+    w(f"runtime.check_version({sglang_runtime.RUNTIME_VERSION}, __name__)\n")
     w("# SGLang's platform and debug flags, read by the relay when it runs: patching them here")
     w("# (or in SGLang's overlap_utils once install() ran) is honoured, as SGLang honours it.")
     w("_is_cuda = torch.cuda.is_available() and torch.version.cuda is not None")
     w("_is_hip = torch.version.hip is not None")
     w('_is_npu = hasattr(torch, "npu") and torch.npu.is_available()')
-    w('_DEBUG_ASSERT = env_flag("SGLANG_IS_IN_CI")  # poisoned buffers, consume-once checks')
+    w(
+        '_DEBUG_ASSERT = runtime.env_flag("SGLANG_IS_IN_CI")  # poisoned buffers, consume-once checks'
+    )
     ring = _module_ring(algorithms)
     w(f"# {ring[2]}")
     w(f"CONFIDENCE_RELAY_RING_LAG = {ring[0]}")
@@ -274,7 +274,7 @@ def _future_map(
     buffers = [_buf(n) for n in (*SGLANG_PAYLOAD, *(f.name for f in _payload_fields(algorithms)))]
     declared = ("new_seq_lens_buf", "output_tokens_buf", "dsa_topk_indices_buf")  # RelayMap's
     unset = [b for b in dict.fromkeys(buffers) if b not in declared]
-    w("class FutureMap(RelayMap):")
+    w("class FutureMap(runtime.RelayMap):")
     w('    """SGLang\'s FutureMap: `FutureMap(device, spec_algo, req_to_token_pool, ...)` returns')
     w("    the class below generated for the algorithm `spec_algo` maps to (`algorithm=` picks")
     w('    one by relayc name). `publish`, the length and token resolves: the runtime\'s."""\n')
@@ -294,7 +294,7 @@ def _future_map(
     w('    every SGLang module that imported them, become these."""')
     w('    names = ["FutureMap", "RelayPayload", "resolve_forward_inputs", "FutureRelayBuffers"]')
     w('    names.append("offer_future_relay_buffers")')
-    w("    install_relay({name: globals()[name] for name in names}, FutureMap)")
+    w("    runtime.install_relay({name: globals()[name] for name in names}, FutureMap)")
 
 
 def _class_name(algorithm: str) -> str:
@@ -441,7 +441,7 @@ def _init(algo: SGLangAlgorithm, ring: tuple[int, int, str]) -> str:
         )
         args = f"self, torch.{f.dtype}, {lag}, {depth}, {host.generation_check}"
         body.append(f"# {comment_text(f.origin)} {f.name}: {comment_text(host.text)}")
-        body.append(f"self.confidence_relay = HostRing({args})")
+        body.append(f"self.confidence_relay = runtime.HostRing({args})")
     if not body:
         return ""
     head = ["    def _make_buffers(self) -> None:"]

@@ -181,7 +181,13 @@ def _future_map_classes(
 
 
 def _base_names(cls: ast.ClassDef) -> list[str]:
-    return [b.id for b in cls.bases if isinstance(b, ast.Name)]
+    """The bases' class names: `Base`, or `module.Base` for a base taken from another of
+    the modules (`runtime.RelayMap`)."""
+    return [
+        b.id if isinstance(b, ast.Name) else b.attr
+        for b in cls.bases
+        if isinstance(b, ast.Name | ast.Attribute)
+    ]
 
 
 def _members(cls: ast.ClassDef, *, self_attributes: bool) -> Iterator[tuple[str, bool]]:

@@ -92,12 +92,8 @@ class HostRing:
     ) -> None:
         self.device, self.req_pool_size = fmap.device, fmap.req_pool_size
         self.pool = fmap.req_to_token_pool  # its req_generation tells reused slots apart
-        self.dtype, self.lag, self.depth, self.generation_check = (
-            dtype,
-            lag,
-            depth,
-            generation_check,
-        )
+        self.dtype, self.lag, self.depth = dtype, lag, depth
+        self.generation_check = generation_check
         self.buf: Any = None  # [pool, *row], made by the first publish
         self.ring: Any = None  # [depth, pool, *row] pinned, and [depth, pool] generations
         self.gen_ring: Any = None
@@ -150,15 +146,9 @@ class HostRing:
         return ResolvedConfidence(self.ring[slot][rows], generation)
 
 
-# SpeculativeAlgorithm members -> relayc algorithms (is_eagle() ones: in relay_algorithm).
-_SGLANG_ALGORITHMS = {
-    "NONE": "none",
-    "STANDALONE": "standalone",
-    "NGRAM": "ngram",
-    "DFLASH": "dflash",
-    "UNO": "uno",
-    "DSPARK": "dspark",
-}
+# SpeculativeAlgorithm members relayed by the relayc algorithm of their name in lower case
+# (the is_eagle() ones are picked in relay_algorithm).
+_SGLANG_ALGORITHMS = ("NONE", "STANDALONE", "NGRAM", "DFLASH", "UNO", "DSPARK")
 
 
 def relay_algorithm(spec_algo: Any, algorithms: dict[str, Any], plugins: dict[str, str]) -> str:
@@ -172,7 +162,7 @@ def relay_algorithm(spec_algo: Any, algorithms: dict[str, Any], plugins: dict[st
         # SGLang relays EAGLE3 with EAGLE's buffers: without an eagle3 spec, eagle serves it.
         return "eagle3" if name == "EAGLE3" and "eagle3" in algorithms else "eagle"
     if name in _SGLANG_ALGORITHMS:
-        return _SGLANG_ALGORITHMS[name]
+        return name.lower()
     if name in plugins:  # registered with SGLang's spec_registry
         return plugins[name]
     raise NotImplementedError(
