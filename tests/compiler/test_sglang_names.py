@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from relayc.compiler.targets.sglang import compile_sglang
+from relayc.compiler.targets.sglang import _buf, compile_sglang
+from relayc.compiler.targets.sglang_checks import SGLANG_PAYLOAD
 from relayc.compiler.targets.sglang_names import (
     DropInNaming,
     check_drop_in_names,
@@ -155,6 +156,11 @@ def test_reserved_names_are_found_in_the_bundled_drop_in() -> None:
     assert "accept_tokens" not in names.fixed_draft_input_attributes
     assert "topk_p_buf" in names.map_members
     assert "topk_p_buf" not in names.fixed_map_members
+    # What the per-field module names like a buffer is a relayed field's buffer: the check
+    # cannot tell a fixed `x_buf` there from field `x`'s own (sglang_names._Reserved).
+    buffers = {_buf(f) for f in (*SGLANG_PAYLOAD, "new_seq_lens")}
+    per_field = names.map_members - names.fixed_map_members
+    assert {m for m in per_field if m.endswith("_buf")} <= buffers
     defined = {d.name for d in names.definitions}
     assert {"FutureMap", "RelayPayload", "EagleFutureMap", "install", "torch"} <= defined
 
