@@ -10,10 +10,14 @@ it in the SGLang venv, docs/sglang.md).
 On the CPU, SGLang's EAGLE resolve would run its Triton `gather_spec_extras` through
 Triton's interpreter, which measures the interpreter, not SGLang; it is replaced by
 eager per-buffer indexing (what SGLang did before fusing it), and the table says so.
-On CUDA (`--device cuda`) both run as shipped: SGLang's fused gather, relayc's fused
-stash/resolve kernels.
+On CUDA (`--device cuda`) both run as shipped: SGLang's fused gather, relayc's per-field
+indexing (its drop-in has no kernels).
 
-    python bench/sglang_relay.py [--iters 300] [--threads 1] [--device cpu]
+A control row times SGLang's map against a second SGLang map, rounds interleaved the same
+way: it must read 1.00 +- 0.05, or the run says the machine was too noisy to trust the
+ratios.
+
+    python bench/sglang_relay.py [--iters 300] [--threads 1] [--device cpu] [--only ngram]
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ POOL = 4096
 HIDDEN = 4096
 DRAFT_TOKENS = 8
 BATCH_SIZES = (1, 16, 64, 256)
+CONTROL = "control: SGLang vs SGLang (dflash)"
+NOISE = 0.05  # the control ratio's allowed distance from 1
 
 
 def eager_gather_spec_extras(
@@ -166,6 +172,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--only", default="", help="rows whose name contains this (and the control)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -178,13 +187,18 @@ def main() -> None:
     from relayc.specs.explain import table
 
     rows = []
-    for name, algorithm, topk in configs():
+    noisy = []
+    chosen = [c for c in configs() if args.only in c[0]]
+    for name, algorithm, topk in [(CONTROL, "DFLASH", 0), *chosen]:
         with sglang_env.server_args(sgl, algorithm):
             for bs in BATCH_SIZES:
                 conf = "confidence" in name
+                other = sgl.overlap_utils if name == CONTROL else generated
                 ref = make_side(sgl, sgl.overlap_utils, algorithm, topk, bs, device, conf)
-                gen = make_side(sgl, generated, algorithm, topk, bs, device, conf)
+                gen = make_side(sgl, other, algorithm, topk, bs, device, conf)
                 ref_us, gen_us = per_iteration_us(ref, gen, args.iters, device)
+                if name == CONTROL and abs(gen_us / ref_us - 1) > NOISE:
+                    noisy.append(f"bs {bs}: {gen_us / ref_us:.2f}")
                 rows.append(
                     [
                         name,
@@ -210,9 +224,16 @@ def main() -> None:
     if device.type == "cpu":
         print(
             "CPU: SGLang's Triton gather_spec_extras runs as eager per-buffer indexing here "
-            "(its interpreter would time Triton's interpreter); relayc runs its CPU path "
-            "(index_copy_ / index_select per field)."
+            "(its interpreter would time Triton's interpreter); relayc indexes per field "
+            "(index_copy_ / index_select)."
         )
+    if noisy:
+        print(
+            f"The machine was too noisy: the control (two SGLang maps) read {', '.join(noisy)}, "
+            f"not 1.00 +- {NOISE:.2f}; rerun on a quieter machine before trusting the ratios."
+        )
+    else:
+        print(f"Control: two SGLang maps agree within {NOISE:.2f} at every batch size.")
 
 
 if __name__ == "__main__":

@@ -599,12 +599,7 @@ def test_compile_bundled_honours_output(
     out = tmp_path / "vendored"
     assert main(["compile", "--bundled", "-o", str(out), "--target", target]) == EXIT_OK
     expected = (
-        {
-            "overlap_utils.py",
-            "relayc_relay_base.py",
-            "relayc_relay_kernels.py",
-            "relayc_relay_state.py",
-        }
+        {"overlap_utils.py", "relayc_relay_runtime.py"}
         if target == "sglang"
         else {f"{p.stem}.py" for p in engine_specs()}  # one per algorithm the engine runs
     )

@@ -89,6 +89,7 @@ def plan_from_graphs(graphs: IterationGraphs) -> RelayPlan:
     staging = spec.staging
     return RelayPlan(
         algorithm=spec.algorithm,
+        algorithm_loc=spec.algorithm_loc,
         description=spec.description,
         spec_path=spec.path,
         spec_hash=spec.content_hash,
@@ -122,6 +123,7 @@ def plan_from_graphs(graphs: IterationGraphs) -> RelayPlan:
         ),
         sglang_plugin=spec.sglang.plugin if spec.sglang else None,
         sglang_plugin_loc=spec.sglang.loc if spec.sglang else None,
+        sglang_hooks={str(k): v for k, v in spec.sglang.hooks.items()} if spec.sglang else {},
         op_modules=op_modules,
         plugins=tuple(PluginModule(m.name, m.from_cli, m.loc) for m in spec.ops),
         sample_dims=dict(graphs.sample_dims),

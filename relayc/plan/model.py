@@ -243,6 +243,7 @@ class RelayPlan:
     """
 
     algorithm: str
+    algorithm_loc: SourceLoc  # the `algorithm:` name, for errors about it
     description: str
     spec_path: str  # as the user named it (shown in generated headers)
     spec_hash: str
@@ -260,7 +261,8 @@ class RelayPlan:
     capture: Capture
     staging: Staging | None
     sglang_plugin: str | None
-    sglang_plugin_loc: SourceLoc | None
+    sglang_plugin_loc: SourceLoc | None  # the `sglang:` section (its `plugin:` when named)
+    sglang_hooks: Mapping[str, str]  # SGLang's fixed-name call site -> the field it reaches
     op_modules: Mapping[str, str | None]  # op name -> plugin module (None: built in)
     plugins: tuple[PluginModule, ...]  # the plugin-op modules, in the order they are asked
     sample_dims: Mapping[str, int]  # the sizes the passes checked shapes with

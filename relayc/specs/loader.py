@@ -251,7 +251,8 @@ def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -
         _locate(valid.outputs, index.key(("outputs",)))
         parts.outputs = valid.outputs
     if valid.sglang is not None:
-        _locate(valid.sglang, index.value(("sglang", "plugin")))  # errors point at the name
+        where = ("sglang", "plugin") if valid.sglang.plugin is not None else ("sglang",)
+        _locate(valid.sglang, index.value(where))  # errors point at the name
         parts.sglang = valid.sglang
     if valid.staging is not None:
         _locate(valid.staging, index.key(("staging",)))

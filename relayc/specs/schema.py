@@ -463,12 +463,20 @@ def staging_text(staging: Staging) -> str:
 class SGLangTarget(SpecModel):
     """How the SGLang target (`relayc compile --target sglang`) serves this algorithm."""
 
-    plugin: str = Field(
+    plugin: str | None = Field(
+        default=None,
         pattern=r"^[A-Za-z][A-Za-z0-9_]*$",
         description="The name the algorithm is registered under with SGLang's plugin registry "
         "(`SpeculativeAlgorithm.register(NAME)` / `spec_registry.register_algorithm`); the "
         "generated FutureMap relays this spec's fields for it. Not one of SGLang's built-in "
-        "algorithm names.",
+        "algorithm names. Absent: one of SGLang's own algorithms.",
+    )
+    hooks: dict[Literal["confidence"], Identifier] = Field(
+        default_factory=dict,
+        description="The relay field each of SGLang's fixed-name call sites reaches: "
+        "`confidence` is the field `publish(..., confidence=)` feeds and "
+        "`resolve_confidence_cpu` reads (a `host_mirror: {lag: ...}` field; default: the "
+        "field named `confidence`).",
     )
 
 

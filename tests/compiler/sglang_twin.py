@@ -389,10 +389,10 @@ class Twin:
     def check_allocation(self) -> None:
         """Same buffers allocated (lazily), same dtypes and row shapes, same event."""
         exempt = ALLOCATION_DIFFERENCES.get(self.gen.ALGORITHM, set())
-        for name in self.gen.BUFFERS:
+        for name in sorted(n for n in {*vars(self.ref), *vars(self.gen)} if n.endswith("_buf")):
             if name in exempt:
                 continue
-            ref, gen = getattr(self.ref, name, None), getattr(self.gen, name)
+            ref, gen = getattr(self.ref, name, None), getattr(self.gen, name, None)
             if (ref is None) != (gen is None):
                 raise Mismatch(
                     f"{name}: SGLang {'un' * (ref is None)}allocated, generated "

@@ -37,21 +37,24 @@ RING = "host_mirror: {lag: 2, ring: 3, generation_check: true}"
 
 
 def test_the_host_ring_is_generated_from_the_spec(gen: types.ModuleType) -> None:
-    ring = gen.DsparkFutureMap.CONFIDENCE_RELAY
-    assert (ring.name, ring.dtype, ring.lag, ring.depth) == ("confidence", torch.float32, 2, 3)
-    assert ring.generation_check and ring.origin.startswith("relayc/specs/dspark.yaml:")
+    ring = gen.FutureMap("cpu", FakeAlgorithm("DSPARK"), pool()).confidence_relay
+    assert (ring.dtype, ring.lag, ring.depth) == (torch.float32, 2, 3) and ring.generation_check
+    # SGLang's public constants, from the spec
+    assert (gen.CONFIDENCE_RELAY_RING_LAG, gen.CONFIDENCE_RELAY_RING_DEPTH) == (2, 3)
     # no other bundled spec relays anything to the host late
-    others = [c for c in gen.FutureMap.ALGORITHMS.values() if c.ALGORITHM != "dspark"]
-    assert all(c.CONFIDENCE_RELAY is None for c in others)
+    others = [name for name in gen.FutureMap.ALGORITHMS if name != "dspark"]
+    for name in others:
+        fmap = gen.FutureMap("cpu", FakeAlgorithm("EAGLE"), pool(), algorithm=name)
+        assert fmap.confidence_relay is None, name
 
 
 def test_another_ring_depth_and_no_generation_check(tmp_path: Path) -> None:
     spec = edited(tmp_path, "dspark", (RING, "host_mirror: {lag: 1}"))
     module = compile_and_load([spec], tmp_path / "out", "sglang_relay_ring")
-    ring = module.DsparkFutureMap.CONFIDENCE_RELAY
+    fmap = module.FutureMap("cpu", FakeAlgorithm("DSPARK"), pool(), True, True)
+    ring = fmap.confidence_relay
     assert (ring.lag, ring.depth, ring.generation_check) == (1, 2, False)
-    req_pool = pool()
-    fmap = module.FutureMap("cpu", FakeAlgorithm("DSPARK"), req_pool, True, True)
+    assert (module.CONFIDENCE_RELAY_RING_LAG, module.CONFIDENCE_RELAY_RING_DEPTH) == (1, 2)
     idx = torch.tensor([3, 5])
     fmap.publish(idx, torch.tensor([7, 9]), confidence=torch.rand(2, 4))
     batch = types.SimpleNamespace(
@@ -61,6 +64,36 @@ def test_another_ring_depth_and_no_generation_check(tmp_path: Path) -> None:
     )
     read = fmap.resolve_confidence_cpu(batch)  # the CPU: a direct read, no ring
     assert read.confidence.shape == (2, 4) and read.generation is None
+
+
+def test_any_field_reaches_the_confidence_hook_the_spec_maps_it_to(tmp_path: Path) -> None:
+    """SGLang's call sites name `confidence=`; a spec relays any field there by mapping it
+    (`sglang: {hooks: {confidence: NAME}}`), and the hook must name a host-ring field."""
+    renamed = [
+        ("confidence:\n", "draft_confidence:\n"),
+        ("{confidence: confidence}", "{draft_confidence: confidence}"),
+        ("\nprefill:", "\nsglang: {hooks: {confidence: draft_confidence}}\n\nprefill:"),
+    ]
+    module = compile_and_load([edited(tmp_path, "dspark", *renamed)], tmp_path / "o", "hook")
+    assert "Publishes draft_confidence (dspark.yaml:" in (module.DsparkFutureMap.__doc__ or "")
+    fmap = module.FutureMap("cpu", FakeAlgorithm("DSPARK"), pool(), True, True)
+    idx, rows = torch.tensor([3, 5]), torch.rand(2, 4)
+    fmap.publish(idx, torch.tensor([7, 9]), confidence=rows)
+    batch = types.SimpleNamespace(
+        spec_info=types.SimpleNamespace(future_indices=idx),
+        req_pool_indices=idx,
+        req_pool_indices_cpu=idx,
+    )
+    batch.spec_info.future_indices = idx
+    fmap.req_to_token_pool.req_generation = torch.zeros(16, dtype=torch.int64)
+    assert torch.equal(fmap.resolve_confidence_cpu(batch).confidence, rows)
+    wrong = [
+        *renamed[:2],
+        ("\nprefill:", "\nsglang: {hooks: {confidence: bonus_tokens}}\nprefill:"),
+    ]
+    with pytest.raises(SpecErrors) as exc:
+        compile_sglang([edited(tmp_path, "dspark", *wrong, to="wrong")], "o")
+    assert "`hooks: {confidence: bonus_tokens}` names no field" in exc.value.render()
 
 
 def test_a_spec_without_the_host_field_refuses_confidence(gen: types.ModuleType) -> None:
@@ -77,7 +110,7 @@ def test_a_spec_without_the_host_field_refuses_confidence(gen: types.ModuleType)
                 ("confidence:\n", "draft_confidence:\n"),
                 ("{confidence: confidence}", "{draft_confidence: confidence}"),
             ],
-            "SGLang relays to the host late (`lag: 2`) only `confidence`",
+            "map it: `sglang: {hooks: {confidence: draft_confidence}}`",
         ),
         ([("publish: early\n    host", "publish: stash\n    host")], "mark it `publish: early`"),
         ([(RING, "host_mirror: true")], "SGLang keeps a host copy the host read waits for only"),
@@ -96,13 +129,13 @@ def test_host_relays_sglang_cannot_express_are_located(
 
 # -- (b) buffers a captured graph owns: `owner: graph` ---------------------------------------
 def test_only_graph_owned_fields_are_adopted(gen: types.ModuleType, monkeypatch) -> None:
-    assert gen.DsparkFutureMap.ADOPTED == ("bonus_tokens", "new_seq_lens")
-    base = sys.modules[f"{gen.__package__}.relayc_relay_base"]
+    base = sys.modules[f"{gen.__package__}.relayc_relay_runtime"]
     for name, adopted in (("DFLASH", False), ("DSPARK", True)):
         relay = gen.FutureRelayBuffers(req_pool_size=16, device=torch.device("cpu"))
         monkeypatch.setattr(base, "_offered_relay", relay)
         fmap = gen.FutureMap("cpu", FakeAlgorithm(name), pool())
         assert relay.adopted is adopted and (fmap.new_seq_lens_buf is relay.new_seq_lens) is adopted
+        assert (fmap.output_tokens_buf is relay.output_tokens) is adopted
         lens = torch.tensor([5, 6])
         relay.published_seq_lens = lens  # what DSPARK's verify graph already scattered
         fmap.publish(torch.tensor([2, 3]), lens)
@@ -117,8 +150,7 @@ def test_one_graph_owned_field_is_adopted_alone(tmp_path: Path, monkeypatch) -> 
         tmp_path, "dspark", ("    owner: graph\n    doc: Next input", "    doc: Next input")
     )
     module = compile_and_load([spec], tmp_path / "out", "sglang_relay_owner")
-    assert module.DsparkFutureMap.ADOPTED == ("new_seq_lens",)
-    base = sys.modules["sglang_relay_owner.relayc_relay_base"]
+    base = sys.modules["sglang_relay_owner.relayc_relay_runtime"]
     relay = module.FutureRelayBuffers(req_pool_size=16, device=torch.device("cpu"))
     monkeypatch.setattr(base, "_offered_relay", relay)
     fmap = module.FutureMap("cpu", FakeAlgorithm("DSPARK"), pool())
@@ -145,9 +177,21 @@ def test_graph_owned_fields_sglang_cannot_hold_are_located(tmp_path: Path) -> No
 
 # -- (c) optional fields, made on first use: `alloc: lazy` (DSA seeds) -----------------------
 def test_bundled_specs_relay_dsa_seeds_made_on_first_use(gen: types.ModuleType) -> None:
-    relaying = {
-        name for name, cls in gen.FutureMap.ALGORITHMS.items() if "dsa_topk_indices" in cls.STASHED
-    }
+    relaying = set()
+    seeds = torch.zeros(1, 4, dtype=torch.int32)
+    for name in gen.FutureMap.ALGORITHMS:
+        fmap = gen.FutureMap("cpu", FakeAlgorithm("EAGLE"), pool(), algorithm=name)
+        payload = gen.RelayPayload(torch.tensor([1]), dsa_topk_indices=seeds)
+        if name == "ngram":
+            payload = gen.RelayPayload(
+                None,
+                accept_tokens=torch.zeros(1, 3, dtype=torch.long),
+                accept_lens=torch.ones(1, dtype=torch.int32),
+                dsa_topk_indices=seeds,
+            )
+        fmap.stash(torch.tensor([1]), payload)
+        if fmap.dsa_topk_indices_buf is not None:
+            relaying.add(name)
     assert relaying == {
         "eagle",
         "eagle3",
@@ -184,7 +228,7 @@ def test_eager_dsa_seeds_are_located(tmp_path: Path) -> None:
 
 # -- (d) staged inputs: `staging:` (HiSparse make_staged_spec_input) --------------------------
 def test_staging_is_generated_from_the_specs(gen: types.ModuleType) -> None:
-    modes = {name: cls.STAGING_CAPTURE_HIDDEN for name, cls in gen.FutureMap.ALGORITHMS.items()}
+    modes = {name: cls.STAGING or None for name, cls in gen.FutureMap.ALGORITHMS.items()}
     assert modes == {
         "eagle": "LAST",
         "eagle3": "LAST",
@@ -201,9 +245,9 @@ def test_staging_is_generated_from_the_specs(gen: types.ModuleType) -> None:
 def test_a_spec_declares_staging(tmp_path: Path) -> None:
     spec = edited(tmp_path, "uno", ("\nprefill:", "\nstaging: {capture_hidden: none}\n\nprefill:"))
     module = compile_and_load([spec], tmp_path / "out", "sglang_relay_staging")
-    assert module.UnoFutureMap.STAGING_CAPTURE_HIDDEN == "NULL"
+    assert module.UnoFutureMap.STAGING == "NULL"
     fmap = module.FutureMap("cpu", FakeAlgorithm("DFLASH"), pool(), algorithm="uno")
-    assert fmap.STAGING_CAPTURE_HIDDEN == "NULL"
+    assert fmap.STAGING == "NULL"
 
 
 def test_staging_without_declaring_it_is_refused_naming_the_spec(gen: types.ModuleType) -> None:

@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from relayc.compiler.targets.sglang import compile_sglang
+from relayc.compiler.targets.sglang import _buf, compile_sglang
+from relayc.compiler.targets.sglang_checks import SGLANG_PAYLOAD
 from relayc.compiler.targets.sglang_names import (
     DropInNaming,
     check_drop_in_names,
     drop_in_names,
 )
 from relayc.compiler.writer import SGLANG_GENERATED_DIR
+from relayc.plan import plan_spec_file
 from relayc.specs.errors import SpecErrors
-from relayc.specs.loader import BUNDLED_DIR, load_spec
+from relayc.specs.loader import BUNDLED_DIR
 
 PLUGIN = Path(__file__).parent / "block_kv_plugin.yaml"
 FIELD = "draft_seq_lens"  # the plugin's own relay field, declared at line 16
@@ -132,7 +134,7 @@ def test_an_algorithm_class_named_like_the_drop_ins_own_is_located(tmp_path: Pat
     (error,) = errors_of(path)
     assert error.startswith(
         f"{path}:5:12: error: algorithm `_` generates the SGLang class `FutureMap`, a name the "
-        "drop-in already uses (import `FutureMap` in overlap_utils.py"
+        "drop-in already uses (class `FutureMap` in overlap_utils.py"
     )
 
 
@@ -140,14 +142,25 @@ def test_reserved_names_are_found_in_the_bundled_drop_in() -> None:
     """Read from the emitted text, the reserved sets hold what the target's fixed code
     names: if a rewrite moved them out of reach of the parse, these would go missing and
     the collisions above would compile again."""
-    names = drop_in_names({p.name: p.read_text() for p in SGLANG_GENERATED_DIR.glob("*.py")})
+    sources = {p.name: p.read_text() for p in SGLANG_GENERATED_DIR.glob("*.py")}
+    names = drop_in_names(sources, "overlap_utils.py")
+    # The runtime's base class (found as FutureMap's base, whatever its name) holds these.
     assert {"output_tokens_buf", "new_seq_lens_buf", "stash", "publish", "device"} <= (
-        names.map_members
+        names.fixed_map_members
     )
     assert {"from_draft_input", "from_ngram"} <= names.payload_members
     assert "bonus_tokens" not in names.payload_members  # a field, not a member
-    assert "future_indices" in names.draft_input_attributes
-    assert "accept_tokens" not in names.draft_input_attributes  # read only by the payload
+    assert "future_indices" in names.fixed_draft_input_attributes
+    # Set by the generated resolves only: a field's own attribute, not a fixed name.
+    assert "accept_tokens" in names.draft_input_attributes
+    assert "accept_tokens" not in names.fixed_draft_input_attributes
+    assert "topk_p_buf" in names.map_members
+    assert "topk_p_buf" not in names.fixed_map_members
+    # What the per-field module names like a buffer is a relayed field's buffer: the check
+    # cannot tell a fixed `x_buf` there from field `x`'s own (sglang_names._Reserved).
+    buffers = {_buf(f) for f in (*SGLANG_PAYLOAD, "new_seq_lens")}
+    per_field = names.map_members - names.fixed_map_members
+    assert {m for m in per_field if m.endswith("_buf")} <= buffers
     defined = {d.name for d in names.definitions}
     assert {"FutureMap", "RelayPayload", "EagleFutureMap", "install", "torch"} <= defined
 
@@ -156,7 +169,7 @@ def test_names_derived_from_the_emitted_text_follow_it() -> None:
     """The check reads the text it is given: with a naming that holds each field under its
     own name (as a rewritten target might), a field named like a FutureMap method collides,
     and a class name added to the text is reserved."""
-    spec = load_spec(BUNDLED_DIR / "none.yaml")
+    plan = plan_spec_file(BUNDLED_DIR / "none.yaml")
     naming = DropInNaming(lambda a: a.capitalize() + "Map", lambda f: f, ("bonus_tokens",))
     source = (
         "class FutureMap:\n"
@@ -165,13 +178,42 @@ def test_names_derived_from_the_emitted_text_follow_it() -> None:
         "class NoneMap(FutureMap):\n"
         "    pass\n"
     )
-    assert check_drop_in_names({"m.py": source}, [(spec, ["bonus_tokens"])], naming) == []
+    assert check_drop_in_names({"m.py": source}, [(plan, ["bonus_tokens"])], naming) == []
     published = DropInNaming(naming.class_of, lambda f: "publish", ())
-    (error,) = check_drop_in_names({"m.py": source}, [(spec, ["bonus_tokens"])], published)
+    (error,) = check_drop_in_names({"m.py": source}, [(plan, ["bonus_tokens"])], published)
     assert "held in the FutureMap attribute `publish`, which the drop-in's FutureMap" in (
         error.render()
     )
     clash = source + "NONEMAP = 1\n"
-    (error,) = check_drop_in_names({"m.py": clash}, [(spec, ["bonus_tokens"])], naming)
-    assert error.render().startswith(f"{spec.path}:4:12: error: algorithm `none` generates")
+    (error,) = check_drop_in_names({"m.py": clash}, [(plan, ["bonus_tokens"])], naming)
+    assert error.render().startswith(f"{plan.spec_path}:4:12: error: algorithm `none` generates")
     assert "(assignment `NONEMAP` in m.py;" in error.render()
+
+
+def test_the_runtime_base_is_read_and_a_fields_own_code_is_not_reserved() -> None:
+    """A FutureMap's base in the runtime module (any name) is one of the FutureMap classes,
+    and its attributes stay reserved; in the per-field module a field's own buffer and
+    draft-input attribute are what the field produces, not a collision."""
+    plan = plan_spec_file(BUNDLED_DIR / "none.yaml")
+    runtime = "class Base:\n    def stash(self, draft_input):\n        self.scratch_buf = 1\n"
+    generated = (
+        "from runtime import Base\n"
+        "class FutureMap(Base):\n"
+        "    pass\n"
+        "class NoneMap(FutureMap):\n"
+        "    def _resolve(self, draft_input):\n"
+        "        draft_input.bonus_tokens = self.bonus_tokens_buf\n"
+    )
+    sources = {"runtime.py": runtime, "gen.py": generated}
+    fields = [(plan, ["bonus_tokens"])]
+    own = DropInNaming(lambda a: a.capitalize() + "Map", lambda f: f"{f}_buf", (), "gen.py")
+    assert check_drop_in_names(sources, fields, own) == []
+    onto_runtime = DropInNaming(own.class_of, lambda f: "scratch_buf", (), "gen.py")
+    (error,) = check_drop_in_names(sources, fields, onto_runtime)
+    assert "`scratch_buf`, which the drop-in's FutureMap already uses" in error.render()
+    # Without a per-field module every name the text uses is reserved, the field's own too.
+    (everywhere, set_on_input) = check_drop_in_names(
+        sources, fields, DropInNaming(own.class_of, own.buffer_of, ())
+    )
+    assert "`bonus_tokens_buf`, which the drop-in's FutureMap already uses" in everywhere.render()
+    assert "would be set on SGLang's draft input" in set_on_input.render()

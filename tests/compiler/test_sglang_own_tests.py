@@ -29,9 +29,7 @@ def test_overlay_installs_the_drop_in_only_in_the_drop_in_run(tmp_path):
     assert sorted(p.name for p in original.iterdir()) == ["sitecustomize.py"]
     assert sorted(p.name for p in drop_in.iterdir()) == [
         "relay_overlap_utils.py",  # overlap_utils.py renamed, as docs/sglang.md installs it
-        "relayc_relay_base.py",
-        "relayc_relay_kernels.py",
-        "relayc_relay_state.py",
+        "relayc_relay_runtime.py",
         "sitecustomize.py",
     ]
     assert "if False:" in (original / "sitecustomize.py").read_text()
@@ -49,7 +47,7 @@ def test_overlay_installs_the_drop_in_only_in_the_drop_in_run(tmp_path):
         text=True,
         check=True,
     ).stdout
-    assert out.split()[0] == "relayc_relay_base"
+    assert out.split()[0] == "relay_overlap_utils"
 
 
 def test_comparison_counts_only_tests_passing_on_the_original(tmp_path):

@@ -1,394 +1,93 @@
 """The SGLang target: a drop-in with SGLang 0.5.23's relay surface, from several specs.
 
-`relayc compile --target sglang SPEC... -o DIR` writes `DIR/overlap_utils.py`, a
-drop-in for the relay half of `sglang/srt/managers/overlap_utils.py`: `RelayPayload`
-(with `from_draft_input` / `from_ngram`), `FutureMap(device, spec_algo,
-req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)`,
-`resolve_forward_inputs(batch, future_map)` and `install()`. `FutureMap(...)` returns
-the class generated for the relayc algorithm that SGLang's `spec_algo` maps to. Beside
-it go the modules it imports, prefixed `relayc_relay_` so that they cannot collide with
-SGLang's own when copied next to its overlap_utils.py: `relayc_relay_base.py` (the
-FutureMap behaviour), `relayc_relay_state.py` (the relay's records, the buffers a
-captured graph owns, the confidence relay) and `relayc_relay_kernels.py` (the fused
-Triton copy kernel over the specs' fields and its host side).
+`relayc compile --target sglang SPEC... -o DIR` writes two files:
 
-What is generated from the specs: the relay fields, each once (specs importing one
-common.yaml field share it), one class per algorithm holding only what differs between
-algorithms (its fields, which of them the stash writes and the overlap resolve gathers,
-which SGLang would read back but the spec does not relay, which rows SGLang holds flat,
-and what the spec's constructs declare: a host ring (`host_mirror: {lag, ...}`, DSPARK's
-confidence), buffers a captured graph owns (`owner: graph`), staged inputs (`staging:`)),
-`RelayPayload`, and the fused kernels over the union of the fields
-(`emit_triton_relay`). What is SGLang's and so fixed here: the names (buffer attributes,
-payload fields, draft-input attributes), which of a payload's fields SGLang reads back per
-algorithm, and that n-gram draft inputs hold their rows flat. The behaviour (stash,
-resolve, publish, the host mirror, events, debug checks) is written once in
-`sglang_base.py`, driven by those class attributes, and `sglang_state.py`; each is
-pasted verbatim into its own module, so the drop-in imports nothing from relayc.
+- `DIR/overlap_utils.py`, generated: SGLang's names (`RelayPayload`, `FutureMap`,
+  `resolve_forward_inputs`, `install()`, its platform and debug flags and public
+  constants) and one FutureMap subclass per algorithm whose `__init__`, `stash` and
+  spec-extras resolve name that algorithm's buffers, one plain write or read per field,
+  in SGLang's idiom (`self.output_tokens_buf[indices] = payload.bonus_tokens`).
+- `DIR/relayc_relay_runtime.py`, hand-written: `sglang_runtime.py` beside this file,
+  copied unchanged (what every algorithm shares: the factory, SGLang's length and
+  input-token hooks, allocation and its checks, the host ring, `install`). The generated
+  module checks its `RUNTIME_VERSION`.
+
+Identical per-algorithm code is emitted once: a class whose members equal an earlier
+class's derives from it and writes only what differs (EAGLE3 is EAGLE's relay).
 """
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 
 from relayc.compiler.codegen import GENERATED_MARK, pylit, string_literal
 from relayc.compiler.output import Output, comment_text, format_source
-from relayc.compiler.targets import sglang_base, sglang_state
+from relayc.compiler.targets import sglang_runtime
+from relayc.compiler.targets.sglang_checks import (
+    FLAT_ROW_ALGORITHMS,
+    SGLANG_HOST_RING,
+    SGLANG_LAZY,
+    SGLANG_PAYLOAD,
+    SGLANG_READS_BACK,
+    SGLANG_TARGET,
+    SGLangAlgorithm,
+    check_algorithms,
+)
 from relayc.compiler.targets.sglang_names import DropInNaming, check_drop_in_names
-from relayc.compiler.triton_relay import RelayBuffer, emit_triton_relay
-from relayc.graph.passes import FieldLayout, RelayLayout, analyse
-from relayc.runtime import fused
-from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
-from relayc.specs.loader import Spec, load_spec
-from relayc.specs.schema import HostMirror
+from relayc.plan import RelayField, plan_spec_file
+from relayc.plan.support import unsupported
+from relayc.specs.errors import SpecError, SpecErrors
 
 MODULE_NAME = "overlap_utils.py"
+RUNTIME_MODULE = "relayc_relay_runtime"
 SGLANG_VERSION = "0.5.23"
-# The drop-in's other modules. The fixed ones are their templates pasted whole; the
-# kernels module depends on the specs (the union of their fields).
-KERNELS_MODULE = "relayc_relay_kernels"
-TEMPLATES: dict[str, ModuleType] = {
-    "relayc_relay_base": sglang_base,
-    "relayc_relay_state": sglang_state,
-}
-
-SGLANG_PAYLOAD = sglang_state.SGLANG_PAYLOAD  # SGLang's RelayPayload fields, in its order
-# The relayc algorithms SGLang's algorithms map to, and, per algorithm, the payload
-# fields SGLang 0.5.23 reads back into the next iteration: a spec that does not relay
-# one of these would silently lose it, so its stash refuses the field. Other fields a
-# spec does not relay are dropped, as SGLang drops them (n-gram relays only its accept
-# rows; STANDALONE and multi-layer EAGLE gate hidden states off).
-SGLANG_READS_BACK: dict[str, tuple[str, ...]] = {
-    "none": ("bonus_tokens",),
-    "eagle": (
-        "bonus_tokens",
-        "topk_p",
-        "topk_index",
-        "hidden_states",
-        "draft_probs",
-        "dsa_topk_indices",
-    ),
-    # SGLang's FutureMap relays EAGLE3 exactly as EAGLE (same buffers, `is_eagle()`); what
-    # differs lives in the worker: topk_index holds draft-vocabulary ids, hidden_states the
-    # head's own [hidden] output, and the three-layer features never cross an iteration.
-    "eagle3": (
-        "bonus_tokens",
-        "topk_p",
-        "topk_index",
-        "hidden_states",
-        "draft_probs",
-        "dsa_topk_indices",
-    ),
-    "eagle_multilayer": ("bonus_tokens", "topk_p", "topk_index", "draft_probs", "dsa_topk_indices"),
-    "standalone": ("bonus_tokens", "topk_p", "topk_index", "draft_probs", "dsa_topk_indices"),
-    "ngram": ("accept_tokens", "accept_lens"),
-    # need_topk() is False for the block drafters, and spec_need_hidden_states() too for
-    # DFLASH and DSPARK; any algorithm relays draft_probs a payload carries.
-    "dflash": ("bonus_tokens", "draft_probs", "dsa_topk_indices"),
-    "dspark": ("bonus_tokens", "draft_probs", "dsa_topk_indices"),
-    "uno": ("bonus_tokens", "hidden_states", "draft_probs", "dsa_topk_indices"),
-}
-# Algorithms whose SGLang draft input holds multi-element rows flattened ([bs * row]):
-# NgramVerifyInput; its row width is the attribute named here per dim.
-FLAT_ROW_ALGORITHMS = {"ngram": {"num_draft_tokens": "draft_token_num"}}
-# SGLang's FutureMap publishes exactly these: new_seq_lens with a host copy the host read
-# waits for, and DSPARK's confidence to a host ring read late (publish(..., confidence=),
-# resolve_confidence_cpu).
-SGLANG_PUBLISHED = ("new_seq_lens", "confidence")
-SGLANG_HOST_MIRRORED = "new_seq_lens"
-SGLANG_HOST_RING = "confidence"
-# Optional fields whose buffer SGLang creates at the first stash carrying them, flagging a
-# draft input by whether it exists (its flag attribute, e.g. make_staged_spec_input's).
-SGLANG_LAZY = dict(sglang_state.SGLANG_GATED_READS)
-# The fields SGLang's FutureRelayBuffers can hold for a captured graph (`owner: graph`).
-SGLANG_ADOPTABLE = tuple(sglang_state.SGLANG_ADOPTED_BUFFERS)
-# SpeculativeAlgorithm's members and the NEXTN alias: names a plugin cannot register.
-SGLANG_BUILTINS = (
-    "NONE",
-    "EAGLE",
-    "EAGLE3",
-    "FROZEN_KV_MTP",
-    "STANDALONE",
-    "NGRAM",
-    "DFLASH",
-    "UNO",
-    "DSPARK",
-    "NEXTN",
-)
-
-
-@dataclass(frozen=True)
-class SGLangAlgorithm:
-    """One spec as the SGLang target sees it."""
-
-    spec: Spec
-    layout: RelayLayout
-
-    @property
-    def name(self) -> str:
-        return self.spec.algorithm
-
-    @property
-    def plugin(self) -> str | None:
-        """The SGLang plugin name (upper case, as SGLang registers it), if it is one."""
-        return None if self.spec.sglang is None else self.spec.sglang.plugin.upper()
-
-    @property
-    def fields(self) -> tuple[FieldLayout, ...]:
-        """The fields the FutureMap's buffers relay (a host ring owns its own buffer)."""
-        return tuple(f for f in self.layout.fields if not _host_ring(f))
-
-    @property
-    def stashed(self) -> tuple[FieldLayout, ...]:
-        return tuple(f for f in self.fields if f.publish != "early")
-
-    @property
-    def host_rings(self) -> tuple[tuple[FieldLayout, HostMirror], ...]:
-        return tuple(
-            (f, f.host_mirror)
-            for f in self.layout.fields
-            if f.host_mirror is not None and _host_ring(f)
-        )
-
-
-def _host_ring(f: FieldLayout) -> bool:
-    """Whether `f` is relayed to the host late, from a ring (`host_mirror: {lag: 1+}`)."""
-    return f.host_mirror is not None and f.host_mirror.lag > 0
+# SGLang's ring constants (overlap_utils.CONFIDENCE_RELAY_RING_*), when no spec sets them.
+SGLANG_RING = (2, 3)
+_q = string_literal
 
 
 def compile_sglang(
     spec_paths: Sequence[str | Path], out_dir: str | Path, *, ops: Sequence[str] = ()
 ) -> list[Output]:
-    """Generate the SGLang drop-in of ``spec_paths`` (``ops``: more user-op modules): its
-    files, `overlap_utils.py` first; raises SpecErrors (all of them)."""
+    """The SGLang drop-in of ``spec_paths`` (``ops``: more user-op modules): its generated
+    `overlap_utils.py` and the runtime beside it; raises SpecErrors (all of them)."""
     algorithms = []
     errors: list[SpecError] = []
     for path in spec_paths:
         try:
-            spec = load_spec(path, ops=ops)
-            algorithms.append(SGLangAlgorithm(spec, analyse(spec).analysis["layout"]))
+            plan = plan_spec_file(path, ops=list(ops))
+            errors += unsupported(plan, SGLANG_TARGET)
+            algorithms.append(SGLangAlgorithm(plan))
         except SpecErrors as exc:
             errors.extend(exc.errors)
     if not errors:
         errors = check_algorithms(algorithms)
     if errors:
         raise SpecErrors(errors)
-    shown_dir = Path(out_dir).as_posix()
-    sources = {
-        MODULE_NAME: generate_sglang_module(algorithms, shown_dir),
-        f"{KERNELS_MODULE}.py": generate_kernels_module(algorithms, shown_dir),
-        **{f"{name}.py": pasted_module(template) for name, template in TEMPLATES.items()},
-    }
+    module = generate_sglang_module(algorithms, Path(out_dir).as_posix())
+    module = format_source(module, MODULE_NAME)
+    sources = {MODULE_NAME: module, f"{RUNTIME_MODULE}.py": runtime_source()}
     # Spec names that land on names the emitted drop-in already uses (sglang_names.py).
-    naming = DropInNaming(_class_name, sglang_state.buffer_name, (*SGLANG_PAYLOAD, "new_seq_lens"))
-    relayed = [(a.spec, [f.name for f in a.fields]) for a in algorithms]
+    naming = DropInNaming(_class_name, _buf, (*SGLANG_PAYLOAD, "new_seq_lens"), MODULE_NAME)
+    relayed = [(a.plan, [f.name for f in a.fields]) for a in algorithms]
     if errors := check_drop_in_names(sources, relayed, naming):
         raise SpecErrors(errors)
-    return [
-        Output(Path(out_dir) / name, format_source(text, name)) for name, text in sources.items()
-    ]
+    return [Output(Path(out_dir) / name, text) for name, text in sources.items()]
 
 
-def _where(algorithm: SGLangAlgorithm, field: str | None = None) -> SourceLoc:
-    if field is not None:
-        return algorithm.spec.fields[field].loc
-    return SourceLoc(algorithm.spec.path, 1, 1)
-
-
-def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
-    """What the SGLang surface cannot express, located at the spec entry responsible."""
-    errors: list[SpecError] = []
-    seen: dict[str, SGLangAlgorithm] = {}
-    dtypes: dict[str, tuple[str, SGLangAlgorithm]] = {}
-    plugins: dict[str, SGLangAlgorithm] = {}
-    for algo in algorithms:
-        plugin = algo.plugin
-        if plugin is not None and algo.spec.sglang is not None:
-            where = algo.spec.sglang.loc
-            if plugin in SGLANG_BUILTINS:
-                errors.append(
-                    SpecError(
-                        where,
-                        f"`{plugin}` is one of SGLang's built-in algorithms, which plugins "
-                        "cannot register",
-                        "give the plugin its own name (the one passed to register_algorithm)",
-                    )
-                )
-            elif plugin in plugins:
-                errors.append(
-                    SpecError(
-                        where,
-                        f"plugin `{plugin}` is also relayed by {plugins[plugin].spec.path}",
-                        "one spec per registered plugin",
-                    )
-                )
-            plugins[plugin] = algo
-        elif algo.name not in SGLANG_READS_BACK:
-            errors.append(
-                SpecError(
-                    _where(algo),
-                    f"the SGLang target has no SGLang algorithm for `{algo.name}`",
-                    f"name the algorithm one of {', '.join(SGLANG_READS_BACK)}, or relay a "
-                    "plugin registered with SGLang: `sglang: {plugin: NAME}`",
-                )
-            )
-        if algo.name in seen:
-            errors.append(
-                SpecError(
-                    _where(algo),
-                    f"algorithm `{algo.name}` is also compiled from {seen[algo.name].spec.path}",
-                    "pass one spec per algorithm",
-                )
-            )
-        seen[algo.name] = algo
-        staging = algo.spec.staging
-        if staging is not None and (algo.name in FLAT_ROW_ALGORITHMS or algo.name == "none"):
-            errors.append(
-                SpecError(
-                    staging.loc,
-                    "SGLang stages a request as an EagleDraftInput holding its future indices; "
-                    f"`{algo.name}`'s draft input is not one",
-                    "drop `staging:` from this spec",
-                )
-            )
-        for f in algo.layout.fields:
-            if f.publish == "early" and f.name not in SGLANG_PUBLISHED:
-                errors.append(
-                    SpecError(
-                        _where(algo, f.name),
-                        f"SGLang's FutureMap.publish carries only {', '.join(SGLANG_PUBLISHED)}, "
-                        f"not `{f.name}`",
-                        "publish it with the stash (`publish: stash`)",
-                    )
-                )
-            host = f.host_mirror
-            if host is not None and host.lag == 0 and f.name != SGLANG_HOST_MIRRORED:
-                errors.append(
-                    SpecError(
-                        _where(algo, f.name),
-                        f"SGLang keeps a host copy the host read waits for only of "
-                        f"{SGLANG_HOST_MIRRORED}, not of `{f.name}`",
-                        "drop `host_mirror` from it",
-                    )
-                )
-            if host is not None and host.lag > 0:
-                if f.name != SGLANG_HOST_RING:
-                    errors.append(
-                        SpecError(
-                            _where(algo, f.name),
-                            f"SGLang relays to the host late (`lag: {host.lag}`) only "
-                            f"`{SGLANG_HOST_RING}` (publish(..., confidence=), "
-                            f"resolve_confidence_cpu), not `{f.name}`",
-                            f"name the field `{SGLANG_HOST_RING}`, or use `host_mirror: true`",
-                        )
-                    )
-                elif f.dtype == "model":
-                    errors.append(
-                        SpecError(
-                            _where(algo, f.name),
-                            f"SGLang relays `{f.name}` to the host as float32, not the model dtype",
-                            "declare it `dtype: float32`",
-                        )
-                    )
-                elif f.publish != "early":
-                    errors.append(
-                        SpecError(
-                            _where(algo, f.name),
-                            f"SGLang copies `{f.name}` to the host when it is published with "
-                            "the lengths, but the spec stashes it",
-                            "mark it `publish: early`",
-                        )
-                    )
-            if f.name in SGLANG_LAZY and f.alloc != "lazy":
-                errors.append(
-                    SpecError(
-                        _where(algo, f.name),
-                        f"SGLang creates the buffer of `{f.name}` at the first stash carrying it "
-                        f"and sets a draft input's `{SGLANG_LAZY[f.name]}` by whether it exists; "
-                        "an eager buffer would flag rows never written",
-                        "declare it `alloc: lazy`",
-                    )
-                )
-            adoptable = f.name in SGLANG_ADOPTABLE and f.dtype == "int64" and not f.shape
-            if f.owner == "graph" and not adoptable:
-                errors.append(
-                    SpecError(
-                        _where(algo, f.name),
-                        "SGLang's FutureRelayBuffers holds only the int64 [pool] buffers of "
-                        f"{' and '.join(SGLANG_ADOPTABLE)} for a captured graph, not `{f.name}` "
-                        f"({f.dtype} [{_shape(f)}])",
-                        "drop `owner: graph`: the relay allocates the buffer",
-                    )
-                )
-            if f.dtype == "bool":
-                errors.append(
-                    SpecError(
-                        _where(algo, f.name),
-                        f"the SGLang target's debug poisoning needs a numeric dtype; `{f.name}` "
-                        "is bool",
-                        "relay it as int32",
-                    )
-                )
-            other = dtypes.setdefault(f.name, (f.dtype, algo))
-            if other[0] != f.dtype:
-                errors.append(
-                    SpecError(
-                        _where(algo, f.name),
-                        f"relay field `{f.name}` is {f.dtype} here but {other[0]} in "
-                        f"{other[1].spec.path}; one SGLang module holds one buffer layout per field",
-                        "declare it with the same dtype in every spec",
-                    )
-                )
-            flat = FLAT_ROW_ALGORITHMS.get(algo.name)
-            if flat is not None and f.publish != "early" and f.shape:
-                if len(f.shape) != 1 or f.shape[0] not in flat:
-                    errors.append(
-                        SpecError(
-                            _where(algo, f.name),
-                            f"SGLang's `{algo.name}` draft input holds rows flat, sized by "
-                            f"{', '.join(flat)}; `{f.name}` has row [{_shape(f)}]",
-                            f"shape it [{next(iter(flat))}] or make it a scalar",
-                        )
-                    )
-    return errors
-
-
-def _shape(f: FieldLayout) -> str:
-    return ", ".join(str(d) for d in f.shape)
-
-
-def _class_name(algorithm: str) -> str:
-    return "".join(part.capitalize() for part in algorithm.split("_")) + "FutureMap"
-
-
-def _union(algorithms: Sequence[SGLangAlgorithm]) -> list[FieldLayout]:
-    fields: dict[str, FieldLayout] = {}
-    for algo in algorithms:
-        for f in algo.fields:
-            fields.setdefault(f.name, f)
-    return list(fields.values())
-
-
-_pylit = pylit
-_q = string_literal
-
-
-def _consume_once(f: FieldLayout) -> bool:
-    # Rows that read as poison until written must be rewritten between reads; lazy
-    # fields are exempt because SGLang re-reads them (staging refreshes only the bonus).
-    return f.alloc == "eager" and (f.init == "empty" or f.init == f.poison)
+def runtime_source() -> str:
+    """The hand-written runtime, byte for byte (it is ruff-formatted where it lives)."""
+    return Path(sglang_runtime.__file__).read_text(encoding="utf-8")
 
 
 def header(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
-    paths = comment_text(" ".join(a.spec.path for a in algorithms))
+    paths = comment_text(" ".join(a.plan.spec_path for a in algorithms))
     lines = [
         f"# {GENERATED_MARK} by relayc (target sglang, SGLang {SGLANG_VERSION}) from:",
         *(
-            f"#     {comment_text(a.spec.path)} (spec hash {a.spec.content_hash})"
+            f"#     {comment_text(a.plan.spec_path)} (spec hash {a.plan.spec_hash})"
             for a in algorithms
         ),
         "# Do not edit: change the specs, then run",
@@ -397,165 +96,132 @@ def header(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# SGLang's public names overlap_utils holds (with the drop-in's errors), for `__all__`.
+SGLANG_NAMES = (  # two runs, each in isort's order (classes, then functions)
+    "FutureMap",
+    "FutureRelayBuffers",
+    "RelayPayload",
+    "install",
+    "resolve_forward_inputs",
+    "RelayDebugError",
+    "RelayError",
+    "ResolvedConfidence",
+    "offer_future_relay_buffers",
+)
+# SGLang's names that the runtime defines: overlap_utils holds them as SGLang's does.
+RUNTIME_EXPORTS = (
+    "FutureRelayBuffers",
+    "RelayDebugError",
+    "RelayError",
+    "ResolvedConfidence",
+    "offer_future_relay_buffers",
+    "resolve_forward_inputs",
+)
+
+
 def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
-    """`overlap_utils.py`: SGLang's names, the payload, the relay fields and a class per
-    algorithm; the behaviour it imports from the fixed sibling modules."""
-    union = _union(algorithms)
+    """`overlap_utils.py`: SGLang's names, the payload and a class per algorithm."""
     lines: list[str] = [header(algorithms, out_dir)]
     w = lines.append
     names = ", ".join(f"`{a.name}`" for a in algorithms)
     w(f'"""Relay state for SGLang {SGLANG_VERSION}, generated by relayc for {names}.\n')
-    w("A drop-in for the relay of `sglang/srt/managers/overlap_utils.py`: `RelayPayload`,")
-    w("`FutureMap`, `resolve_forward_inputs` and the rest of SGLang's names, with its")
-    w("signatures (see relayc's docs/sglang.md for pointing SGLang at it). The behaviour lives")
-    w("in the `relayc_relay_*.py` modules beside this one, which go wherever it goes. Needs")
-    w("only torch (and Triton on CUDA); importing it never touches CUDA.")
-    w('"""\n')
+    w("A drop-in for `sglang/srt/managers/overlap_utils.py`'s relay (relayc's docs/sglang.md);")
+    w(f'what the classes share is the hand-written {RUNTIME_MODULE}.py beside it."""\n')
     w("from __future__ import annotations\n")
+    w("import sys")
     w("from dataclasses import dataclass")
-    flat = any(a.name in FLAT_ROW_ALGORITHMS for a in algorithms)
-    w(f"from typing import {'Any, ClassVar' if flat else 'Any'}\n")
+    w("from typing import Any, ClassVar\n")
     w("import torch\n")
-    base = ["FutureMap", "offer_future_relay_buffers", "relay_algorithm"]
-    base += ["resolve_forward_inputs", "install_relay"]
-    state = ["FutureRelayBuffers", "HostRing", "RelayDebugError", "RelayError", "RelayField"]
-    w(_sibling_imports({"relayc_relay_base": base, "relayc_relay_state": state}))
-    classes = [_class_name(a.name) for a in algorithms]
-    public = [*base[:-1], *state, "RelayPayload", "install", *classes]
-    w("__all__ = [")
-    for name in sorted(public):
-        w(f"    {_q(name)},")
-    w("]\n\n")
-    _payload(w, algorithms, union)
-    w("\n")
-    field_names = _field_table(w, algorithms)
-    for algo in algorithms:
-        w("\n")
-        _algorithm_class(w, algo, field_names)
-    w("\n")
-    w("def install() -> None:")
-    w('    """Point SGLang at this drop-in: its FutureMap, RelayPayload, resolve_forward_inputs,')
-    w("    FutureRelayBuffers and offer_future_relay_buffers replace SGLang's in")
-    w("    `sglang.srt.managers.overlap_utils` and in every SGLang module that already imported")
-    w("    them. Run it in each SGLang process before the scheduler starts (docs/sglang.md: a")
-    w('    sitecustomize does that for spawned processes too)."""')
-    w("    install_relay(RelayPayload)")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def _sibling_imports(imports: dict[str, list[str]]) -> str:
-    """`from <sibling> import <names>` for each sibling module of the drop-in: relative in a
-    package, absolute when its files were copied onto sys.path as top-level modules."""
-    lines = [
-        "# The drop-in's modules import each other relatively inside a package",
-        "# (relayc.sglang_generated, or copied into sglang/srt/managers/), and absolutely",
-        "# when copied onto sys.path as top-level modules.",
-        "if __package__:",
-    ]
-    # isort's order: whole modules first, then `from` imports by module name
-    ordered = sorted(imports.items(), key=lambda item: (bool(item[1]), item[0]))
-    for prefix in (".", ""):
-        if not prefix:
-            lines.append("else:")
-        for module, names in ordered:
-            if not names:  # the module itself, under the name it has in the templates
-                alias = module.removeprefix("relayc_")
-                lines.append(
-                    f"    from . import {module} as {alias}"
-                    if prefix
-                    else f"    import {module} as {alias}"
-                )
-            else:
-                lines.append(f"    from {prefix}{module} import {', '.join(_isort(names))}")
-    return "\n".join(lines) + "\n\n"
-
-
-def _isort(names: Sequence[str]) -> list[str]:
-    """`names` in isort's order within one import: constants, classes, then the rest."""
-    return sorted(names, key=lambda n: (0 if n.isupper() else 1 if n[0].isupper() else 2, n))
-
-
-def generate_kernels_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) -> str:
-    """`relayc_relay_kernels.py`: the fused copy kernel over the union of the specs' fields
-    and its host side (relayc.runtime.fused)."""
-    lines: list[str] = [header(algorithms, out_dir)]
-    w = lines.append
-    w('"""The fused relay copy kernel of the SGLang drop-in (overlap_utils.py beside it).\n')
-    w("One Triton launch per stash and one per resolve, over every relay field of the specs.")
-    w("Optional: without Triton `_HAVE_TRITON` is False and the FutureMap indexes with torch.")
-    w('"""\n')
-    w("from __future__ import annotations\n")
-    w("from collections.abc import Sequence")
-    w("from typing import Any\n")
-    w("import torch\n")
-    w("try:")
-    w("    import triton")
-    w("    import triton.language as tl")
-    w("except ImportError:  # the fused kernels are optional; torch indexing remains")
-    w("    _HAVE_TRITON = False")
+    w("# The runtime: relative inside a package (relayc.sglang_generated, sglang/srt/managers/),")
+    w("# absolute when the files were copied onto sys.path as top-level modules.")
+    w("if __package__:")
+    w(f"    from . import {RUNTIME_MODULE} as runtime")
     w("else:")
-    w("    _HAVE_TRITON = True\n")
-    w(_pasted_fused_copy())
-    w(emit_triton_relay([RelayBuffer(f.name, f.dtype) for f in _union(algorithms)]))
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def _pasted_fused_copy() -> str:
-    """relayc.runtime.fused (the fused kernels' host side) without its docstring and imports,
-    so the generated module needs no relayc at run time."""
-    text = Path(fused.__file__).read_text(encoding="utf-8")
-    body_start = max(
-        n.end_lineno for n in ast.parse(text).body if isinstance(n, ast.Import | ast.ImportFrom)
+    w(f"    import {RUNTIME_MODULE} as runtime\n")
+    for name in RUNTIME_EXPORTS:
+        w(f"{name} = runtime.{name}")
+    w("")
+    w("# SGLang's names this module defines or takes from the runtime.")
+    w(f"__all__ = {list(SGLANG_NAMES[:5])!r}".replace("'", '"'))
+    w(f"__all__ += {list(SGLANG_NAMES[5:])!r}\n".replace("'", '"'))
+    w(f"runtime.check_version({sglang_runtime.RUNTIME_VERSION}, __name__)\n")
+    w("# SGLang's platform and debug flags, read by the relay when it runs: patching them here")
+    w("# (or in SGLang's overlap_utils once install() ran) is honoured, as SGLang honours it.")
+    w("_is_cuda = torch.cuda.is_available() and torch.version.cuda is not None")
+    w("_is_hip = torch.version.hip is not None")
+    w('_is_npu = hasattr(torch, "npu") and torch.npu.is_available()')
+    w(
+        '_DEBUG_ASSERT = runtime.env_flag("SGLANG_IS_IN_CI")  # poisoned buffers, consume-once checks'
     )
-    body = "\n".join(text.splitlines()[body_start:]).strip("\n")
-    return "# The fused kernels' host side (copied from relayc/runtime/fused.py).\n" + body + "\n\n"
-
-
-def pasted_module(template: ModuleType) -> str:
-    """A fixed module of the drop-in: ``template`` below its PASTE_MARKER, with the imports
-    above it; those of another template (or the `relay_kernels` stand-in) become imports of
-    the sibling module it is pasted into."""
-    text = Path(str(template.__file__)).read_text(encoding="utf-8")
-    marker = "\n" + template.PASTE_MARKER + "\n"
-    head, body = text.split(marker, 1)
-    tree = ast.parse(head)
-    siblings = {t.__name__: name for name, t in TEMPLATES.items()}
-    head_lines = head.splitlines()
-    plain: list[int] = []  # line numbers of the other imports, blank lines between kept
-    imports: dict[str, list[str]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module in siblings:
-            imports[siblings[node.module]] = [a.name for a in node.names]
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            plain += range(node.lineno, (node.end_lineno or node.lineno) + 1)
-        elif isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "relay_kernels":
-            imports[KERNELS_MODULE] = []
-    kept = [
-        line
-        for number, line in enumerate(head_lines[plain[0] - 1 : plain[-1]], start=plain[0])
-        if number in plain or not line.strip()
-    ]
-    source = f"relayc/compiler/targets/{Path(str(template.__file__)).name}"
-    docstring = ast.get_docstring(tree) or ""
-    lines = [
-        f"# {GENERATED_MARK} by relayc (target sglang, SGLang {SGLANG_VERSION}) from {source}.",
-        "# Do not edit: it is part of the drop-in whose overlap_utils.py says how to regenerate",
-        "# it, and goes wherever that goes.",
-        "",
-        f'"""{docstring.splitlines()[0]}\n',
-        "Part of the SGLang drop-in whose public module is overlap_utils.py beside this one.",
-        '"""',
-        "",
-        *kept,
-        "",
-        _sibling_imports(imports) if imports else "",
-        body.strip("\n"),
-    ]
+    ring = _module_ring(algorithms)
+    w(f"# {ring[2]}")
+    w(f"CONFIDENCE_RELAY_RING_LAG = {ring[0]}")
+    w(f"CONFIDENCE_RELAY_RING_DEPTH = {ring[1]}\n\n")
+    _payload(w, algorithms)
+    w("\n")
+    shared = _shared_poisons(algorithms)
+    members = [_members(algo, ring, shared) for algo in algorithms]
+    base = _hoisted(members)
+    _future_map(w, algorithms, shared, base)
+    emitted = {"FutureMap": base}
+    for algo, body in zip(algorithms, members, strict=True):
+        w("\n")
+        _algorithm_class(w, algo, body, emitted)
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout]) -> None:
-    stashed = [f for f in union if f.publish != "early"]
+def _module_ring(algorithms: Sequence[SGLangAlgorithm]) -> tuple[int, int, str]:
+    """SGLang's CONFIDENCE_RELAY_RING_LAG / _DEPTH: those of the first spec relaying the
+    field publish(..., confidence=) feeds, else SGLang's own."""
+    for algo in algorithms:
+        for f, ring in algo.host_rings:
+            where = f"{comment_text(f.origin)} {f.name}: {comment_text(ring.text)}"
+            return ring.lag, ring.depth, f"SGLang's ring constants, from {where}"
+    return (*SGLANG_RING, "SGLang's ring constants (no spec here relays to a host ring)")
+
+
+def _buf(name: str) -> str:
+    """SGLang's FutureMap attribute holding relay field `name`."""
+    return "output_tokens_buf" if name == "bonus_tokens" else f"{name}_buf"
+
+
+def _lazy(f: RelayField) -> bool:
+    """Made by the first stash carrying it: `alloc: lazy`, or rows whose dims only the
+    payload knows (SGLang's constructor learns no dims either)."""
+    return f.lazy or bool(f.shape)
+
+
+def _origin(f: RelayField) -> str:
+    """`file:line` of the field's definition, for a docstring (the spec's folder is in the
+    class's header comment): no quote or backslash can end the docstring."""
+    name = f.origin.replace("\\", "/").rsplit("/", 1)[-1]
+    return comment_text(name).replace('"', "'").replace("\\", "/")
+
+
+def _dims(f: RelayField) -> str:
+    return ", ".join(str(d) for d in f.shape)
+
+
+def _dtype(f: RelayField) -> str:
+    return "None" if f.dtype == "model" else f"torch.{f.dtype}"
+
+
+def _consume_once(f: RelayField) -> bool:
+    # Rows that read as poison until written must be rewritten between reads; lazy fields
+    # are exempt because SGLang re-reads them (staging refreshes only the bonus token).
+    return not _lazy(f) and (f.init == "empty" or f.init == f.poison)
+
+
+def _payload_fields(algorithms: Sequence[SGLangAlgorithm]) -> list[RelayField]:
+    fields: dict[str, RelayField] = {}
+    for algo in algorithms:
+        for f in algo.stashed:
+            fields.setdefault(f.name, f)
+    return list(fields.values())
+
+
+def _payload(w: Callable[[str], None], algorithms: Sequence[SGLangAlgorithm]) -> None:
+    stashed = _payload_fields(algorithms)
     extra = [f.name for f in stashed if f.name not in SGLANG_PAYLOAD]
     docs = {
         f.name: f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}: {comment_text(f.doc)}"
@@ -569,130 +235,265 @@ def _payload(w, algorithms: Sequence[SGLangAlgorithm], union: list[FieldLayout])
         '    """One iteration\'s relay values for a batch (SGLang\'s fields); None: not written."""\n'
     )
     for i, name in enumerate((*SGLANG_PAYLOAD, *extra)):
-        default = "" if i == 0 else " = None"
-        doc = docs.get(name, "not relayed by these specs")
-        w(f"    # {doc}")
-        w(f"    {name}: torch.Tensor | None{default}")
+        w(f"    # {docs.get(name, 'not relayed by these specs')}")
+        w(f"    {name}: torch.Tensor | None{'' if i == 0 else ' = None'}")
     w("")
     w("    @classmethod")
     w("    def from_ngram(cls, draft_input: Any) -> RelayPayload:")
-    w(
-        '        """The payload of an NgramVerifyInput (its row fields are flat: reshape to rows)."""'
-    )
-    if not by_ngram:
+    w('        """An NgramVerifyInput\'s payload (its rows are flat: reshaped to rows)."""')
+    ngram = next((a for a in algorithms if a.name == "ngram"), None)
+    if ngram is None:
         w('        raise NotImplementedError("this module was compiled without an `ngram` spec")')
     else:
         flat = FLAT_ROW_ALGORITHMS["ngram"]
         w("        return cls(")
         w("            bonus_tokens=None,")
-        ngram = next(a for a in algorithms if a.name == "ngram")
         for f in ngram.stashed:
+            value = f"draft_input.{f.name}"
             if f.shape:
-                w(
-                    f"            {f.name}=draft_input.{f.name}.reshape(-1, draft_input.{flat[f.shape[0]]}),"
-                )
-            else:
-                w(f"            {f.name}=draft_input.{f.name},")
+                value += f".reshape(-1, draft_input.{flat[str(f.shape[0])]})"
+            w(f"            {f.name}={value},")
         w("        )")
     w("")
     w("    @classmethod")
     w("    def from_draft_input(cls, draft_input: Any) -> RelayPayload:")
-    w('        """The payload of an EAGLE-family draft input (absent attributes: None)."""')
+    w('        """An EAGLE-family draft input\'s payload (absent attributes: None)."""')
     w("        return cls(")
     for name in (*SGLANG_PAYLOAD, *extra):
-        if name in by_ngram and name not in by_draft:
-            continue
-        w(f"            {name}=getattr(draft_input, {_q(name)}, None),")
+        if not (name in by_ngram and name not in by_draft):
+            w(f"            {name}=getattr(draft_input, {_q(name)}, None),")
     w("        )")
 
 
-def _relay_field(f: FieldLayout) -> str:
-    """The RelayField(...) constructor of one spec field (positional, in RelayField's order)."""
-    dtype = "None" if f.dtype == "model" else f"torch.{f.dtype}"
-    lazy = f.alloc == "lazy" or bool(f.shape)
-    poison = "None" if f.poison is None else _pylit(f.poison)  # None: the dtype's default
-    args = (_q(f.name), dtype, _q(_shape(f)), str(lazy), _pylit(f.init), poison)
-    return f"RelayField({', '.join(args)}, {_consume_once(f)}, {_q(f.origin)})"
+def _future_map(
+    w: Callable[[str], None],
+    algorithms: Sequence[SGLangAlgorithm],
+    shared: dict[str, str],
+    base: dict[str, str],
+) -> None:
+    buffers = [_buf(n) for n in (*SGLANG_PAYLOAD, *(f.name for f in _payload_fields(algorithms)))]
+    declared = ("new_seq_lens_buf", "output_tokens_buf", "dsa_topk_indices_buf")  # RelayMap's
+    unset = [b for b in dict.fromkeys(buffers) if b not in declared]
+    w("class FutureMap(runtime.RelayMap):")
+    w('    """SGLang\'s FutureMap: `FutureMap(device, spec_algo, req_to_token_pool, ...)` returns')
+    w("    the class below generated for the algorithm `spec_algo` maps to (`algorithm=` picks")
+    w('    one by relayc name). `publish`, the length and token resolves: the runtime\'s."""\n')
+    w("    ALGORITHMS: ClassVar[dict[str, type]] = {}")
+    w("    PLUGINS: ClassVar[dict[str, str]] = {}")
+    w("    FLAGS = sys.modules[__name__]  # install() points it at SGLang's overlap_utils")
+    for hook, value in shared.items():
+        w(f"    {hook} = {value}  # the specs' debug poison")
+    w("    # SGLang's buffers; those an algorithm does not relay stay None on its maps.")
+    w(f"    {' = '.join(unset)} = None")
+    for text in base.values():  # what most algorithms share, once
+        w(text)
+    w("\n")
+    w("def install() -> None:")
+    w('    """Point SGLang at this drop-in, in each SGLang process before its scheduler starts')
+    w("    (docs/sglang.md: a sitecustomize): SGLang's relay names, in its overlap_utils and in")
+    w('    every SGLang module that imported them, become these."""')
+    w('    names = ["FutureMap", "RelayPayload", "resolve_forward_inputs", "FutureRelayBuffers"]')
+    w('    names.append("offer_future_relay_buffers")')
+    w("    runtime.install_relay({name: globals()[name] for name in names}, FutureMap)")
 
 
-def _field_table(w, algorithms: Sequence[SGLangAlgorithm]) -> dict[str, str]:
-    """Every distinct relay field of the specs once, as a module constant; returns the
-    constant's name per constructor (specs sharing common.yaml share their fields)."""
-    names: dict[str, str] = {}
-    taken: set[str] = set()
-    w("# The relay fields of the specs, each once: RelayField(name, dtype, row shape, lazy,")
-    w("# init, debug poison (None: NaN or the integer minimum), consume-once, spec file:line).")
-    for algo in algorithms:
-        for f in algo.fields:
-            ctor = _relay_field(f)
-            if ctor in names:
-                continue
-            const = base = "_" + f.name.upper()
-            suffix = 2
-            while const in taken:
-                const, suffix = f"{base}_{suffix}", suffix + 1
-            taken.add(const)
-            names[ctor] = const
-            w(f"{const} = {ctor}")
-    return names
+def _class_name(algorithm: str) -> str:
+    return "".join(part.capitalize() for part in algorithm.split("_")) + "FutureMap"
 
 
-def _tuple(items: Sequence[str]) -> str:
-    """A tuple display without a trailing comma past one item, so the formatter joins it."""
-    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+def _members(
+    algo: SGLangAlgorithm, ring: tuple[int, int, str], shared: dict[str, str]
+) -> dict[str, str]:
+    """The class body of one algorithm: its attributes and methods' text, by name."""
+    members = {
+        "attrs": _attributes(algo, shared),
+        "_make_buffers": _init(algo, ring) or _NO_BUFFERS,
+        "_stash": _stash(algo, _refused(algo)),
+        "_resolve": _resolve(algo),
+    }
+    return {k: v for k, v in members.items() if v}
 
 
-def _names(names: Sequence[str]) -> str:
-    return _tuple([_q(n) for n in names])
+_NO_BUFFERS = "\n    def _make_buffers(self) -> None:\n        return  # none made eagerly"
 
 
-def _algorithm_class(w, algo: SGLangAlgorithm, field_names: dict[str, str]) -> None:
-    spec = algo.spec
-    relayed = [f.name for f in algo.stashed]
+def _hoisted(members: Sequence[dict[str, str]]) -> dict[str, str]:
+    """The `_make_buffers` most algorithms share (the bonus tokens and lengths), written
+    once on the base FutureMap."""
+    texts = Counter(m["_make_buffers"] for m in members)
+    text, count = texts.most_common(1)[0] if texts else ("", 0)
+    return {"_make_buffers": text} if count >= 2 else {}
+
+
+def _refused(algo: SGLangAlgorithm) -> list[str]:
     # A plugin's spec decides what is relayed for it: nothing SGLang reads back is refused.
-    refused = [n for n in SGLANG_READS_BACK.get(algo.name, ()) if n not in relayed]
-    # Non-speculative decoding relays nothing but the input tokens.
-    extras = [] if algo.name == "none" else relayed
-    w(f"class {_class_name(algo.name)}(FutureMap):")
-    w(f'    """Relay of `{algo.name}` (DESCRIPTION: the spec\'s description)."""\n')
-    w(f"    DESCRIPTION = {_q(spec.description)}")
-    w(f"    ALGORITHM = {_q(algo.name)}")
-    w(f"    SPEC = {_q(spec.path)}")
-    w(f"    SPEC_HASH = {_q(spec.content_hash)}")
-    if algo.plugin is not None:
-        w(f"    SGLANG_PLUGIN = {_q(algo.plugin)}  # spec_registry.register_algorithm name")
-    w(f"    FIELDS = {_tuple([field_names[_relay_field(f)] for f in algo.fields])}")
-    w(f"    STASHED = {_names(relayed)}")
-    if extras != relayed:
-        w(f"    SPEC_EXTRAS = {_names(extras)}")
-    else:
-        w("    SPEC_EXTRAS = STASHED")
-    if refused:
-        w(f"    REFUSED = {_names(refused)}")
+    stashed = [f.name for f in algo.stashed]
+    return [n for n in SGLANG_READS_BACK.get(algo.name, ()) if n not in stashed]
+
+
+def _algorithm_class(
+    w: Callable[[str], None],
+    algo: SGLangAlgorithm,
+    members: dict[str, str],
+    emitted: dict[str, dict[str, str]],
+) -> None:
+    """One algorithm's class; members equal to its parent's (an earlier class, or the base
+    FutureMap: `emitted["FutureMap"]`) are inherited."""
+    relayed = [f.name for f in algo.fields]
+    refused = _refused(algo)
     dropped = [n for n in SGLANG_PAYLOAD if n not in (*relayed, *refused)]
-    if dropped and algo.plugin is not None:
-        w(f"    # Not relayed by this plugin's spec: {', '.join(dropped)}.")
-    elif dropped:
-        w(f"    # Not relayed, and never read back by SGLang for it: {', '.join(dropped)}.")
-    flat = FLAT_ROW_ALGORITHMS.get(algo.name)
-    if flat is not None:
-        rows = {f.name: flat[f.shape[0]] for f in algo.stashed if f.shape}
-        items = ", ".join(f"{_q(k)}: {_q(v)}" for k, v in rows.items())
-        w(f"    FLAT_ROWS: ClassVar[dict[str, str]] = {{{items}}}")
-    for f, ring in algo.host_rings:
-        w(f"    # {comment_text(f.origin)} {f.name}: {comment_text(ring.text)}")
-        args = [_q(f.name), f"torch.{f.dtype}", str(ring.lag), str(ring.depth)]
-        args += [str(ring.generation_check), _q(f.origin)]
-        w(f"    CONFIDENCE_RELAY = HostRing({', '.join(args)})")
-    if spec.staging is not None:
-        mode = "LAST" if spec.staging.capture_hidden == "last" else "NULL"
-        w(f"    STAGING_CAPTURE_HIDDEN = {_q(mode)}  # `staging:`: make_staged_spec_input")
-    adopted = [f.name for f in algo.fields if f.owner == "graph"]
+    # Derive from the earlier class sharing the most methods, two at least, so that a
+    # class reads as a variant of one it resembles (EAGLE3 of EAGLE, UNO of DFLASH).
+    parent = "FutureMap"
+    inherited = {k: v for k, v in members.items() if emitted[parent].get(k) == v}
+    for name, other in emitted.items():
+        same = {k: v for k, v in members.items() if other.get(k) == v}
+        methods = len(same.keys() - {"attrs"})
+        if other.keys() == members.keys() and methods >= 2 and len(same) > len(inherited):
+            parent, inherited = name, same
+    cls = _class_name(algo.name)
+    emitted[cls] = members
+    spec = f"{comment_text(algo.plan.spec_path)} (spec hash {algo.plan.spec_hash})"
+    w(f"# {spec}: {comment_text(algo.plan.description)}")
+    w(f"class {cls}({parent}):")
+    doc = f"Relays {', '.join(f'{f.name} ({_origin(f)})' for f in algo.fields)}."
+    for f, _ in algo.host_rings:
+        doc += f" Publishes {f.name} ({_origin(f)}) to a host ring (`{SGLANG_HOST_RING}=`)."
+    if refused:
+        doc += f" Refuses {', '.join(refused)}: SGLang reads it back, the spec does not relay it."
+    if dropped:
+        why = "the plugin's spec relays none" if algo.plugin else "SGLang never reads them back"
+        doc += f" Drops {', '.join(dropped)}: {why}."
+    if inherited.keys() - {"attrs"}:
+        doc += f" {', '.join(sorted(inherited.keys() - {'attrs'}))}: as {parent}'s."
+    w(f'    """{_wrap(doc, 4)}"""\n')
+    w(f"    ALGORITHM = {_q(algo.name)}")
+    w(f"    SPEC = {_q(algo.plan.spec_path)}")
+    for key, text in members.items():
+        if key not in inherited:
+            w(text)
+
+
+def _wrap(text: str, indent: int, width: int = 92) -> str:
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width - indent:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return f"\n{' ' * indent}".join([*lines, line])
+
+
+def _attributes(algo: SGLangAlgorithm, shared: dict[str, str]) -> str:
+    lines = []
+    if algo.plugin is not None:
+        lines.append(f"    SGLANG_PLUGIN = {_q(algo.plugin)}  # spec_registry.register_algorithm")
+    if algo.plan.staging is not None:
+        mode = "LAST" if algo.plan.staging.capture_hidden == "last" else "NULL"
+        where = comment_text(str(algo.plan.staging.loc))
+        lines.append(f"    STAGING = {_q(mode)}  # {where} staging: make_staged_spec_input")
+    for hook, value in _poisons(algo).items():
+        if shared.get(hook) != value:
+            lines.append(f"    {hook} = {value}  # the spec's debug poison")
+    return "\n".join(lines)
+
+
+def _poisons(algo: SGLangAlgorithm) -> dict[str, str]:
+    """The debug poison of the fields SGLang's length and token hooks check."""
+    hooks = {"bonus_tokens": "TOKENS_POISON", "new_seq_lens": "LENGTHS_POISON"}
+    return {
+        hooks[f.name]: pylit(f.poison)
+        for f in algo.fields
+        if f.name in hooks and f.poison is not None and _consume_once(f)
+    }
+
+
+def _shared_poisons(algorithms: Sequence[SGLangAlgorithm]) -> dict[str, str]:
+    """Hook poisons every algorithm relaying the hook's field agrees on: set once, on the
+    base class."""
+    values: dict[str, set[str]] = {}
+    for algo in algorithms:
+        for hook, value in _poisons(algo).items():
+            values.setdefault(hook, set()).add(value)
+    return {hook: v.pop() for hook, v in sorted(values.items()) if len(v) == 1}
+
+
+def _init(algo: SGLangAlgorithm, ring: tuple[int, int, str]) -> str:
+    body = []
+    for f in algo.fields:
+        if not _lazy(f):
+            init, poison = pylit(f.init), "None" if f.poison is None else pylit(f.poison)
+            alloc = f"self._buffer({_dtype(f)}, {init}, {poison})"
+            body.append(f"self.{_buf(f.name)} = {alloc}")
+    adopted = [f for f in algo.fields if f.owner == "graph"]
     if adopted:
-        w(
-            "    # Owned by a captured graph (`owner: graph`): adopted from offered FutureRelayBuffers."
+        body.append("if (relay := self._adopt()) is not None:  # owned by a captured graph")
+        for f in adopted:
+            poison = "None" if f.poison is None else pylit(f.poison)
+            owned = {"bonus_tokens": "output_tokens"}.get(f.name, f.name)
+            body.append(f"    self.{_buf(f.name)} = self._adopted(relay.{owned}, {poison})")
+    for f, host in algo.host_rings:
+        lag, depth = (
+            ("CONFIDENCE_RELAY_RING_LAG", "CONFIDENCE_RELAY_RING_DEPTH")
+            if (host.lag, host.depth) == ring[:2]
+            else (str(host.lag), str(host.depth))
         )
-        w(f"    ADOPTED = {_names(adopted)}")
-    mirrored = any(f.name == SGLANG_HOST_MIRRORED for f in algo.layout.mirrored)
-    if mirrored:
-        w("    _host_mirrored = True")
+        args = f"self, torch.{f.dtype}, {lag}, {depth}, {host.generation_check}"
+        body.append(f"# {comment_text(f.origin)} {f.name}: {comment_text(host.text)}")
+        body.append(f"self.confidence_relay = runtime.HostRing({args})")
+    if not body:
+        return ""
+    head = ["    def _make_buffers(self) -> None:"]
+    return "\n" + "\n".join(head + [f"        {line}" for line in body])
+
+
+def _stash(algo: SGLangAlgorithm, refused: list[str]) -> str:
+    lines = ["    def _stash(self, i: torch.Tensor, payload: RelayPayload) -> None:"]
+    for name in refused:
+        lines.append(f"        self._refuse({_q(name)}, payload.{name})")
+    for f in algo.stashed:
+        value, buf = f"payload.{f.name}", f"self.{_buf(f.name)}"
+        write = f"self._write({buf}, i, {value}, {_q(f.name)})"
+        if f.owner == "graph" and f.name == "bonus_tokens":  # unless the graph scattered it
+            lines += [f"        if not self._scattered_bonus({value}):", f"            {write}"]
+            continue
+        if _lazy(f):
+            args = f"{_q(f.name)}, {value}, {_dtype(f)}, {_q(_dims(f))}"
+            if f.init != "empty":
+                args += f", {pylit(f.init)}"
+            lines.append(f"        if {buf} is None and {value} is not None:")
+            lines.append(f"            {buf} = self._lazy({args})")
+        lines.append(f"        {write}")
+    return "\n" + "\n".join(lines)
+
+
+def _resolve(algo: SGLangAlgorithm) -> str:
+    if algo.name == "none":
+        return ""  # non-speculative: nothing relayed but the input tokens
+    flat = algo.name in FLAT_ROW_ALGORITHMS
+    lines = ["    def _resolve(self, draft_input: Any, i: torch.Tensor) -> None:"]
+    names = {f.name for f in algo.stashed}
+    for f in algo.stashed:
+        target, buf = f"draft_input.{f.name}", f"self.{_buf(f.name)}"
+        if f.name in SGLANG_LAZY and not flat:  # read only for a draft input flagged so
+            lines.append(f"        {target} = self._seeds(draft_input, i, True)")
+        elif flat and f.shape:  # SGLang's draft input holds these rows flat
+            lines.append(f"        {target} = self._gated({buf}, i, {_q(f.name)}).flatten()")
+        elif _lazy(f):  # a lazy field no stash carried stays as it is
+            lines += [
+                f"        if {buf} is not None:",
+                f"            {target} = {buf}.index_select(0, i)",
+            ]
+        else:
+            lines.append(f"        {target} = {buf}.index_select(0, i)")
+    if "dsa_topk_indices" not in names and not flat:  # refused if a draft input has them
+        lines.append("        draft_input.dsa_topk_indices = self._seeds(draft_input, i, False)")
+    for f in algo.stashed:  # debug mode: rows read must be written again before the next read
+        if f.name == "bonus_tokens" and _consume_once(f):
+            lines.append("        self._consume_tokens(draft_input.bonus_tokens, i)")
+        elif _consume_once(f):
+            poison = "None" if f.poison is None else pylit(f.poison)
+            args = f"{_q(f.name)}, self.{_buf(f.name)}, draft_input.{f.name}, i, {poison}"
+            lines.append(f"        self._consume_once({args})")
+    return "\n" + "\n".join(lines)

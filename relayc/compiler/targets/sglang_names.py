@@ -9,12 +9,14 @@ held in `output_tokens_buf`, the bonus-token buffer that becomes the next input 
 
 What is reserved is read from the emitted modules' source (their AST), not listed by hand,
 so that the check stays true whatever the target emits: every module-level name and class,
-and every method, class attribute and `self.` attribute of the FutureMap classes, the
-members of `RelayPayload` that are not its fields, and the attributes the relay reads or
-sets on SGLang's draft inputs. Only what a parse cannot tell comes from the target as a
-:class:`DropInNaming`: how it derives a class name from an algorithm and a buffer
-attribute from a field, and which fields are SGLang's own (the buffers its fixed code
-names belong to them).
+and every method, class attribute and `self.` attribute of the FutureMap classes (SGLang's
+`FutureMap`, the classes it derives from in any parsed module, such as the runtime's base,
+and every class deriving from those), the members of `RelayPayload` that are not its
+fields, and the attributes the relay reads or sets on SGLang's draft inputs. Only what a
+parse cannot tell comes from the target as a :class:`DropInNaming`: how it derives a class
+name from an algorithm and a buffer attribute from a field, which fields are SGLang's own
+(the buffers its fixed code names belong to them), and which module holds the per-field
+code (there a field's own buffer and draft-input attribute are expected, not reserved).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import ast
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from relayc.specs.document import Spec
+from relayc.plan import RelayPlan
 from relayc.specs.errors import SourceLoc, SpecError
 
-# SGLang's names for what the drop-in defines: its FutureMap (the classes deriving from it
-# hold the buffers), its payload, and where the relay finds a batch's draft input.
+# SGLang's names for what the drop-in defines: its FutureMap (it, its bases and the classes
+# deriving from them hold the buffers), its payload, and where the relay finds a batch's
+# draft input.
 FUTURE_MAP = "FutureMap"
 PAYLOAD = "RelayPayload"
 _DRAFT_INPUT_NAMES = frozenset({"draft_input", "spec_info"})
@@ -41,6 +44,10 @@ class DropInNaming:
     buffer_of: Callable[[str], str]  # relay field -> the FutureMap attribute holding it
     # SGLang's own relay fields: the buffer attributes its fixed code names are theirs.
     sglang_fields: tuple[str, ...]
+    # The module whose per-field code writes `self.<buffer>` and `draft_input.<field>` for
+    # each relayed field: there those names are the fields' own. None: every module is
+    # fixed code, whose every name is reserved.
+    field_module: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class Definition:
     name: str
     module: str
     kind: str  # `class`, `function`, `import` or `assignment`
+    line: int  # two classes of one name are two definitions
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,10 @@ class DropInNames:
     map_members: frozenset[str]  # FutureMap classes: methods, class and `self.` attributes
     payload_members: frozenset[str]  # RelayPayload's methods and class attributes
     draft_input_attributes: frozenset[str]  # read or set on SGLang's draft inputs
+    # The same two, less the attributes only the per-field module names (a relayed field's
+    # own buffer or draft-input attribute may be one of those: see field_reserved).
+    fixed_map_members: frozenset[str]
+    fixed_draft_input_attributes: frozenset[str]
 
     def defined(self, name: str) -> list[Definition]:
         """The module-level definitions spelled like ``name``, ignoring case."""
@@ -67,32 +79,43 @@ class DropInNames:
         return [d for d in self.definitions if d.name.casefold() == key]
 
 
-def drop_in_names(sources: Mapping[str, str]) -> DropInNames:
-    """The names the modules ``sources`` (file name -> Python source) use."""
+def drop_in_names(sources: Mapping[str, str], field_module: str | None = None) -> DropInNames:
+    """The names the modules ``sources`` (file name -> Python source) use; ``field_module``:
+    the one holding per-field code (:attr:`DropInNaming.field_module`)."""
     trees = {module: ast.parse(text) for module, text in sources.items()}
     definitions: dict[Definition, None] = {}
-    classes: list[ast.ClassDef] = []
+    classes: list[tuple[str, ast.ClassDef]] = []
     for module, tree in trees.items():
         for node in _module_level(tree.body):
             for name, kind in _defines(node):
-                definitions[Definition(name, module, kind)] = None
+                definitions[Definition(name, module, kind, node.lineno)] = None
             if isinstance(node, ast.ClassDef):
-                classes.append(node)
+                classes.append((module, node))
     maps = _future_map_classes(classes)
-    payloads = [c for c in classes if c.name == PAYLOAD]
-    draft_attributes = {
-        name
-        for tree in trees.values()
-        for node in _outside(tree, payloads)
-        for name in _draft_input_attribute(node)
-    }
+    payloads = [c for _, c in classes if c.name == PAYLOAD]
+    map_members: set[str] = set()
+    fixed_members: set[str] = set()
+    for module, cls in maps:
+        for name, attribute in _members(cls, self_attributes=True):
+            map_members.add(name)
+            if module != field_module or not attribute:  # methods are never a field's
+                fixed_members.add(name)
+    draft_attributes: set[str] = set()
+    fixed_draft_attributes: set[str] = set()
+    for module, tree in trees.items():
+        found = {n for node in _outside(tree, payloads) for n in _draft_input_attribute(node)}
+        draft_attributes |= found
+        if module != field_module:
+            fixed_draft_attributes |= found
     return DropInNames(
         definitions=tuple(definitions),
-        map_members=frozenset(name for c in maps for name in _members(c, self_attributes=True)),
+        map_members=frozenset(map_members),
         payload_members=frozenset(
-            name for c in payloads for name in _members(c, self_attributes=False)
+            name for c in payloads for name, _ in _members(c, self_attributes=False)
         ),
         draft_input_attributes=frozenset(draft_attributes),
+        fixed_map_members=frozenset(fixed_members),
+        fixed_draft_input_attributes=frozenset(fixed_draft_attributes),
     )
 
 
@@ -131,36 +154,55 @@ def _defines(node: ast.stmt) -> Iterator[tuple[str, str]]:
                     yield name.id, "assignment"
 
 
-def _future_map_classes(classes: Sequence[ast.ClassDef]) -> list[ast.ClassDef]:
-    """FutureMap and every class deriving from it, in any of the modules."""
+def _future_map_classes(
+    classes: Sequence[tuple[str, ast.ClassDef]],
+) -> list[tuple[str, ast.ClassDef]]:
+    """FutureMap, the classes it derives from in any of the modules (the runtime's base,
+    whatever its name), and every class deriving from any of those: each with its module."""
+    by_name: dict[str, list[ast.ClassDef]] = {}
+    for _, cls in classes:
+        by_name.setdefault(cls.name, []).append(cls)
     names = {FUTURE_MAP}
-    found: list[ast.ClassDef] = []
+    pending = [FUTURE_MAP]
+    while pending:  # up: the bases FutureMap is built on
+        for cls in by_name.get(pending.pop(), []):
+            for base in _base_names(cls):
+                if base in by_name and base not in names:
+                    names.add(base)
+                    pending.append(base)
     grew = True
-    while grew:
+    while grew:  # down: every class deriving from one of them
         grew = False
-        for cls in classes:
-            if cls in found:
-                continue
-            bases = {b.id for b in cls.bases if isinstance(b, ast.Name)}
-            if cls.name == FUTURE_MAP or bases & names:
-                found.append(cls)
+        for _, cls in classes:
+            if cls.name not in names and set(_base_names(cls)) & names:
                 names.add(cls.name)
                 grew = True
-    return found
+    return [(module, cls) for module, cls in classes if cls.name in names]
 
 
-def _members(cls: ast.ClassDef, *, self_attributes: bool) -> Iterator[str]:
+def _base_names(cls: ast.ClassDef) -> list[str]:
+    """The bases' class names: `Base`, or `module.Base` for a base taken from another of
+    the modules (`runtime.RelayMap`)."""
+    return [
+        b.id if isinstance(b, ast.Name) else b.attr
+        for b in cls.bases
+        if isinstance(b, ast.Name | ast.Attribute)
+    ]
+
+
+def _members(cls: ast.ClassDef, *, self_attributes: bool) -> Iterator[tuple[str, bool]]:
     """Methods and class attributes of ``cls``, and with ``self_attributes`` its annotated
     entries and every attribute its methods read or set on `self` / `cls`. Without it (a
-    dataclass) only ClassVar annotations are members: the other annotations are its fields."""
+    dataclass) only ClassVar annotations are members: the other annotations are its fields.
+    Each with whether it is an attribute (False: a method or a nested class)."""
     for node in cls.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            yield node.name
+            yield node.name, False
         elif isinstance(node, ast.Assign):
-            yield from (t.id for t in node.targets if isinstance(t, ast.Name))
+            yield from ((t.id, True) for t in node.targets if isinstance(t, ast.Name))
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if self_attributes or "ClassVar" in ast.unparse(node.annotation):
-                yield node.target.id
+                yield node.target.id, True
     if self_attributes:
         for inner in ast.walk(cls):
             if (
@@ -168,7 +210,7 @@ def _members(cls: ast.ClassDef, *, self_attributes: bool) -> Iterator[str]:
                 and isinstance(inner.value, ast.Name)
                 and inner.value.id in ("self", "cls")
             ):
-                yield inner.attr
+                yield inner.attr, True
 
 
 def _outside(tree: ast.Module, skipped: Sequence[ast.ClassDef]) -> Iterator[ast.AST]:
@@ -182,69 +224,101 @@ def _outside(tree: ast.Module, skipped: Sequence[ast.ClassDef]) -> Iterator[ast.
         stack.extend(ast.iter_child_nodes(node))
 
 
+def _is_draft_input(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id in _DRAFT_INPUT_NAMES) or (
+        isinstance(node, ast.Attribute) and node.attr in _DRAFT_INPUT_NAMES
+    )
+
+
 def _draft_input_attribute(node: ast.AST) -> Iterator[str]:
-    """Attributes read or set on a draft input (`draft_input.x`, `batch.spec_info.x`), and
-    the keywords a draft input is built with (`EagleDraftInput(future_indices=...)`).
-    RelayPayload's converters are skipped by the caller: they read the relay fields."""
-    if isinstance(node, ast.Attribute):
-        owner = node.value
-        if (isinstance(owner, ast.Name) and owner.id in _DRAFT_INPUT_NAMES) or (
-            isinstance(owner, ast.Attribute) and owner.attr in _DRAFT_INPUT_NAMES
-        ):
-            yield node.attr
+    """Attributes read or set on a draft input (`draft_input.x`, `batch.spec_info.x`,
+    `getattr(draft_input, "x", ...)`), and the keywords a draft input is built with
+    (`EagleDraftInput(future_indices=...)`). RelayPayload's converters are skipped by the
+    caller: they read the relay fields."""
+    if isinstance(node, ast.Attribute) and _is_draft_input(node.value):
+        yield node.attr
     elif isinstance(node, ast.Call):
         func = node.func
         called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
         if called.endswith("Input"):
             yield from (k.arg for k in node.keywords if k.arg is not None)
+        args = node.args
+        if called in ("getattr", "setattr", "hasattr") and len(args) >= 2:
+            if _is_draft_input(args[0]) and isinstance(args[1], ast.Constant):
+                if isinstance(args[1].value, str):
+                    yield args[1].value
 
 
 @dataclass
 class _Claims:
     """The first spec entry that claimed each generated name, for messages."""
 
-    classes: dict[str, tuple[str, Spec]] = field(default_factory=dict)
+    classes: dict[str, tuple[str, RelayPlan]] = field(default_factory=dict)
     buffers: dict[str, str] = field(default_factory=dict)
 
 
 def check_drop_in_names(
     sources: Mapping[str, str],
-    algorithms: Sequence[tuple[Spec, Sequence[str]]],
+    algorithms: Sequence[tuple[RelayPlan, Sequence[str]]],
     naming: DropInNaming,
 ) -> list[SpecError]:
-    """Located errors for the spec names of ``algorithms`` (each spec with the relay fields
+    """Located errors for the spec names of ``algorithms`` (each plan with the relay fields
     the drop-in holds for it) that land on a name the drop-in ``sources`` already use, or
     on each other's; empty when there are none."""
-    names = drop_in_names(sources)
+    names = drop_in_names(sources, naming.field_module)
     errors: list[SpecError] = []
     claims = _Claims()
-    produced = [naming.class_of(spec.algorithm) for spec, _ in algorithms]
-    for spec, _ in algorithms:
-        errors.extend(_class_errors(spec, naming, names, produced, claims))
+    produced = [naming.class_of(plan.algorithm) for plan, _ in algorithms]
+    for plan, _ in algorithms:
+        errors.extend(_class_errors(plan, naming, names, produced, claims))
     owners = {naming.buffer_of(n): n for n in naming.sglang_fields}
+    relayed = {name for _, fields in algorithms for name in fields}
+    reserved = _Reserved(
+        map_members=names.fixed_map_members
+        | (names.map_members - {naming.buffer_of(n) for n in relayed}),
+        draft_input_attributes=names.fixed_draft_input_attributes
+        | (names.draft_input_attributes - relayed),
+        payload_members=names.payload_members,
+    )
     seen: set[SourceLoc] = set()
-    for spec, fields in algorithms:
+    for plan, fields in algorithms:
         for name in fields:
-            loc = spec.fields[name].loc
+            loc = plan.field_locs[name]
             if loc in seen:  # a field imported from one library by several specs
                 continue
             seen.add(loc)
-            errors.extend(_field_errors(name, loc, naming, names, owners, claims))
+            errors.extend(_field_errors(name, loc, naming, reserved, owners, claims))
     return errors
 
 
+@dataclass(frozen=True)
+class _Reserved:
+    """What a relay field's generated names must not land on. In the per-field module a
+    relayed field's own buffer and draft-input attribute are expected; what a parse cannot
+    tell there is a fixed name equal to one a relayed field produces, so the fixed code the
+    target writes into that module uses no name ending like a buffer (`_buf`)."""
+
+    map_members: frozenset[str]
+    draft_input_attributes: frozenset[str]
+    payload_members: frozenset[str]
+
+
 def _class_errors(
-    spec: Spec, naming: DropInNaming, names: DropInNames, produced: list[str], claims: _Claims
+    plan: RelayPlan,
+    naming: DropInNaming,
+    names: DropInNames,
+    produced: list[str],
+    claims: _Claims,
 ) -> Iterator[SpecError]:
-    cls = naming.class_of(spec.algorithm)
+    cls = naming.class_of(plan.algorithm)
     key = cls.casefold()
-    hint = f"rename the algorithm (`algorithm: {spec.algorithm}`)"
-    first = claims.classes.setdefault(key, (spec.algorithm, spec))
-    if first[1] is not spec:
+    hint = f"rename the algorithm (`algorithm: {plan.algorithm}`)"
+    first = claims.classes.setdefault(key, (plan.algorithm, plan))
+    if first[1] is not plan:
         yield SpecError(
-            spec.algorithm_loc,
-            f"algorithm `{spec.algorithm}` generates the SGLang class `{cls}`, as algorithm "
-            f"`{first[0]}` of {first[1].path} does"
+            plan.algorithm_loc,
+            f"algorithm `{plan.algorithm}` generates the SGLang class `{cls}`, as algorithm "
+            f"`{first[0]}` of {first[1].spec_path} does"
             + ("" if cls == naming.class_of(first[0]) else " (class names differ only in case)"),
             f"{hint}: the drop-in would define one class for both",
         )
@@ -255,8 +329,8 @@ def _class_errors(
     if own or len(classes) > generated:
         other = own[0] if own else classes[0]
         yield SpecError(
-            spec.algorithm_loc,
-            f"algorithm `{spec.algorithm}` generates the SGLang class `{cls}`, a name the "
+            plan.algorithm_loc,
+            f"algorithm `{plan.algorithm}` generates the SGLang class `{cls}`, a name the "
             f"drop-in already uses ({other.kind} `{other.name}` in {other.module}; names "
             "are compared ignoring case)",
             hint,
@@ -267,7 +341,7 @@ def _field_errors(
     name: str,
     loc: SourceLoc,
     naming: DropInNaming,
-    names: DropInNames,
+    names: _Reserved,
     owners: dict[str, str],
     claims: _Claims,
 ) -> Iterator[SpecError]:
