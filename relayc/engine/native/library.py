@@ -269,6 +269,15 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_tape_run.restype = ctypes.c_int64
     lib.relayc_tape_name.argtypes = [i]
     lib.relayc_tape_name.restype = ctypes.c_char_p
+    # the integer-dot GEMMs (int8.c): rows, K, N, x, panels, format, kernel, out; and the
+    # activations' quantisation: rows, K, x, q, d, s, sum
+    lib.relayc_int8_gemm.argtypes = [i, i, i, p, p, i, i, p]
+    lib.relayc_int8_quantize.argtypes = [i, i, p, p, p, p, p]
+    for fn in (lib.relayc_int8_gemm, lib.relayc_int8_quantize, lib.relayc_int8_kernels):
+        fn.restype = i
+    lib.relayc_int8_kernels.argtypes = []
+    lib.relayc_int8_kernel.argtypes = [i]
+    lib.relayc_int8_kernel.restype = i
     lib.relayc_bf16_kernels.argtypes = []
     lib.relayc_bf16_kernels.restype = i
     lib.relayc_bf16_kernel.argtypes = [i]

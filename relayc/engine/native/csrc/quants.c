@@ -329,6 +329,10 @@ static const struct quant_blocks *quant_table(int format) {
  * and rebuilt once per eight rows; one to three rows in one pass of their widest kernel. */
 void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, float *out,
                         int add, int format) {
+    if (format == BLOCKS_I8Q4 || format == BLOCKS_I8Q8) {
+        gemm_int8(x, M, K, w, N, out, add, format);
+        return;
+    }
     const struct quant_blocks *b = quant_table(format);
     const int panels = N / 16;
     if (M >= 1 && M <= 3) { /* one row block: no group to keep in cache, the widest kernel */
@@ -352,4 +356,8 @@ void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, float *o
     }
 }
 
-int block_bytes(int format) { return quant_table(format)->bytes; }
+int block_bytes(int format) {
+    return format == BLOCKS_I8Q4 ? I8Q4_BYTES
+           : format == BLOCKS_I8Q8 ? I8Q8_BYTES
+                                   : quant_table(format)->bytes;
+}
