@@ -246,7 +246,7 @@ class ScriptedLayers:
         if (
             self._native is not None
             and meta.padded_index is None
-            and x.shape[0] <= native_max_tokens(self._dtype, _decoding(attend))
+            and x.shape[0] <= native_max_tokens(self._dtype, _decoding(attend), self._native.int8)
         ):
             lib = native.native_decoder()
             if lib is not None:

@@ -243,7 +243,8 @@ class LlamaForCausalLM(nn.Module):
         if self.scripted is not None and self.model.norm.weight.dtype == dtype:
             # The native decoder's rows do not depend on the batch; the head's must not
             # either (MKL's GEMM gives a row other bits at 4+ rows than alone).
-            lib = native_head_library(hidden, dtype, decode)
+            packed = self._native_head
+            lib = native_head_library(hidden, dtype, decode, packed is not None and packed.int8)
             if lib is not None:
                 head = self._native_head = NativeHead.reuse(
                     self._native_head, self.model.norm, self.lm_head

@@ -507,6 +507,25 @@ def use_int8(module: torch.nn.Module, on: bool = True) -> int:
     return count
 
 
+def require_int8(module: torch.nn.Module, source: str) -> None:
+    """:func:`use_int8` for ``Engine(dtype="int8")``: a ValueError saying what to load
+    instead where ``module`` (loaded from ``source``) has no Q4_0, Q4_1 or Q8_0 matrix or
+    is not on the CPU."""
+    where = "`dtype='int8'` (integer dot products over a GGUF file's Q4_0, Q4_1 or Q8_0 blocks)"
+    devices = {p.device.type for p in module.parameters()}
+    if devices != {"cpu"}:
+        raise ValueError(
+            f"{where} runs on the native CPU decoder; {source} is on {', '.join(sorted(devices))}:"
+            " use `device='cpu'`, or dtype='float32' / 'bfloat16'"
+        )
+    if use_int8(module) == 0:
+        use_int8(module, on=False)
+        raise ValueError(
+            f"{where}: {source} has no such matrix; load a GGUF file that has them "
+            "(`model='smollm2'` is Q4_1 and Q8_0), or use dtype='float32'"
+        )
+
+
 def int8_enabled(module: torch.nn.Module) -> bool:
     """Whether :func:`use_int8` turned ``module``'s integer-dot products on."""
     return any(getattr(p, _INT8, False) for p in module.parameters())
