@@ -78,6 +78,7 @@ from relayc.engine.decoder.packing import (
 )
 from relayc.engine.native import library as native
 from relayc.engine.native import scripted
+from relayc.engine.native.blocks import build_features
 
 if TYPE_CHECKING:
     from relayc.engine.core.layers import LlamaDecoderLayer, RopeTables
@@ -284,3 +285,23 @@ class ScriptedLayers:
             )
         finally:
             torch._C._set_graph_executor_optimize(optimize)
+
+
+def cpu_path(model: Any) -> str:
+    """The path a CPU decode of ``model`` (a LlamaForCausalLM laid out for the CPU) runs, in
+    words, for ``relayc generate`` to print: the precision, what the layers' weights are
+    read as, and the kernel or the CPU features that chose it."""
+    lib = native.native_decoder()
+    layers: ScriptedLayers | None = getattr(model, "scripted", None)
+    weights = layers.native_weights() if layers is not None else None
+    if lib is None or weights is None:
+        return "float32 TorchScript or eager layers (the native decoder does not run them)"
+    if weights.int8:
+        kernel = native.INT8_KERNELS[lib.relayc_int8_kernel(-1)]
+        return f"int8 dot products over the GGUF blocks ({kernel} kernel)"
+    if weights.dtype == torch.bfloat16:
+        return f"bfloat16 weights ({native.bf16_kernel(lib)} kernel)"
+    cpu = ", ".join(build_features()) or "no AVX2"
+    if weights.blocks:
+        return f"float32 over the GGUF blocks (the fastest exact path here: {cpu})"
+    return f"float32 panels ({cpu})"

@@ -526,6 +526,48 @@ def require_int8(module: torch.nn.Module, source: str) -> None:
         )
 
 
+# float32's fastest exact path per CPU, keyed on what the native decoder was compiled for
+# (-march=native: this CPU's features; quants.c's relayc_block_isa), first match wins.
+# Measured on SmolLM2 one request at a time (docs/benchmarks.md): with AVX-512 the blocks
+# run `none` 2.9x faster than float32 panels (57.2 against 19.4 tokens/s); with AVX2 alone
+# the panels run 2.3x faster (37.0 against 16.0: rebuilding each weight costs FMA work that
+# the panels only pay in bandwidth). No start-up measurement: the table is the choice.
+FLOAT32_PATHS: tuple[tuple[str, str], ...] = (
+    ("avx512f", "blocks"),
+    ("avx2", "panels"),
+    ("", "blocks"),  # unmeasured (no AVX2: another architecture): the fewest bytes
+)
+_ISA_BITS = {"avx512f": 1, "avx2": 2, "fma": 4, "f16c": 8}
+
+
+def build_features() -> tuple[str, ...]:
+    """The x86 features the native decoder was compiled for (names as in
+    :data:`FLOAT32_PATHS`); () where it is not built."""
+    from relayc.engine.native import library as native
+
+    lib = native.native_decoder()
+    if lib is None:
+        return ()
+    isa = lib.relayc_block_isa()
+    return tuple(name for name, bit in _ISA_BITS.items() if isa & bit)
+
+
+def float32_path(features: Sequence[str] | None = None) -> str:
+    """``"blocks"`` or ``"panels"``: how float32 reads a GGUF file's quantized matrices on a
+    CPU with ``features`` (default: this one's, :func:`build_features`)."""
+    have = set(build_features() if features is None else features)
+    return next(path for feature, path in FLOAT32_PATHS if not feature or feature in have)
+
+
+def choose_float32_path(module: torch.nn.Module) -> str:
+    """Apply :func:`float32_path` to ``module`` (the engine does, for float32 models):
+    where it says panels, :func:`forget_blocks`. Returns the path."""
+    path = float32_path()
+    if path == "panels":
+        forget_blocks(module)
+    return path
+
+
 def int8_enabled(module: torch.nn.Module) -> bool:
     """Whether :func:`use_int8` turned ``module``'s integer-dot products on."""
     return any(getattr(p, _INT8, False) for p in module.parameters())

@@ -37,7 +37,7 @@ from relayc.engine.model.llama import (
     prepare_cpu_decoders,
     use_cpu_matmul_layout,
 )
-from relayc.engine.native.blocks import BLOCK, require_int8
+from relayc.engine.native.blocks import BLOCK, choose_float32_path, require_int8
 from relayc.engine.serving.algorithms import (
     DecodeAlgorithm,
     check_algorithm,
@@ -309,6 +309,8 @@ class Engine:
         if self.device.type == "cpu":
             modules = (self.model, *self.algorithm.draft_modules())
             for module in modules:
+                if module is not self.model or dtype != "int8":
+                    choose_float32_path(module)  # blocks or panels: a table by CPU
                 use_cpu_matmul_layout(module)
             # Packed now, not at the first request's forwards: a GGUF model's blocks are
             # checked against its loaded values here (seconds, for the first request of a

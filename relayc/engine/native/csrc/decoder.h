@@ -308,6 +308,7 @@ RELAYC_HIDDEN int live_prefix(int B, int p_max, const int64_t *lens);
 
 int relayc_bf16_kernels(void);
 int relayc_bf16_kernel(int want);
+int relayc_block_isa(void);
 int relayc_int8_kernels(void);
 int relayc_int8_kernel(int want);
 int relayc_int8_gemm(int M, int K, int N, const float *x, const uint8_t *w, int format,

@@ -361,3 +361,23 @@ int block_bytes(int format) {
            : format == BLOCKS_I8Q8 ? I8Q8_BYTES
                                    : quant_table(format)->bytes;
 }
+
+/* What the block kernels above were compiled for (-march=native: this CPU's features):
+ * bit 0 AVX-512F, bit 1 AVX2, bit 2 FMA, bit 3 F16C. Their speed against float32 panels
+ * hangs on it (blocks.py's FLOAT32_PATHS: the engine's float32 path per CPU). */
+int relayc_block_isa(void) {
+    int isa = 0;
+#if defined(__AVX512F__)
+    isa |= 1;
+#endif
+#if defined(__AVX2__)
+    isa |= 2;
+#endif
+#if defined(__FMA__)
+    isa |= 4;
+#endif
+#if defined(__F16C__)
+    isa |= 8;
+#endif
+    return isa;
+}
