@@ -561,9 +561,10 @@ def float32_path(features: Sequence[str] | None = None) -> str:
 
 def choose_float32_path(module: torch.nn.Module) -> str:
     """Apply :func:`float32_path` to ``module`` (the engine does, for float32 models):
-    where it says panels, :func:`forget_blocks`. Returns the path."""
+    where it says panels, :func:`forget_blocks` -- unless :func:`use_int8` marked it (an
+    int8 model shared by a second engine keeps its blocks). Returns the path."""
     path = float32_path()
-    if path == "panels":
+    if path == "panels" and not int8_enabled(module):
         forget_blocks(module)
     return path
 
