@@ -135,3 +135,102 @@ def test_int8_needs_q4_or_q8_blocks_on_the_cpu() -> None:
     forget_blocks(panels)  # the blocks are dropped: nothing int8 can read
     with pytest.raises(ValueError, match="has no such matrix"):
         Engine(model=panels, dtype="int8")
+
+
+@cache
+def _toy_int8() -> torch.nn.Module:
+    """The shipped byte-level demo target with its matrices quantized to Q4_1 (a float32
+    model has no blocks for int8 to read), shared by the toy tests."""
+    from relayc.engine.checkpoints.quantize import quantize_linears
+
+    model = load_model(None, device=torch.device("cpu"), dtype=torch.float32).model
+    assert quantize_linears(model, "q4_1")
+    return model
+
+
+@pytest.mark.parametrize("algorithm", ["eagle", "eagle_multilayer", "standalone", "eagle3"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_toy_speculation_in_int8_equals_none_in_int8(algorithm: str, overlap: bool) -> None:
+    """The toy target in int8 with each shipped drafter (float32: only the target's matrix
+    products change precision): greedy output is `none`'s in int8, batched."""
+    from relayc.engine.checkpoints.shipped import shipped_drafter
+    from relayc.engine.serving.algorithms import default_dims
+
+    model = _toy_int8()
+    prompts = [list(b"def fibonacci(n):\n    "), list(b"import os\nimport sys\n\nclass "), [10]]
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    none = Engine(model=model, dtype="int8", overlap=overlap).generate(prompts, params)
+    steps, _ = default_dims(algorithm, None, None)
+    engine = Engine(
+        model=model,
+        algorithm=algorithm,
+        dtype="int8",
+        draft_model=shipped_drafter(algorithm, steps),
+        overlap=overlap,
+    )
+    weights = model.scripted.native_weights() if model.scripted is not None else None
+    assert weights is not None and weights.int8
+    outs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in none]
+    accepted = [n for o in outs for n in o.accept_lengths]
+    assert sum(accepted) / len(accepted) > 1.2
+
+
+def _random_int8(qtype: str, seed: int) -> torch.nn.Module:
+    """The tiny random model with its matrices quantized to ``qtype`` and marked int8."""
+    from relayc.engine.checkpoints.quantize import quantize_linears
+    from relayc.engine.model.llama import use_cpu_matmul_layout
+    from relayc.engine.model.weights import random_model
+
+    model = random_model(seed=seed)
+    assert quantize_linears(model, qtype)
+    assert use_int8(model) > 0
+    use_cpu_matmul_layout(model)
+    return model
+
+
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "q4_0"])
+def test_int8_rows_do_not_depend_on_the_batch(qtype: str) -> None:
+    """One-token decodes, the same tokens beside another request, an 8-row verify of the
+    chain, and a 96-row verify of twelve requests (above float32's native limit) give the
+    same bits per token."""
+    from tests.engine.helpers import PagedDriver
+    from tests.engine.test_cpu_decoder import _tokens
+
+    model = _random_int8(qtype, seed=5)
+    prompt, chain = _tokens(9, seed=3), [17, 250, 3, 99, 4, 4, 180, 61]
+    alone = PagedDriver(model)
+    req = alone.new_request()
+    alone.extend([req], [prompt])
+    decoded = torch.cat([alone.decode([req], [t]) for t in chain])
+    crowd = PagedDriver(model)
+    reqs = [crowd.new_request() for _ in range(2)]
+    crowd.extend(reqs[:1], [prompt])
+    crowd.extend(reqs[1:], [_tokens(12, seed=9)])
+    beside = torch.cat([crowd.decode(reqs, [t, 1])[:1] for t in chain])
+    causal = torch.ones(12, len(chain), len(chain), dtype=torch.bool).tril()
+    big = PagedDriver(model, kv_size=4096, req_slots=13)
+    many = [big.new_request() for _ in range(12)]
+    big.extend(many[:1], [prompt])
+    for r, other in enumerate(many[1:]):
+        big.extend([other], [_tokens(5 + r, seed=r)])
+    chains = [chain] + [[(7 * r + 13 * i) % 250 + 1 for i in range(8)] for r in range(11)]
+    verified = big.verify(many, chains, [list(range(8))] * 12, causal)
+    assert torch.equal(decoded, beside)
+    assert torch.equal(decoded, verified[:8])
+    # and it is int8, not float32: the logits differ from the same model's float32 forward
+    float32 = PagedDriver(_float32_twin(model))
+    twin_req = float32.new_request()
+    float32.extend([twin_req], [prompt])
+    assert not torch.equal(float32.decode([twin_req], [chain[0]]), decoded[:1])
+
+
+def _float32_twin(model: torch.nn.Module) -> torch.nn.Module:
+    import copy
+
+    from relayc.engine.model.llama import use_cpu_matmul_layout
+
+    twin = copy.deepcopy(model)
+    use_int8(twin, on=False)
+    use_cpu_matmul_layout(twin)
+    return twin
