@@ -234,3 +234,25 @@ def _float32_twin(model: torch.nn.Module) -> torch.nn.Module:
     use_int8(twin, on=False)
     use_cpu_matmul_layout(twin)
     return twin
+
+
+def test_int8_prefill_of_mixed_lengths_is_each_prompt_alone() -> None:
+    """Prompts of different lengths prefilled together (which the native decoder takes one
+    request at a time in int8, rather than the float32 TorchScript layers) give each
+    prompt's bits alone: its last logits and the decode after it."""
+    from tests.engine.helpers import PagedDriver
+    from tests.engine.test_cpu_decoder import _tokens
+
+    model = _random_int8("q4_1", seed=8)
+    prompts = [_tokens(n, seed=n) for n in (5, 70, 2)]  # one above float32's native limit
+    together = PagedDriver(model)
+    reqs = [together.new_request() for _ in prompts]
+    last = together.extend(reqs, prompts)
+    after = together.decode(reqs, [7, 8, 9])
+    start = 0
+    for i, prompt in enumerate(prompts):  # `last`: every prompt token's logits, in order
+        alone = PagedDriver(model)
+        req = alone.new_request()
+        assert torch.equal(alone.extend([req], [prompt]), last[start : start + len(prompt)])
+        assert torch.equal(alone.decode([req], [7 + i]), after[i : i + 1])
+        start += len(prompt)

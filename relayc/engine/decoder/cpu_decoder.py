@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -215,6 +216,64 @@ class ScriptedLayers:
             with self._pin_lock:
                 self._pins -= 1
 
+    def _each_request(
+        self,
+        lib: Any,
+        args: dict[str, Any],
+        x: torch.Tensor,
+        rope: RopeTables,
+        attend: PagedAttend,
+        k_cache: Sequence[torch.Tensor],
+        v_cache: Sequence[torch.Tensor],
+        capture: Sequence[int],
+        captured: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """A prefill of prompts of different lengths in int8: each request's rows as a
+        native call of their own. The native decoder takes uniform batches only, and the
+        TorchScript layers would compute these rows in float32, so the precision -- and a
+        request's bits -- would change with the prompts beside it; here they are the bits
+        of the request prefilled alone."""
+        assert self._native is not None
+        batch = attend.batch
+        outs: list[torch.Tensor] = []
+        parts: list[list[torch.Tensor]] = [[] for _ in capture]
+        start = 0
+        for b, n in enumerate(batch.extend_lens.tolist()):
+            end = start + n
+            one = dataclasses.replace(
+                batch,
+                input_ids=batch.input_ids[start:end],
+                positions=batch.positions[start:end],
+                out_cache_loc=batch.out_cache_loc[start:end],
+                req_pool_indices=batch.req_pool_indices[b : b + 1],
+                prefix_lens=batch.prefix_lens[b : b + 1],
+                extend_lens=batch.extend_lens[b : b + 1],
+                max_prefix_len=int(batch.prefix_lens[b]),
+                max_extend_len=n,
+                equal_extend_lens=True,
+            )
+            got: list[torch.Tensor] = []
+            outs.append(
+                self._native.run(
+                    lib,
+                    args,
+                    x[start:end],
+                    rope._replace(cos=rope.cos[start:end], sin=rope.sin[start:end]),
+                    PagedAttend.build(one),
+                    list(k_cache),
+                    list(v_cache),
+                    None,
+                    capture,
+                    got if capture else None,
+                )
+            )
+            for part, tensor in zip(parts, got, strict=False):
+                part.append(tensor)
+            start = end
+        if captured is not None:
+            captured.extend(torch.cat(part) for part in parts)
+        return torch.cat(outs)
+
     def __call__(
         self,
         x: torch.Tensor,
@@ -253,6 +312,17 @@ class ScriptedLayers:
             if lib is not None:
                 return self._native.run(
                     lib, args, x, rope, attend, k_cache, v_cache, None, capture, captured
+                )
+        if (
+            self._native is not None
+            and self._native.int8
+            and meta.padded_index is not None
+            and int(attend.batch.extend_lens.max()) <= native_max_tokens(self._dtype, False, True)
+        ):
+            lib = native.native_decoder()
+            if lib is not None:
+                return self._each_request(
+                    lib, args, x, rope, attend, k_cache, v_cache, capture, captured
                 )
         if capture or self._dtype != torch.float32:
             # The TorchScript layers are the float32 eager ops; bfloat16's eager RMSNorm
