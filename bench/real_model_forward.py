@@ -2,6 +2,7 @@
 
     python bench/real_model_forward.py [--prefix 200] [--widths 1,4,8,16,32,64]
                                        [--iters 10] [--threads 1] [--paths all]
+                                       [--march haswell]
 
 Times ``LlamaForCausalLM.forward`` over a cached context of ``--prefix`` tokens: width 1
 is a one-token decode, wider a chain verify of that many tokens. Paths: ``f32-blocks``
@@ -17,7 +18,9 @@ best of ``--iters``; the wall time and the process CPU time of that best run are
 so a run that was starved of the CPU (cpu/wall well under 1 with one thread) is visible.
 Each cell's ``xN`` is its time over the engine's default path for its dtype
 (``f32-blocks`` for float32 and int8; for bfloat16 the kernel the machine picks, marked
-``*``).
+``*``). ``--march CPU`` builds the native decoder for that CPU instead of this one
+(``haswell``: the AVX2-only build, whose float32 block kernels are the ones an AVX2-only CPU
+runs, on a machine that has more; its int8 kernel is the one the ``int8-*`` path names).
 """
 
 from __future__ import annotations
@@ -105,7 +108,12 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--paths", default="all", help=f"comma-separated of {', '.join(PATHS)}")
+    parser.add_argument("--march", help="build the native decoder for this -march, not native")
     args = parser.parse_args()
+    if args.march:
+        native_module.FLAGS = [
+            f"-march={args.march}" if f == "-march=native" else f for f in native_module.FLAGS
+        ]
     paths = list(PATHS) if args.paths == "all" else args.paths.split(",")
     if not paths or set(paths) - set(PATHS):
         parser.error(f"--paths takes {', '.join(PATHS)}, comma-separated")

@@ -72,10 +72,10 @@ static void quantize_rows(const float *x, int M, int K, int8_t *q, float *d, flo
             int8_t *qb = q + (size_t)m * K + (size_t)b * 32;
             float amax = 0.0f;
             int nan = 0;
-            for (int k = 0; k < 32; k++) {
+            for (int k = 0; k < 32; k++) { /* branch-free: the compiler vectorises it */
                 const float a = fabsf(xb[k]);
-                if (a != a) nan = 1;
-                else if (a > amax) amax = a;
+                nan |= a != a;
+                amax = a > amax ? a : amax;
             }
             /* NaN or infinity: d_x carries it and every q is 0, so the row's sums are NaN */
             const int finite = !nan && amax <= 0x1.fffffep127f;
@@ -83,8 +83,12 @@ static void quantize_rows(const float *x, int M, int K, int8_t *q, float *d, flo
             const float inv = finite && dx != 0.0f ? 1.0f / dx : 0.0f;
             int32_t total = 0;
             if (!finite) memset(qb, 0, 32);
-            for (int k = 0; k < 32 && finite; k++) {
-                float r = nearbyintf(xb[k] * inv);
+            for (int k = 0; finite && k < 32; k++) {
+                /* round half to even: adding and taking away 1.5 * 2^23 leaves the nearest
+                   integer for |v| < 2^22 (nearbyintf's result, vectorised); anything larger,
+                   an infinity included, is clamped to +-127 either way */
+                const float v = xb[k] * inv;
+                float r = (v + 0x1.8p23f) - 0x1.8p23f;
                 r = r != r ? 0.0f : r; /* 0 * inf, where d_x is subnormal: an exact 0 */
                 r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
                 qb[k] = (int8_t)r;
@@ -361,14 +365,14 @@ struct int8_blocks {
 /* VNNI: up to 16 int32 sums and 16 float accumulators of 32 registers; two rows and
  * fewer over four panels, three and four over two, more over one. */
 #define VNNI_KERNELS(NAME, BLOCK)                                                          \
-    BLOCK(1, 4) BLOCK(1, 1) BLOCK(2, 4) BLOCK(2, 1) BLOCK(3, 2) BLOCK(3, 1) BLOCK(4, 2)     \
+    BLOCK(1, 8) BLOCK(1, 1) BLOCK(2, 4) BLOCK(2, 1) BLOCK(3, 2) BLOCK(3, 1) BLOCK(4, 2)     \
     BLOCK(4, 1) BLOCK(5, 1) BLOCK(6, 1) BLOCK(7, 1) BLOCK(8, 1)                             \
     static const struct int8_blocks NAME##_blocks = {                                      \
-        {0, NAME##_1_4, NAME##_2_4, NAME##_3_2, NAME##_4_2, NAME##_5_1, NAME##_6_1,         \
+        {0, NAME##_1_8, NAME##_2_4, NAME##_3_2, NAME##_4_2, NAME##_5_1, NAME##_6_1,         \
          NAME##_7_1, NAME##_8_1},                                                          \
         {0, NAME##_1_1, NAME##_2_1, NAME##_3_1, NAME##_4_1, NAME##_5_1, NAME##_6_1,         \
          NAME##_7_1, NAME##_8_1},                                                          \
-        {0, 4, 4, 2, 2, 1, 1, 1, 1},                                                       \
+        {0, 8, 4, 2, 2, 1, 1, 1, 1},                                                       \
     };
 /* AVX2: sixteen registers; a panel is two of them. */
 #define AVX2_KERNELS(NAME, BLOCK)                                                          \
@@ -463,8 +467,11 @@ static int gemm_int8_with(const float *x, int M, int K, const uint8_t *w, int N,
     const struct int8_blocks *kb = kernel == INT8_VNNI ? (q4 ? &vq4_blocks : &vq8_blocks)
                                                        : (q4 ? &aq4_blocks : &aq8_blocks);
     const int panels = N / 16;
-    for (int g = 0; g < panels; g += 4) {
-        const int end = g + 4 < panels ? g + 4 : panels;
+    /* up to eight rows are one row block: one pass over every panel with the widest
+       kernel; more rows go four panels at a time, every row block over them in cache */
+    const int group = M <= 8 ? panels : 4;
+    for (int g = 0; g < panels; g += group) {
+        const int end = g + group < panels ? g + group : panels;
         for (int m0 = 0, mb; m0 < M; m0 += mb) {
             mb = M - m0 >= 8 ? 8 : M - m0;
             const struct xquant xa = {q + (size_t)m0 * K, d + (size_t)m0 * nb,
