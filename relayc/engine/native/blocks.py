@@ -490,6 +490,8 @@ def native_blocks(weight: torch.Tensor | None) -> BlockWeight | None:
     blocks = blocks_of(weight)
     if blocks is not None and getattr(weight, _INT8, False) and blocks.qtype in INT8_FORMATS:
         return replace(blocks, int8=True)
+    if getattr(weight, _PANELS_ONLY, False):  # forget_blocks, choose_float32_path
+        return None
     return blocks or exact_word_blocks(weight)
 
 
@@ -561,11 +563,13 @@ def float32_path(features: Sequence[str] | None = None) -> str:
 
 def choose_float32_path(module: torch.nn.Module) -> str:
     """Apply :func:`float32_path` to ``module`` (the engine does, for float32 models):
-    where it says panels, :func:`forget_blocks` -- unless :func:`use_int8` marked it (an
-    int8 model shared by a second engine keeps its blocks). Returns the path."""
+    where it says panels, the native decoder reads its float32 panels -- the blocks stay
+    recorded (:func:`blocks_of`), only not read -- unless :func:`use_int8` marked it (an
+    int8 model shared by a second engine keeps its int8 path). Returns the path."""
     path = float32_path()
     if path == "panels" and not int8_enabled(module):
-        forget_blocks(module)
+        for param in module.parameters():
+            setattr(param, _PANELS_ONLY, True)
     return path
 
 
