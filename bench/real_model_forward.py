@@ -2,6 +2,7 @@
 
     python bench/real_model_forward.py [--prefix 200] [--widths 1,4,8,16,32,64]
                                        [--iters 10] [--threads 1] [--paths all]
+                                       [--march haswell]
 
 Times ``LlamaForCausalLM.forward`` over a cached context of ``--prefix`` tokens: width 1
 is a one-token decode, wider a chain verify of that many tokens. Paths: ``f32-blocks``
@@ -10,11 +11,16 @@ relayc.engine.native.blocks), ``f32-native`` (native/csrc/, float32 panels: the 
 bits), ``f32-scripted`` (the TorchScript layers, MKL), ``f32-eager``,
 ``bf16-amx``, ``bf16-avx512bf16``, ``bf16-portable`` (native/csrc/, bfloat16 weights, with
 that GEMM kernel: relayc.engine.native.library.BF16_KERNELS; those the CPU lacks are left out),
-``bf16-eager`` (torch's bfloat16 ops, oneDNN). Every (path, width) is timed round robin,
+``bf16-eager`` (torch's bfloat16 ops, oneDNN), ``int8-vnni``, ``int8-avx2``, ``int8-scalar``
+(dtype "int8": integer dot products over the file's blocks, int8.c, with that kernel; every
+kernel gives the same bits). Every (path, width) is timed round robin,
 best of ``--iters``; the wall time and the process CPU time of that best run are printed,
 so a run that was starved of the CPU (cpu/wall well under 1 with one thread) is visible.
 Each cell's ``xN`` is its time over the engine's default path for its dtype
-(``f32-blocks``; for bfloat16 the kernel the machine picks, marked ``*``).
+(``f32-blocks`` for float32 and int8; for bfloat16 the kernel the machine picks, marked
+``*``). ``--march CPU`` builds the native decoder for that CPU instead of this one
+(``haswell``: the AVX2-only build, whose float32 block kernels are the ones an AVX2-only CPU
+runs, on a machine that has more; its int8 kernel is the one the ``int8-*`` path names).
 """
 
 from __future__ import annotations
@@ -37,10 +43,20 @@ from relayc.engine.checkpoints.loader import load_model
 from relayc.engine.core.forward_batch import ForwardBatch, ForwardMode
 from relayc.engine.core.kv_cache import KVCache, ReqToTokenPool, TokenToKVPool
 from relayc.engine.model.llama import LlamaForCausalLM, use_cpu_matmul_layout
-from relayc.engine.native.blocks import forget_blocks
+from relayc.engine.native.blocks import forget_blocks, use_int8
 
 KERNEL_PATHS = tuple(f"bf16-{name}" for name in native_module.BF16_KERNELS)
-PATHS = ("f32-blocks", "f32-native", "f32-scripted", "f32-eager", *KERNEL_PATHS, "bf16-eager")
+INT8_KERNELS = ("scalar", "avx2", "vnni")  # int8.c's INT8_SCALAR, INT8_AVX2, INT8_VNNI
+INT8_PATHS = tuple(f"int8-{name}" for name in reversed(INT8_KERNELS))
+PATHS = (
+    "f32-blocks",
+    "f32-native",
+    "f32-scripted",
+    "f32-eager",
+    *KERNEL_PATHS,
+    "bf16-eager",
+    *INT8_PATHS,
+)
 
 
 def _no_native() -> None:
@@ -92,7 +108,12 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--paths", default="all", help=f"comma-separated of {', '.join(PATHS)}")
+    parser.add_argument("--march", help="build the native decoder for this -march, not native")
     args = parser.parse_args()
+    if args.march:
+        native_module.FLAGS = [
+            f"-march={args.march}" if f == "-march=native" else f for f in native_module.FLAGS
+        ]
     paths = list(PATHS) if args.paths == "all" else args.paths.split(",")
     if not paths or set(paths) - set(PATHS):
         parser.error(f"--paths takes {', '.join(PATHS)}, comma-separated")
@@ -106,16 +127,20 @@ def main() -> None:
         "blocks": "f32-blocks" in paths,
         "f32": any(p.startswith("f32-") and p != "f32-blocks" for p in paths),
         "bf16": any(p.startswith("bf16-") for p in paths),
+        "int8": any(p.startswith("int8-") for p in paths),
     }
     for layout, dtype in (
         ("blocks", torch.float32),
         ("f32", torch.float32),
         ("bf16", torch.bfloat16),
+        ("int8", torch.float32),
     ):
         if needed[layout]:
             model = load_model("smollm2", device=cpu, dtype=dtype).model
             if layout == "f32":
                 forget_blocks(model)  # float32 panels
+            if layout == "int8":
+                use_int8(model)
             use_cpu_matmul_layout(model)
             models[layout] = model
             steps[layout] = paged_steps(model, args.prefix, widths)
@@ -125,6 +150,11 @@ def main() -> None:
     machine = f"bf16-{native_module.bf16_kernel(lib)}"
     missing = [
         p for p in paths if p in KERNEL_PATHS and p[5:] not in native_module.bf16_kernels(lib)
+    ]
+    int8_here = lib.relayc_int8_kernels()
+    int8_machine = lib.relayc_int8_kernel(-1)
+    missing += [
+        p for p in paths if p in INT8_PATHS and not int8_here >> INT8_KERNELS.index(p[5:]) & 1
     ]
     if missing:
         print(f"left out (this CPU lacks the kernel): {', '.join(missing)}")
@@ -141,6 +171,8 @@ def main() -> None:
             native_module.native_decoder = real_native if native else _no_native
             if path in KERNEL_PATHS:
                 native_module.use_bf16_kernel(lib, path[5:])
+            if path in INT8_PATHS:
+                lib.relayc_int8_kernel(INT8_KERNELS.index(path[5:]))
             try:
                 model(step)
             finally:
@@ -154,13 +186,14 @@ def main() -> None:
         best = _time(runs, args.iters)
     finally:
         native_module.use_bf16_kernel(lib, machine[5:])
+        lib.relayc_int8_kernel(int8_machine)
     print(
         f"SmolLM2-135M, context {args.prefix}, {args.threads} thread(s), best of {args.iters}: "
         "wall ms (process cpu / wall of that run)"
     )
     print(f"{'path':<17}" + "".join(f"{f'{w} row' + ('s' if w > 1 else ''):>20}" for w in widths))
     for path in paths:
-        default = "f32-blocks" if path.startswith("f32") else machine
+        default = machine if path.startswith("bf16") else "f32-blocks"
         cells = []
         for width in widths:
             wall, used = best[(path, width)]
@@ -168,7 +201,8 @@ def main() -> None:
             if default in paths and path != default:
                 ratio = f" x{wall / best[(default, width)][0]:.2f}"
             cells.append(f"{wall * 1e3:7.1f} ({used / wall:.2f}){ratio:>6}")
-        name = path + (" *" if path == machine else "")
+        chosen = path == machine or path == f"int8-{INT8_KERNELS[int8_machine]}"
+        name = path + (" *" if chosen else "")
         print(f"{name:<17}" + "".join(f"{c:>20}" for c in cells))
     print("xN: time over the native path of the same dtype (*: the kernel this machine runs)")
 

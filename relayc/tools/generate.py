@@ -193,10 +193,11 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
     )
     p.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16"),
+        choices=("float32", "bfloat16", "int8"),
         help="the weights' precision (default: float32 for GGUF files, whose quantized "
         "matrices the CPU decoder then reads as stored; the checkpoint's own else); bfloat16 "
-        "rounds the weights, and reads half the bytes of float32 weights",
+        "rounds the weights, and reads half the bytes of float32 weights; int8 multiplies "
+        "a GGUF file's Q4_0/Q4_1/Q8_0 matrices with 8-bit activations (integer dot products)",
     )
     p.add_argument(
         "--draft-model",
@@ -224,6 +225,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # Imported here: torch is slow to import, and `relayc validate` should not pay for it.
     from relayc.engine.checkpoints.named import named_model_file
     from relayc.engine.core.sampling import SamplingParams
+    from relayc.engine.decoder.cpu_decoder import cpu_path
     from relayc.engine.errors import CheckpointError
     from relayc.engine.serving.engine import Engine
     from relayc.engine.serving.engine_args import EngineArgumentError
@@ -309,6 +311,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"mean accept length {accept:.2f}",
         file=sys.stderr,
     )
+    if engine.device.type == "cpu":
+        print(f"decoded with {cpu_path(engine.model)}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -190,6 +190,9 @@ def test_chat_with_the_real_model_streams_the_answer(capsys: pytest.CaptureFixtu
     assert "Paris" in captured.out
     assert "loaded smollm2" in captured.err and "bfloat16" in captured.err  # progress line
     assert "finish: stop" in captured.err and "mean accept length 1.00" in captured.err
+    assert "decoded with bfloat16 weights (" in captured.err  # which CPU path ran
+    assert main([*argv, "--max-new-tokens", "8", "--dtype", "int8"]) == EXIT_OK
+    assert "decoded with int8 dot products over the GGUF blocks" in capsys.readouterr().err
 
 
 def test_a_drafter_that_would_be_random_on_the_real_model_is_refused(

@@ -26,7 +26,7 @@ import torch
 from relayc.engine.checkpoints.gguf import load_gguf_model, open_gguf
 from relayc.engine.checkpoints.named import NAMED_MODELS, named_model_file
 from relayc.engine.checkpoints.shipped import RANDOM, mark_named_target, shipped_target
-from relayc.engine.core.config import ModelConfig, dtype_from_name
+from relayc.engine.core.config import PRECISIONS, ModelConfig, dtype_from_name
 from relayc.engine.errors import CheckpointError
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.engine.model.weights import load_checkpoint, random_model
@@ -41,7 +41,7 @@ from relayc.engine.text.tokenizer import (
 AnyTokenizer = Union[Tokenizer, ByteTokenizer]  # noqa: UP007 - a runtime alias
 ModelArg = str | PathLike[str] | LlamaForCausalLM | None
 Progress = Callable[[str], None]
-DTYPES = ("float32", "bfloat16")  # what `dtype=` / `--dtype` take by name
+DTYPES = ("float32", "bfloat16", "int8")  # what `dtype=` / `--dtype` take by name
 
 
 @dataclass
@@ -62,6 +62,8 @@ def resolve_dtype(dtype: object) -> torch.dtype | None:
         return dtype
     if not isinstance(dtype, str):
         raise TypeError(f"`dtype` must be one of {', '.join(DTYPES)} or None; got {dtype!r}")
+    if dtype in PRECISIONS:  # "int8": float32 tensors, the products set by the engine
+        return PRECISIONS[dtype]
     return dtype_from_name(dtype)
 
 

@@ -23,6 +23,10 @@ _DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+# Precisions named like a dtype that are not one: the model's tensors have the dtype mapped
+# to and only the native CPU decoder's matrix products change ("int8": integer dot products
+# over a GGUF file's Q4_0, Q4_1 and Q8_0 blocks, relayc/engine/native/csrc/int8.c).
+PRECISIONS: dict[str, torch.dtype] = {"int8": torch.float32}
 
 
 def dtype_from_name(name: str | torch.dtype) -> torch.dtype:

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -78,6 +79,7 @@ from relayc.engine.decoder.packing import (
 )
 from relayc.engine.native import library as native
 from relayc.engine.native import scripted
+from relayc.engine.native.blocks import build_features
 
 if TYPE_CHECKING:
     from relayc.engine.core.layers import LlamaDecoderLayer, RopeTables
@@ -214,6 +216,64 @@ class ScriptedLayers:
             with self._pin_lock:
                 self._pins -= 1
 
+    def _each_request(
+        self,
+        lib: Any,
+        args: dict[str, Any],
+        x: torch.Tensor,
+        rope: RopeTables,
+        attend: PagedAttend,
+        k_cache: Sequence[torch.Tensor],
+        v_cache: Sequence[torch.Tensor],
+        capture: Sequence[int],
+        captured: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """A prefill of prompts of different lengths in int8: each request's rows as a
+        native call of their own. The native decoder takes uniform batches only, and the
+        TorchScript layers would compute these rows in float32, so the precision -- and a
+        request's bits -- would change with the prompts beside it; here they are the bits
+        of the request prefilled alone."""
+        assert self._native is not None
+        batch = attend.batch
+        outs: list[torch.Tensor] = []
+        parts: list[list[torch.Tensor]] = [[] for _ in capture]
+        start = 0
+        for b, n in enumerate(batch.extend_lens.tolist()):
+            end = start + n
+            one = dataclasses.replace(
+                batch,
+                input_ids=batch.input_ids[start:end],
+                positions=batch.positions[start:end],
+                out_cache_loc=batch.out_cache_loc[start:end],
+                req_pool_indices=batch.req_pool_indices[b : b + 1],
+                prefix_lens=batch.prefix_lens[b : b + 1],
+                extend_lens=batch.extend_lens[b : b + 1],
+                max_prefix_len=int(batch.prefix_lens[b]),
+                max_extend_len=n,
+                equal_extend_lens=True,
+            )
+            got: list[torch.Tensor] = []
+            outs.append(
+                self._native.run(
+                    lib,
+                    args,
+                    x[start:end],
+                    rope._replace(cos=rope.cos[start:end], sin=rope.sin[start:end]),
+                    PagedAttend.build(one),
+                    list(k_cache),
+                    list(v_cache),
+                    None,
+                    capture,
+                    got if capture else None,
+                )
+            )
+            for part, tensor in zip(parts, got, strict=False):
+                part.append(tensor)
+            start = end
+        if captured is not None:
+            captured.extend(torch.cat(part) for part in parts)
+        return torch.cat(outs)
+
     def __call__(
         self,
         x: torch.Tensor,
@@ -246,12 +306,23 @@ class ScriptedLayers:
         if (
             self._native is not None
             and meta.padded_index is None
-            and x.shape[0] <= native_max_tokens(self._dtype, _decoding(attend))
+            and x.shape[0] <= native_max_tokens(self._dtype, _decoding(attend), self._native.int8)
         ):
             lib = native.native_decoder()
             if lib is not None:
                 return self._native.run(
                     lib, args, x, rope, attend, k_cache, v_cache, None, capture, captured
+                )
+        if (
+            self._native is not None
+            and self._native.int8
+            and meta.padded_index is not None
+            and int(attend.batch.extend_lens.max()) <= native_max_tokens(self._dtype, False, True)
+        ):
+            lib = native.native_decoder()
+            if lib is not None:
+                return self._each_request(
+                    lib, args, x, rope, attend, k_cache, v_cache, capture, captured
                 )
         if capture or self._dtype != torch.float32:
             # The TorchScript layers are the float32 eager ops; bfloat16's eager RMSNorm
@@ -284,3 +355,23 @@ class ScriptedLayers:
             )
         finally:
             torch._C._set_graph_executor_optimize(optimize)
+
+
+def cpu_path(model: Any) -> str:
+    """The path a CPU decode of ``model`` (a LlamaForCausalLM laid out for the CPU) runs, in
+    words, for ``relayc generate`` to print: the precision, what the layers' weights are
+    read as, and the kernel or the CPU features that chose it."""
+    lib = native.native_decoder()
+    layers: ScriptedLayers | None = getattr(model, "scripted", None)
+    weights = layers.native_weights() if layers is not None else None
+    if lib is None or weights is None:
+        return "float32 TorchScript or eager layers (the native decoder does not run them)"
+    if weights.int8:
+        kernel = native.INT8_KERNELS[lib.relayc_int8_kernel(-1)]
+        return f"int8 dot products over the GGUF blocks ({kernel} kernel)"
+    if weights.dtype == torch.bfloat16:
+        return f"bfloat16 weights ({native.bf16_kernel(lib)} kernel)"
+    cpu = ", ".join(build_features()) or "no AVX2"
+    if weights.blocks:
+        return f"float32 over the GGUF blocks (the fastest exact path here: {cpu})"
+    return f"float32 panels ({cpu})"

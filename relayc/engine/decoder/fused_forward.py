@@ -219,7 +219,9 @@ class FusedForward:
         dtype = scripted.dtype
         bs, queries = batch.batch_size, batch.max_extend_len
         tokens, width = bs * queries, model.hidden
-        if tokens > min(native_max_tokens(dtype, True), head_argmax.MAX_ROWS):
+        weights = scripted.native_weights()
+        int8 = weights is not None and weights.int8
+        if tokens > min(native_max_tokens(dtype, True, int8), head_argmax.MAX_ROWS):
             return None
         captures = tuple(capture)
         ids = self._captures.get(captures)

@@ -18,18 +18,19 @@ if TYPE_CHECKING:
 
 
 def native_head_library(
-    hidden: torch.Tensor, dtype: torch.dtype, decode: bool = False
+    hidden: torch.Tensor, dtype: torch.dtype, decode: bool = False, int8: bool = False
 ) -> ctypes.CDLL | None:
     """The native library when the rows of ``hidden [..., width]`` can go through a
     :class:`NativeHead` with ``dtype`` weights -- on the CPU, autograd off, ``hidden`` in
     that dtype, at most :func:`native_max_tokens` rows (``decode``: of a decode or verify
-    forward) -- else None (the library GEMM)."""
+    forward; ``int8``: the head is read by the integer-dot GEMMs) -- else None (the library
+    GEMM)."""
     if (
         hidden.dim() >= 1
         and hidden.device.type == "cpu"
         and hidden.dtype == dtype
         and not torch.is_grad_enabled()
-        and hidden.shape[:-1].numel() <= native_max_tokens(dtype, decode)
+        and hidden.shape[:-1].numel() <= native_max_tokens(dtype, decode, int8)
     ):
         return native.native_decoder()
     return None
@@ -48,6 +49,7 @@ class NativeHead:
         # bfloat16 or float16 one as its words: the same logits, fewer bytes
         blocks = native_blocks(lm_head._parameters["weight"])
         self.format = blocks.format if blocks is not None else 0
+        self.int8 = blocks is not None and blocks.int8  # the integer-dot GEMMs (int8.c)
         self.packed = blocks.panels() if blocks is not None else _pack(lm_head.weight)
         self.vocab, self.width = lm_head.weight.shape
         self.padded = -(-self.vocab // 16) * 16

@@ -19,7 +19,13 @@ import torch
 
 from relayc.engine.core.attention import PagedAttend
 from relayc.engine.core.forward_batch import ForwardMode
-from relayc.engine.native.blocks import BlockStack, BlockWeight, native_blocks
+from relayc.engine.native.blocks import (
+    BLOCKS_I8Q4,
+    BLOCKS_I8Q8,
+    BlockStack,
+    BlockWeight,
+    native_blocks,
+)
 
 if TYPE_CHECKING:
     from relayc.engine.core.layers import RopeTables
@@ -44,13 +50,22 @@ NATIVE_MAX_TOKENS_BF16 = 64
 NATIVE_MAX_DECODE_ROWS_BF16 = 4096
 
 
+# Weights read by the integer-dot GEMMs (dtype "int8", int8.c) run natively up to this many
+# rows, prefills too: only the native GEMMs compute in int8, so a forward sent to MKL would
+# change precision with the batch.
+NATIVE_MAX_TOKENS_INT8 = 4096
+
+
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def native_max_tokens(dtype: torch.dtype, decode: bool = False) -> int:
+def native_max_tokens(dtype: torch.dtype, decode: bool = False, int8: bool = False) -> int:
     """The most tokens (rows) a forward with ``dtype`` weights runs natively -- layers and
     LM head alike; 0: never (no native kernel for that dtype). ``decode``: a decode or
-    verify forward (not a prefill). See cpu_decoder.py's docstring."""
+    verify forward (not a prefill); ``int8``: the weights are read by the integer-dot
+    GEMMs. See cpu_decoder.py's docstring."""
+    if int8 and dtype == torch.float32:
+        return NATIVE_MAX_TOKENS_INT8
     if dtype == torch.float32:
         return NATIVE_MAX_TOKENS
     if dtype == torch.bfloat16:
@@ -85,6 +100,8 @@ def _unchanged(stamps: _Stamps) -> bool:
         params["weight"] is weight and _stamp(weight) == stamp for params, weight, stamp in stamps
     )
 
+
+INT8_PANELS = (BLOCKS_I8Q4, BLOCKS_I8Q8)  # the panel formats of the integer-dot GEMMs
 
 _MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")  # layer.c's formats[4 * l + i] order
 
@@ -193,6 +210,8 @@ class NativeWeights:
                     tensors[name].append(block.panels())
                     formats[layer][_MATRICES.index(name)] = block.format
         self.formats = [f for layer in formats for f in layer]
+        # any matrix read by the integer-dot GEMMs (dtype "int8"): native at any row count
+        self.int8 = any(f in INT8_PANELS for f in self.formats)
         self.format_array = (ctypes.c_int * len(self.formats))(*self.formats)
         self.blocks = any(self.formats)
         # Kept alive here: the pointer arrays point into these tensors.

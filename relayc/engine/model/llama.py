@@ -243,7 +243,13 @@ class LlamaForCausalLM(nn.Module):
         if self.scripted is not None and self.model.norm.weight.dtype == dtype:
             # The native decoder's rows do not depend on the batch; the head's must not
             # either (MKL's GEMM gives a row other bits at 4+ rows than alone).
-            lib = native_head_library(hidden, dtype, decode)
+            # int8's head runs natively at any row count: know whether it is one (packed
+            # once, then checked current) before asking for the library
+            int8 = False
+            if native_head_eligible(self.model.norm, self.lm_head):
+                packed = NativeHead.reuse(self._native_head, self.model.norm, self.lm_head)
+                self._native_head, int8 = packed, packed.int8
+            lib = native_head_library(hidden, dtype, decode, int8)
             if lib is not None:
                 head = self._native_head = NativeHead.reuse(
                     self._native_head, self.model.norm, self.lm_head

@@ -26,7 +26,7 @@ converted or edited after loading runs its current weights.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,7 +39,13 @@ if TYPE_CHECKING:
 # 4-bit q), BLOCKS_Q8 (float16 d; 8-bit q), BLOCKS_Q4F (float32 d, m; 4-bit q), BLOCKS_I8F
 # (float32 d, m per 16 k; 8-bit q: any type, and stacks of mixed types).
 BLOCKS_Q4, BLOCKS_Q8, BLOCKS_Q4F, BLOCKS_I8F, BLOCKS_BF16, BLOCKS_F16 = 1, 2, 3, 4, 5, 6
+# int8.c's panels of the same blocks for the integer-dot GEMMs (dtype "int8"): float16 d (and
+# m), then q laid out four k of each column to a 32-bit lane (vpdpbusd's operand).
+BLOCKS_I8Q4, BLOCKS_I8Q8 = 7, 8
+INT8_FORMATS = {"Q4_0": BLOCKS_I8Q4, "Q4_1": BLOCKS_I8Q4, "Q8_0": BLOCKS_I8Q8}
 PANEL_BYTES = {
+    BLOCKS_I8Q4: 320,
+    BLOCKS_I8Q8: 544,
     BLOCKS_Q4: 320,
     BLOCKS_Q8: 544,
     BLOCKS_Q4F: 384,
@@ -67,16 +73,19 @@ BLOCK_TYPES = {
 BLOCK = 32  # the panels' block: every type's block is a whole number of them
 _ATTRIBUTE = "_relayc_blocks"
 _PANELS_ONLY = "_relayc_panels_only"  # forget_blocks: float32 panels, whatever the values
+_INT8 = "_relayc_int8"  # use_int8: the integer-dot GEMMs over the blocks
 
 
 @dataclass(frozen=True)
 class BlockWeight:
     """A ``[rows, cols]`` matrix as GGUF blocks: ``data`` is ``[rows, cols / block * bytes]``
-    uint8, each row its blocks in order (the file's bytes, rows in the model's order)."""
+    uint8, each row its blocks in order (the file's bytes, rows in the model's order).
+    ``int8``: read by the integer-dot GEMMs (:data:`INT8_FORMATS`; :func:`use_int8`)."""
 
     qtype: str
     data: torch.Tensor
     cols: int
+    int8: bool = False
 
     def __post_init__(self) -> None:
         if self.qtype not in BLOCK_TYPES:
@@ -95,6 +104,10 @@ class BlockWeight:
                 f"{self.qtype} blocks of a {self.cols}-column matrix are [rows, "
                 f"{self.cols // block * size}] uint8, got {list(self.data.shape)} {self.data.dtype}"
             )
+        if self.int8 and self.qtype not in INT8_FORMATS:
+            raise ValueError(
+                f"{self.qtype} blocks have no integer-dot kernel: one of {sorted(INT8_FORMATS)}"
+            )
 
     @property
     def rows(self) -> int:
@@ -102,8 +115,8 @@ class BlockWeight:
 
     @property
     def format(self) -> int:
-        """quants.c's panel format for this type."""
-        return BLOCK_TYPES[self.qtype][2]
+        """quants.c's panel format for this type (int8.c's where ``int8``)."""
+        return INT8_FORMATS[self.qtype] if self.int8 else BLOCK_TYPES[self.qtype][2]
 
     def _fields(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """``d`` and ``m`` per 16 weights, ``[rows, cols / 32, 2]`` (float16; float32 for the
@@ -161,6 +174,10 @@ class BlockWeight:
         Q4_1 and Q8_0 in their own format are laid out by gguf.c (``relayc_gguf_panels``,
         the same bytes) where the library is built; the rest by torch ops."""
         format = self.format if format is None else format
+        if self.int8:
+            if format != self.format:
+                raise ValueError(f"int8 {self.qtype} blocks have no panel format {format}")
+            return self._int8_panels()
         if format not in (self.format, BLOCKS_I8F) or (format != self.format in _WORDS):
             raise ValueError(f"{self.qtype} blocks have no panel format {format}")
         if format in _WORDS:
@@ -217,6 +234,38 @@ class BlockWeight:
         assert out.shape[-1] == PANEL_BYTES[format]
         return out.reshape(-1).contiguous()
 
+    def _int8_panels(self) -> torch.Tensor:
+        """int8.c's panels, flat uint8: panel p, then block b -- BLOCKS_I8Q4: ``d[16]``,
+        ``m[16]`` (float16), four chunks h of 64 bytes, byte ``4c + j`` holding column c's
+        ``q[8h + j]`` (low nibble) and ``q[8h + 4 + j]`` (high); BLOCKS_I8Q8: ``d[16]``,
+        eight chunks g of 64 signed bytes, byte ``4c + j`` column c's ``q[4g + j]``."""
+        d, m, q = self._fields()
+        d = d[..., 0]
+        rows, nb = d.shape
+        pad = -rows % 16
+        if pad:
+            d = torch.cat([d, d.new_zeros(pad, nb)])
+            q = torch.cat([q, q.new_zeros(pad, nb, BLOCK)])
+        panels = (rows + pad) // 16
+
+        def lanes(t: torch.Tensor) -> torch.Tensor:  # [rows, nb] -> [P, nb, 16 values' bytes]
+            return t.reshape(panels, 16, nb).transpose(1, 2).contiguous().view(torch.uint8)
+
+        if m is None:  # Q8_0: [P, 16 c, nb, 8 g, 4 j] -> [P, nb, g, c, j]
+            body = q.reshape(panels, 16, nb, 8, 4).permute(0, 2, 3, 1, 4).to(torch.int8)
+            body = body.contiguous().view(torch.uint8).reshape(panels, nb, -1)
+            parts = [lanes(d), body]
+        else:  # Q4: [P, 16 c, nb, 4 h, 2 (low, high), 4 j] -> [P, nb, h, c, j, nibble]
+            m = m[..., 0]
+            if pad:
+                m = torch.cat([m, m.new_zeros(pad, nb)])
+            nib = q.reshape(panels, 16, nb, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+            body = (nib[..., 0] | (nib[..., 1] << 4)).to(torch.uint8).reshape(panels, nb, -1)
+            parts = [lanes(d), lanes(m), body]
+        out = torch.cat(parts, dim=-1)
+        assert out.shape[-1] == PANEL_BYTES[self.format]
+        return out.reshape(-1).contiguous()
+
     @staticmethod
     def cat(parts: Sequence[BlockWeight]) -> BlockStack | None:
         """The matrices stacked by rows (a fused q/k/v or gate/up): in their panel format
@@ -228,6 +277,10 @@ class BlockWeight:
         if any(p.rows % 16 for p in parts[:-1]):
             return None
         formats = {p.format for p in parts}
+        if len(formats) > 1 and any(p.int8 for p in parts):
+            # int8 parts of two panel formats (a Q8_0 v beside Q4_1 q and k): the float32
+            # arithmetic over the blocks for the stack, as if int8 were off
+            return BlockWeight.cat([replace(p, int8=False) for p in parts])
         if len(formats) > 1 and formats & set(_WORDS):
             return None  # two-byte words fit no other format: float32 panels for the stack
         return BlockStack(tuple(parts), formats.pop() if len(formats) == 1 else BLOCKS_I8F)
@@ -430,10 +483,99 @@ def exact_word_blocks(weight: torch.Tensor | None) -> BlockWeight | None:
 
 
 def native_blocks(weight: torch.Tensor | None) -> BlockWeight | None:
-    """What the native decoder reads ``weight`` as: its GGUF blocks (:func:`blocks_of`),
+    """What the native decoder reads ``weight`` as: its GGUF blocks (:func:`blocks_of`;
+    for the integer-dot GEMMs where :func:`use_int8` marked it and the type has them),
     else its two-byte words when it is exactly bfloat16 or float16
     (:func:`exact_word_blocks`), else None (float32 panels)."""
-    return blocks_of(weight) or exact_word_blocks(weight)
+    blocks = blocks_of(weight)
+    if blocks is not None and getattr(weight, _INT8, False) and blocks.qtype in INT8_FORMATS:
+        return replace(blocks, int8=True)
+    if getattr(weight, _PANELS_ONLY, False):  # forget_blocks, choose_float32_path
+        return None
+    return blocks or exact_word_blocks(weight)
+
+
+def use_int8(module: torch.nn.Module, on: bool = True) -> int:
+    """Compute ``module``'s matrix products over its Q4_0, Q4_1 and Q8_0 blocks with
+    integer dot products (int8.c; dtype "int8"): its activations quantised to int8 per
+    block of 32. Returns how many matrices have such blocks. Other matrices keep their
+    float32 arithmetic; ``on=False`` turns it back off. Takes effect when the weights are
+    next packed (``use_cpu_matmul_layout``)."""
+    count = 0
+    for param in module.parameters():
+        setattr(param, _INT8, on)
+        blocks = getattr(param, _ATTRIBUTE, None)
+        count += isinstance(blocks, BlockWeight) and blocks.qtype in INT8_FORMATS
+    return count
+
+
+def require_int8(module: torch.nn.Module, source: str) -> None:
+    """:func:`use_int8` for ``Engine(dtype="int8")``: a ValueError saying what to load
+    instead where ``module`` (loaded from ``source``) has no Q4_0, Q4_1 or Q8_0 matrix or
+    is not on the CPU."""
+    where = "`dtype='int8'` (integer dot products over a GGUF file's Q4_0, Q4_1 or Q8_0 blocks)"
+    devices = {p.device.type for p in module.parameters()}
+    if devices != {"cpu"}:
+        raise ValueError(
+            f"{where} runs on the native CPU decoder; {source} is on {', '.join(sorted(devices))}:"
+            " use `device='cpu'`, or dtype='float32' / 'bfloat16'"
+        )
+    if use_int8(module) == 0:
+        use_int8(module, on=False)
+        raise ValueError(
+            f"{where}: {source} has no such matrix; load a GGUF file that has them "
+            "(`model='smollm2'` is Q4_1 and Q8_0), or use dtype='float32'"
+        )
+
+
+# float32's fastest exact path per CPU, keyed on what the native decoder was compiled for
+# (-march=native: this CPU's features; quants.c's relayc_block_isa), first match wins.
+# Measured on SmolLM2 one request at a time (docs/benchmarks.md): with AVX-512 the blocks
+# run `none` 2.9x faster than float32 panels (57.2 against 19.4 tokens/s); with AVX2 alone
+# the panels run 2.3x faster (37.0 against 16.0: rebuilding each weight costs FMA work that
+# the panels only pay in bandwidth). No start-up measurement: the table is the choice.
+FLOAT32_PATHS: tuple[tuple[str, str], ...] = (
+    ("avx512f", "blocks"),
+    ("avx2", "panels"),
+    ("", "blocks"),  # unmeasured (no AVX2: another architecture): the fewest bytes
+)
+_ISA_BITS = {"avx512f": 1, "avx2": 2, "fma": 4, "f16c": 8}
+
+
+def build_features() -> tuple[str, ...]:
+    """The x86 features the native decoder was compiled for (names as in
+    :data:`FLOAT32_PATHS`); () where it is not built."""
+    from relayc.engine.native import library as native
+
+    lib = native.native_decoder()
+    if lib is None:
+        return ()
+    isa = lib.relayc_block_isa()
+    return tuple(name for name, bit in _ISA_BITS.items() if isa & bit)
+
+
+def float32_path(features: Sequence[str] | None = None) -> str:
+    """``"blocks"`` or ``"panels"``: how float32 reads a GGUF file's quantized matrices on a
+    CPU with ``features`` (default: this one's, :func:`build_features`)."""
+    have = set(build_features() if features is None else features)
+    return next(path for feature, path in FLOAT32_PATHS if not feature or feature in have)
+
+
+def choose_float32_path(module: torch.nn.Module) -> str:
+    """Apply :func:`float32_path` to ``module`` (the engine does, for float32 models):
+    where it says panels, the native decoder reads its float32 panels -- the blocks stay
+    recorded (:func:`blocks_of`), only not read -- unless :func:`use_int8` marked it (an
+    int8 model shared by a second engine keeps its int8 path). Returns the path."""
+    path = float32_path()
+    if path == "panels" and not int8_enabled(module):
+        for param in module.parameters():
+            setattr(param, _PANELS_ONLY, True)
+    return path
+
+
+def int8_enabled(module: torch.nn.Module) -> bool:
+    """Whether :func:`use_int8` turned ``module``'s integer-dot products on."""
+    return any(getattr(p, _INT8, False) for p in module.parameters())
 
 
 def forget_blocks(module: torch.nn.Module) -> int:

@@ -48,6 +48,9 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=
 # The bfloat16 GEMM kernels, by number (decoder.h's BF16_PORTABLE, BF16_AVX512, BF16_AMX):
 # one runs every bfloat16 GEMM of a process, the last this CPU and OS support (gemm_bf16.c).
 BF16_KERNELS = ("portable", "avx512bf16", "amx")
+# The integer-dot GEMM kernels (dtype "int8"), by number (decoder.h's INT8_*): the best this
+# CPU runs is used; every one gives the same bits (int8.c).
+INT8_KERNELS = ("scalar", "avx2", "vnni")
 _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
 
@@ -295,6 +298,20 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.relayc_tape_run.restype = ctypes.c_int64
     lib.relayc_tape_name.argtypes = [i]
     lib.relayc_tape_name.restype = ctypes.c_char_p
+    # the integer-dot GEMMs (int8.c): rows, K, N, x, panels, format, kernel, out; and the
+    # activations' quantisation: rows, K, x, q, d, s, sum
+    lib.relayc_int8_gemm.argtypes = [i, i, i, p, p, i, i, p]
+    lib.relayc_int8_quantize.argtypes = [i, i, p, p, p, p, p]
+    for fn in (
+        lib.relayc_int8_gemm,
+        lib.relayc_int8_quantize,
+        lib.relayc_int8_kernels,
+        lib.relayc_block_isa,
+    ):
+        fn.restype = i
+    lib.relayc_int8_kernels.argtypes = lib.relayc_block_isa.argtypes = []
+    lib.relayc_int8_kernel.argtypes = [i]
+    lib.relayc_int8_kernel.restype = i
     lib.relayc_bf16_kernels.argtypes = []
     lib.relayc_bf16_kernels.restype = i
     lib.relayc_bf16_kernel.argtypes = [i]

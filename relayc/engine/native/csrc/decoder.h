@@ -177,13 +177,19 @@ static inline void round_bf16(float *x, size_t n) {
 #endif
 
 /* The block formats of a GGUF file's weights, laid out as panels (quants.c). */
+/* BLOCKS_I8Q4, BLOCKS_I8Q8: the same GGUF blocks for the integer-dot GEMMs (int8.c, dtype
+ * "int8"), which quantise the activations instead of rebuilding the weights. */
 enum { BLOCKS_NONE = 0, BLOCKS_Q4 = 1, BLOCKS_Q8 = 2, BLOCKS_Q4F = 3, BLOCKS_I8F = 4,
-       BLOCKS_BF16 = 5, BLOCKS_F16 = 6 };
-enum { Q4_BYTES = 320, Q8_BYTES = 544, Q4F_BYTES = 384, I8F_BYTES = 768, WORD_BYTES = 1024 };
+       BLOCKS_BF16 = 5, BLOCKS_F16 = 6, BLOCKS_I8Q4 = 7, BLOCKS_I8Q8 = 8 };
+enum { Q4_BYTES = 320, Q8_BYTES = 544, Q4F_BYTES = 384, I8F_BYTES = 768, WORD_BYTES = 1024,
+       I8Q4_BYTES = 320, I8Q8_BYTES = 544 };
 
 static inline int block_format(int format) {
-    return format >= BLOCKS_Q4 && format <= BLOCKS_F16;
+    return format >= BLOCKS_Q4 && format <= BLOCKS_I8Q8;
 }
+
+/* The int8 GEMM kernels, by number (int8.c): every one gives the same bits. */
+enum { INT8_SCALAR = 0, INT8_AVX2 = 1, INT8_VNNI = 2 };
 
 /* What relayc_forward reads of one model, filled once per packing of its weights, K/V
  * caches, embedding, rotary tables and LM head (relayc.engine.fused_forward keeps the
@@ -250,6 +256,10 @@ RELAYC_HIDDEN void gemm_amx(const uint16_t *xb, int M, int Kp, const uint16_t *w
 RELAYC_HIDDEN void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N,
                                float *out, int add, int format);
 RELAYC_HIDDEN int block_bytes(int format);
+/* int8.c: out[M, N] (+)= x[M, K] @ w over BLOCKS_I8Q4 / BLOCKS_I8Q8 panels, x quantised to
+ * int8 per block of 32 (gemm_blocks calls it for those formats). */
+RELAYC_HIDDEN void gemm_int8(const float *x, int M, int K, const uint8_t *w, int N, float *out,
+                             int add, int format);
 /* vec.c: RMSNorm of T rows of H; x[i] <- e^x[i] for i < n (exp16, the same bits everywhere). */
 RELAYC_HIDDEN void rms_norm(const float *x, int T, int H, const float *weight, float eps,
                             float *out);
@@ -298,6 +308,13 @@ RELAYC_HIDDEN int live_prefix(int B, int p_max, const int64_t *lens);
 
 int relayc_bf16_kernels(void);
 int relayc_bf16_kernel(int want);
+int relayc_block_isa(void);
+int relayc_int8_kernels(void);
+int relayc_int8_kernel(int want);
+int relayc_int8_gemm(int M, int K, int N, const float *x, const uint8_t *w, int format,
+                     int kernel, float *out);
+int relayc_int8_quantize(int M, int K, const float *x, int8_t *q, float *d, float *s,
+                         int32_t *sum);
 int relayc_decoder(DECODER_PARAMS(float, float));
 int relayc_decoder_bf16(DECODER_PARAMS(uint16_t, uint16_t));
 int relayc_decoder_ex(DECODER_PARAMS(float, float), const float *attn_in, int in_width,

@@ -329,6 +329,10 @@ static const struct quant_blocks *quant_table(int format) {
  * and rebuilt once per eight rows; one to three rows in one pass of their widest kernel. */
 void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, float *out,
                         int add, int format) {
+    if (format == BLOCKS_I8Q4 || format == BLOCKS_I8Q8) {
+        gemm_int8(x, M, K, w, N, out, add, format);
+        return;
+    }
     const struct quant_blocks *b = quant_table(format);
     const int panels = N / 16;
     if (M >= 1 && M <= 3) { /* one row block: no group to keep in cache, the widest kernel */
@@ -352,4 +356,28 @@ void gemm_blocks(const float *x, int M, int K, const uint8_t *w, int N, float *o
     }
 }
 
-int block_bytes(int format) { return quant_table(format)->bytes; }
+int block_bytes(int format) {
+    return format == BLOCKS_I8Q4 ? I8Q4_BYTES
+           : format == BLOCKS_I8Q8 ? I8Q8_BYTES
+                                   : quant_table(format)->bytes;
+}
+
+/* What the block kernels above were compiled for (-march=native: this CPU's features):
+ * bit 0 AVX-512F, bit 1 AVX2, bit 2 FMA, bit 3 F16C. Their speed against float32 panels
+ * hangs on it (blocks.py's FLOAT32_PATHS: the engine's float32 path per CPU). */
+int relayc_block_isa(void) {
+    int isa = 0;
+#if defined(__AVX512F__)
+    isa |= 1;
+#endif
+#if defined(__AVX2__)
+    isa |= 2;
+#endif
+#if defined(__FMA__)
+    isa |= 4;
+#endif
+#if defined(__F16C__)
+    isa |= 8;
+#endif
+    return isa;
+}
