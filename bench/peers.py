@@ -312,17 +312,17 @@ def llama_cpp_real_peers(
     source = named_model_file("smollm2")
     eog = set(tokenizer_from_gguf(open_gguf(source)).eog_ids)
     same = workdir / f"smollm2-{dtype}.gguf"
-    if not same.is_file():
+    if dtype != "int8" and not same.is_file():
         model = load_model("smollm2", device=torch.device("cpu"), dtype=torch.float32).model
         tensor_type = "F32" if dtype == "float32" else "BF16"
         save_gguf(
             model, same, tensor_type=tensor_type, tokenizer=copy_tokenizer_fields(open_gguf(source))
         )
     peers = []
-    for label, path in (
-        (f"llama.cpp greedy Q4_1 {dtype}", source),
-        (f"llama.cpp greedy {dtype}", same),
-    ):
+    files = [(f"llama.cpp greedy Q4_1 {dtype}", source)]
+    if dtype != "int8":  # int8 reads the Q4_1 blocks themselves: no dequantized twin
+        files.append((f"llama.cpp greedy {dtype}", same))
+    for label, path in files:
         llm = _llama_without_extra_bufts(llama_cpp, path, threads)
 
         def run(
@@ -568,10 +568,13 @@ def real_model_main(args: argparse.Namespace) -> None:
             args.max_new_tokens, dtype, not args.no_overlap, args.graphs
         )
         prompts = [reference_engine.encode(c) for c in chats]
-        hf = HFTarget.smollm2(args.max_new_tokens, getattr(torch, dtype))
+        # transformers has no integer-dot path over GGUF blocks: int8 is compared with its
+        # float32 over the same weights (llama.cpp's Q4_1 row below is int8's like-for-like).
+        hf_dtype = "float32" if dtype == "int8" else dtype
+        hf = HFTarget.smollm2(args.max_new_tokens, getattr(torch, hf_dtype))
         hf_rows = [hf.greedy(), hf.prompt_lookup(args.prompt_lookup_tokens)]
         for peer in hf_rows:
-            peer.label = f"{peer.label} {dtype}"
+            peer.label = f"{peer.label} {hf_dtype}"
         if not args.no_llama_cpp:
             llama_rows = llama_cpp_real_peers(args.max_new_tokens, args.threads, dtype, workdir)
             if not llama_rows:

@@ -322,7 +322,9 @@ def hf_peers(max_new_tokens: int, model: str | None = None, dtype: str | None = 
     from relayc.tools.peers import HFTarget
 
     if model == REAL_MODEL:
-        hf = HFTarget.smollm2(max_new_tokens, getattr(torch, dtype or "float32"))
+        # int8 has no transformers twin: its float32 over the same weights
+        hf_dtype = "float32" if dtype in (None, "int8") else dtype
+        hf = HFTarget.smollm2(max_new_tokens, getattr(torch, hf_dtype))
         return [hf.greedy(), hf.prompt_lookup()]
     hf = HFTarget(max_new_tokens)
     return [hf.greedy(), hf.prompt_lookup(), hf.assisted()]
@@ -474,9 +476,10 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16"),
+        choices=("float32", "bfloat16", "int8"),
         help="the weights' precision (default: float32 for smollm2, whose native decoder reads the "
-        "file's Q4_1 blocks as stored; the checkpoint's own else)",
+        "file's Q4_1 blocks as stored; the checkpoint's own else); int8: integer dot products "
+        "over a GGUF file's blocks",
     )
     p.add_argument(
         "--prompts", type=int_in(1), default=6, help="how many prompts to time (default 6)"
