@@ -242,7 +242,7 @@ def test_only_dims_named_by_fields_are_required() -> None:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_fused_triton_path_matches_torch_with_one_launch_each(algorithm: str) -> None:
     """backend='triton' under the interpreter: same results, one launch per stash/resolve."""
-    from relayc.compiler.triton_relay import count_triton_launches
+    from relayc.runtime.relay_kernel import count_triton_launches
 
     module = importlib.import_module(f"relayc.generated.{algorithm}")
     gen = torch.Generator().manual_seed(7)
