@@ -197,14 +197,14 @@ def _regenerate_bundled() -> int:
     from relayc.compiler.writer import GENERATED_DIR, regenerate_bundled
 
     try:
-        written = regenerate_bundled()
+        changes = regenerate_bundled()
     except OSError as exc:  # an installed, read-only relayc
         raise UsageError(
             f"cannot write the bundled modules: {_why(exc)} (give -o DIR to compile the "
             "bundled specs elsewhere)"
         ) from None
-    for path in written:
-        print(f"wrote {path.relative_to(GENERATED_DIR.parent.parent)}")
+    for change in changes:
+        print(f"{change.action} {change.path.relative_to(GENERATED_DIR.parent.parent)}")
     return EXIT_OK
 
 

@@ -358,7 +358,7 @@ def test_check_reports_a_module_no_spec_generates(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A module left from a spec the engine target now refuses (dspark) is stale, and
-    regenerating removes it."""
+    regenerating removes it and says so."""
     import relayc.compiler.writer as writer
 
     shutil.copytree(GENERATED_DIR, tmp_path / "generated")
@@ -370,5 +370,8 @@ def test_check_reports_a_module_no_spec_generates(
     monkeypatch.setattr(writer, "SGLANG_GENERATED_DIR", tmp_path / "sglang_generated")
     assert main(["check"]) == 1
     assert "no bundled spec generates it for the engine" in capsys.readouterr().out
-    assert orphan in writer.regenerate_bundled() and not orphan.exists()
+    assert main(["compile", "--bundled"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    said = [line.split()[0] for line in out if line.endswith("/generated/dspark.py")]
+    assert said == ["removed"] and not orphan.exists()
     assert writer.stale_bundled() == []
