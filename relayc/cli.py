@@ -217,7 +217,7 @@ def _write(output: Output, write: Callable[[Output], bool]) -> bool:
 
 def _compile_sglang(paths: list[Path], out_dir: Path, ops: Sequence[str], failed: bool) -> int:
     """All specs into one drop-in with SGLang's relay surface (DIR/overlap_utils.py and the
-    relayc_relay_*.py modules it imports)."""
+    runtime it imports, DIR/relayc_relay_runtime.py)."""
     from relayc.compiler.targets.sglang import compile_sglang
     from relayc.compiler.writer import write
 
@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Validate and analyse each spec, then write "
         "<DIR>/<algorithm>.py (only when its bytes change); with --target sglang, one "
         "<DIR>/overlap_utils.py with SGLang 0.5.23's relay surface for all of them (and the "
-        "relayc_relay_*.py modules it imports).",
+        "runtime it imports, relayc_relay_runtime.py).",
     )
     p.add_argument("specs", nargs="*", metavar="SPEC", help="algorithm spec YAML files")
     p.add_argument(
