@@ -117,7 +117,7 @@ def bench(name: str, algorithm: str, dims: dict[str, int], batch: int, iters: in
 
 def triton_launches(module, dims: dict[str, int], payload, idx: torch.Tensor) -> str:  # type: ignore[no-untyped-def]
     """Launches of the fused path per stash / per resolve, counted under the interpreter."""
-    from relayc.compiler.triton_relay import count_triton_launches
+    from relayc.runtime.relay_kernel import count_triton_launches
 
     fused = module.FutureMap(POOL, "cpu", dims=dims, model_dtype=torch.bfloat16, backend="triton")
     with count_triton_launches() as launches:

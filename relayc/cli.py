@@ -197,14 +197,14 @@ def _regenerate_bundled() -> int:
     from relayc.compiler.writer import GENERATED_DIR, regenerate_bundled
 
     try:
-        written = regenerate_bundled()
+        changes = regenerate_bundled()
     except OSError as exc:  # an installed, read-only relayc
         raise UsageError(
             f"cannot write the bundled modules: {_why(exc)} (give -o DIR to compile the "
             "bundled specs elsewhere)"
         ) from None
-    for path in written:
-        print(f"wrote {path.relative_to(GENERATED_DIR.parent.parent)}")
+    for change in changes:
+        print(f"{change.action} {change.path.relative_to(GENERATED_DIR.parent.parent)}")
     return EXIT_OK
 
 
@@ -217,7 +217,7 @@ def _write(output: Output, write: Callable[[Output], bool]) -> bool:
 
 def _compile_sglang(paths: list[Path], out_dir: Path, ops: Sequence[str], failed: bool) -> int:
     """All specs into one drop-in with SGLang's relay surface (DIR/overlap_utils.py and the
-    relayc_relay_*.py modules it imports)."""
+    runtime it imports, DIR/relayc_relay_runtime.py)."""
     from relayc.compiler.targets.sglang import compile_sglang
     from relayc.compiler.writer import write
 
@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Validate and analyse each spec, then write "
         "<DIR>/<algorithm>.py (only when its bytes change); with --target sglang, one "
         "<DIR>/overlap_utils.py with SGLang 0.5.23's relay surface for all of them (and the "
-        "relayc_relay_*.py modules it imports).",
+        "runtime it imports, relayc_relay_runtime.py).",
     )
     p.add_argument("specs", nargs="*", metavar="SPEC", help="algorithm spec YAML files")
     p.add_argument(

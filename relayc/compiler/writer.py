@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from relayc.compiler.codegen import ENGINE_TARGET, generate_relay_module
 from relayc.compiler.output import Output, RuffMissing, format_source, style_problems
@@ -17,6 +19,7 @@ from relayc.specs.loader import bundled_spec_paths, load_spec
 __all__ = [
     "GENERATED_DIR",
     "SGLANG_GENERATED_DIR",
+    "BundledChange",
     "Output",
     "RuffMissing",
     "compile_spec",
@@ -153,18 +156,26 @@ def stale_bundled() -> list[str]:
     return diffs
 
 
-def regenerate_bundled() -> list[Path]:
+@dataclass(frozen=True)
+class BundledChange:
+    """One checked-in generated module that :func:`regenerate_bundled` changed."""
+
+    path: Path
+    action: Literal["wrote", "removed"]
+
+
+def regenerate_bundled() -> list[BundledChange]:
     """Rewrite the checked-in generated modules that changed, and remove those no bundled
-    spec generates; returns the paths written or removed."""
-    written = []
+    spec generates; returns what it wrote and what it removed."""
+    changes = []
     outputs = _bundled_outputs()
     for path in _orphans(outputs):
         path.unlink()
-        written.append(path)
+        changes.append(BundledChange(path, "removed"))
     for output, target, _ in outputs:
         if write(Output(target, output.text)):
-            written.append(target)
-    return written
+            changes.append(BundledChange(target, "wrote"))
+    return changes
 
 
 def style_of_bundled() -> list[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch.fx as fx
 
@@ -56,14 +55,6 @@ class IterationGraphs:
     prefill: fx.Graph
     uses: dict[str, RelayUse] = field(default_factory=dict)  # relay_inference
     sample_dims: dict[str, int] = field(default_factory=dict)  # propagate_meta
-    # The SGLang target's field layout (graph.passes.plan_layout): a shim until that target
-    # reads relayc.plan, as the engine target does.
-    layout: Any = None
-
-    @property
-    def analysis(self) -> dict[str, Any]:
-        """The passes' results keyed as before, for the SGLang target until it reads the plan."""
-        return {"relay": self.uses, "sample_dims": self.sample_dims, "layout": self.layout}
 
 
 def _placeholder(graph: fx.Graph, name: str, kind: str, ident: str, spec: Spec) -> fx.Node:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -27,7 +26,7 @@ from relayc.runtime.dims import (
 )
 from relayc.specs.errors import SpecError, SpecErrors
 from relayc.specs.loader import Spec
-from relayc.specs.schema import HostMirror, Ref, RelayField
+from relayc.specs.schema import Ref, RelayField
 
 # Distinct sample sizes per dim, so a shape that only matches because two dims
 # happen to be equal is still caught; bfloat16 stands in for the model dtype so
@@ -260,50 +259,6 @@ def _check_stash(
             )
 
 
-@dataclass(frozen=True)
-class FieldLayout:
-    """How the SGLang target stores one relay field.
-
-    A shim: the engine target reads :class:`relayc.runtime.fields.RelayField` from the
-    relay plan (:mod:`relayc.plan`); this record and :func:`plan_layout` stay only until
-    the SGLang target does too.
-    """
-
-    name: str
-    dtype: str
-    shape: tuple[str | int, ...]
-    alloc: str
-    init: str | bool | int | float
-    poison: bool | int | float | None
-    publish: str
-    host_mirror: HostMirror | None  # None: device only
-    owner: str  # "relay", or "graph": a captured graph's buffer, adopted (`owner: graph`)
-    doc: str
-    origin: str  # `path:line` of the field's definition
-
-
-@dataclass(frozen=True)
-class RelayLayout:
-    """The relay of one algorithm: one buffer per field, in spec order.
-
-    Buffers are separate tensors `[req_pool_size, *row]` rather than one byte
-    arena with typed views: on the CPU, per-field indexing was measured faster
-    than arena views at batch size 1, and on GPUs one fused Triton kernel per
-    stash/resolve reaches every buffer anyway.
-    """
-
-    fields: tuple[FieldLayout, ...]
-
-    @property
-    def early(self) -> tuple[FieldLayout, ...]:
-        return tuple(f for f in self.fields if f.publish == "early")
-
-    @property
-    def mirrored(self) -> tuple[FieldLayout, ...]:
-        """Fields with a host copy that a host read waits for (`host_mirror: true`)."""
-        return tuple(f for f in self.fields if f.host_mirror is not None and f.host_mirror.lag == 0)
-
-
 def _check_buffer_size(
     spec: Spec, name: str, fld: RelayField, sample: Mapping[str, int], errors: list[SpecError]
 ) -> None:
@@ -333,32 +288,16 @@ def _check_buffer_size(
     )
 
 
-def plan_layout(graphs: IterationGraphs, errors: list[SpecError]) -> tuple[IterationGraphs, bool]:
+def bound_buffers(graphs: IterationGraphs, errors: list[SpecError]) -> tuple[IterationGraphs, bool]:
+    """Every relay field's buffer fits MAX_BUFFER_BYTES at compile time (a check, no result)."""
     spec = graphs.spec
     for name, fld in spec.fields.items():
-        _check_buffer_size(spec, name, fld, graphs.analysis["sample_dims"], errors)
-    fields = tuple(
-        FieldLayout(
-            name=name,
-            dtype=fld.dtype,
-            shape=tuple(fld.shape),
-            alloc=fld.alloc,
-            init=fld.init,
-            poison=fld.poison,
-            publish=fld.publish,
-            host_mirror=fld.host_mirror,
-            owner=fld.owner,
-            doc=fld.doc,
-            origin=f"{fld.loc.path}:{fld.loc.line}",
-        )
-        for name, fld in spec.fields.items()
-    )
-    graphs.layout = RelayLayout(fields)
-    return graphs, True
+        _check_buffer_size(spec, name, fld, graphs.sample_dims, errors)
+    return graphs, False
 
 
 Pass = Callable[[IterationGraphs, list[SpecError]], tuple[IterationGraphs, bool]]
-PASSES: tuple[Pass, ...] = (relay_inference, propagate_meta, plan_layout)
+PASSES: tuple[Pass, ...] = (relay_inference, propagate_meta, bound_buffers)
 
 
 def analyse(spec: Spec) -> IterationGraphs:

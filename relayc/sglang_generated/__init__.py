@@ -1,1 +1,1 @@
-"""The SGLang drop-in generated from the bundled specs: overlap_utils.py and the relayc_relay_*.py modules it imports. Do not edit: run `relayc compile --target sglang`."""
+"""The SGLang drop-in for the bundled specs: the generated overlap_utils.py and the hand-written runtime it imports, relayc_relay_runtime.py. Do not edit them: run `relayc compile --bundled`."""

@@ -242,7 +242,7 @@ def test_only_dims_named_by_fields_are_required() -> None:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_fused_triton_path_matches_torch_with_one_launch_each(algorithm: str) -> None:
     """backend='triton' under the interpreter: same results, one launch per stash/resolve."""
-    from relayc.compiler.triton_relay import count_triton_launches
+    from relayc.runtime.relay_kernel import count_triton_launches
 
     module = importlib.import_module(f"relayc.generated.{algorithm}")
     gen = torch.Generator().manual_seed(7)
@@ -358,7 +358,7 @@ def test_check_reports_a_module_no_spec_generates(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A module left from a spec the engine target now refuses (dspark) is stale, and
-    regenerating removes it."""
+    regenerating removes it and says so."""
     import relayc.compiler.writer as writer
 
     shutil.copytree(GENERATED_DIR, tmp_path / "generated")
@@ -370,5 +370,8 @@ def test_check_reports_a_module_no_spec_generates(
     monkeypatch.setattr(writer, "SGLANG_GENERATED_DIR", tmp_path / "sglang_generated")
     assert main(["check"]) == 1
     assert "no bundled spec generates it for the engine" in capsys.readouterr().out
-    assert orphan in writer.regenerate_bundled() and not orphan.exists()
+    assert main(["compile", "--bundled"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    said = [line.split()[0] for line in out if line.endswith("/generated/dspark.py")]
+    assert said == ["removed"] and not orphan.exists()
     assert writer.stale_bundled() == []
