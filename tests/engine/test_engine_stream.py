@@ -134,7 +134,10 @@ def test_relayc_generate_streams_text_and_a_summary(capsys: pytest.CaptureFixtur
     assert "6 tokens in " in stderr and "finish: length, overlap on)" in stderr
     # the prefill's wait apart from the decoding speed
     assert re.search(r"\(first token after \d+\.\d\d s, then \d+\.\d tokens/s; ", stderr)
-    assert stderr.rstrip().endswith("algorithm none, mean accept length 1.00")
+    # the summary, then which native path decoded (the toy runs float32)
+    summary, path = stderr.rstrip().splitlines()[-2:]
+    assert summary.endswith("algorithm none, mean accept length 1.00")
+    assert path.startswith("decoded with float32 ")
     code, _, stderr = _generate_cli(["--toy", "--prompt", "x", "--algorithm", "beam"], capsys)
     assert code == 2 and "unknown algorithm `beam`" in stderr
     code, same, _ = _generate_cli(
