@@ -191,6 +191,49 @@ static inline int block_format(int format) {
 /* The int8 GEMM kernels, by number (int8.c): every one gives the same bits. */
 enum { INT8_SCALAR = 0, INT8_AVX2 = 1, INT8_VNNI = 2 };
 
+/* A family of GEMM kernels numbered by preference (bfloat16's, int8's): which run here
+ * (bit k: kernel k, from `probe`, asked once) and the one every GEMM of the process uses. */
+typedef struct {
+    int found, chosen; /* -1 until known */
+    int (*probe)(void);
+    int last; /* the highest kernel number */
+} kernel_choice;
+
+/* Bit k set: kernel k runs here. */
+static inline int kernel_found(kernel_choice *k) {
+    int found = __atomic_load_n(&k->found, __ATOMIC_ACQUIRE);
+    if (found < 0) {
+        found = k->probe(); /* idempotent: two threads may both ask */
+        __atomic_store_n(&k->found, found, __ATOMIC_RELEASE);
+    }
+    return found;
+}
+
+/* want < 0 asks: the highest-numbered kernel that runs here, chosen on first use; want >= 0
+ * switches to kernel `want` (tests and benchmarks), -1 where it does not run here. */
+static inline int kernel_choose(kernel_choice *k, int want) {
+    const int found = kernel_found(k);
+    if (want >= 0) {
+        if (want > k->last || !((found >> want) & 1)) return -1;
+        __atomic_store_n(&k->chosen, want, __ATOMIC_RELEASE);
+        return want;
+    }
+    int chosen = __atomic_load_n(&k->chosen, __ATOMIC_ACQUIRE);
+    if (chosen < 0) {
+        chosen = 0;
+        for (int i = k->last; i > 0; i--)
+            if ((found >> i) & 1) {
+                chosen = i;
+                break;
+            }
+        int unset = -1;
+        if (!__atomic_compare_exchange_n(&k->chosen, &unset, chosen, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            chosen = unset;
+    }
+    return chosen;
+}
+
 /* What relayc_forward reads of one model, filled once per packing of its weights, K/V
  * caches, embedding, rotary tables and LM head (relayc.engine.fused_forward keeps the
  * tensors behind every pointer alive). `kind`: the layers' weights and caches float32 (0),

@@ -227,39 +227,15 @@ static int bf16_probe(void) {
 static int bf16_probe(void) { return 1 << BF16_PORTABLE; }
 #endif /* RELAYC_X86_BF16 */
 
-static int bf16_found = -1, bf16_chosen = -1;
+static kernel_choice bf16_choice = {-1, -1, bf16_probe, BF16_AMX};
 
 /* Bit k set: kernel k runs here. */
-int relayc_bf16_kernels(void) {
-    int found = __atomic_load_n(&bf16_found, __ATOMIC_ACQUIRE);
-    if (found < 0) {
-        found = bf16_probe(); /* idempotent: two threads may both ask */
-        __atomic_store_n(&bf16_found, found, __ATOMIC_RELEASE);
-    }
-    return found;
-}
+int relayc_bf16_kernels(void) { return kernel_found(&bf16_choice); }
 
 /* The kernel every bf16 GEMM of this process uses: want < 0 asks (the best supported,
  * chosen on first use); want >= 0 switches to kernel `want` (tests and benchmarks only:
  * rows computed before and after a switch differ in bits), -1 if it does not run here. */
-int relayc_bf16_kernel(int want) {
-    const int found = relayc_bf16_kernels();
-    if (want >= 0) {
-        if (want > BF16_AMX || !((found >> want) & 1)) return -1;
-        __atomic_store_n(&bf16_chosen, want, __ATOMIC_RELEASE);
-        return want;
-    }
-    int chosen = __atomic_load_n(&bf16_chosen, __ATOMIC_ACQUIRE);
-    if (chosen < 0) {
-        chosen = (found >> BF16_AMX) & 1 ? BF16_AMX : (found >> BF16_AVX512) & 1 ? BF16_AVX512
-                                                                                  : BF16_PORTABLE;
-        int unset = -1;
-        if (!__atomic_compare_exchange_n(&bf16_chosen, &unset, chosen, 0, __ATOMIC_ACQ_REL,
-                                         __ATOMIC_ACQUIRE))
-            chosen = unset;
-    }
-    return chosen;
-}
+int relayc_bf16_kernel(int want) { return kernel_choose(&bf16_choice, want); }
 
 /* out[M, N] (+)= bf16(x)[M, K] @ w with `kernel`; xb: padded_rows(M) x padded_k(K) halves
  * of scratch. */

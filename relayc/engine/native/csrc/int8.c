@@ -410,39 +410,15 @@ static int int8_probe(void) {
 static int int8_probe(void) { return 1 << INT8_SCALAR; }
 #endif /* INT8_X86 */
 
-static int int8_found = -1, int8_chosen = -1;
+static kernel_choice int8_choice = {-1, -1, int8_probe, INT8_VNNI};
 
 /* Bit k set: int8 kernel k runs here. */
-int relayc_int8_kernels(void) {
-    int found = __atomic_load_n(&int8_found, __ATOMIC_ACQUIRE);
-    if (found < 0) {
-        found = int8_probe(); /* idempotent: two threads may both ask */
-        __atomic_store_n(&int8_found, found, __ATOMIC_RELEASE);
-    }
-    return found;
-}
+int relayc_int8_kernels(void) { return kernel_found(&int8_choice); }
 
 /* The kernel every int8 GEMM of this process uses: want < 0 asks (the best supported,
  * chosen on first use); want >= 0 switches (tests, benchmarks: every kernel gives the same
  * bits, so a switch changes only the speed); -1 where it does not run here. */
-int relayc_int8_kernel(int want) {
-    const int found = relayc_int8_kernels();
-    if (want >= 0) {
-        if (want > INT8_VNNI || !((found >> want) & 1)) return -1;
-        __atomic_store_n(&int8_chosen, want, __ATOMIC_RELEASE);
-        return want;
-    }
-    int chosen = __atomic_load_n(&int8_chosen, __ATOMIC_ACQUIRE);
-    if (chosen < 0) {
-        chosen = (found >> INT8_VNNI) & 1 ? INT8_VNNI : (found >> INT8_AVX2) & 1 ? INT8_AVX2
-                                                                                : INT8_SCALAR;
-        int unset = -1;
-        if (!__atomic_compare_exchange_n(&int8_chosen, &unset, chosen, 0, __ATOMIC_ACQ_REL,
-                                         __ATOMIC_ACQUIRE))
-            chosen = unset;
-    }
-    return chosen;
-}
+int relayc_int8_kernel(int want) { return kernel_choose(&int8_choice, want); }
 
 /* out[M, N] (+)= x[M, K] @ w (int8 panels of `format`) with `kernel`; -1 where the
  * scratch cannot be had. Four panels at a time, every block of up to eight rows over them
