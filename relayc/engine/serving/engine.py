@@ -47,7 +47,13 @@ from relayc.engine.serving.algorithms import (
 from relayc.engine.serving.engine_args import check_decode_dims, check_engine_args
 from relayc.engine.serving.graphs import DecodeGraphs
 from relayc.engine.serving.overlap import make_runner
-from relayc.engine.serving.prompt_checks import arrival_list, encode_prompt
+from relayc.engine.serving.prompt_checks import (
+    arrival_list,
+    context_error,
+    encode_prompt,
+    kv_pool_error,
+    params_per_prompt,
+)
 from relayc.engine.serving.request import (
     Call,
     Conversation,
@@ -489,7 +495,7 @@ class Engine:
         # A recorded step (graphs="tape") holds the native packs of the weights: recorded
         # again if a weight changed since (between calls; none may change during one).
         self.algorithm.graphs.check_weights((self.model, *self.algorithm.draft_modules()))
-        params_list = self._params_list(prompts, params)
+        params_list = params_per_prompt(prompts, params)
         arrival_at = arrival_list(prompts, arrivals)
         requests: dict[int, Request] = {}
         rejected: list[StreamDelta] = []
@@ -611,23 +617,6 @@ class Engine:
         self._dirty = False
 
     # -- request checks -------------------------------------------------------------------
-    @staticmethod
-    def _check_prompts(prompts: Sequence[Prompt]) -> None:
-        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
-            raise TypeError("`prompts` must be a list of strings or token-id lists, not a string")
-
-    def _params_list(
-        self,
-        prompts: Sequence[Prompt],
-        params: SamplingParams | Sequence[SamplingParams] | None,
-    ) -> list[SamplingParams]:
-        self._check_prompts(prompts)
-        if params is None or isinstance(params, SamplingParams):
-            return [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        return list(params)
-
     @property
     def tokenizer_error(self) -> str | None:
         """Why the model's own tokenizer could not be built (it names the file); None when
@@ -663,11 +652,9 @@ class Engine:
             stop = tuple(dict.fromkeys((*params.stop_token_ids, *eog)))
             params = dataclasses.replace(params, stop_token_ids=stop)
         context = self.config.max_context
-        if len(ids) > context:
-            return (
-                f"prompt has {len(ids)} tokens but the context holds {context} "
-                "(`max_context`); shorten the prompt"
-            )
+        error = context_error(len(ids), context)
+        if error is not None:
+            return error
         # The last sampled token is never written to the cache, hence the + 1.
         max_new = min(params.max_new_tokens, context - len(ids) + 1)
         request = Request(
@@ -679,12 +666,4 @@ class Engine:
             arrival=arrival,
             decode_width=self.algorithm.decode_width,
         )
-        if request.kv_need > self.config.kv_pool_tokens:
-            width = request.decode_width
-            windows = f" + 2 * ({width} - 1) for decode windows" if width > 1 else ""
-            return (
-                f"request needs {request.kv_need} KV slots (prompt + max_new_tokens - 1{windows}) "
-                f"but the pool holds {self.config.kv_pool_tokens}; raise `kv_pool_tokens` or lower "
-                "`max_new_tokens`"
-            )
-        return request
+        return kv_pool_error(request, self.config.kv_pool_tokens) or request

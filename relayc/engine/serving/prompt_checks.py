@@ -13,6 +13,8 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from relayc.engine.core.sampling import SamplingParams
+from relayc.engine.serving.request import Request
 from relayc.engine.text.chat import Chat, ChatError
 
 if TYPE_CHECKING:
@@ -111,3 +113,42 @@ def arrival_list(prompts: Sequence[object], arrivals: Sequence[int] | None) -> l
     ):
         raise ValueError("`arrivals` needs one non-negative iteration per prompt (an integer)")
     return [int(a) for a in arrivals]
+
+
+def params_per_prompt(
+    prompts: Sequence[object], params: SamplingParams | Sequence[SamplingParams] | None
+) -> list[SamplingParams]:
+    """One ``SamplingParams`` per prompt: ``params`` shared by all, or a list as long as
+    ``prompts``. A bare string for ``prompts`` or a list of the wrong length is a mistake in
+    the call itself, not in one request: it raises."""
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError("`prompts` must be a list of strings or token-id lists, not a string")
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * len(prompts)
+    if len(params) != len(prompts):
+        raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+    return list(params)
+
+
+def context_error(prompt_tokens: int, context: int) -> str | None:
+    """A prompt longer than the model's context."""
+    if prompt_tokens <= context:
+        return None
+    return (
+        f"prompt has {prompt_tokens} tokens but the context holds {context} "
+        "(`max_context`); shorten the prompt"
+    )
+
+
+def kv_pool_error(request: Request, kv_pool_tokens: int) -> str | None:
+    """A request whose KV slots (its prompt, its answer and its decode windows) the whole
+    pool could not hold."""
+    if request.kv_need <= kv_pool_tokens:
+        return None
+    width = request.decode_width
+    windows = f" + 2 * ({width} - 1) for decode windows" if width > 1 else ""
+    return (
+        f"request needs {request.kv_need} KV slots (prompt + max_new_tokens - 1{windows}) "
+        f"but the pool holds {kv_pool_tokens}; raise `kv_pool_tokens` or lower "
+        "`max_new_tokens`"
+    )
