@@ -162,7 +162,7 @@ def _algorithms(specs: Sequence[Path], ops: Sequence[str]) -> tuple[list[Path], 
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from relayc.compiler.writer import compile_specs, engine_specs, write
+    from relayc.compiler.writer import compile_specs, engine_specs, vllm_specs, write
     from relayc.specs.loader import bundled_spec_paths
 
     if args.bundled and args.specs:
@@ -177,11 +177,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     # --bundled -o DIR: the bundled specs compiled into DIR like any others, e.g. to vendor
     # them; relayc's own checked-in copies are left alone.
     specs = bundled_spec_paths() if args.bundled else _existing_files(args.specs)
-    if args.bundled and args.target != "sglang":
+    if args.bundled and args.target == "relayc":
         specs = engine_specs()  # dspark and uno use what only the SGLang target implements
+    if args.bundled and args.target == "vllm":
+        specs = vllm_specs()  # n-gram and UNO: vLLM's Model Runner V2 runs neither
     paths, failed = _algorithms(specs, args.ops)
-    if args.target == "sglang":
-        return _compile_sglang(paths, out_dir, args.ops, failed)
+    if args.target in ("sglang", "vllm"):
+        return _compile_dropin(args.target, paths, out_dir, args.ops, failed)
     try:
         outputs = compile_specs(paths, out_dir, ops=args.ops)
     except SpecErrors as exc:
@@ -215,10 +217,14 @@ def _write(output: Output, write: Callable[[Output], bool]) -> bool:
         raise UsageError(f"cannot write {output.path}: {_why(exc)}") from None
 
 
-def _compile_sglang(paths: list[Path], out_dir: Path, ops: Sequence[str], failed: bool) -> int:
-    """All specs into one drop-in with SGLang's relay surface (DIR/overlap_utils.py and the
-    runtime it imports, DIR/relayc_relay_runtime.py)."""
+def _compile_dropin(
+    target: str, paths: list[Path], out_dir: Path, ops: Sequence[str], failed: bool
+) -> int:
+    """All specs into one module for an engine: SGLang's (DIR/overlap_utils.py and the
+    runtime it imports, DIR/relayc_relay_runtime.py) or vLLM's (DIR/vllm_relay.py and
+    DIR/relayc_vllm_runtime.py)."""
     from relayc.compiler.targets.sglang import compile_sglang
+    from relayc.compiler.targets.vllm import compile_vllm
     from relayc.compiler.writer import write
 
     if failed:
@@ -226,8 +232,9 @@ def _compile_sglang(paths: list[Path], out_dir: Path, ops: Sequence[str], failed
     if not paths:
         print("no algorithm specs among the files: nothing to compile", file=sys.stderr)
         return EXIT_OK
+    compile_dropin = compile_vllm if target == "vllm" else compile_sglang
     try:
-        outputs = compile_sglang(paths, out_dir, ops=ops)
+        outputs = compile_dropin(paths, out_dir, ops=ops)
     except SpecErrors as exc:
         print(printable(exc.render()), file=sys.stderr)
         return EXIT_SPEC_ERRORS
@@ -302,7 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Validate and analyse each spec, then write "
         "<DIR>/<algorithm>.py (only when its bytes change); with --target sglang, one "
         "<DIR>/overlap_utils.py with SGLang 0.5.23's relay surface for all of them (and the "
-        "runtime it imports, relayc_relay_runtime.py).",
+        "runtime it imports, relayc_relay_runtime.py); with --target vllm, one "
+        "<DIR>/vllm_relay.py with vLLM 0.33.0's Model Runner V2 relay (and "
+        "relayc_vllm_runtime.py).",
     )
     p.add_argument("specs", nargs="*", metavar="SPEC", help="algorithm spec YAML files")
     p.add_argument(
@@ -312,14 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--bundled",
         action="store_true",
         help="compile the bundled specs instead of SPEC files: into -o DIR when given, else "
-        "regenerate relayc/generated/ and relayc/sglang_generated/",
+        "regenerate relayc/generated/, relayc/sglang_generated/ and relayc/vllm_generated/",
     )
     p.add_argument(
         "--target",
-        choices=("relayc", "sglang"),
+        choices=("relayc", "sglang", "vllm"),
         default="relayc",
         help="relayc: one module per algorithm (default); sglang: one drop-in module for "
-        "SGLang's overlap_utils relay",
+        "SGLang's overlap_utils relay; vllm: one module of vLLM Model Runner V2's relay",
     )
     add_ops_option(p)
     p.set_defaults(func=cmd_compile)

@@ -11,6 +11,7 @@ from typing import Literal
 from relayc.compiler.codegen import ENGINE_TARGET, generate_relay_module
 from relayc.compiler.output import Output, RuffMissing, format_source, style_problems
 from relayc.compiler.targets.sglang import compile_sglang
+from relayc.compiler.targets.vllm import compile_vllm
 from relayc.plan import build_plan
 from relayc.plan.support import unsupported
 from relayc.specs.errors import SourceLoc, SpecError, SpecErrors
@@ -19,6 +20,7 @@ from relayc.specs.loader import bundled_spec_paths, load_spec
 __all__ = [
     "GENERATED_DIR",
     "SGLANG_GENERATED_DIR",
+    "VLLM_GENERATED_DIR",
     "BundledChange",
     "Output",
     "RuffMissing",
@@ -28,11 +30,13 @@ __all__ = [
     "regenerate_bundled",
     "stale_bundled",
     "style_of_bundled",
+    "vllm_specs",
     "write",
 ]
 
 GENERATED_DIR = Path(__file__).resolve().parent.parent / "generated"
 SGLANG_GENERATED_DIR = GENERATED_DIR.parent / "sglang_generated"
+VLLM_GENERATED_DIR = GENERATED_DIR.parent / "vllm_generated"
 
 
 def compile_spec(spec_path: str | Path, out_dir: str | Path, *, ops: Sequence[str] = ()) -> Output:
@@ -53,6 +57,11 @@ def engine_specs() -> list[Path]:
         for path in bundled_spec_paths()
         if not unsupported(build_plan(load_spec(path)), ENGINE_TARGET)
     ]
+
+
+def vllm_specs() -> list[Path]:
+    """The bundled specs with a `vllm:` section: the algorithms vLLM's Model Runner V2 runs."""
+    return [path for path in bundled_spec_paths() if load_spec(path).vllm is not None]
 
 
 def compile_specs(
@@ -99,7 +108,7 @@ def write(output: Output) -> bool:
 
 def _bundled_outputs() -> list[tuple[Output, Path, str]]:
     """(module, checked-in path, source) of every module generated from the bundled specs:
-    one per algorithm the engine target implements, and the SGLang target's drop-in for
+    one per algorithm the engine target implements, the SGLang target's drop-in for
     all of them."""
     outputs = []
     for spec_path in engine_specs():
@@ -108,6 +117,8 @@ def _bundled_outputs() -> list[tuple[Output, Path, str]]:
     # The SGLang drop-in's files, each checked: a stale or missing one fails `relayc check`.
     for output in compile_sglang(bundled_spec_paths(), "relayc/sglang_generated"):
         outputs.append((output, SGLANG_GENERATED_DIR / output.path.name, "the bundled specs"))
+    for output in compile_vllm(vllm_specs(), "relayc/vllm_generated"):
+        outputs.append((output, VLLM_GENERATED_DIR / output.path.name, "the bundled specs"))
     return outputs
 
 

@@ -127,6 +127,9 @@ def plan_from_graphs(graphs: IterationGraphs) -> RelayPlan:
         op_modules=op_modules,
         plugins=tuple(PluginModule(m.name, m.from_cli, m.loc) for m in spec.ops),
         sample_dims=dict(graphs.sample_dims),
+        vllm_method=spec.vllm.method if spec.vllm else None,
+        vllm_loc=spec.vllm.loc if spec.vllm else None,
+        vllm_hooks={str(k): v for k, v in spec.vllm.hooks.items()} if spec.vllm else {},
     )
 
 

@@ -7,6 +7,7 @@ something points at the line that asked for it. Names are the spec's; order is t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -266,6 +267,11 @@ class RelayPlan:
     op_modules: Mapping[str, str | None]  # op name -> plugin module (None: built in)
     plugins: tuple[PluginModule, ...]  # the plugin-op modules, in the order they are asked
     sample_dims: Mapping[str, int]  # the sizes the passes checked shapes with
+    vllm_method: str | None = None  # vLLM's speculative method (`vllm: {method:}`); None: none
+    vllm_loc: SourceLoc | None = None  # the `vllm:` section, for errors about it
+    vllm_hooks: Mapping[str, str] = dataclasses.field(
+        default_factory=dict
+    )  # vLLM state -> relay field
 
     def field(self, name: str) -> RelayField:
         return next(f for f in self.fields if f.name == name)

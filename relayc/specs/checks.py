@@ -132,6 +132,7 @@ def check_algorithm(
         entry_locs=_entry_locs(parts),
         ops=tuple(parts.ops),
         sglang=parts.sglang,
+        vllm=parts.vllm,
         staging=parts.staging,
     )
 

@@ -21,6 +21,7 @@ from relayc.specs.schema import (
     SGLangTarget,
     Staging,
     Step,
+    VLLMTarget,
 )
 from relayc.specs.yamlsrc import LocIndex, Path
 
@@ -58,6 +59,7 @@ class Parts:
     capture: Capture | None = None
     outputs: Outputs | None = None
     sglang: SGLangTarget | None = None
+    vllm: VLLMTarget | None = None
     staging: Staging | None = None
     broken: set[tuple[str, str]] = field(default_factory=set)
     has: set[str] = field(default_factory=set)  # top-level keys present in the file
@@ -92,6 +94,7 @@ class Spec:
     # (step name, "reads" | "writes" | "stash", parameter / output / field) -> where it is
     entry_locs: dict[tuple[str, str, str], SourceLoc] = field(default_factory=dict)
     sglang: SGLangTarget | None = None  # SGLang target settings (a plugin's name)
+    vllm: VLLMTarget | None = None  # vLLM target settings (the vLLM method)
     staging: Staging | None = None  # staged inputs (`staging:`); None: refused
 
     def locate(self, step: str, section: str, key: str) -> SourceLoc:

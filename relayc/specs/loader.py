@@ -38,6 +38,7 @@ from relayc.specs.schema import (
     SpecFile,
     Staging,
     Step,
+    VLLMTarget,
 )
 from relayc.specs.yamlsrc import LocIndex, decode_spec_bytes, load_yaml
 
@@ -254,6 +255,9 @@ def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -
         where = ("sglang", "plugin") if valid.sglang.plugin is not None else ("sglang",)
         _locate(valid.sglang, index.value(where))  # errors point at the name
         parts.sglang = valid.sglang
+    if valid.vllm is not None:
+        _locate(valid.vllm, index.key(("vllm",)))
+        parts.vllm = valid.vllm
     if valid.staging is not None:
         _locate(valid.staging, index.key(("staging",)))
         parts.staging = valid.staging
@@ -310,6 +314,8 @@ def _partial_parts(data: dict, index: LocIndex, path: str) -> Parts:
             parts.broken.add(("outputs", "outputs"))
     if "sglang" in data:
         parts.sglang = _validated(SGLangTarget, data["sglang"], index.key(("sglang",)))
+    if "vllm" in data:
+        parts.vllm = _validated(VLLMTarget, data["vllm"], index.key(("vllm",)))
     if "staging" in data:
         parts.staging = _validated(Staging, data["staging"], index.key(("staging",)))
     parts.broken.add(("file", "partial"))

@@ -480,6 +480,26 @@ class SGLangTarget(SpecModel):
     )
 
 
+class VLLMTarget(SpecModel):
+    """How the vLLM target (`relayc compile --target vllm`) serves this algorithm."""
+
+    method: Literal["eagle", "eagle3", "mtp", "dflash", "dspark"] | None = Field(
+        default=None,
+        description="vLLM's `speculative_config.method` this algorithm runs as under Model "
+        "Runner V2 (relayc's `eagle_multilayer` is vLLM's `mtp`). Absent: no speculation "
+        "(the state of plain decoding, no `draft_tokens`).",
+    )
+    hooks: dict[Literal["last_sampled_tokens", "num_computed_tokens", "confidence"], Identifier] = (
+        Field(
+            default_factory=dict,
+            description="The relay field each of vLLM's per-request state tensors holds: "
+            "`last_sampled_tokens` (default: `bonus_tokens`), `num_computed_tokens` (default: "
+            "`new_seq_lens`, when relayed) and `confidence`, the adaptive-verification "
+            "confidence relay (default: the field named `confidence`, when relayed).",
+        )
+    )
+
+
 class SpecFile(SpecModel):
     """One spec file: an algorithm (`algorithm:`) or a shared library (`library:`)."""
 
@@ -527,6 +547,10 @@ class SpecFile(SpecModel):
     sglang: SGLangTarget | None = Field(
         default=None,
         description="SGLang target settings: a plugin algorithm's registered name.",
+    )
+    vllm: VLLMTarget | None = Field(
+        default=None,
+        description="vLLM target settings: the vLLM method the algorithm runs as.",
     )
 
 

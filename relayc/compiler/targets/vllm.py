@@ -1,0 +1,432 @@
+"""The vLLM target: the per-request relay of vLLM 0.33.0's Model Runner V2, from several specs.
+
+`relayc compile --target vllm SPEC... -o DIR` writes two files:
+
+- `DIR/vllm_relay.py`, generated: one `<Algorithm>RelayState` class per spec, the
+  speculative part of vLLM's `RequestState` (vllm/v1/worker/gpu/states.py) for the vLLM
+  method the spec's `vllm:` section names: `last_sampled_tokens`, `num_computed_tokens`
+  and its host mirror, `total_len`, `draft_tokens` and, for DSpark, the adaptive-verification
+  confidence relay; each buffer allocated by name, with the spec line it comes from. It
+  re-exports input_batch.py's five relay updates under vLLM's names.
+- `DIR/relayc_vllm_runtime.py`, hand-written: `vllm_runtime.py` beside this file, copied
+  unchanged (the five updates and their checks, which depend on no spec).
+
+vLLM's relay differs from SGLang's: its drafter runs at the end of a step and relays the
+drafted tokens (`draft_tokens`), where SGLang's relays the draft head's top-k and hidden
+state. A spec names which of its relay fields vLLM's tensors hold (`vllm: hooks:`); the
+fields vLLM does not carry across steps are listed in each class's docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from relayc.compiler.codegen import GENERATED_MARK
+from relayc.compiler.output import Output, comment_text, format_source
+from relayc.compiler.targets import vllm_runtime
+from relayc.nodes.registry import builtin_op_names
+from relayc.plan import RelayField, RelayPlan, plan_spec_file
+from relayc.plan.support import TargetSupport, unsupported
+from relayc.specs.errors import SpecError, SpecErrors
+
+MODULE_NAME = "vllm_relay.py"
+RUNTIME_MODULE = "relayc_vllm_runtime"
+VLLM_VERSION = vllm_runtime.VLLM_VERSION
+
+# UNO's self-drafting ops: vLLM 0.33.0 has no speculator running them.
+UNO_OPS = frozenset({"uno_prefill", "uno_draft"})
+# What the vLLM target implements. The relay state is vLLM's whatever the spec's lifetime,
+# publish, export and staging settings say (they shape SGLang's FutureMap); a host step
+# (n-gram matching on the host) is what MRv2 does not run. The ops are those of the
+# algorithms MRv2 runs: UNO's self-drafting has no speculator in vLLM 0.33.0.
+VLLM_TARGET = TargetSupport(
+    target="vllm",
+    constructs=frozenset(
+        {
+            "alloc: lazy",
+            "publish: early",
+            "host_mirror: true",
+            "host_mirror lag",
+            "host_mirror ring",
+            "host_mirror generation_check",
+            "owner: graph",
+            "staging",
+            "export",
+        }
+    ),
+    ops=builtin_op_names() - UNO_OPS,
+    notes={"staging": "vLLM has no staged inputs: the setting is SGLang's and is ignored"},
+    alternative="compile with --target sglang",
+)
+
+# vLLM's state tensors a spec field can hold, and the field each holds by default.
+DEFAULT_HOOKS = {
+    "last_sampled_tokens": "bonus_tokens",
+    "num_computed_tokens": "new_seq_lens",
+    "confidence": "confidence",
+}
+# The vLLM methods with an adaptive-verification confidence relay.
+CONFIDENCE_METHODS = ("dspark",)
+_FUNCTIONS = (
+    "combine_sampled_and_draft_tokens",
+    "get_num_sampled_and_rejected",
+    "post_update",
+    "post_update_num_computed_tokens",
+    "prepare_pos_seq_lens",
+)
+
+
+@dataclass(frozen=True)
+class VLLMAlgorithm:
+    """One spec as the vLLM target serves it: its plan and the field each vLLM tensor holds."""
+
+    plan: RelayPlan
+    method: str | None
+    last_sampled: RelayField
+    num_computed: RelayField | None
+    confidence: RelayField | None
+
+    @property
+    def class_name(self) -> str:
+        return "".join(part.capitalize() for part in self.plan.algorithm.split("_")) + "RelayState"
+
+    @property
+    def elsewhere(self) -> list[str]:
+        """Relay fields vLLM's state does not hold."""
+        held = {f.name for f in (self.last_sampled, self.num_computed, self.confidence) if f}
+        return [f.name for f in self.plan.fields if f.name not in held]
+
+
+def vllm_algorithm(plan: RelayPlan) -> VLLMAlgorithm:
+    """The vLLM view of ``plan``; raises SpecErrors naming the spec line that does not fit."""
+    loc = plan.vllm_loc or plan.loc
+    if plan.vllm_loc is None:
+        raise SpecErrors(
+            [
+                SpecError(
+                    plan.loc,
+                    f"`{plan.algorithm}` has no `vllm:` section: the vllm target needs the "
+                    "vLLM method it runs as",
+                    "add `vllm: {method: eagle}` (or eagle3, mtp, dflash, dspark; "
+                    "`vllm: {}` for plain decoding)",
+                )
+            ]
+        )
+    names = {f.name for f in plan.fields}
+    errors: list[SpecError] = []
+    hooked: dict[str, RelayField | None] = {}
+    for hook, default in DEFAULT_HOOKS.items():
+        named = plan.vllm_hooks.get(hook)
+        if named is not None and named not in names:
+            errors.append(
+                SpecError(
+                    loc,
+                    f"`vllm: hooks: {hook}` names `{named}`, not a relay field of "
+                    f"`{plan.algorithm}`",
+                    f"name one of {sorted(names)}",
+                )
+            )
+        name = named if named is not None else default
+        hooked[hook] = plan.field(name) if name in names else None
+    last, computed, confidence = (hooked[h] for h in DEFAULT_HOOKS)
+    if last is None and not errors:
+        errors.append(
+            SpecError(
+                loc,
+                f"`{plan.algorithm}` relays no field for vLLM's `last_sampled_tokens`",
+                "relay `bonus_tokens`, or name the field with `vllm: {hooks: "
+                "{last_sampled_tokens: FIELD}}`",
+            )
+        )
+    for hook, f, dtype, shape in (
+        ("last_sampled_tokens", last, "int64", ()),
+        ("num_computed_tokens", computed, None, ()),
+        ("confidence", confidence, "float32", None),
+    ):
+        if f is None:
+            continue
+        if dtype is not None and f.dtype != dtype:
+            errors.append(_misfit(plan, f, hook, f"is {f.dtype}; vLLM's is {dtype}"))
+        if shape is not None and f.shape != shape:
+            errors.append(_misfit(plan, f, hook, f"has rows {list(f.shape)}; vLLM's are scalars"))
+        if hook == "num_computed_tokens" and f.dtype not in ("int32", "int64"):
+            errors.append(_misfit(plan, f, hook, f"is {f.dtype}; vLLM counts tokens in int32"))
+    if confidence is not None and plan.vllm_method not in CONFIDENCE_METHODS:
+        confidence = None  # only DSpark's adaptive verification reads confidences
+    if errors:
+        raise SpecErrors(errors)
+    assert last is not None  # an error above otherwise
+    return VLLMAlgorithm(plan, plan.vllm_method, last, computed, confidence)
+
+
+def _misfit(plan: RelayPlan, f: RelayField, hook: str, why: str) -> SpecError:
+    return SpecError(
+        plan.field_locs[f.name],
+        f"field `{f.name}` of `{plan.algorithm}` holds vLLM's `{hook}` but {why}",
+        f"give `{f.name}` vLLM's type, or hold `{hook}` in another field "
+        f"(`vllm: {{hooks: {{{hook}: FIELD}}}}`)",
+    )
+
+
+def compile_vllm(
+    spec_paths: Sequence[str | Path], out_dir: str | Path, *, ops: Sequence[str] = ()
+) -> list[Output]:
+    """The vLLM relay of ``spec_paths``: its generated `vllm_relay.py` and the runtime beside
+    it; raises SpecErrors (all of them)."""
+    algorithms: list[VLLMAlgorithm] = []
+    errors: list[SpecError] = []
+    for path in spec_paths:
+        try:
+            plan = plan_spec_file(path, ops=list(ops))
+            found = unsupported(plan, VLLM_TARGET)
+            errors += found
+            if not found:
+                algorithms.append(vllm_algorithm(plan))
+        except SpecErrors as exc:
+            errors.extend(exc.errors)
+    errors += _duplicates(algorithms)
+    if errors:
+        raise SpecErrors(errors)
+    module = format_source(generate_vllm_module(algorithms, Path(out_dir).as_posix()), MODULE_NAME)
+    runtime = Path(vllm_runtime.__file__).read_text(encoding="utf-8")
+    return [
+        Output(Path(out_dir) / MODULE_NAME, module),
+        Output(Path(out_dir) / f"{RUNTIME_MODULE}.py", runtime),
+    ]
+
+
+def _duplicates(algorithms: Sequence[VLLMAlgorithm]) -> list[SpecError]:
+    """Two specs of one vLLM method (vLLM picks its speculator by method name)."""
+    errors = []
+    seen: dict[str, VLLMAlgorithm] = {}
+    for algo in algorithms:
+        key = algo.method or "none"
+        if key in seen:
+            errors.append(
+                SpecError(
+                    algo.plan.vllm_loc or algo.plan.loc,
+                    f"`{algo.plan.algorithm}` runs as vLLM method `{key}`, as "
+                    f"`{seen[key].plan.algorithm}` ({seen[key].plan.spec_path}) does",
+                    "give each spec its own `vllm: method:`, or compile them separately",
+                )
+            )
+        seen[key] = algo
+    return errors
+
+
+def generate_vllm_module(algorithms: Sequence[VLLMAlgorithm], out_dir: str) -> str:
+    lines: list[str] = []
+    w = lines.append
+    paths = comment_text(" ".join(a.plan.spec_path for a in algorithms))
+    w(f"# {GENERATED_MARK} by relayc (target vllm, vLLM {VLLM_VERSION}) from:")
+    for a in algorithms:
+        w(f"#     {comment_text(a.plan.spec_path)} (spec hash {a.plan.spec_hash})")
+    w("# Do not edit: change the specs, then run")
+    w(f"#     relayc compile --target vllm {paths} -o {comment_text(out_dir)}")
+    names = ", ".join(f"`{a.plan.algorithm}`" for a in algorithms)
+    w(f'"""Per-request relay state for vLLM {VLLM_VERSION}\'s Model Runner V2, for {names}.\n')
+    w("Each class is the speculative part of vLLM's `RequestState` (vllm/v1/worker/gpu/states.py)")
+    w("for one vLLM method; the five functions are input_batch.py's relay updates, from the")
+    w(f'hand-written {RUNTIME_MODULE}.py beside this file (relayc\'s docs/vllm.md)."""\n')
+    w("from __future__ import annotations\n")
+    w("from typing import Any\n")
+    w("import numpy as np")
+    w("import torch\n")
+    w("# The runtime: relative inside a package, absolute when copied onto sys.path.")
+    w("if __package__:")
+    w(f"    from . import {RUNTIME_MODULE} as runtime")
+    w("else:")
+    w(f"    import {RUNTIME_MODULE} as runtime\n")
+    w(f"runtime.check_version({vllm_runtime.RUNTIME_VERSION}, __name__)\n")
+    w("# vLLM's names (vllm/v1/worker/gpu/input_batch.py), with its signatures.")
+    for name in _FUNCTIONS:
+        w(f"{name} = runtime.{name}")
+    w("RelayError = runtime.RelayError\n")
+    classes = [a.class_name for a in algorithms]
+    exported = sorted([*_FUNCTIONS, "RelayError", "STATES", "install", *classes], key=_isort)
+    w(f"__all__ = {exported!r}".replace("'", '"'))
+    w("\n")
+    for algo in algorithms:
+        _state_class(w, algo)
+        w("\n")
+    w("# vLLM's `speculative_config.method` (None: no speculation) -> its relay state.")
+    w("STATES: dict[str | None, type[Any]] = {")
+    for algo in algorithms:
+        key = "None" if algo.method is None else f'"{algo.method}"'
+        w(f"    {key}: {algo.class_name},")
+    w("}\n\n")
+    _install(w)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _isort(name: str) -> tuple[int, str]:
+    """Ruff's order of `__all__`: constants, classes, then the rest."""
+    return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+
+def _where(f: RelayField) -> str:
+    """`common.yaml:45` of a field's definition (the folder is in the header)."""
+    return comment_text(f.origin.replace("\\", "/").rsplit("/", 1)[-1])
+
+
+def _doc(text: str) -> str:
+    """A spec's doc text safe inside a generated docstring or comment."""
+    return comment_text(text).replace('"', "'").replace("\\", "/")
+
+
+def _state_class(w: Callable[[str], None], algo: VLLMAlgorithm) -> None:
+    plan = algo.plan
+    spec = _doc(plan.spec_path.replace("\\", "/").rsplit("/", 1)[-1])
+    method = f"`{algo.method}`" if algo.method else "no speculation"
+    speculative = algo.method is not None
+    w(f"class {algo.class_name}:")
+    w(f'    """vLLM {method}: the relay of relayc\'s `{plan.algorithm}` ({spec}).\n')
+    w(f"    {_doc(plan.description)}")
+    if algo.elsewhere:
+        listed = ", ".join(f"`{n}`" for n in algo.elsewhere)
+        w("")
+        w(f"    Relay fields vLLM does not carry across steps: {listed} (its drafter runs")
+        w("    at the end of a step and relays the drafted tokens instead).")
+    w('    """\n')
+    w(f"    method: str | None = {_doc(repr(algo.method))}\n")
+    w("    def __init__(")
+    w("        self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str")
+    w("    ) -> None:")
+    if speculative:
+        w("        if num_speculative_steps < 1:")
+        w("            raise runtime.RelayError(")
+        w(
+            f'                f"{algo.class_name}: num_speculative_steps is {{num_speculative_steps}}; "'
+        )
+        w(f'                "vLLM\'s `{algo.method}` drafts at least 1 token per step"')
+        w("            )")
+    else:
+        w("        if num_speculative_steps != 0:")
+        w("            raise runtime.RelayError(")
+        w(
+            f'                f"{algo.class_name}: num_speculative_steps is {{num_speculative_steps}}; "'
+        )
+        w('                "plain decoding drafts none (give 0)"')
+        w("            )")
+    w("        self.max_num_reqs = max_num_reqs")
+    w("        self.num_speculative_steps = num_speculative_steps")
+    last = algo.last_sampled
+    w(f"        # {_where(last)} {last.name}: {_doc(last.doc)}")
+    w("        # [max_num_reqs, 1] int64")
+    w("        self.last_sampled_tokens = torch.zeros(")
+    w("            max_num_reqs, 1, dtype=torch.int64, device=device")
+    w("        )")
+    computed = algo.num_computed
+    if computed is not None:
+        w(f"        # {_where(computed)} {computed.name}: {_doc(computed.doc)}")
+        w("        # [max_num_reqs] int32 (vLLM counts computed tokens, the KV length, in int32)")
+    else:
+        w(f"        # vLLM's own: `{plan.algorithm}` relays no lengths. [max_num_reqs] int32")
+    w(
+        "        self.num_computed_tokens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)"
+    )
+    w("        # Its host mirror: an upper bound the scheduler reads without waiting.")
+    w("        self.num_computed_tokens_np = np.zeros(max_num_reqs, dtype=np.int32)")
+    w("        # vLLM's: tokens in all_token_ids (prompt and output). [max_num_reqs] int32")
+    w("        self.total_len = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)")
+    if speculative:
+        w(
+            "        # The drafter's tokens, the next step's input. [max_num_reqs, num_speculative_steps]"
+        )
+        w("        # int64; 0 is vLLM's placeholder until the drafter runs for the slot.")
+    else:
+        w("        # No drafts: an empty row, as vLLM's with 0 speculative steps.")
+    w("        self.draft_tokens = torch.zeros(")
+    w("            max_num_reqs, num_speculative_steps, dtype=torch.int64, device=device")
+    w("        )")
+    conf = algo.confidence
+    if conf is not None:
+        ring = conf.host_mirror.text if conf.host_mirror is not None else "none"
+        w(f"        # {_where(conf)} {conf.name}: {_doc(conf.doc)}")
+        w("        # vLLM's adaptive-verification relay (AdaptiveVerification._confidence_probs):")
+        w(
+            "        # [max_num_reqs, num_speculative_steps] float32, 1.0 for a new request. Its host"
+        )
+        w(f"        # copies are vLLM's two (the spec's host ring, {_doc(ring)}, is SGLang's).")
+        w("        self.confidence_probs = torch.ones(")
+        w("            max_num_reqs, num_speculative_steps, dtype=torch.float32, device=device")
+        w("        )")
+        w("        self.stale_confidences = [")
+        w("            torch.ones(max_num_reqs, num_speculative_steps, dtype=torch.float32)")
+        w("            for _ in range(2)")
+        w("        ]")
+        w("        self.stale_idx = 0  # the host copy budgets read")
+        w("        self.pending_resets: list[int] = []  # slots added since the last record")
+    w("        # Per slot, since add_request: was a token sampled, were drafts stored (1), for the")
+    w("        # placeholder-leak check of combine_sampled_and_draft_tokens. int8: the updates")
+    w("        # store into it without a host sync, which bool arithmetic does not allow.")
+    w("        self.has_sampled = torch.zeros(max_num_reqs, dtype=torch.int8, device=device)")
+    w("        self.has_drafts = torch.zeros(max_num_reqs, dtype=torch.int8, device=device)")
+    w("        runtime.register(self, self.last_sampled_tokens, self.draft_tokens)\n")
+
+    w(
+        "    def add_request(self, req_idx: int, prefill_len: int, num_computed_tokens: int) -> None:"
+    )
+    w('        """A new or resumed request in slot `req_idx` (RequestState.add_request)."""')
+    w("        self.total_len[req_idx] = prefill_len")
+    w("        self.num_computed_tokens[req_idx] = num_computed_tokens")
+    w("        self.num_computed_tokens_np[req_idx] = num_computed_tokens")
+    if speculative:
+        w("        self.draft_tokens[req_idx] = 0")
+    if conf is not None:
+        w("        self.confidence_probs[req_idx] = 1.0")
+        w("        self.stale_confidences[self.stale_idx][req_idx] = 1.0")
+        w("        self.pending_resets.append(req_idx)")
+    w("        self.has_sampled[req_idx] = 0")
+    w("        self.has_drafts[req_idx] = 0\n")
+
+    w(
+        "    def store_draft_tokens(self, idx_mapping: torch.Tensor, draft_tokens: torch.Tensor) -> None:"
+    )
+    w('        """The drafter\'s tokens for the batch rows (model_runner\'s')
+    w('        `req_states.draft_tokens[idx_mapping] = draft_tokens`)."""')
+    w("        if draft_tokens.shape != (idx_mapping.shape[0], self.num_speculative_steps):")
+    w("            raise runtime.RelayError(")
+    w(
+        '                f"store_draft_tokens(): `draft_tokens` has shape {list(draft_tokens.shape)}, "'
+    )
+    w('                f"expected [{idx_mapping.shape[0]}, {self.num_speculative_steps}] "')
+    w('                "(one row per request, num_speculative_steps wide)"')
+    w("            )")
+    w("        self.draft_tokens[idx_mapping] = draft_tokens")
+    w("        self.has_drafts[idx_mapping] = 1")
+    if conf is not None:
+        w("")
+        _record_confidences(w)
+
+
+def _record_confidences(w: Callable[[str], None]) -> None:
+    w("    def record_confidences(")
+    w("        self, confidence_probs: torch.Tensor, idx_mapping: torch.Tensor, num_reqs: int")
+    w("    ) -> None:")
+    w('        """This step\'s confidences for the batch rows; copied to the host, where a later')
+    w("        step's draft budget reads them (AdaptiveVerification.record_confidences). The")
+    w('        copy finishes before this returns: one step late, as vLLM\'s event wait."""')
+    w("        ready_idx = self.stale_idx ^ 1")
+    w("        if self.pending_resets:")
+    w("            self.stale_confidences[ready_idx][self.pending_resets] = 1.0")
+    w("            self.pending_resets.clear()")
+    w("        self.stale_idx, write_idx = ready_idx, self.stale_idx")
+    w("        self.confidence_probs[idx_mapping] = confidence_probs[:num_reqs]")
+    w("        self.stale_confidences[write_idx].copy_(self.confidence_probs)\n")
+    w("    def read_stale_confidences(self, slots: np.ndarray) -> np.ndarray:")
+    w('        """The host copy of the slots\' confidences a draft budget reads."""')
+    w("        return self.stale_confidences[self.stale_idx].numpy()[slots]")
+
+
+def _install(w: Callable[[str], None]) -> None:
+    w("def install(*modules: Any) -> None:")
+    w('    """Point vLLM at these functions: pass `vllm.v1.worker.gpu.input_batch` and')
+    w("    `vllm.v1.worker.gpu.model_runner` (which imports them by name), e.g. from a")
+    w('    `vllm.general_plugins` entry point (docs/vllm.md); this module imports no vLLM."""')
+    w("    for module in modules:")
+    for name in _FUNCTIONS:
+        w(f"        if hasattr(module, {name!r}):".replace("'", '"'))
+        w(f"            module.{name} = {name}")
