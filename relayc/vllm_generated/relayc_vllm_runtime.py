@@ -332,7 +332,13 @@ def post_update(
     slots = idx_mapping.to(torch.int64).clamp(min=0)
     state = owner_of(last_sampled_tokens)
     if draft_tokens is not None and draft_tokens_out is not None:
-        _masked_store(draft_tokens_out, (slots[:, None],), draft_tokens[:num_reqs], valid[:, None])
+        draft_step = torch.arange(draft_tokens.shape[1], device=device)
+        _masked_store(
+            draft_tokens_out,
+            (slots[:, None], draft_step[None, :]),
+            draft_tokens[:num_reqs],
+            valid[:, None],
+        )
         if state is not None:
             _masked_store(state.has_drafts, (slots,), torch.ones_like(slots), valid)
 

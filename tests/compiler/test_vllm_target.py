@@ -256,9 +256,7 @@ def test_more_drafts_than_the_state_holds_are_refused(
 ) -> None:
     monkeypatch.setattr(gen.runtime, "VALUE_CHECKS", True)
     state = gen.STATES["eagle"](8, 2, "cpu")
-    with pytest.raises(
-        gen.RelayError, match="schedules 3 draft tokens but the state holds 2"
-    ):
+    with pytest.raises(gen.RelayError, match="schedules 3 draft tokens but the state holds 2"):
         _combine(gen, state, _decode_batch(state, 1, drafts=3))
 
 
@@ -293,9 +291,7 @@ def test_unaccepted_drafts_counted_as_computed_are_refused(
 
 def test_a_drafter_width_changing_between_steps_is_refused(gen: types.ModuleType) -> None:
     state = gen.STATES["eagle"](8, 2, "cpu")
-    with pytest.raises(
-        gen.RelayError, match="drafted 3 tokens per request but the state holds 2"
-    ):
+    with pytest.raises(gen.RelayError, match="drafted 3 tokens per request but the state holds 2"):
         gen.post_update(
             torch.tensor([0]), state.num_computed_tokens, state.last_sampled_tokens, None,
             torch.zeros(1, 3, dtype=torch.int64), torch.ones(1, dtype=torch.int32),

@@ -1,0 +1,1 @@
+"""The vLLM differential test (its own venv: scripts/test-vllm.sh)."""
