@@ -16,7 +16,12 @@
 3. The SGLang drop-in's host relay of the published lengths: on CUDA a pinned mirror
    filled on a private stream that waits for the publish event, checked against a slow
    producer (``check_sglang_host_relay``).
-4. The real model, SmolLM2-135M-Instruct (``Engine(model="smollm2")``, ``--dtype``,
+4. The vLLM target's relay updates (relayc/vllm_generated/) on CUDA: the five functions
+   run without a host sync (``torch.cuda.set_sync_debug_mode("error")``), and, when vLLM
+   0.33.0 is importable, give vLLM's Triton kernels' results on the same inputs and are
+   timed against them (rows ``vllm relay: ...``, CUDA events, per call). No CPU row: vLLM's
+   path is Triton only.
+5. The real model, SmolLM2-135M-Instruct (``Engine(model="smollm2")``, ``--dtype``,
    bfloat16 by default), on held-out chat prompts with ``none``, ``ngram``, and ``eagle3``
    with its shipped trained head as a tree and as the chain of 2 tokens (the CPU's fastest
    row): the same check and step times, and each algorithm's mean accept length. On by
@@ -367,6 +372,118 @@ def check_confidence_ring(drop_in: Any, device: str, pool_size: int, rounds: int
         assert torch.equal(got.generation, want_gen), f"round {round_}: generation"
 
 
+def _vllm_step(num_reqs: int, steps: int, device: str, gen: torch.Generator) -> dict[str, Any]:
+    """One decode step's inputs for the vLLM relay: every request decoding with ``steps``
+    drafts, half of them accepted, slots shuffled."""
+    max_reqs, max_len, vocab = 2 * num_reqs, 2048, 1024  # room for 60 timed post_updates
+    slots = torch.randperm(max_reqs, generator=gen)[:num_reqs].to(torch.int32)
+    queries = torch.full((num_reqs,), 1 + steps, dtype=torch.int32)
+    query_start_loc = torch.zeros(max_reqs + 1, dtype=torch.int32)
+    query_start_loc[1 : num_reqs + 1] = queries.cumsum(0)
+    query_start_loc[num_reqs + 1 :] = query_start_loc[num_reqs]
+    num_sampled = torch.randint(1, steps + 2, (num_reqs,), generator=gen, dtype=torch.int32)
+    tensors = {
+        "idx_mapping": slots,
+        "query_start_loc": query_start_loc,
+        "cu_num_logits": query_start_loc[: num_reqs + 1].clone(),
+        "prefill_len": torch.full((max_reqs,), 16, dtype=torch.int32),
+        "num_computed_tokens": torch.randint(16, 128, (max_reqs,), generator=gen).int(),
+        "last_sampled_tokens": torch.randint(0, vocab, (max_reqs, 1), generator=gen),
+        "draft_tokens": torch.randint(0, vocab, (max_reqs, steps), generator=gen),
+        "sampled_tokens": torch.randint(0, vocab, (num_reqs, steps + 1), generator=gen),
+        "num_sampled": num_sampled,
+        "num_rejected": (1 + steps - num_sampled).int(),
+        "all_token_ids": torch.zeros(max_reqs, max_len, dtype=torch.int32),
+        "output_bin_counts": torch.zeros(max_reqs, vocab, dtype=torch.int32),
+        "input_ids": torch.zeros(int(query_start_loc[-1]) + 8, dtype=torch.int32),
+        "positions": torch.zeros(int(query_start_loc[-1]) + 8, dtype=torch.int64),
+        "seq_lens": torch.zeros(max_reqs, dtype=torch.int32),
+    }
+    tensors["total_len"] = tensors["num_computed_tokens"] + 1
+    step = {k: v.to(device) for k, v in tensors.items()}
+    step["num_logits"] = num_reqs * (1 + steps)
+    return step
+
+
+def _vllm_calls(module: Any, step: dict[str, Any]) -> dict[str, Any]:
+    """The five relay updates of ``module`` (vLLM's input_batch or the generated one) on a
+    copy of ``step``'s tensors; what each call is, to time, and the copy, to compare."""
+    t = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in step.items()}
+    calls = {
+        "prepare_pos_seq_lens": lambda: module.prepare_pos_seq_lens(
+            t["idx_mapping"], t["query_start_loc"], t["num_computed_tokens"], t["positions"],
+            t["seq_lens"]),
+        "combine_sampled_and_draft_tokens": lambda: module.combine_sampled_and_draft_tokens(
+            t["input_ids"], t["idx_mapping"], t["last_sampled_tokens"], t["query_start_loc"],
+            t["seq_lens"], t["prefill_len"], t["draft_tokens"], t["cu_num_logits"],
+            t["num_logits"]),
+        "get_num_sampled_and_rejected": lambda: module.get_num_sampled_and_rejected(
+            t["num_sampled"], t["seq_lens"], t["cu_num_logits"], t["idx_mapping"],
+            t["prefill_len"]),
+        "post_update": lambda: module.post_update(
+            t["idx_mapping"], t["num_computed_tokens"], t["last_sampled_tokens"],
+            t["output_bin_counts"], t["sampled_tokens"], t["num_sampled"], t["num_rejected"],
+            t["query_start_loc"], t["all_token_ids"], t["total_len"]),
+        "post_update_num_computed_tokens": lambda: module.post_update_num_computed_tokens(
+            t["idx_mapping"], t["num_computed_tokens"], t["query_start_loc"]),
+    }  # fmt: skip
+    return {"calls": calls, "tensors": t}
+
+
+def _time_call(call: Any, iters: int = 50) -> float:
+    """Mean ms per call (CUDA events, after a warm-up call)."""
+    call()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(iters):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    return begin.elapsed_time(end) / iters
+
+
+def check_vllm_relay(device: str) -> None:
+    """The vLLM target's five relay updates on CUDA: no host sync, and against vLLM's own
+    Triton kernels when vLLM 0.33.0 is importable (same results, time per call)."""
+    if device != "cuda":
+        print("vllm relay: no CPU row (vLLM's path is Triton only; tests/vllm compares on CPU)")
+        return
+    from relayc.vllm_generated import vllm_relay
+
+    try:
+        from vllm.v1.worker.gpu import input_batch as vllm_input_batch
+    except Exception as exc:  # vLLM absent, or not importable on this machine
+        vllm_input_batch = None
+        print(f"vllm relay: vLLM 0.33.0 not importable ({type(exc).__name__}): ours only")
+    gen = torch.Generator().manual_seed(3)
+    for num_reqs in (8, 64, 256):
+        step = _vllm_step(num_reqs, 3, device, gen)
+        ours = _vllm_calls(vllm_relay, step)
+        torch.cuda.set_sync_debug_mode("error")  # a host sync in an update raises
+        try:
+            for call in ours["calls"].values():
+                call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        theirs = _vllm_calls(vllm_input_batch, step) if vllm_input_batch else None
+        if theirs is not None:
+            fresh = _vllm_calls(vllm_relay, step)
+            for name in fresh["calls"]:  # in order: each reads the one before's outputs
+                mine, their = fresh["calls"][name](), theirs["calls"][name]()
+                if isinstance(mine, torch.Tensor):
+                    assert torch.equal(mine, their), f"vllm relay: {name} result differs"
+            for key, value in fresh["tensors"].items():
+                if isinstance(value, torch.Tensor) and key != "num_rejected":
+                    assert torch.equal(value, theirs["tensors"][key]), f"vllm relay: {key}"
+        for name, call in ours["calls"].items():
+            mine = _time_call(call)
+            row = f"vllm relay: {name:<32} bs={num_reqs:<3} relayc {mine:.3f} ms"
+            if theirs is not None:
+                their = _time_call(theirs["calls"][name])
+                row += f"  vLLM {their:.3f} ms  ratio {mine / their:.2f}"
+            print(row, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -387,6 +504,7 @@ def main() -> None:
     torch.set_num_threads(1)
     check_kernels(args.device)
     print(check_sglang_host_relay(args.device), flush=True)
+    check_vllm_relay(args.device)
     for config in ALGORITHMS:
         if not args.only or config[0] in args.only:
             print(check_algorithm(args.device, *config), flush=True)

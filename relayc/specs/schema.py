@@ -480,6 +480,9 @@ class SGLangTarget(SpecModel):
     )
 
 
+VLLMHook = Literal["last_sampled_tokens", "num_computed_tokens", "draft_logits", "confidence"]
+
+
 class VLLMTarget(SpecModel):
     """How the vLLM target (`relayc compile --target vllm`) serves this algorithm."""
 
@@ -489,14 +492,14 @@ class VLLMTarget(SpecModel):
         "Runner V2 (relayc's `eagle_multilayer` is vLLM's `mtp`). Absent: no speculation "
         "(the state of plain decoding, no `draft_tokens`).",
     )
-    hooks: dict[Literal["last_sampled_tokens", "num_computed_tokens", "confidence"], Identifier] = (
-        Field(
-            default_factory=dict,
-            description="The relay field each of vLLM's per-request state tensors holds: "
-            "`last_sampled_tokens` (default: `bonus_tokens`), `num_computed_tokens` (default: "
-            "`new_seq_lens`, when relayed) and `confidence`, the adaptive-verification "
-            "confidence relay (default: the field named `confidence`, when relayed).",
-        )
+    hooks: dict[VLLMHook, Identifier] = Field(
+        default_factory=dict,
+        description="The relay field each of vLLM's per-request state tensors holds: "
+        "`last_sampled_tokens` (default: `bonus_tokens`), `num_computed_tokens` (default: "
+        "`new_seq_lens`, when relayed), `draft_logits`, the draft distribution probabilistic "
+        "rejection sampling reads (default: `draft_probs`, when relayed) and `confidence`, "
+        "the adaptive-verification confidence relay (default: the field named `confidence`, "
+        "when relayed).",
     )
 
 

@@ -66,7 +66,10 @@ class DflashRelayState:
     method: str | None = "dflash"
 
     def __init__(
-        self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str
+        self,
+        max_num_reqs: int,
+        num_speculative_steps: int,
+        device: torch.device | str,
     ) -> None:
         if num_speculative_steps < 1:
             raise runtime.RelayError(
@@ -131,7 +134,10 @@ class DsparkRelayState:
     method: str | None = "dspark"
 
     def __init__(
-        self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str
+        self,
+        max_num_reqs: int,
+        num_speculative_steps: int,
+        device: torch.device | str,
     ) -> None:
         if num_speculative_steps < 1:
             raise runtime.RelayError(
@@ -229,7 +235,10 @@ class EagleRelayState:
     method: str | None = "eagle"
 
     def __init__(
-        self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str
+        self,
+        max_num_reqs: int,
+        num_speculative_steps: int,
+        device: torch.device | str,
     ) -> None:
         if num_speculative_steps < 1:
             raise runtime.RelayError(
@@ -294,7 +303,10 @@ class Eagle3RelayState:
     method: str | None = "eagle3"
 
     def __init__(
-        self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str
+        self,
+        max_num_reqs: int,
+        num_speculative_steps: int,
+        device: torch.device | str,
     ) -> None:
         if num_speculative_steps < 1:
             raise runtime.RelayError(
@@ -359,7 +371,10 @@ class EagleMultilayerRelayState:
     method: str | None = "mtp"
 
     def __init__(
-        self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str
+        self,
+        max_num_reqs: int,
+        num_speculative_steps: int,
+        device: torch.device | str,
     ) -> None:
         if num_speculative_steps < 1:
             raise runtime.RelayError(
@@ -421,7 +436,10 @@ class NoneRelayState:
     method: str | None = None
 
     def __init__(
-        self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str
+        self,
+        max_num_reqs: int,
+        num_speculative_steps: int,
+        device: torch.device | str,
     ) -> None:
         if num_speculative_steps != 0:
             raise runtime.RelayError(

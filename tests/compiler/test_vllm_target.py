@@ -327,3 +327,23 @@ def test_dspark_confidences_reach_the_host_one_record_late(gen: types.ModuleType
     assert state.confidence_probs[3].tolist() == [1.0, 1.0]
     state.record_confidences(torch.tensor([[0.9, 0.9]]), torch.tensor([1]), 1)
     assert state.read_stale_confidences([1, 3]).tolist()[1] == [1.0, 1.0]
+
+
+def test_the_cli_compiles_for_vllm_and_locates_what_it_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from relayc.cli import EXIT_OK, EXIT_SPEC_ERRORS, main
+
+    assert (
+        main(["compile", "--target", "vllm", str(SPECS / "dspark.yaml"), "-o", str(tmp_path)])
+        == EXIT_OK
+    )
+    assert "wrote" in capsys.readouterr().out
+    assert (tmp_path / MODULE_NAME).exists() and (tmp_path / f"{RUNTIME_MODULE}.py").exists()
+    module = _load(tmp_path, "vllm_relay")
+    assert list(module.STATES) == ["dspark"]
+    ngram = str(SPECS / "ngram.yaml")
+    assert main(["compile", "--target", "vllm", ngram, "-o", str(tmp_path)]) == EXIT_SPEC_ERRORS
+    assert "the vllm target does not implement `placement: host`" in capsys.readouterr().err
+    assert main(["compile", "--bundled", "--target", "vllm", "-o", str(tmp_path / "b")]) == EXIT_OK
+    assert len(_load(tmp_path / "b", "vllm_relay").STATES) == 6

@@ -65,6 +65,7 @@ VLLM_TARGET = TargetSupport(
 DEFAULT_HOOKS = {
     "last_sampled_tokens": "bonus_tokens",
     "num_computed_tokens": "new_seq_lens",
+    "draft_logits": "draft_probs",
     "confidence": "confidence",
 }
 # The vLLM methods with an adaptive-verification confidence relay.
@@ -86,6 +87,7 @@ class VLLMAlgorithm:
     method: str | None
     last_sampled: RelayField
     num_computed: RelayField | None
+    draft_logits: RelayField | None
     confidence: RelayField | None
 
     @property
@@ -95,8 +97,8 @@ class VLLMAlgorithm:
     @property
     def elsewhere(self) -> list[str]:
         """Relay fields vLLM's state does not hold."""
-        held = {f.name for f in (self.last_sampled, self.num_computed, self.confidence) if f}
-        return [f.name for f in self.plan.fields if f.name not in held]
+        held = (self.last_sampled, self.num_computed, self.draft_logits, self.confidence)
+        return [f.name for f in self.plan.fields if f not in held]
 
 
 def vllm_algorithm(plan: RelayPlan) -> VLLMAlgorithm:
@@ -130,7 +132,7 @@ def vllm_algorithm(plan: RelayPlan) -> VLLMAlgorithm:
             )
         name = named if named is not None else default
         hooked[hook] = plan.field(name) if name in names else None
-    last, computed, confidence = (hooked[h] for h in DEFAULT_HOOKS)
+    last, computed, draft_logits, confidence = (hooked[h] for h in DEFAULT_HOOKS)
     if last is None and not errors:
         errors.append(
             SpecError(
@@ -143,6 +145,7 @@ def vllm_algorithm(plan: RelayPlan) -> VLLMAlgorithm:
     for hook, f, dtype, shape in (
         ("last_sampled_tokens", last, "int64", ()),
         ("num_computed_tokens", computed, None, ()),
+        ("draft_logits", draft_logits, None, ("vocab",)),
         ("confidence", confidence, "float32", None),
     ):
         if f is None:
@@ -150,15 +153,18 @@ def vllm_algorithm(plan: RelayPlan) -> VLLMAlgorithm:
         if dtype is not None and f.dtype != dtype:
             errors.append(_misfit(plan, f, hook, f"is {f.dtype}; vLLM's is {dtype}"))
         if shape is not None and f.shape != shape:
-            errors.append(_misfit(plan, f, hook, f"has rows {list(f.shape)}; vLLM's are scalars"))
+            vllms = f"rows {list(shape)}" if shape else "scalars"
+            errors.append(_misfit(plan, f, hook, f"has rows {list(f.shape)}; vLLM's are {vllms}"))
         if hook == "num_computed_tokens" and f.dtype not in ("int32", "int64"):
             errors.append(_misfit(plan, f, hook, f"is {f.dtype}; vLLM counts tokens in int32"))
+    if draft_logits is not None and plan.vllm_method is None:
+        draft_logits = None  # plain decoding has no drafts to sample against
     if confidence is not None and plan.vllm_method not in CONFIDENCE_METHODS:
         confidence = None  # only DSpark's adaptive verification reads confidences
     if errors:
         raise SpecErrors(errors)
     assert last is not None  # an error above otherwise
-    return VLLMAlgorithm(plan, plan.vllm_method, last, computed, confidence)
+    return VLLMAlgorithm(plan, plan.vllm_method, last, computed, draft_logits, confidence)
 
 
 def _misfit(plan: RelayPlan, f: RelayField, hook: str, why: str) -> SpecError:
@@ -292,7 +298,13 @@ def _state_class(w: Callable[[str], None], algo: VLLMAlgorithm) -> None:
     w('    """\n')
     w(f"    method: str | None = {_doc(repr(algo.method))}\n")
     w("    def __init__(")
-    w("        self, max_num_reqs: int, num_speculative_steps: int, device: torch.device | str")
+    w("        self,")
+    w("        max_num_reqs: int,")
+    w("        num_speculative_steps: int,")
+    w("        device: torch.device | str,")
+    if algo.draft_logits is not None:
+        w("        vocab_size: int = 0,")
+        w("        draft_logits_dtype: torch.dtype = torch.float32,")
     w("    ) -> None:")
     if speculative:
         w("        if num_speculative_steps < 1:")
@@ -341,6 +353,24 @@ def _state_class(w: Callable[[str], None], algo: VLLMAlgorithm) -> None:
     w("        self.draft_tokens = torch.zeros(")
     w("            max_num_reqs, num_speculative_steps, dtype=torch.int64, device=device")
     w("        )")
+    logits = algo.draft_logits
+    if logits is not None:
+        w(f"        # {_where(logits)} {logits.name}: {_doc(logits.doc)}")
+        w("        # vLLM's speculator.draft_logits, made when drafts are sampled")
+        w("        # (`draft_sample_method: probabilistic`; give vocab_size): each draft step's")
+        w("        # pre-temperature logits, read by the next step's rejection sampling.")
+        w("        # [max_num_reqs, num_speculative_steps, vocab_size], the model's head dtype")
+        w("        self.draft_logits = (")
+        w("            torch.zeros(")
+        w("                max_num_reqs,")
+        w("                num_speculative_steps,")
+        w("                vocab_size,")
+        w("                dtype=draft_logits_dtype,")
+        w("                device=device,")
+        w("            )")
+        w("            if vocab_size > 0")
+        w("            else None")
+        w("        )")
     conf = algo.confidence
     if conf is not None:
         ring = conf.host_mirror.text if conf.host_mirror is not None else "none"
