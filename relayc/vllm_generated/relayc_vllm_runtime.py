@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import torch
 
@@ -90,19 +90,16 @@ def expect(
     tensor: torch.Tensor,
     dtype: torch.dtype,
     *,
-    rows: int | None = None,
     at_least: int | None = None,
     ndim: int = 1,
     fn: str,
 ) -> None:
-    """Shape and dtype checks: ``rows`` exact, or ``at_least`` rows."""
+    """Dtype and rank checks, and ``at_least`` rows where given."""
     where = f"{fn}(): `{name}`"
     if tensor.dtype != dtype:
         raise RelayError(f"{where} is {tensor.dtype}, expected {dtype} (vLLM's dtype for it)")
     if tensor.dim() != ndim:
         raise RelayError(f"{where} has shape {list(tensor.shape)}, expected {ndim} dims")
-    if rows is not None and tensor.shape[0] != rows:
-        raise RelayError(f"{where} has {tensor.shape[0]} rows, expected {rows} (one per request)")
     if at_least is not None and tensor.shape[0] < at_least:
         raise RelayError(f"{where} has {tensor.shape[0]} rows, expected at least {at_least}")
 
@@ -133,7 +130,7 @@ def _row_of(cumulative: torch.Tensor, count: int, num_reqs: int) -> torch.Tensor
     return torch.searchsorted(cumulative[1 : num_reqs + 1].contiguous(), positions, right=True)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     raise RelayError(message)
 
 
@@ -345,13 +342,14 @@ def post_update(
     sampled = num_sampled[:num_reqs].to(torch.int64)
     old_total = total_len[slots].to(torch.int64)
     has_sample = valid & (sampled > 0)
-    last = sampled_tokens[torch.arange(num_reqs, device=device), (sampled - 1).clamp(min=0)]
+    width = sampled_tokens.shape[1]
+    last_col = (sampled - 1).clamp(0, width - 1)  # rows sampling nothing store nothing
+    last = sampled_tokens[torch.arange(num_reqs, device=device), last_col]
     _masked_store(last_sampled_tokens, (slots, torch.zeros_like(slots)), last, has_sample)
     _masked_store(total_len, (slots,), old_total + sampled, has_sample)
     if state is not None:
         _masked_store(state.has_sampled, (slots,), torch.ones_like(slots), has_sample)
 
-    width = sampled_tokens.shape[1]
     step = torch.arange(width, device=device)
     new_token = valid[:, None] & (step[None, :] < sampled[:, None])  # [num_reqs, width]
     tokens = sampled_tokens[:num_reqs]
