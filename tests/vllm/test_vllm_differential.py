@@ -320,3 +320,42 @@ def test_the_leak_vllm_lets_through_is_caught(monkeypatch: pytest.MonkeyPatch) -
             torch.full((8,), -9, dtype=torch.int32), args[0], state.last_sampled_tokens,
             args[1], args[2], args[3], state.draft_tokens, cu_num_logits, 1,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("num_new_sampled_tokens", [0, 1])
+def test_combine_on_random_states_matches(num_new_sampled_tokens: int) -> None:
+    """combine_sampled_and_draft_tokens alone on random slot states, prefill lengths and
+    draft counts, with and without a new sampled token per request (vLLM's
+    `num_new_sampled_tokens_per_step`), on vLLM's own tensors (no generated state)."""
+    rng = random.Random(num_new_sampled_tokens)
+    for _ in range(12):
+        steps = rng.randint(1, 4)
+        num_reqs = rng.randint(1, MAX_NUM_REQS)
+        slots = rng.sample(range(MAX_NUM_REQS), num_reqs)
+        computed = [rng.randint(0, 20) for _ in slots]
+        prefill_len = torch.randint(1, 24, (MAX_NUM_REQS,), dtype=torch.int32)
+        logits = [
+            rng.randint(max(num_new_sampled_tokens, 1), steps + num_new_sampled_tokens)
+            for _ in slots
+        ]
+        queries = [n + rng.randint(0, 3) for n in logits]
+        query_start_loc = torch.zeros(num_reqs + 1, dtype=torch.int32)
+        query_start_loc[1:] = torch.tensor(queries).cumsum(0)
+        cu_num_logits = torch.zeros(num_reqs + 1, dtype=torch.int32)
+        cu_num_logits[1:] = torch.tensor(logits).cumsum(0)
+        seq_lens = torch.tensor(
+            [c + q for c, q in zip(computed, queries, strict=True)], dtype=torch.int32
+        )
+        last = torch.randint(0, VOCAB, (MAX_NUM_REQS, 1))
+        drafts = torch.randint(0, VOCAB, (MAX_NUM_REQS, steps))
+        idx_mapping = torch.tensor(slots, dtype=torch.int32)
+        ids = {k: torch.full((MAX_NUM_TOKENS,), -9, dtype=torch.int32) for k in ("ours", "vllm")}
+        args = (idx_mapping, last, query_start_loc, seq_lens, prefill_len, drafts, cu_num_logits)
+        got = gen.combine_sampled_and_draft_tokens(
+            ids["ours"], *args, sum(logits), num_new_sampled_tokens
+        )
+        want = vllm_input_batch.combine_sampled_and_draft_tokens(
+            ids["vllm"], *args, sum(logits), num_new_sampled_tokens
+        )
+        _same("input_ids", ids["ours"], ids["vllm"])
+        _same("logits_indices", got, want)
