@@ -157,8 +157,8 @@ def test_a_hook_naming_no_field_is_located(tmp_path: Path) -> None:
     path = _edited(
         tmp_path,
         "dspark.yaml",
-        "hooks: {confidence: confidence}",
-        "hooks: {confidence: confidance}",
+        "method: dspark\n",
+        "method: dspark\n  hooks: {confidence: confidance}\n",
     )
     with pytest.raises(SpecErrors) as err:
         compile_vllm([path], tmp_path / "out")
@@ -180,8 +180,8 @@ def test_two_specs_of_one_method_are_located(tmp_path: Path) -> None:
 
 
 def test_a_hooked_field_of_the_wrong_type_for_its_vllm_tensor_is_located(tmp_path: Path) -> None:
-    path = _edited(tmp_path, "dspark.yaml", "hooks: {confidence: confidence}",
-                   "hooks: {last_sampled_tokens: confidence}")  # fmt: skip
+    path = _edited(tmp_path, "dspark.yaml", "method: dspark\n",
+                   "method: dspark\n  hooks: {last_sampled_tokens: confidence}\n")  # fmt: skip
     with pytest.raises(SpecErrors) as err:
         compile_vllm([path], tmp_path / "out")
     rendered = err.value.render()
@@ -347,3 +347,15 @@ def test_the_cli_compiles_for_vllm_and_locates_what_it_refuses(
     assert "the vllm target does not implement `placement: host`" in capsys.readouterr().err
     assert main(["compile", "--bundled", "--target", "vllm", "-o", str(tmp_path / "b")]) == EXIT_OK
     assert len(_load(tmp_path / "b", "vllm_relay").STATES) == 6
+
+
+def test_install_points_vllms_modules_at_the_generated_functions(gen: types.ModuleType) -> None:
+    def vllms_own() -> None: ...
+
+    input_batch = types.SimpleNamespace(post_update=vllms_own, prepare_pos_seq_lens=vllms_own)
+    model_runner = types.SimpleNamespace(post_update=vllms_own, unrelated=vllms_own)
+    gen.install(input_batch, model_runner)
+    assert input_batch.post_update is gen.post_update
+    assert input_batch.prepare_pos_seq_lens is gen.prepare_pos_seq_lens
+    assert model_runner.post_update is gen.post_update and model_runner.unrelated is vllms_own
+    assert not hasattr(model_runner, "prepare_pos_seq_lens")  # only names vLLM's module has
