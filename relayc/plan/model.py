@@ -263,6 +263,9 @@ class RelayPlan:
     sglang_plugin: str | None
     sglang_plugin_loc: SourceLoc | None  # the `sglang:` section (its `plugin:` when named)
     sglang_hooks: Mapping[str, str]  # SGLang's fixed-name call site -> the field it reaches
+    sglang_members: tuple[str, ...]  # SpeculativeAlgorithm members relayed (`sglang:`)
+    sglang_when: str | None  # the SGLang config flag they are relayed under
+    sglang_fallback: tuple[str, ...]  # members relayed when no spec lists them
     op_modules: Mapping[str, str | None]  # op name -> plugin module (None: built in)
     plugins: tuple[PluginModule, ...]  # the plugin-op modules, in the order they are asked
     sample_dims: Mapping[str, int]  # the sizes the passes checked shapes with

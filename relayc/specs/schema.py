@@ -460,6 +460,10 @@ def staging_text(staging: Staging) -> str:
     return f"a request may enter decode with only its relay slot ({captured})"
 
 
+# A name SGLang spells in upper case: a `SpeculativeAlgorithm` member or a plugin's.
+SGLangName = Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*$")]
+
+
 class SGLangTarget(SpecModel):
     """How the SGLang target (`relayc compile --target sglang`) serves this algorithm."""
 
@@ -477,6 +481,23 @@ class SGLangTarget(SpecModel):
         "`confidence` is the field `publish(..., confidence=)` feeds and "
         "`resolve_confidence_cpu` reads (a `host_mirror: {lag: ...}` field; default: the "
         "field named `confidence`).",
+    )
+    members: list[SGLangName] = Field(
+        default_factory=list,
+        description="SGLang's own `SpeculativeAlgorithm` members this spec relays for (`EAGLE`, "
+        "`FROZEN_KV_MTP`, ...): the generated `FutureMap` builds this spec's class for them. A "
+        "member two specs list goes to the one whose `when:` flag is set, else to the other.",
+    )
+    when: Identifier | None = Field(
+        default=None,
+        description="A flag of SGLang's speculative config (`get_spec()`, e.g. "
+        "`enable_multi_layer_eagle`) under which this spec relays its `members`; absent: always.",
+    )
+    fallback: list[SGLangName] = Field(
+        default_factory=list,
+        description="Members this spec relays only in a module compiled without a spec listing "
+        "them in `members` (SGLang relays EAGLE3 with EAGLE's buffers: eagle.yaml falls back "
+        "for it).",
     )
 
 
@@ -526,7 +547,8 @@ class SpecFile(SpecModel):
     )
     sglang: SGLangTarget | None = Field(
         default=None,
-        description="SGLang target settings: a plugin algorithm's registered name.",
+        description="SGLang target settings: the SGLang algorithms this spec relays for "
+        "(`members`, or a plugin's registered name) and the fields SGLang's hooks reach.",
     )
 
 
