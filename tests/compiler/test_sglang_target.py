@@ -262,7 +262,12 @@ def test_target_errors_are_located(tmp_path: Path) -> None:
     (tmp_path / "medusa.yaml").write_text(
         text.replace("algorithm: beam", "algorithm: medusa").replace("[NONE]", "[MEDUSA]")
     )
-    specs = ["beam", "none2", "medusa"]
+    (tmp_path / "flagged.yaml").write_text(
+        text.replace("algorithm: beam", "algorithm: flagged").replace(
+            "  members: [NONE]", "  members: [NONE]\n  when: not_a_flag"
+        )
+    )
+    specs = ["beam", "none2", "medusa", "flagged"]
     with pytest.raises(SpecErrors) as exc:
         compile_sglang(
             [*(tmp_path / f"{n}.yaml" for n in specs), *[BUNDLED_DIR / "none.yaml"] * 2], "o"
@@ -274,6 +279,9 @@ def test_target_errors_are_located(tmp_path: Path) -> None:
     # the member mapping is the specs' data: one spec per member (and flag), SGLang's names
     assert "error: SGLang's `NONE` is also relayed by" in rendered
     assert "medusa.yaml:47:3: error: `MEDUSA` is not a member of SGLang 0.5.23's" in rendered
+    assert (
+        "flagged.yaml:47:3: error: `when: not_a_flag` is not a flag the SGLang target" in rendered
+    )
 
 
 def test_a_renamed_spec_relays_the_members_it_lists(tmp_path: Path) -> None:
