@@ -199,7 +199,8 @@ def _origin(f: RelayField) -> str:
 
 def _origin_text(path: str, line: int) -> str:
     """`file:line` of a spec entry, for a comment (the folder is in the class's header)."""
-    return comment_text(f"{path.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}")
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    return comment_text(f"{name}:{line}")
 
 
 def _dims(f: RelayField) -> str:

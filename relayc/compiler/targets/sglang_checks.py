@@ -37,7 +37,8 @@ SGLANG_READS_BACK: dict[str, tuple[str, ...]] = {
     "NONE": ("bonus_tokens",),
     # SGLang's FutureMap relays EAGLE3 and FROZEN_KV_MTP exactly as EAGLE (`is_eagle()`);
     # what differs lives in the worker: EAGLE3's topk_index holds draft-vocabulary ids,
-    # hidden_states the head's own [hidden] output.
+    # hidden_states the head's own [hidden] output, and the three-layer features never
+    # cross an iteration.
     "EAGLE": (*_EAGLE_READS, "dsa_topk_indices"),
     "EAGLE3": (*_EAGLE_READS, "dsa_topk_indices"),
     "FROZEN_KV_MTP": (*_EAGLE_READS, "dsa_topk_indices"),

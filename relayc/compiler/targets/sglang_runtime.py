@@ -194,6 +194,7 @@ class RelayMap:
     output_tokens_buf: Any = None
     dsa_topk_indices_buf: Any = None
     confidence_relay: Any = None
+    _relay: FutureRelayBuffers | None = None  # adopted (_adopt); also on object.__new__ maps
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -234,7 +235,6 @@ class RelayMap:
         self._dims: dict[str, int] = {}  # row shape -> elements, fixed by its first stash
         self.publish_ready: Any = None  # lazy device Event; speculative algorithms only
         self._publish_fresh = False  # debug: armed by a publish, consumed by a resolve
-        self._relay: FutureRelayBuffers | None = None
         self.new_seq_lens_cpu_pinned: Any = None  # CUDA only, like the private D2H stream
         self.fwd_prepare_d2h_stream: Any = None
         if self.FLAGS._is_cuda:
