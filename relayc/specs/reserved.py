@@ -42,6 +42,7 @@ GENERATED_NAMES: frozenset[str] = frozenset(
         "FutureMapBase",
         "RelayField",
         "HostMirror",
+        "DimRule",
         "require_runtime",
         # the module's own constants and classes
         "ALGORITHM",
@@ -49,6 +50,7 @@ GENERATED_NAMES: frozenset[str] = frozenset(
         "SPEC_HASH",
         "FIELDS",
         "DIM_DEFAULTS",
+        "DIM_RULES",
         "CAPTURE_BATCH_SIZES",
         "MAX_CAPTURE_BATCH_SIZE",
         "RelayPayload",

@@ -199,3 +199,30 @@ def test_a_decode_algorithm_instance_takes_no_module(model: LlamaForCausalLM) ->
     algorithm = Engine(model).algorithm
     with pytest.raises(ValueError, match="a DecodeAlgorithm instance runs its own steps"):
         Engine(model, algorithm=algorithm, relay_module=ngram_module)
+
+
+def test_the_engine_checks_the_rules_of_the_module_it_runs(
+    tmp_path: Path, model: LlamaForCausalLM
+) -> None:
+    """Dims rules live in the spec: a user's spec adding one gets it checked by the engine
+    that runs the module compiled from it, with the rule's own line in the error."""
+    from relayc.cli import main
+    from relayc.specs.loader import BUNDLED_DIR
+
+    for name in ("ngram.yaml", "common.yaml"):
+        (tmp_path / name).write_text((BUNDLED_DIR / name).read_text())
+    spec = tmp_path / "ngram.yaml"
+    text = spec.read_text()
+    assert text.rstrip().splitlines()[-2].strip().startswith("- rule:")  # rules come last
+    spec.write_text(text + "  - {rule: num_draft_tokens <= 5, message: a short window}\n")
+    line = len(text.splitlines()) + 1
+    assert main(["compile", str(spec), "-o", str(tmp_path / "out")]) == 0
+    module = tmp_path / "out" / "ngram.py"
+    with pytest.raises(
+        ValueError,
+        match=rf"`ngram` cannot run with these dims: rule `num_draft_tokens <= 5` "
+        rf"\(.*ngram.yaml:{line}\) does not hold for num_draft_tokens=6: a short window",
+    ):
+        Engine(model, algorithm="ngram", relay_module=module, num_draft_tokens=6)
+    with Engine(model, algorithm="ngram", relay_module=module) as engine:
+        assert engine.algorithm.module.DIM_RULES[-1].text == "num_draft_tokens <= 5"
