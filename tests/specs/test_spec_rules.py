@@ -117,3 +117,16 @@ def test_explain_shows_the_rules(capsys: pytest.CaptureFixture[str]) -> None:
     line = next(r.origin for r in plan_spec_file(BUNDLED_DIR / "standalone.yaml").rules)
     row = next(row for row in out.splitlines() if row.startswith("topk == 1 "))
     assert line.rpartition(":")[2] in row and "drafts a chain" in row
+
+
+def test_the_docs_table_lists_each_bundled_specs_rules() -> None:
+    """docs/spec-language.md's `| spec | rules |` table says what the specs do."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "spec-language.md"
+    text = docs.read_text(encoding="utf-8")
+    rows = text[text.index("| spec | rules |") :].split("\n\n", 1)[0].splitlines()[2:]
+    listed: dict[str, list[str]] = {}
+    for row in rows:
+        specs, rules = row.strip("|").split(" | ")
+        for name in specs.strip().split(", "):
+            listed[name.strip("`")] = [r.strip().strip("`") for r in rules.split("`, `")]
+    assert listed == {name: rules for name, rules in BUNDLED_RULES.items() if rules}
