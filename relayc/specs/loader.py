@@ -239,8 +239,9 @@ def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str, t
         _locate(imp, index.value(("imports", i)))
         parts.imports.append((("imports", i), imp))
     parts.ops = [OpsModule(name, index.value(("ops", i))) for i, name in enumerate(valid.ops)]
+    lines = text.splitlines() if valid.rules else []
     for i, rule in enumerate(valid.rules):
-        _locate(rule, _rule_text_loc(data["rules"][i], index, i, text))
+        _locate(rule, _rule_text_loc(data["rules"][i], index, i, lines))
         parts.rules.append(rule)
     for i, step in enumerate(valid.steps):
         _locate(step, index.value(("steps", i)))
@@ -273,10 +274,10 @@ def _validated(model: type[BaseModel], raw: Any, loc: SourceLoc) -> Any:
     return entity
 
 
-def _rule_text_loc(raw: Any, index: LocIndex, i: int, text: str) -> SourceLoc:
-    """Where rule ``i``'s text starts (after a quote), so an error in it points at its column."""
+def _rule_text_loc(raw: Any, index: LocIndex, i: int, lines: list[str]) -> SourceLoc:
+    """Where rule ``i``'s text starts (after a quote), so an error in it points at its column;
+    ``lines``: the file's, split once (a hostile file may hold many thousand rules)."""
     loc = index.value(("rules", i) if isinstance(raw, str) else ("rules", i, "rule"))
-    lines = text.splitlines()
     line = lines[loc.line - 1] if 0 < loc.line <= len(lines) else ""
     quoted = line[loc.col - 1 : loc.col] in ("'", '"')
     return replace(loc, col=loc.col + 1) if quoted else loc
@@ -312,9 +313,10 @@ def _partial_parts(data: dict, index: LocIndex, path: str, text: str) -> Parts:
             elif isinstance(entry, dict) and isinstance(entry.get("name"), str):
                 parts.broken.add((section, entry["name"]))
     raw_rules = data.get("rules", [])
+    lines = text.splitlines() if raw_rules else []
     for i, entry in enumerate(raw_rules if isinstance(raw_rules, list) else []):
         raw = {"rule": entry} if isinstance(entry, str) else entry
-        rule = _validated(Rule, raw, _rule_text_loc(entry, index, i, text))
+        rule = _validated(Rule, raw, _rule_text_loc(entry, index, i, lines))
         if rule is not None:
             parts.rules.append(rule)
     if "prefill" in data:
