@@ -226,3 +226,15 @@ def test_the_engine_checks_the_rules_of_the_module_it_runs(
         Engine(model, algorithm="ngram", relay_module=module, num_draft_tokens=6)
     with Engine(model, algorithm="ngram", relay_module=module) as engine:
         assert engine.algorithm.module.DIM_RULES[-1].text == "num_draft_tokens <= 5"
+
+
+def test_a_rule_naming_the_vocabulary_is_checked_once_the_model_is_loaded(
+    model: LlamaForCausalLM,
+) -> None:
+    vocab = model.config.vocab_size
+    with pytest.raises(
+        ValueError,
+        match=rf"rule `topk <= vocab` \(relayc/specs/eagle.yaml:\d+\) does not hold for "
+        rf"topk={vocab + 1}, vocab={vocab}: .*\(`topk` must be at most {vocab}\)",
+    ):
+        Engine(model, algorithm="eagle", num_steps=1, topk=vocab + 1, num_draft_tokens=2)
