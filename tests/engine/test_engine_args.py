@@ -238,3 +238,19 @@ def test_a_rule_naming_the_vocabulary_is_checked_once_the_model_is_loaded(
         rf"topk={vocab + 1}, vocab={vocab}: .*\(`topk` must be at most {vocab}\)",
     ):
         Engine(model, algorithm="eagle", num_steps=1, topk=vocab + 1, num_draft_tokens=2)
+
+
+def test_a_module_whose_rules_are_missing_or_broken_is_refused(tmp_path: Path) -> None:
+    """A module from before dims rules, or one whose rule was edited into no rule, is
+    refused by name before anything is built (not run unchecked, not a parser traceback)."""
+    source = Path(ngram_module.__file__).read_text()
+    start = source.index("DIM_RULES: tuple[DimRule, ...] = (")
+    end = source.index("\n)\n", start) + 3
+    old = tmp_path / "old_ngram.py"
+    old.write_text(source[:start] + source[end:])
+    _rejected(tmp_path, ValueError, r"lists no dims rules .*regenerate it", algorithm="ngram",
+              relay_module=old)  # fmt: skip
+    edited = tmp_path / "edited_ngram.py"
+    edited.write_text(source.replace('"num_draft_tokens >= 2"', '"num_draft_tokens => 2"'))
+    _rejected(tmp_path, ValueError, r"a dims rule that does not parse, `num_draft_tokens => 2`",
+              algorithm="ngram", relay_module=edited)  # fmt: skip

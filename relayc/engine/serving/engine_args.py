@@ -24,7 +24,7 @@ from typing import Any
 from relayc.engine.checkpoints.quantize import QUANTIZATIONS
 from relayc.engine.serving.algorithms import DecodeAlgorithm, check_generated
 from relayc.engine.serving.graphs import check_batch_sizes
-from relayc.runtime.rules import DimRule, check_dim_rules
+from relayc.runtime.rules import DimRule, RuleSyntaxError, check_dim_rules, parse_rule
 
 
 class EngineArgumentError(ValueError):
@@ -215,6 +215,15 @@ def dim_rules(algorithm: str, module: ModuleType) -> tuple[DimRule, ...]:
             f"module `{module.__name__}` lists no dims rules (`DIM_RULES`): it was generated "
             f"by an older relayc; regenerate it (`relayc compile SPEC -o DIR`) to run `{algorithm}`"
         )
+    for rule in rules:  # relayc compile only writes rules that parse: this one was edited
+        try:
+            parse_rule(rule.text)
+        except RuleSyntaxError as exc:
+            raise EngineArgumentError(
+                f"module `{module.__name__}` has a dims rule that does not parse, "
+                f"`{rule.text}` ({rule.origin}): {exc.message}; regenerate the module from "
+                "its spec (`relayc compile SPEC -o DIR`), which checks its rules"
+            ) from None
     return rules
 
 
