@@ -25,6 +25,7 @@ import torch
 
 from relayc.runtime.fields import RelayField
 from relayc.runtime.relay import FutureMapBase, require_runtime
+from relayc.runtime.rules import DimRule
 
 require_runtime(2, __name__)  # the runtime this module was generated for
 
@@ -61,6 +62,9 @@ DIM_DEFAULTS: dict[str, int | None] = {
     # supplied by: model config (index_topk)
     "dsa_topk": 2048,
 }
+# The spec's `rules:` between dims (text, why, where): the engine checks each when it
+# binds the dims it names (relayc.runtime.rules.check_dim_rules).
+DIM_RULES: tuple[DimRule, ...] = ()
 # The spec's `capture:` buckets, for the engine's graph runner.
 CAPTURE_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_CAPTURE_BATCH_SIZE = 256

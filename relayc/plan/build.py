@@ -40,6 +40,7 @@ from relayc.runtime.fields import HostMirror, RelayField
 from relayc.specs import schema
 from relayc.specs.errors import SourceLoc, SpecErrors
 from relayc.specs.loader import BUNDLED_DIR, Library, Spec, load_document, load_spec
+from relayc.specs.rules import dim_rule
 
 # Every dim sizes tensors, so a bound value below 1 is never meaningful.
 _POSITIVE = DimConstraint(minimum=1, reason="dims size tensors")
@@ -98,6 +99,7 @@ def plan_from_graphs(graphs: IterationGraphs) -> RelayPlan:
             Dim(name, d.default, d.supplied_by, d.doc, (_POSITIVE,), d.loc)
             for name, d in spec.dims.items()
         ),
+        rules=tuple(dim_rule(rule) for rule in spec.rules),
         inputs=tuple(
             EngineInput(name, ValueType(i.dtype, tuple(i.shape)), i.device, i.doc, i.loc)
             for name, i in spec.inputs.items()

@@ -13,6 +13,7 @@ from typing import Literal
 
 from relayc.nodes.registry import Effect, Op
 from relayc.runtime.fields import RelayField
+from relayc.runtime.rules import DimRule
 from relayc.specs.errors import SourceLoc
 
 Phase = Literal["prefill", "decode"]
@@ -249,6 +250,7 @@ class RelayPlan:
     spec_hash: str
     loc: SourceLoc  # the spec file's first line
     dims: tuple[Dim, ...]
+    rules: tuple[DimRule, ...]  # the spec's `rules:` between dims, in spec order
     inputs: tuple[EngineInput, ...]
     fields: tuple[RelayField, ...]
     field_locs: Mapping[str, SourceLoc]  # field -> where it is defined

@@ -18,6 +18,7 @@ from relayc.specs.schema import (
     Input,
     Outputs,
     RelayField,
+    Rule,
     SGLangTarget,
     Staging,
     Step,
@@ -51,6 +52,7 @@ class Parts:
     imports: list[tuple[Path, Import]] = field(default_factory=list)
     ops: list[OpsModule] = field(default_factory=list)
     dims: dict[str, Dim] = field(default_factory=dict)
+    rules: list[Rule] = field(default_factory=list)  # each located at its rule's text
     inputs: dict[str, Input] = field(default_factory=dict)
     fields: dict[str, RelayField] = field(default_factory=dict)
     prefill: Step | None = None
@@ -93,6 +95,7 @@ class Spec:
     entry_locs: dict[tuple[str, str, str], SourceLoc] = field(default_factory=dict)
     sglang: SGLangTarget | None = None  # SGLang target settings (a plugin's name)
     staging: Staging | None = None  # staged inputs (`staging:`); None: refused
+    rules: tuple[Rule, ...] = ()  # dims rules (`rules:`), each located at its text
 
     def locate(self, step: str, section: str, key: str) -> SourceLoc:
         """Where a step's read, write or stash entry is, falling back to the step."""

@@ -38,6 +38,7 @@ GENERATED_NAMES: frozenset[str] = frozenset(
         "FutureMapBase",
         "RelayField",
         "HostMirror",
+        "DimRule",
         "require_runtime",
         # the module's own constants and classes
         "ALGORITHM",
@@ -45,6 +46,7 @@ GENERATED_NAMES: frozenset[str] = frozenset(
         "SPEC_HASH",
         "FIELDS",
         "DIM_DEFAULTS",
+        "DIM_RULES",
         "CAPTURE_BATCH_SIZES",
         "MAX_CAPTURE_BATCH_SIZE",
         "RelayPayload",

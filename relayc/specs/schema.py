@@ -501,6 +501,30 @@ class SGLangTarget(SpecModel):
     )
 
 
+def _rule_entry(value: Any) -> Any:
+    # A bare string is the rule itself; the mapping form adds the message.
+    return {"rule": value} if isinstance(value, str) else value
+
+
+class Rule(SpecModel):
+    """A condition between dims that every binding must meet (`topk == 1`), checked when the
+    spec is compiled (with the dims' defaults) and when an engine binds the dims."""
+
+    rule: str = Field(
+        min_length=1,
+        description="The condition: dim names and integers with `+ - * //` and parentheses, "
+        "compared by `== != < <= > >=`, joined by `and` (e.g. `num_draft_tokens == "
+        "num_steps + 1`). Parsed as data, never run as code.",
+    )
+    message: str = Field(
+        default="",
+        description="Why the rule holds and how to meet it, shown when a binding breaks it.",
+    )
+
+
+RuleEntry = Annotated[Rule, BeforeValidator(_rule_entry, json_schema_input_type=str | Rule)]
+
+
 class SpecFile(SpecModel):
     """One spec file: an algorithm (`algorithm:`) or a shared library (`library:`)."""
 
@@ -523,6 +547,11 @@ class SpecFile(SpecModel):
         "modules you trust.",
     )
     dims: dict[Identifier, Dim] = Field(default_factory=dict, description="Symbolic sizes.")
+    rules: list[RuleEntry] = Field(
+        default_factory=list,
+        description="Conditions between dims (`topk == 1`, `num_draft_tokens == num_steps + 1`): "
+        "a rule as a string, or `{rule: ..., message: ...}` with why it holds.",
+    )
     inputs: dict[Identifier, Input] = Field(
         default_factory=dict, description="Values the engine provides each iteration."
     )

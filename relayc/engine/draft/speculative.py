@@ -9,6 +9,7 @@ This module sits below ``algorithms``: it knows the drafters, not the algorithm 
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from relayc.engine.draft import (
 from relayc.engine.draft.dflash import DFlashDrafter
 from relayc.engine.draft.standalone import default_standalone_config
 from relayc.engine.model.llama import LlamaForCausalLM
+from relayc.runtime.rules import DimRule, check_dim_rules
 
 ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone", "dflash")
 # Bundled specs the reference engine has no drafter for yet (SGLang-target specs), with
@@ -64,17 +66,14 @@ def check_sizes(name: str, *, num_steps: int, topk: int, num_draft_tokens: int) 
         )
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm `{name}` (known: {', '.join(ALGORITHMS)})")
-    if name == "standalone" and (topk != 1 or num_draft_tokens != num_steps + 1):
-        raise ValueError(
-            "the standalone draft model drafts a chain: it needs topk=1 and "
-            f"num_draft_tokens = num_steps + 1 = {num_steps + 1}; got topk={topk}, "
-            f"num_draft_tokens={num_draft_tokens}"
-        )
-    if name == "eagle_multilayer" and num_draft_tokens - 1 > topk * num_steps:
-        raise ValueError(
-            f"eagle_multilayer drafts at most topk*num_steps = "
-            f"{topk * num_steps} tokens; num_draft_tokens={num_draft_tokens}"
-        )
+    dims = {"num_steps": num_steps, "topk": topk, "num_draft_tokens": num_draft_tokens}
+    check_dim_rules(name, spec_rules(name), dims)
+
+
+def spec_rules(name: str) -> tuple[DimRule, ...]:
+    """The dims rules of the bundled spec of ``name``: what its drafter was written for."""
+    rules: tuple[DimRule, ...] = importlib.import_module(f"relayc.generated.{name}").DIM_RULES
+    return rules
 
 
 def check_draft_vocabulary(draft: ModelConfig, target: ModelConfig, source: object) -> None:
@@ -143,11 +142,18 @@ def _block_drafting(
     else:
         drafter = DFlashDrafter.load(draft_model, model)
     width = drafter.block_size if num_draft_tokens is None else num_draft_tokens
-    if num_steps is not None and num_steps != width - 1:
-        raise ValueError(
-            f"`dflash` drafts num_draft_tokens - 1 = {width - 1} tokens a block (the drafter's "
-            f"block_size is {drafter.block_size}); got num_steps={num_steps}"
-        )
+    check_dim_rules(
+        "dflash",
+        spec_rules("dflash"),
+        {
+            "num_steps": width - 1 if num_steps is None else num_steps,
+            "num_draft_tokens": width,
+            "block_size": drafter.block_size,
+        },
+        sources={"num_draft_tokens": "the drafter's block_size"}
+        if num_draft_tokens is None
+        else None,
+    )
     return Drafting(
         drafter=drafter,
         decode_width=width,
