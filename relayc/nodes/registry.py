@@ -222,6 +222,15 @@ def all_ops(modules: Sequence[str] = ()) -> dict[str, Op]:
     return ops
 
 
+def plugin_op_package(op: Op) -> str | None:
+    """The installed algorithm (its entry point's ``module:attribute``) whose ``ops``
+    declare ``op``; None for an op no installed package declares."""
+    for name, target in plugins.plugin_objects():
+        if any(declared is op for declared in target.ops):
+            return plugins.installed()[name][0].value
+    return None
+
+
 def plugin_ops() -> dict[str, Op]:
     """The ops the installed third-party algorithms declare (``Algorithm.ops``), by name.
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from relayc.engine.algorithms import lookup
 from relayc.engine.checkpoints.quantize import QUANTIZATIONS
 from relayc.engine.serving.algorithms import DecodeAlgorithm, check_generated
 from relayc.engine.serving.graphs import check_batch_sizes
@@ -189,7 +190,7 @@ def check_engine_args(
     else:
         check_generated(
             algorithm,
-            module or importlib.import_module(f"relayc.generated.{algorithm}"),
+            module or importlib.import_module(lookup(algorithm, engine=True).module_name),
             impls,
             block_verification=bool(block_verification),
             draft_confidence=confidence,
