@@ -116,6 +116,8 @@ def test_a_target_without_a_construct_refuses_it() -> None:
 
 def test_the_engine_target_lists_the_ops_the_engine_implements() -> None:
     importlib.import_module("relayc.engine.ops")
+    from relayc.engine.algorithms.registry import drafting_implementations
     from relayc.engine.ops.registry import IMPLS
 
-    assert ENGINE_TARGET.ops == frozenset(IMPLS)
+    # the shared ops, and those that drive a bundled algorithm's drafter (its module's)
+    assert ENGINE_TARGET.ops == frozenset({**IMPLS, **drafting_implementations()})

@@ -169,7 +169,7 @@ def _loaded(name: str) -> Algorithm:
         # no torch, which relayc.nodes imports.
         from relayc.nodes.registry import Op
 
-        bad = [type(op).__name__ for op in target.ops if not isinstance(op, Op)]
+        bad = [type(op).__qualname__ for op in target.ops if not isinstance(op, Op)]
         if bad:
             raise plugins.AlgorithmPackageError(
                 f"{where} declares `ops` holding {', '.join(bad)}: declare each op as a "
