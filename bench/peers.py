@@ -94,6 +94,8 @@ COUNTERPART = {
     "relayc ngram": HF_PROMPT_LOOKUP,
     "relayc standalone": HF_ASSISTED_CONSTANT,
 }
+# Rows compared with more HF rows than their counterpart at the end of the report.
+ALSO_COMPARED = {"relayc standalone": (HF_ASSISTED_DEFAULTS,)}
 HF_SPECULATIVE = (HF_PROMPT_LOOKUP, HF_ASSISTED_CONSTANT, HF_ASSISTED_DEFAULTS)
 
 
@@ -434,7 +436,7 @@ def summary(by_batch: dict[int, dict[str, float]], metric: str) -> None:
             )
     tps = by_batch.get(1, {})
     for ours, theirs in COUNTERPART.items():
-        for other in (theirs, HF_ASSISTED_DEFAULTS) if "standalone" in ours else (theirs,):
+        for other in (theirs, *ALSO_COMPARED.get(ours, ())):
             if ours in tps and other in tps:
                 print(f"  {ours} / {other} = {tps[ours] / tps[other]:.2f}x")
     ours = {k: v for k, v in tps.items() if k.startswith("relayc")}
@@ -585,8 +587,9 @@ def real_model_main(args: argparse.Namespace) -> None:
     print(f"\ntargets (measured ratio of {'tokens/cpu-s' if starved else 'tokens/s'}):")
     for key, tps in figures.items():
         dtype = key.split(",")[0]
-        none, greedy = tps.get(f"relayc none {dtype}"), tps.get(f"{HF_GREEDY} {dtype}")
-        ours = {k: v for k, v in tps.items() if k.startswith("relayc") and "none" not in k}
+        baseline = f"relayc none {dtype}"
+        none, greedy = tps.get(baseline), tps.get(f"{HF_GREEDY} {dtype}")
+        ours = {k: v for k, v in tps.items() if k.startswith("relayc") and k != baseline}
         theirs = {k: v for k, v in tps.items() if k.startswith("hf")}
         llama = {k: v for k, v in tps.items() if k.startswith("llama.cpp")}
         line = [key]

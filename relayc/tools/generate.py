@@ -245,10 +245,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _build_native_decoder(progress)
     num_steps: int | None = args.num_steps
     num_draft_tokens: int | None = args.num_draft_tokens
-    if args.algorithm == "dflash" and num_steps is not None and num_draft_tokens is None:
-        # As --help says: DFlash drafts num_steps tokens in one block, the bonus token ahead
-        # of them. Passed on as is, the engine would compare it with the drafter's block
-        # only once the drafter is loaded.
+    block_drafter = registry.default_dims(args.algorithm, None, None) == (None, None)
+    if block_drafter and num_steps is not None and num_draft_tokens is None:
+        # As --help says: a drafter whose block settles the dims (DFlash) drafts num_steps
+        # tokens in one block, the bonus token ahead of them. Passed on as is, the engine
+        # would compare it with the drafter's block only once the drafter is loaded.
         num_draft_tokens, num_steps = num_steps + 1, None
     try:
         engine = Engine(
