@@ -111,3 +111,13 @@ def test_the_switch_finder_finds_switches(tmp_path: Path) -> None:
         "3: eagle",
         "4: ngram",
     ]
+
+
+def test_a_bundled_spec_without_its_entry_point_says_how_to_register_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a new bundled algorithm's author meets before reinstalling."""
+    installed = {k: v for k, v in plugins.installed().items() if k != "ngram"}
+    monkeypatch.setattr(plugins, "installed", lambda: installed)
+    with pytest.raises(UnknownAlgorithmError, match=r"ngram.yaml exists but no entry point"):
+        lookup("ngram")

@@ -164,6 +164,11 @@ def _loaded(name: str) -> Algorithm:
             f"{where} names {what}; it must name a relayc.engine.algorithms.Algorithm "
             f"whose `name` is `{name}`"
         )
+    if not isinstance(target.spec, Path) or not target.spec.is_file():
+        raise plugins.AlgorithmPackageError(
+            f"{where} names spec {target.spec}, which is not a file: ship the spec in the "
+            "package and point `spec` at it (`Path(__file__).with_name(...)`)"
+        )
     if target.ops:
         # Imported here, not at the top: listing algorithms (the command line's help) needs
         # no torch, which relayc.nodes imports.
@@ -212,6 +217,13 @@ def lookup(name: str, *, engine: bool = False) -> Algorithm:
             hint += (
                 "; no algorithm is registered at all: reinstall relayc (`pip install -e .` "
                 "registers its `relayc.algorithms` entry points)"
+            )
+        elif (
+            isinstance(name, str) and name.isidentifier() and (SPECS_DIR / f"{name}.yaml").is_file()
+        ):
+            hint += (
+                f"; relayc/specs/{name}.yaml exists but no entry point registers it: add it to "
+                "pyproject.toml's `relayc.algorithms` and reinstall (`pip install -e .`)"
             )
         raise UnknownAlgorithmError(f"unknown algorithm `{name}` (known: {', '.join(known)}){hint}")
     algorithm = _loaded(name)
