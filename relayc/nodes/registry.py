@@ -200,7 +200,7 @@ def seal_builtins() -> None:
 
 def get_op(name: str, modules: Sequence[str] = ()) -> Op | None:
     """The op ``name``: a built-in, one registered by one of ``modules``, or one an installed
-    algorithm package declares (:func:`plugin_ops`; looked up only for an unknown name)."""
+    algorithm declares (:func:`plugin_ops`; looked up only for an unknown name)."""
     if name in _BUILTIN:
         return _BUILTIN[name]
     for module in modules:
@@ -224,15 +224,16 @@ def all_ops(modules: Sequence[str] = ()) -> dict[str, Op]:
 
 def plugin_op_package(op: Op) -> str | None:
     """The installed algorithm (its entry point's ``module:attribute``) whose ``ops``
-    declare ``op``; None for an op no installed package declares."""
-    for name, target in plugins.plugin_objects():
+    declare ``op``; None for an op no installed algorithm declares."""
+    for name, target in plugins.loaded_objects():
         if any(declared is op for declared in target.ops):
             return plugins.installed()[name][0].value
     return None
 
 
 def plugin_ops() -> dict[str, Op]:
-    """The ops the installed third-party algorithms declare (``Algorithm.ops``), by name.
+    """The ops installed algorithms declare (``Algorithm.ops``: relayc's own or a
+    package's), by name; looked up only for an op that is not built in.
 
     A spec names no code, so the op declarations of an algorithm package reach the compiler
     through its entry point (:mod:`relayc.specs.plugins`), not an `ops:` module. An op two
@@ -240,7 +241,7 @@ def plugin_ops() -> dict[str, Op]:
     clashes with a built-in op cannot be declared (the built-in one wins, as for `ops:`).
     """
     found: dict[str, Op | None] = {}
-    for _, target in plugins.plugin_objects():
+    for _, target in plugins.loaded_objects():
         for op in target.ops:
             if not isinstance(op, Op) or op.name in _BUILTIN:
                 continue

@@ -111,14 +111,11 @@ def load(name: str) -> Any:
     return target
 
 
-def plugin_objects() -> list[tuple[str, Any]]:
-    """``(name, object)`` of every third-party entry point that loads, in the listing order
-    (relayc's own are skipped: their ops are the built-in ones). A plugin that fails to load
-    is left out here: naming its algorithm reports why."""
+def loaded_objects() -> list[tuple[str, Any]]:
+    """``(name, object)`` of every entry point that loads, in the listing order. One that
+    fails to load is left out here: naming its algorithm reports why."""
     objects = []
-    for name, entries in installed().items():
-        if any(e.bundled for e in entries):
-            continue
+    for name in installed():
         try:
             objects.append((name, load(name)))
         except AlgorithmPackageError:
