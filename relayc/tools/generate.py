@@ -105,7 +105,9 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         "Text goes to stdout (token ids when the model has no tokenizer); loading progress "
         "and a summary line (tokens, tokens/s, mean accept length: tokens per decode step) "
         "to stderr.",
-        epilog="Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request), "
+        epilog="Algorithms: "
+        + "; ".join(f"{a.name}: {a.summary}" for a in registry.engine_algorithms())
+        + ". Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request), "
         "70 a bug in relayc (reported with its traceback), 130 interrupted (Ctrl-C).",
     )
     prompt = p.add_mutually_exclusive_group(required=True)

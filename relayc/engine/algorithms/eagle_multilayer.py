@@ -70,7 +70,7 @@ def shipped_drafter(num_steps: int) -> Path:
 ALGORITHM = Algorithm(
     name="eagle_multilayer",
     spec=SPECS_DIR / "eagle_multilayer.yaml",
-    summary="an MTP drafter: one draft layer per step, all drafted in draft extend",
+    summary="an MTP drafter, one draft layer per step, all drafted in draft extend",
     make_drafting=make_drafting,
     impls=impls,
     shipped_drafter=shipped_drafter,

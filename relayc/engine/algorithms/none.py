@@ -19,7 +19,7 @@ def make_drafting(request: DraftingRequest) -> Drafting:
 ALGORITHM = Algorithm(
     name="none",
     spec=SPECS_DIR / "none.yaml",
-    summary="one token per step: the baseline every other algorithm must equal greedily",
+    summary="one token per step, the baseline every other algorithm must equal greedily",
     make_drafting=make_drafting,
     drafter_weights=False,
     demo=Demo(toy=(DemoRun(),), real=(DemoRun(),)),

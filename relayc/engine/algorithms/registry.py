@@ -109,21 +109,25 @@ def _no_shipped_drafter(num_steps: int) -> Path | None:
 class Algorithm:
     """One algorithm's engine side; see the module docstring for each field's contract."""
 
-    name: str
-    spec: Path
-    summary: str = ""
+    name: str  # the spec's `algorithm:` name, and the entry point's
+    spec: Path  # its spec file
+    summary: str = ""  # one line for `relayc generate --help`
+    # the drafter and the decode step's shape; None: no engine drafter (SGLang only)
     make_drafting: Callable[[DraftingRequest], Drafting] | None = None
-    no_engine_drafter: str = ""
+    no_engine_drafter: str = ""  # with make_drafting None: what the engine would need
+    # the engine's implementations of the ops that drive its drafter, by op name
     impls: Callable[[], Mapping[str, Callable[..., Any]]] = _no_impls
-    ops: tuple[Op, ...] = ()
-    relay_module: str = ""
-    drafter_weights: bool = True
+    ops: tuple[Op, ...] = ()  # declarations of ops its spec names that are not built in
+    relay_module: str = ""  # its generated module; "" = relayc.generated.<name>
+    drafter_weights: bool = True  # False: drafts without weights, so runs on any model
+    # the toy model's trained drafter for these num_steps (None: none ships)
     shipped_drafter: Callable[[int], Path | None] = _no_shipped_drafter
-    named_drafters: Mapping[str, str] = field(default_factory=dict)
+    named_drafters: Mapping[str, str] = field(default_factory=dict)  # model -> assets folder
+    # (num_steps, num_draft_tokens) when the caller gives none; None: the drafter settles it
     default_dims: tuple[int | None, int | None] = (3, 4)
-    dynamic_draft_length: bool = False
-    demo: Demo = Demo()
-    rank: int = 100
+    dynamic_draft_length: bool = False  # takes `draft_confidence`
+    demo: Demo = Demo()  # what `relayc demo` and bench/peers.py run
+    rank: int = 100  # listing order (then the name): the baseline 0, relayc's own 10..60
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
