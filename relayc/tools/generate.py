@@ -85,10 +85,10 @@ def _algorithm_help() -> str:
     )
     drafting = ", ".join(a for a in runs if a not in free)
     return (
-        f"what to run (default {runs[0]}): {' or '.join(free)} with any model; {named}; with --toy: {', '.join(runnable(None) or runs)}; with any model, "
-        f"{drafting} given a trained "
-        "--draft-model DIR (without one, a model file's or `--model random`'s drafter is "
-        "random: it runs, and accepts next to nothing)"
+        f"what to run (default {runs[0]}): {' or '.join(free)} with any model; {named}; "
+        f"with --toy: {', '.join(runnable(None) or runs)}; with any model, {drafting} "
+        "given a trained --draft-model DIR (without one, a model file's or `--model "
+        "random`'s drafter is random: it runs, and accepts next to nothing)"
     )
 
 

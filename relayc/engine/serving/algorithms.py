@@ -24,8 +24,9 @@ view lags one iteration; see ``relayc.engine.serving.overlap``).
 Every bundled algorithm, ``none`` included, is one :class:`GeneratedAlgorithm`: the
 ``PrefillStep`` / ``DecodeStep`` relayc generated from ``relayc/specs/NAME.yaml``, run
 on the engine's op implementations (:mod:`relayc.engine.ops`) with the drafter its
-algorithm's module builds (:mod:`relayc.engine.algorithms`). The engine reads what the spec's ``outputs:`` section
-names, as attributes of the generated ``PrefillOutputs`` / ``DecodeOutputs``.
+algorithm's module builds (:mod:`relayc.engine.algorithms`). The engine reads what the
+spec's ``outputs:`` section names, as attributes of the generated ``PrefillOutputs`` /
+``DecodeOutputs``.
 """
 
 from __future__ import annotations
