@@ -173,7 +173,8 @@ def check_engine_args(
         check_flag(name, flag)
     confidence = check_draft_confidence(draft_confidence)
     quantization = check_draft_quantization(draft_quantization)
-    if quantization is not None and algorithm in ("none", "ngram"):
+    drafts_without_weights = isinstance(algorithm, str) and not lookup(algorithm).drafter_weights
+    if quantization is not None and drafts_without_weights:
         raise EngineArgumentError(
             f"`draft_quantization={quantization!r}` quantizes a drafter's weights; "
             f"`{algorithm}` drafts without any: drop it"
