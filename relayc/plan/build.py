@@ -14,7 +14,13 @@ import torch.fx as fx
 
 from relayc.graph.builder import IterationGraphs
 from relayc.graph.passes import analyse
-from relayc.nodes.registry import Op, TensorType, user_ops
+from relayc.nodes.registry import (
+    Op,
+    TensorType,
+    builtin_op_names,
+    plugin_op_package,
+    user_ops,
+)
 from relayc.plan.model import (
     AbsentField,
     Capture,
@@ -136,7 +142,12 @@ def plan_from_graphs(graphs: IterationGraphs) -> RelayPlan:
 
 
 def _op_module(op: Op, user_modules: list[str]) -> str | None:
-    return next((m for m in user_modules if user_ops(m).get(op.name) is op), None)
+    """The module that brings ``op``: an `ops:` module, or an installed algorithm package
+    (its entry point); None for a built-in op."""
+    if op.name in builtin_op_names():
+        return None
+    found = next((m for m in user_modules if user_ops(m).get(op.name) is op), None)
+    return found or plugin_op_package(op)
 
 
 def _type(tensor_type: TensorType) -> ValueType:

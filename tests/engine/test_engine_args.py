@@ -213,9 +213,13 @@ def test_the_engine_checks_the_rules_of_the_module_it_runs(
         (tmp_path / name).write_text((BUNDLED_DIR / name).read_text())
     spec = tmp_path / "ngram.yaml"
     text = spec.read_text()
-    assert text.rstrip().splitlines()[-2].strip().startswith("- rule:")  # rules come last
-    spec.write_text(text + "  - {rule: num_draft_tokens <= 5, message: a short window}\n")
-    line = len(text.splitlines()) + 1
+    lines = text.splitlines(keepends=True)
+    at = lines.index("rules:\n") + 1
+    while at < len(lines) and lines[at].startswith("  "):  # after the spec's own rules
+        at += 1
+    lines.insert(at, "  - {rule: num_draft_tokens <= 5, message: a short window}\n")
+    spec.write_text("".join(lines))
+    line = at + 1
     assert main(["compile", str(spec), "-o", str(tmp_path / "out")]) == 0
     module = tmp_path / "out" / "ngram.py"
     with pytest.raises(

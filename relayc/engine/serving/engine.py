@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
+from relayc.engine.algorithms import shipped_drafter
 from relayc.engine.checkpoints.loader import AnyTokenizer, Progress, load_model, resolve_dtype
 from relayc.engine.checkpoints.quantize import quantize_linears
-from relayc.engine.checkpoints.shipped import shipped_drafter
 from relayc.engine.core.sampling import SamplingParams
 from relayc.engine.model.llama import (
     LlamaForCausalLM,

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from relayc.engine.algorithms import lookup
 from relayc.engine.checkpoints.quantize import QUANTIZATIONS
 from relayc.engine.serving.algorithms import DecodeAlgorithm, check_generated
 from relayc.engine.serving.graphs import check_batch_sizes
@@ -178,7 +179,8 @@ def check_engine_args(
         check_flag(name, flag)
     confidence = check_draft_confidence(draft_confidence)
     quantization = check_draft_quantization(draft_quantization)
-    if quantization is not None and algorithm in ("none", "ngram"):
+    drafts_without_weights = isinstance(algorithm, str) and not lookup(algorithm).drafter_weights
+    if quantization is not None and drafts_without_weights:
         raise EngineArgumentError(
             f"`draft_quantization={quantization!r}` quantizes a drafter's weights; "
             f"`{algorithm}` drafts without any: drop it"
@@ -194,7 +196,7 @@ def check_engine_args(
                 "DecodeAlgorithm instance runs its own steps: drop them"
             )
     else:
-        generated = module or importlib.import_module(f"relayc.generated.{algorithm}")
+        generated = module or importlib.import_module(lookup(algorithm, engine=True).module_name)
         check_generated(
             algorithm,
             generated,
