@@ -36,9 +36,9 @@ import time
 from collections.abc import Sequence
 
 from relayc.specs.explain import table as render
-from relayc.tools.demo import ALGORITHMS, demo_prompts, measure, table
+from relayc.tools.demo import demo_prompts, measure, table, toy_algorithms
 
-SHIPPED_CHAIN_STEPS = dict(ALGORITHMS)["standalone"]["num_steps"]
+SHIPPED_CHAIN_STEPS = dict(toy_algorithms())["standalone"]["num_steps"]
 
 
 def compare_block_verification(

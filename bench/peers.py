@@ -70,33 +70,32 @@ from relayc.tools.peers import (
     round_robin,
 )
 
-# (label, algorithm, sizes): the relayc rows; `counterpart` below names the HF row each
-# must beat.
-RELAYC: list[tuple[str, str, dict[str, int]]] = [
-    ("relayc none", "none", {}),
-    ("relayc ngram", "ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 6}),
-    ("relayc standalone", "standalone", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
-    (
-        "relayc standalone dynamic",
-        "standalone",
-        {"num_steps": 6, "topk": 1, "num_draft_tokens": 7, "draft_confidence": 0.4},
-    ),
-    ("relayc eagle topk 1", "eagle", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
-    ("relayc eagle topk 4", "eagle", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
-    (
-        "relayc eagle_multilayer",
-        "eagle_multilayer",
-        {"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
-    ),
-    ("relayc dflash", "dflash", {}),  # the shipped drafter's block of 8
-    ("relayc dflash block 4", "dflash", {"num_draft_tokens": 4}),
-]
+
+def relayc_rows(real: bool) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, algorithm, Engine arguments) of relayc's rows, from the algorithm registry:
+    each algorithm's `relayc demo` runs on the toy model or a real one, then its
+    benchmark-only runs (``Demo.bench_toy`` / ``bench_real``); `COUNTERPART` below names
+    the HF row each of some must beat."""
+    from relayc.engine.algorithms import engine_algorithms
+
+    rows = []
+    for algorithm in engine_algorithms():
+        demo = algorithm.demo
+        runs = (*demo.real, *demo.bench_real) if real else (*demo.toy, *demo.bench_toy)
+        for run in runs:
+            label = " ".join(("relayc", algorithm.name, run.label)).strip()
+            rows.append((label, algorithm.name, dict(run.sizes)))
+    return rows
+
+
 HF_ASSISTED_CONSTANT = "hf assisted (3 const)"
 COUNTERPART = {
     "relayc none": HF_GREEDY,
     "relayc ngram": HF_PROMPT_LOOKUP,
     "relayc standalone": HF_ASSISTED_CONSTANT,
 }
+# Rows compared with more HF rows than their counterpart at the end of the report.
+ALSO_COMPARED = {"relayc standalone": (HF_ASSISTED_DEFAULTS,)}
 HF_SPECULATIVE = (HF_PROMPT_LOOKUP, HF_ASSISTED_CONSTANT, HF_ASSISTED_DEFAULTS)
 
 
@@ -127,7 +126,7 @@ def relayc_peers(max_new_tokens: int, overlap: bool, graphs: str = "auto") -> li
     peers = []
     other = "relayc none, overlap " + ("off" if overlap else "on")
     for label, algorithm, sizes, row_overlap in [
-        *((label, algorithm, sizes, overlap) for label, algorithm, sizes in RELAYC),
+        *((label, algorithm, sizes, overlap) for label, algorithm, sizes in relayc_rows(False)),
         (other, "none", {}, not overlap),
     ]:
         engine = Engine(None, algorithm=algorithm, overlap=row_overlap, graphs=graphs, **sizes)
@@ -437,7 +436,7 @@ def summary(by_batch: dict[int, dict[str, float]], metric: str) -> None:
             )
     tps = by_batch.get(1, {})
     for ours, theirs in COUNTERPART.items():
-        for other in (theirs, HF_ASSISTED_DEFAULTS) if "standalone" in ours else (theirs,):
+        for other in (theirs, *ALSO_COMPARED.get(ours, ())):
             if ours in tps and other in tps:
                 print(f"  {ours} / {other} = {tps[ours] / tps[other]:.2f}x")
     ours = {k: v for k, v in tps.items() if k.startswith("relayc")}
@@ -457,40 +456,6 @@ def summary(by_batch: dict[int, dict[str, float]], metric: str) -> None:
 
 # -- the real model --------------------------------------------------------------------------
 
-REAL_RELAYC: list[tuple[str, str, dict[str, Any]]] = [
-    ("relayc none", "none", {}),
-    ("relayc ngram", "ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 8}),
-    ("relayc eagle3", "eagle3", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
-    # A chain verifies 4 rows instead of 8: on this CPU a verify's cost grows with its rows.
-    ("relayc eagle3 chain", "eagle3", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
-    # Shorter chains: fewer verify rows and head steps for fewer tokens a verify.
-    ("relayc eagle3 chain 3", "eagle3", {"num_steps": 2, "topk": 1, "num_draft_tokens": 3}),
-    ("relayc eagle3 chain 2", "eagle3", {"num_steps": 1, "topk": 1, "num_draft_tokens": 2}),
-    # The head read as Q8_0 or Q4_1 (Engine(draft_quantization=...)): a half or a third of
-    # the bytes of its bfloat16 words, the same tokens (float32 only: the bfloat16 rows skip
-    # them).
-    (
-        "relayc eagle3 chain 3 q8_0 head",
-        "eagle3",
-        {"num_steps": 2, "topk": 1, "num_draft_tokens": 3, "draft_quantization": "q8_0"},
-    ),
-    (
-        "relayc eagle3 chain 3 q4_1 head",
-        "eagle3",
-        {"num_steps": 2, "topk": 1, "num_draft_tokens": 3, "draft_quantization": "q4_1"},
-    ),
-    (
-        "relayc eagle3 chain q4_1 head",
-        "eagle3",
-        {"num_steps": 3, "topk": 1, "num_draft_tokens": 4, "draft_quantization": "q4_1"},
-    ),
-    # DFlash: the whole chain from one draft forward over a block; its block size is the
-    # shipped drafter's, or a shorter verify window (fewer rows, the same one draft forward).
-    ("relayc dflash", "dflash", {}),
-    ("relayc dflash block 4", "dflash", {"num_draft_tokens": 4}),
-    ("relayc dflash block 3", "dflash", {"num_draft_tokens": 3}),
-]
-
 
 def real_relayc_peers(
     max_new_tokens: int, dtype: str, overlap: bool, graphs: str = "auto"
@@ -502,7 +467,7 @@ def real_relayc_peers(
     params = SamplingParams(max_new_tokens=max_new_tokens)
     peers: list[Peer] = []
     first: Any = None
-    for label, algorithm, sizes in REAL_RELAYC:
+    for label, algorithm, sizes in relayc_rows(True):
         try:
             if first is None:
                 engine = first = Engine(
@@ -622,8 +587,9 @@ def real_model_main(args: argparse.Namespace) -> None:
     print(f"\ntargets (measured ratio of {'tokens/cpu-s' if starved else 'tokens/s'}):")
     for key, tps in figures.items():
         dtype = key.split(",")[0]
-        none, greedy = tps.get(f"relayc none {dtype}"), tps.get(f"{HF_GREEDY} {dtype}")
-        ours = {k: v for k, v in tps.items() if k.startswith("relayc") and "none" not in k}
+        baseline = f"relayc none {dtype}"
+        none, greedy = tps.get(baseline), tps.get(f"{HF_GREEDY} {dtype}")
+        ours = {k: v for k, v in tps.items() if k.startswith("relayc") and k != baseline}
         theirs = {k: v for k, v in tps.items() if k.startswith("hf")}
         llama = {k: v for k, v in tps.items() if k.startswith("llama.cpp")}
         line = [key]

@@ -337,12 +337,12 @@ def test_printable_keeps_text_and_layout() -> None:
 
 
 def test_an_algorithm_without_a_drafter_names_what_runs(capsys, no_model_loads: None) -> None:
-    from relayc.engine.checkpoints.shipped import NAMED_DRAFTERS
+    from relayc.engine.algorithms.registry import shipping_for
 
     for algorithm in ("eagle", "eagle_multilayer", "standalone"):
         assert main(["generate", "--chat", "hi", "--algorithm", algorithm]) == EXIT_USAGE
         line = _one_line(capsys, "generate")
-        runs = ", ".join(f"`{a}`" for a in ("none", "ngram", *NAMED_DRAFTERS["smollm2"]))
+        runs = ", ".join(f"`{a}`" for a in ("none", "ngram", *shipping_for("smollm2")))
         assert f"with it run {runs}, or bring a trained `{algorithm}` drafter" in line
         assert line.endswith("with --draft-model DIR")
 
@@ -354,12 +354,13 @@ def test_help_lists_per_model_what_runs(capsys) -> None:
     assert "with --toy: none, ngram, eagle, eagle3, eagle_multilayer, standalone, dflash;" in text
 
 
-def test_the_command_line_knows_the_engines_algorithms() -> None:
-    from relayc.engine.draft.speculative import ALGORITHMS, NO_ENGINE_DRAFTER
-    from relayc.tools import generate
+def test_the_command_line_offers_what_the_registry_lists(capsys) -> None:
+    from relayc.engine.algorithms import algorithms
 
-    assert generate.ALGORITHMS == ALGORITHMS
-    assert set(generate.SGLANG_ONLY) == set(NO_ENGINE_DRAFTER)
+    assert main(["generate", "--help"]) == EXIT_OK
+    text = " ".join(capsys.readouterr().out.split())
+    for algorithm in algorithms():
+        assert (algorithm.name in text) == algorithm.runs_in_engine, algorithm.name
 
 
 def test_an_engine_argument_error_is_one_line_and_any_other_a_bug(

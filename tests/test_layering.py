@@ -196,6 +196,7 @@ ENGINE_ROOMS = (
     "checkpoints",
     "draft",
     "ops",
+    "algorithms",
     "serving",
 )
 

@@ -210,7 +210,8 @@ def generate_relay_module(plan: RelayPlan, out_dir: str = "relayc/generated") ->
     w("import torch\n")
     mirrored = any(f.host_mirror for f in fields)
     w(f"from relayc.runtime.fields import {'HostMirror, ' if mirrored else ''}RelayField")
-    w("from relayc.runtime.relay import FutureMapBase, require_runtime\n")
+    w("from relayc.runtime.relay import FutureMapBase, require_runtime")
+    w("from relayc.runtime.rules import DimRule\n")
     w(
         f"require_runtime({RUNTIME_VERSION}, __name__)  # the runtime this module was generated for\n"
     )
@@ -245,6 +246,12 @@ def generate_relay_module(plan: RelayPlan, out_dir: str = "relayc/generated") ->
             w(f"    # supplied by: {comment_text(dim.supplied_by)}")
         w(f"    {pylit(dim.name)}: {dim.default!r},")
     w("}")
+    w("# The spec's `rules:` between dims (text, why, where): the engine checks each when it")
+    w("# binds the dims it names (relayc.runtime.rules.check_dim_rules).")
+    w("DIM_RULES: tuple[DimRule, ...] = (")
+    for rule in plan.rules:
+        w(f"    DimRule({pylit(rule.text)}, {pylit(rule.message)}, {pylit(rule.origin)}),")
+    w(")")
     w("# The spec's `capture:` buckets, for the engine's graph runner.")
     w(f"CAPTURE_BATCH_SIZES: tuple[int, ...] = {pylit(plan.capture.batch_sizes)}")
     w(f"MAX_CAPTURE_BATCH_SIZE = {pylit(plan.capture.max_batch_size)}\n\n")

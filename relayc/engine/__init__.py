@@ -13,6 +13,7 @@ checkpoints/  GGUF files, named and shipped models, quantization, the one loader
 draft/        the drafters (EAGLE, EAGLE-3, MTP, n-gram, standalone) and each
               algorithm's drafter
 ops/          the implementations of the spec's ops on this engine
+algorithms/   one module per algorithm, registered as `relayc.algorithms` entry points
 serving/      requests, step batches, overlap runners, scheduler, Engine
 
 The tools over the engine (``relayc generate``, ``relayc demo``, training) live in

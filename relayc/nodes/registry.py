@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from relayc.runtime.dims import eval_dim, torch_dtype
+from relayc.specs import plugins
 from relayc.specs.schema import DTYPES
 
 _SHAPE_OPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)
@@ -198,23 +199,57 @@ def seal_builtins() -> None:
 
 
 def get_op(name: str, modules: Sequence[str] = ()) -> Op | None:
-    """The op ``name``: a built-in, or one registered by one of ``modules``."""
+    """The op ``name``: a built-in, one registered by one of ``modules``, or one an installed
+    algorithm declares (:func:`plugin_ops`; looked up only for an unknown name)."""
     if name in _BUILTIN:
         return _BUILTIN[name]
     for module in modules:
         op = _USER.get(module, {}).get(name)
         if op is not None:
             return op
-    return None
+    return plugin_ops().get(name)
 
 
 def all_ops(modules: Sequence[str] = ()) -> dict[str, Op]:
-    """The built-in ops and those registered by ``modules`` (first registration wins)."""
+    """The built-in ops, those registered by ``modules`` and those installed algorithm
+    packages declare (first registration wins)."""
     ops = dict(_BUILTIN)
     for module in modules:
         for name, op in _USER.get(module, {}).items():
             ops.setdefault(name, op)
+    for name, op in plugin_ops().items():
+        ops.setdefault(name, op)
     return ops
+
+
+def plugin_op_package(op: Op) -> str | None:
+    """The installed algorithm (its entry point's ``module:attribute``) whose ``ops``
+    declare ``op``; None for an op no installed algorithm declares."""
+    for name, target in plugins.loaded_objects():
+        if any(declared is op for declared in target.ops):
+            return plugins.installed()[name][0].value
+    return None
+
+
+def plugin_ops() -> dict[str, Op]:
+    """The ops installed algorithms declare (``Algorithm.ops``: relayc's own or a
+    package's), by name; looked up only for an op that is not built in.
+
+    A spec names no code, so the op declarations of an algorithm package reach the compiler
+    through its entry point (:mod:`relayc.specs.plugins`), not an `ops:` module. An op two
+    packages declare differently is left out: neither is the spec's for certain. A name that
+    clashes with a built-in op cannot be declared (the built-in one wins, as for `ops:`).
+    """
+    found: dict[str, Op | None] = {}
+    for _, target in plugins.loaded_objects():
+        for op in target.ops:
+            if not isinstance(op, Op) or op.name in _BUILTIN:
+                continue
+            if op.name in found and found[op.name] is not op:
+                found[op.name] = None
+            else:
+                found.setdefault(op.name, op)
+    return {name: op for name, op in found.items() if op is not None}
 
 
 def builtin_op_names() -> frozenset[str]:

@@ -18,8 +18,10 @@ Built once per algorithm from the validated spec and the graph passes
   or at the end) and the op's declared ``effects`` (:class:`relayc.nodes.registry.Effect`,
   e.g. the draft KV cache); ``op`` is the declaration, built in or brought by a plugin
   module (``RelayPlan.op_modules``).
-* ``dims`` (:class:`Dim` with :class:`DimConstraint`), ``inputs``, the engine outputs of
-  each phase, ``capture`` buckets, ``staging`` and the SGLang plugin name.
+* ``dims`` (:class:`Dim` with :class:`DimConstraint`), ``rules`` (the spec's conditions
+  between dims, :class:`relayc.runtime.rules.DimRule`: the generated module lists them and
+  the engine checks them when it binds the dims), ``inputs``, the engine outputs of each
+  phase, ``capture`` buckets, ``staging`` and the SGLang plugin name.
 
 Every record keeps its spec location, so a target refusing a construct points at the
 line that asked for it: a target declares a :class:`TargetSupport` (the constructs of
@@ -51,6 +53,7 @@ from relayc.plan.model import (
 )
 from relayc.plan.support import CONSTRUCTS, ConstructUse, TargetSupport, construct_uses, unsupported
 from relayc.runtime.fields import HostMirror, RelayField
+from relayc.runtime.rules import DimRule
 
 __all__ = [
     "CONSTRUCTS",
@@ -58,6 +61,7 @@ __all__ = [
     "ConstructUse",
     "Dim",
     "DimConstraint",
+    "DimRule",
     "EngineInput",
     "EngineOutput",
     "FieldUse",

@@ -14,7 +14,13 @@ import torch.fx as fx
 
 from relayc.graph.builder import IterationGraphs
 from relayc.graph.passes import analyse
-from relayc.nodes.registry import Op, TensorType, user_ops
+from relayc.nodes.registry import (
+    Op,
+    TensorType,
+    builtin_op_names,
+    plugin_op_package,
+    user_ops,
+)
 from relayc.plan.model import (
     AbsentField,
     Capture,
@@ -40,6 +46,7 @@ from relayc.runtime.fields import HostMirror, RelayField
 from relayc.specs import schema
 from relayc.specs.errors import SourceLoc, SpecErrors
 from relayc.specs.loader import BUNDLED_DIR, Library, Spec, load_document, load_spec
+from relayc.specs.rules import dim_rule
 
 # Every dim sizes tensors, so a bound value below 1 is never meaningful.
 _POSITIVE = DimConstraint(minimum=1, reason="dims size tensors")
@@ -98,6 +105,7 @@ def plan_from_graphs(graphs: IterationGraphs) -> RelayPlan:
             Dim(name, d.default, d.supplied_by, d.doc, (_POSITIVE,), d.loc)
             for name, d in spec.dims.items()
         ),
+        rules=tuple(dim_rule(rule) for rule in spec.rules),
         inputs=tuple(
             EngineInput(name, ValueType(i.dtype, tuple(i.shape)), i.device, i.doc, i.loc)
             for name, i in spec.inputs.items()
@@ -124,6 +132,9 @@ def plan_from_graphs(graphs: IterationGraphs) -> RelayPlan:
         sglang_plugin=spec.sglang.plugin if spec.sglang else None,
         sglang_plugin_loc=spec.sglang.loc if spec.sglang else None,
         sglang_hooks={str(k): v for k, v in spec.sglang.hooks.items()} if spec.sglang else {},
+        sglang_members=tuple(spec.sglang.members) if spec.sglang else (),
+        sglang_when=spec.sglang.when if spec.sglang else None,
+        sglang_fallback=tuple(spec.sglang.fallback) if spec.sglang else (),
         op_modules=op_modules,
         plugins=tuple(PluginModule(m.name, m.from_cli, m.loc) for m in spec.ops),
         sample_dims=dict(graphs.sample_dims),
@@ -134,7 +145,12 @@ def plan_from_graphs(graphs: IterationGraphs) -> RelayPlan:
 
 
 def _op_module(op: Op, user_modules: list[str]) -> str | None:
-    return next((m for m in user_modules if user_ops(m).get(op.name) is op), None)
+    """The module that brings ``op``: an `ops:` module, or an installed algorithm package
+    (its entry point); None for a built-in op."""
+    if op.name in builtin_op_names():
+        return None
+    found = next((m for m in user_modules if user_ops(m).get(op.name) is op), None)
+    return found or plugin_op_package(op)
 
 
 def _type(tensor_type: TensorType) -> ValueType:

@@ -26,6 +26,18 @@ def _dim_value(dim: Dim) -> str:
     return str(dim.default) if dim.default is not None else f"from {dim.supplied_by}"
 
 
+def _rules_block(plan: RelayPlan) -> list[str]:
+    """The spec's dims rules, each with its line and why it holds."""
+    if not plan.rules:
+        return []
+    rows = [[r.text, r.origin.rpartition(":")[2], r.message or "-"] for r in plan.rules]
+    return [
+        "",
+        "dims rules (checked when an engine binds the dims)",
+        table(["rule", "line", "why"], rows),
+    ]
+
+
 def _field_flags(f: RelayField) -> str:
     flags: list[str] = [f.alloc]
     if f.init != "empty":
@@ -84,6 +96,7 @@ def explain_plan(plan: RelayPlan) -> str:
         "",
         "dims",
         table(["name", "value", "doc"], [[d.name, _dim_value(d), d.doc] for d in plan.dims]),
+        *_rules_block(plan),
         "",
         "engine inputs",
         table(

@@ -14,6 +14,7 @@ from typing import Literal
 
 from relayc.nodes.registry import Effect, Op
 from relayc.runtime.fields import RelayField
+from relayc.runtime.rules import DimRule
 from relayc.specs.errors import SourceLoc
 
 Phase = Literal["prefill", "decode"]
@@ -250,6 +251,7 @@ class RelayPlan:
     spec_hash: str
     loc: SourceLoc  # the spec file's first line
     dims: tuple[Dim, ...]
+    rules: tuple[DimRule, ...]  # the spec's `rules:` between dims, in spec order
     inputs: tuple[EngineInput, ...]
     fields: tuple[RelayField, ...]
     field_locs: Mapping[str, SourceLoc]  # field -> where it is defined
@@ -264,6 +266,9 @@ class RelayPlan:
     sglang_plugin: str | None
     sglang_plugin_loc: SourceLoc | None  # the `sglang:` section (its `plugin:` when named)
     sglang_hooks: Mapping[str, str]  # SGLang's fixed-name call site -> the field it reaches
+    sglang_members: tuple[str, ...]  # SpeculativeAlgorithm members relayed (`sglang:`)
+    sglang_when: str | None  # the SGLang config flag they are relayed under
+    sglang_fallback: tuple[str, ...]  # members relayed when no spec lists them
     op_modules: Mapping[str, str | None]  # op name -> plugin module (None: built in)
     plugins: tuple[PluginModule, ...]  # the plugin-op modules, in the order they are asked
     sample_dims: Mapping[str, int]  # the sizes the passes checked shapes with

@@ -13,6 +13,7 @@ from __future__ import annotations
 from relayc.specs.document import Parts, Spec
 from relayc.specs.errors import SourceLoc, SpecError, did_you_mean, join_hints, quoted_list
 from relayc.specs.reserved import check_reserved_names
+from relayc.specs.rules import check_rules
 from relayc.specs.schema import (
     REF_KINDS,
     Dim,
@@ -102,6 +103,8 @@ def check_algorithm(
             )
         )
     _check_definitions(parts, dims, errors)
+    if not any(s in ("dims", "imports") for s, _ in parts.broken):
+        check_rules(parts.rules, dims, errors)  # against every dim, imported ones included
     check_reserved_names(parts, errors, inputs)
     _check_steps(parts, inputs, fields, libraries, errors)
     _check_capture(parts, errors)
@@ -134,6 +137,7 @@ def check_algorithm(
         sglang=parts.sglang,
         vllm=parts.vllm,
         staging=parts.staging,
+        rules=tuple(parts.rules),
     )
 
 

@@ -18,6 +18,7 @@ from relayc.specs.schema import (
     Input,
     Outputs,
     RelayField,
+    Rule,
     SGLangTarget,
     Staging,
     Step,
@@ -52,6 +53,7 @@ class Parts:
     imports: list[tuple[Path, Import]] = field(default_factory=list)
     ops: list[OpsModule] = field(default_factory=list)
     dims: dict[str, Dim] = field(default_factory=dict)
+    rules: list[Rule] = field(default_factory=list)  # each located at its rule's text
     inputs: dict[str, Input] = field(default_factory=dict)
     fields: dict[str, RelayField] = field(default_factory=dict)
     prefill: Step | None = None
@@ -96,6 +98,7 @@ class Spec:
     sglang: SGLangTarget | None = None  # SGLang target settings (a plugin's name)
     vllm: VLLMTarget | None = None  # vLLM target settings (the vLLM method)
     staging: Staging | None = None  # staged inputs (`staging:`); None: refused
+    rules: tuple[Rule, ...] = ()  # dims rules (`rules:`), each located at its text
 
     def locate(self, step: str, section: str, key: str) -> SourceLoc:
         """Where a step's read, write or stash entry is, falling back to the step."""

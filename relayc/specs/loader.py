@@ -34,6 +34,7 @@ from relayc.specs.schema import (
     Input,
     Outputs,
     RelayField,
+    Rule,
     SGLangTarget,
     SpecFile,
     Staging,
@@ -212,15 +213,15 @@ def parse_parts(text: str, path: str, errors: list[SpecError]) -> Parts | None:
         valid = SpecFile.model_validate(data)
     except ValidationError as exc:
         errors.extend(translate(exc, index, data))
-        return _partial_parts(data, index, path)
-    return _parts_from_valid(valid, data, index, path)
+        return _partial_parts(data, index, path, text)
+    return _parts_from_valid(valid, data, index, path, text)
 
 
 def _locate(model: BaseModel, loc: SourceLoc) -> None:
     model._loc = loc  # type: ignore[attr-defined]
 
 
-def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -> Parts:
+def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str, text: str) -> Parts:
     _locate(valid, index.value(()))
     parts = Parts(
         path=path,
@@ -239,6 +240,10 @@ def _parts_from_valid(valid: SpecFile, data: dict, index: LocIndex, path: str) -
         _locate(imp, index.value(("imports", i)))
         parts.imports.append((("imports", i), imp))
     parts.ops = [OpsModule(name, index.value(("ops", i))) for i, name in enumerate(valid.ops)]
+    lines = text.splitlines() if valid.rules else []
+    for i, rule in enumerate(valid.rules):
+        _locate(rule, _rule_text_loc(data["rules"][i], index, i, lines))
+        parts.rules.append(rule)
     for i, step in enumerate(valid.steps):
         _locate(step, index.value(("steps", i)))
         parts.steps.append((("steps", i), step))
@@ -273,7 +278,16 @@ def _validated(model: type[BaseModel], raw: Any, loc: SourceLoc) -> Any:
     return entity
 
 
-def _partial_parts(data: dict, index: LocIndex, path: str) -> Parts:
+def _rule_text_loc(raw: Any, index: LocIndex, i: int, lines: list[str]) -> SourceLoc:
+    """Where rule ``i``'s text starts (after a quote), so an error in it points at its column;
+    ``lines``: the file's, split once (a hostile file may hold many thousand rules)."""
+    loc = index.value(("rules", i) if isinstance(raw, str) else ("rules", i, "rule"))
+    line = lines[loc.line - 1] if 0 < loc.line <= len(lines) else ""
+    quoted = line[loc.col - 1 : loc.col] in ("'", '"')
+    return replace(loc, col=loc.col + 1) if quoted else loc
+
+
+def _partial_parts(data: dict, index: LocIndex, path: str, text: str) -> Parts:
     """The entities of a file with errors that still validate on their own."""
     parts = Parts(path=path, index=index, has=set(data))
     for key in ("algorithm", "library", "description"):
@@ -302,6 +316,13 @@ def _partial_parts(data: dict, index: LocIndex, path: str) -> Parts:
                 getattr(parts, section).append(((section, i), entity))
             elif isinstance(entry, dict) and isinstance(entry.get("name"), str):
                 parts.broken.add((section, entry["name"]))
+    raw_rules = data.get("rules", [])
+    lines = text.splitlines() if raw_rules else []
+    for i, entry in enumerate(raw_rules if isinstance(raw_rules, list) else []):
+        raw = {"rule": entry} if isinstance(entry, str) else entry
+        rule = _validated(Rule, raw, _rule_text_loc(entry, index, i, lines))
+        if rule is not None:
+            parts.rules.append(rule)
     if "prefill" in data:
         parts.prefill = _validated(Step, data["prefill"], index.key(("prefill",)))
         if parts.prefill is None:

@@ -15,6 +15,7 @@ from relayc.specs.schema import (
     Input,
     Outputs,
     RelayField,
+    Rule,
     SpecFile,
     Staging,
     Step,
@@ -27,6 +28,7 @@ _SECTION_ITEM: dict[str, type[BaseModel]] = {
     "fields": RelayField,
     "steps": Step,
     "imports": Import,
+    "rules": Rule,
 }
 _SECTION_NOUN = {
     "dims": "dim",
@@ -34,6 +36,7 @@ _SECTION_NOUN = {
     "fields": "field",
     "steps": "step",
     "imports": "import",
+    "rules": "rule",
 }
 
 

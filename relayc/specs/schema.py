@@ -460,6 +460,10 @@ def staging_text(staging: Staging) -> str:
     return f"a request may enter decode with only its relay slot ({captured})"
 
 
+# A name SGLang spells in upper case: a `SpeculativeAlgorithm` member or a plugin's.
+SGLangName = Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*$")]
+
+
 class SGLangTarget(SpecModel):
     """How the SGLang target (`relayc compile --target sglang`) serves this algorithm."""
 
@@ -478,6 +482,47 @@ class SGLangTarget(SpecModel):
         "`resolve_confidence_cpu` reads (a `host_mirror: {lag: ...}` field; default: the "
         "field named `confidence`).",
     )
+    members: list[SGLangName] = Field(
+        default_factory=list,
+        description="SGLang's own `SpeculativeAlgorithm` members this spec relays for (`EAGLE`, "
+        "`FROZEN_KV_MTP`, ...): the generated `FutureMap` builds this spec's class for them. A "
+        "member two specs list goes to the one whose `when:` flag is set, else to the other.",
+    )
+    when: Identifier | None = Field(
+        default=None,
+        description="A flag of SGLang's speculative config (`get_spec()`, e.g. "
+        "`enable_multi_layer_eagle`) under which this spec relays its `members`; absent: always.",
+    )
+    fallback: list[SGLangName] = Field(
+        default_factory=list,
+        description="Members this spec relays only in a module compiled without a spec listing "
+        "them in `members` (SGLang relays EAGLE3 with EAGLE's buffers: eagle.yaml falls back "
+        "for it).",
+    )
+
+
+def _rule_entry(value: Any) -> Any:
+    # A bare string is the rule itself; the mapping form adds the message.
+    return {"rule": value} if isinstance(value, str) else value
+
+
+class Rule(SpecModel):
+    """A condition between dims that every binding must meet (`topk == 1`), checked when the
+    spec is compiled (with the dims' defaults) and when an engine binds the dims."""
+
+    rule: str = Field(
+        min_length=1,
+        description="The condition: dim names and integers with `+ - * //` and parentheses, "
+        "compared by `== != < <= > >=`, joined by `and` (e.g. `num_draft_tokens == "
+        "num_steps + 1`). Parsed as data, never run as code.",
+    )
+    message: str = Field(
+        default="",
+        description="Why the rule holds and how to meet it, shown when a binding breaks it.",
+    )
+
+
+RuleEntry = Annotated[Rule, BeforeValidator(_rule_entry, json_schema_input_type=str | Rule)]
 
 
 VLLMHook = Literal["last_sampled_tokens", "num_computed_tokens", "draft_logits", "confidence"]
@@ -525,6 +570,11 @@ class SpecFile(SpecModel):
         "modules you trust.",
     )
     dims: dict[Identifier, Dim] = Field(default_factory=dict, description="Symbolic sizes.")
+    rules: list[RuleEntry] = Field(
+        default_factory=list,
+        description="Conditions between dims (`topk == 1`, `num_draft_tokens == num_steps + 1`): "
+        "a rule as a string, or `{rule: ..., message: ...}` with why it holds.",
+    )
     inputs: dict[Identifier, Input] = Field(
         default_factory=dict, description="Values the engine provides each iteration."
     )
@@ -549,7 +599,8 @@ class SpecFile(SpecModel):
     )
     sglang: SGLangTarget | None = Field(
         default=None,
-        description="SGLang target settings: a plugin algorithm's registered name.",
+        description="SGLang target settings: the SGLang algorithms this spec relays for "
+        "(`members`, or a plugin's registered name) and the fields SGLang's hooks reach.",
     )
     vllm: VLLMTarget | None = Field(
         default=None,

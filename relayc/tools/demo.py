@@ -72,24 +72,23 @@ def chat_prompts(quoting: bool | None = None) -> list[Chat]:
     ]
 
 
-# The algorithms with a drafter for the real model (n-gram needs none; EAGLE-3's head and
-# the DFlash drafter ship in relayc/assets/smollm2).
-REAL_ALGORITHMS: list[tuple[str, dict[str, int]]] = [
-    ("none", {}),
-    ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 8}),
-    ("eagle3", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),  # the shipped head
-    ("dflash", {"topk": 1, "num_draft_tokens": 4}),  # the shipped drafter, a block of 4
-]
+# (algorithm, Engine arguments): one run of the demo's table.
+Run = tuple[str, dict[str, Any]]
 
-ALGORITHMS: list[tuple[str, dict[str, int]]] = [
-    ("none", {}),
-    ("eagle", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
-    ("eagle", {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}),
-    ("eagle_multilayer", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
-    ("ngram", {"num_steps": 3, "topk": 1, "num_draft_tokens": 6}),
-    ("standalone", {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),
-    ("dflash", {"topk": 1}),  # the shipped drafter's block of 8
-]
+
+def toy_algorithms() -> list[Run]:
+    """The registry's runs on the byte-level demo model (``Demo.toy``), baseline first."""
+    from relayc.engine.algorithms import engine_algorithms
+
+    return [(a.name, dict(run.sizes)) for a in engine_algorithms() for run in a.demo.toy]
+
+
+def real_algorithms() -> list[Run]:
+    """The registry's runs on a real model (``Demo.real``: drafter-free algorithms and those
+    whose drafter ships for SmolLM2), baseline first."""
+    from relayc.engine.algorithms import engine_algorithms
+
+    return [(a.name, dict(run.sizes)) for a in engine_algorithms() for run in a.demo.real]
 
 
 @dataclass
@@ -103,8 +102,16 @@ class Row:
     cpu_share: float | None = None  # process CPU time / wall time of the best run
 
 
-def _label(name: str, sizes: dict[str, int]) -> str:
-    return f"{name} (topk {sizes['topk']})" if name in ("eagle", "eagle3") else name
+def _label(name: str, sizes: dict[str, Any]) -> str:
+    """The row's label: the algorithm's name, and what tells this run from its others
+    (``eagle (topk 4)``), as its module's demo runs say."""
+    from relayc.engine.algorithms import lookup
+
+    demo = lookup(name).demo
+    for run in (*demo.toy, *demo.real, *demo.bench_toy, *demo.bench_real):
+        if dict(run.sizes) == sizes:
+            return run.title(name)
+    return name
 
 
 def _progress(done: int, total: int, label: str) -> None:
@@ -128,7 +135,7 @@ def measure(
     *,
     model: str | None = None,
     dtype: str | None = None,
-    algorithms: Sequence[tuple[str, dict[str, int]]] = ALGORITHMS,
+    algorithms: Sequence[Run] | None = None,
     overlap: bool = True,
     seed: int = 0,
     batch_size: int = 0,
@@ -150,8 +157,11 @@ def measure(
     prompts, encoded as the engine encodes them; a peer that decodes one request at a
     time runs so whatever ``batch_size`` is. Their rows follow the algorithms'."""
     from relayc.engine import Engine, SamplingParams
+    from relayc.engine.algorithms import engine_names
     from relayc.engine.serving.overlap import set_cpu_threads
     from relayc.tools.peers import round_robin
+
+    algorithms = toy_algorithms() if algorithms is None else algorithms
 
     set_cpu_threads()  # as `relayc generate` and the benchmarks do
     params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -222,7 +232,8 @@ def measure(
         progress(steps, steps, "done")
     best = [min(times, key=lambda t: t.wall) for times in timings]
     elapsed = [t.wall for t in best]
-    base = [name for name, _ in algorithms].index("none")
+    # the baseline: first in the registry's listing (`none`), which every row must equal
+    base = [name for name, _ in algorithms].index(engine_names()[0])
     reference = outputs[base]
     tokenizer = engines[base].tokenizer
     if answers is not None and tokenizer is not None:
@@ -380,7 +391,7 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     prompts: list[Prompt]
     if model == REAL_MODEL:
-        prompts, algorithms = list(chat_prompts(quoting=True)), REAL_ALGORITHMS
+        prompts, algorithms = list(chat_prompts(quoting=True)), real_algorithms()
         dtype = args.dtype or "float32"  # the file's own numbers, its Q4_1 blocks read as stored
         print(
             f"SmolLM2-135M-Instruct ({dtype}), greedy, held-out chat prompts that quote their "
@@ -388,7 +399,7 @@ def run_demo(args: argparse.Namespace) -> int:
             + ("one request at a time" if args.batch_size == 1 else f"batch {args.batch_size}")
         )
     else:
-        prompts, algorithms, dtype = list(demo_prompts(model)), ALGORITHMS, args.dtype
+        prompts, algorithms, dtype = list(demo_prompts(model)), toy_algorithms(), args.dtype
     peers: list[Peer] = []
     if args.no_peers:
         pass

@@ -15,7 +15,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relayc.engine.checkpoints.shipped import DEMO_DIR, NAMED_DRAFTERS
+from relayc.engine.algorithms import registry
 from relayc.specs.errors import EXIT_OK, UsageError, did_you_mean, quoted_list
 from relayc.tools.args import (
     MAX_SEED,
@@ -33,11 +33,6 @@ from relayc.tools.terminal import printable
 # here: it imports torch
 DRAFT_QUANTIZATIONS = ("q8_0", "q4_1", "q4_0")
 REAL_MODEL = "smollm2"  # the default model, as `relayc demo`'s (relayc.tools.demo)
-# relayc.engine.draft.speculative.ALGORITHMS and NO_ENGINE_DRAFTER (a test keeps them equal),
-# as text: that module imports torch, and `relayc validate` builds this parser too.
-ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone", "dflash")
-SGLANG_ONLY = ("dspark", "uno")
-NO_DRAFTER = ("none", "ngram")  # run with any model: no draft weights
 # A --chat answer ends at the model's end of turn; the cap only bounds a model that rambles.
 CHAT_MAX_NEW_TOKENS = 512
 PROMPT_MAX_NEW_TOKENS = 32  # a --prompt continuation has no turn to end
@@ -50,28 +45,23 @@ if TYPE_CHECKING:  # torch: `relayc validate` imports this module and should not
 
 def algorithm_name(text: str) -> str:
     """An argparse type: an algorithm the reference engine runs (with "did you mean")."""
-    if text in ALGORITHMS:
+    runs = registry.engine_names()
+    if text in runs:
         return text
-    if text in SGLANG_ONLY:
-        raise argparse.ArgumentTypeError(
-            f"the reference engine cannot run `{text}` (no drafter for it here); compile its "
-            f"spec for SGLang: `relayc compile --target sglang`"
-        )
-    hint = did_you_mean(text, ALGORITHMS)
+    if text in registry.plugins.names():
+        try:
+            registry.lookup(text, engine=True)
+        except ValueError as exc:  # no engine drafter, or its package is broken: it says so
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    hint = did_you_mean(text, runs)
     raise argparse.ArgumentTypeError(
         f"unknown algorithm `{text}`"
         + (f" ({hint})" if hint else "")
-        + f"; the engine runs {quoted_list(ALGORITHMS)}"
+        + f"; the engine runs {quoted_list(runs)}"
     )
 
 
 algorithm_name.__name__ = "algorithm"  # argparse names the type in its messages
-
-
-def toy_drafters() -> tuple[str, ...]:
-    """The algorithms whose drafter ships with the byte-level demo model (``--toy``): the
-    folders relayc/assets/demo holds, so an install without one does not offer it."""
-    return tuple(a for a in ALGORITHMS if a not in NO_DRAFTER and (DEMO_DIR / a).is_dir())
 
 
 def runnable(model: str | None) -> tuple[str, ...] | None:
@@ -79,25 +69,26 @@ def runnable(model: str | None) -> tuple[str, ...] | None:
     `random`, whose drafters are random unless given), else the drafter-free ones and
     those whose drafter ships for it."""
     if model is None:
-        return (*NO_DRAFTER, *toy_drafters())
-    if model in NAMED_DRAFTERS:
-        return (*NO_DRAFTER, *(a for a in ALGORITHMS if a in NAMED_DRAFTERS[model]))
+        return (*registry.drafter_free(), *registry.toy_drafters())
+    if model in registry.named_models():
+        return (*registry.drafter_free(), *registry.shipping_for(model))
     return None
 
 
 def _algorithm_help() -> str:
+    runs = registry.engine_names()
+    free = registry.drafter_free()
     named = "; ".join(
         f"with {name}{' (the default)' if name == REAL_MODEL else ''}: "
-        + ", ".join(runnable(name) or ALGORITHMS)
-        for name in NAMED_DRAFTERS
+        + ", ".join(runnable(name) or runs)
+        for name in registry.named_models()
     )
-    drafting = ", ".join(a for a in ALGORITHMS if a not in NO_DRAFTER)
+    drafting = ", ".join(a for a in runs if a not in free)
     return (
-        f"what to run: none (default: one token per step) or ngram with any model; {named}; "
-        f"with --toy: {', '.join(runnable(None) or ALGORITHMS)}; with any model, {drafting} "
-        "given a trained "
-        "--draft-model DIR (without one, a model file's or `--model random`'s drafter is "
-        "random: it runs, and accepts next to nothing)"
+        f"what to run (default {runs[0]}): {' or '.join(free)} with any model; {named}; "
+        f"with --toy: {', '.join(runnable(None) or runs)}; with any model, {drafting} "
+        "given a trained --draft-model DIR (without one, a model file's or `--model "
+        "random`'s drafter is random: it runs, and accepts next to nothing)"
     )
 
 
@@ -114,7 +105,9 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         "Text goes to stdout (token ids when the model has no tokenizer); loading progress "
         "and a summary line (tokens, tokens/s, mean accept length: tokens per decode step) "
         "to stderr.",
-        epilog="Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request), "
+        epilog="Algorithms: "
+        + "; ".join(f"{a.name}: {a.summary}" for a in registry.engine_algorithms())
+        + ". Exit codes: 0 ok, 2 usage errors (bad arguments, checkpoint or request), "
         "70 a bug in relayc (reported with its traceback), 130 interrupted (Ctrl-C).",
     )
     prompt = p.add_mutually_exclusive_group(required=True)
@@ -159,7 +152,13 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         default=0,
         help="seeds the sampler (and `--model random`'s weights)",
     )
-    p.add_argument("--algorithm", type=algorithm_name, default="none", help=_algorithm_help())
+    # the default: the baseline, first in the registry's listing
+    p.add_argument(
+        "--algorithm",
+        type=algorithm_name,
+        default=registry.engine_names()[0],
+        help=_algorithm_help(),
+    )
     p.add_argument(
         "--num-steps",
         type=int_in(1),
@@ -189,7 +188,7 @@ def add_generate_command(subparsers: argparse._SubParsersAction[argparse.Argumen
         "--toy",
         action="store_true",
         help="the shipped byte-level demo model (trained here on Python source; no chat "
-        f"template) and its drafters: {', '.join(toy_drafters())}",
+        f"template) and its drafters: {', '.join(registry.toy_drafters())}",
     )
     p.add_argument(
         "--dtype",
@@ -248,10 +247,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _build_native_decoder(progress)
     num_steps: int | None = args.num_steps
     num_draft_tokens: int | None = args.num_draft_tokens
-    if args.algorithm == "dflash" and num_steps is not None and num_draft_tokens is None:
-        # As --help says: DFlash drafts num_steps tokens in one block, the bonus token ahead
-        # of them. Passed on as is, the engine would compare it with the drafter's block
-        # only once the drafter is loaded.
+    block_drafter = registry.default_dims(args.algorithm, None, None) == (None, None)
+    if block_drafter and num_steps is not None and num_draft_tokens is None:
+        # As --help says: a drafter whose block settles the dims (DFlash) drafts num_steps
+        # tokens in one block, the bonus token ahead of them. Passed on as is, the engine
+        # would compare it with the drafter's block only once the drafter is loaded.
         num_draft_tokens, num_steps = num_steps + 1, None
     try:
         engine = Engine(
@@ -349,9 +349,6 @@ def _stream(
 def _check_drafter(args: argparse.Namespace, model: str | None) -> None:
     """Refuse, before any model loads, what the engine would refuse only after loading:
     an algorithm with no drafter for the model, a drafter quantization it cannot apply."""
-    from relayc.engine.checkpoints.shipped import shipped_drafter
-    from relayc.engine.serving.algorithms import default_dims
-
     runs = runnable(model)
     if args.draft_model is None and runs is not None and args.algorithm not in runs:
         name = "the byte-level demo model (--toy)" if model is None else f"{model!r}"
@@ -361,9 +358,9 @@ def _check_drafter(args: argparse.Namespace, model: str | None) -> None:
             "--draft-model DIR"
         )
     if model is None and args.draft_model is None:
-        num_steps, _ = default_dims(args.algorithm, args.num_steps, args.num_draft_tokens)
+        num_steps, _ = registry.default_dims(args.algorithm, args.num_steps, args.num_draft_tokens)
         try:  # the MTP drafter serves its own number of steps only
-            shipped_drafter(args.algorithm, num_steps)
+            registry.shipped_drafter(args.algorithm, num_steps)
         except (ValueError, FileNotFoundError) as exc:
             raise UsageError(f"{exc} (here: --num-steps N, --draft-model DIR)") from None
     if args.draft_quantization is not None:

@@ -240,3 +240,16 @@ def test_step_output_variables_never_spell_another_name(
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "self._sample"
     )
     assert [ast.unparse(k.value) for k in sample.keywords if k.arg == "logits"] == [logits]
+
+
+def test_every_reserved_name_is_one_the_generated_modules_use() -> None:
+    """The reverse of the test above: a reserved name no generated module uses any more
+    (the fused kernel's `fused_copy`, `triton_stash`, ... once were) would refuse a spec's
+    step or input for nothing, so the list is exactly what the modules use."""
+    used: set[str] = set()
+    for path in engine_specs():
+        tree = ast.parse((GENERATED_DIR / f"{path.stem}.py").read_text())
+        used |= _module_names(tree)
+        used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        used |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args}
+    assert GENERATED_NAMES - used == set(), "reserved but unused: drop them from reserved.py"

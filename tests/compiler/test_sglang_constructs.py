@@ -72,7 +72,7 @@ def test_any_field_reaches_the_confidence_hook_the_spec_maps_it_to(tmp_path: Pat
     renamed = [
         ("confidence:\n", "draft_confidence:\n"),
         ("{confidence: confidence}", "{draft_confidence: confidence}"),
-        ("\nprefill:", "\nsglang: {hooks: {confidence: draft_confidence}}\n\nprefill:"),
+        ("  members: [DSPARK]\n", "  members: [DSPARK]\n  hooks: {confidence: draft_confidence}\n"),
     ]
     module = compile_and_load([edited(tmp_path, "dspark", *renamed)], tmp_path / "o", "hook")
     assert "Publishes draft_confidence (dspark.yaml:" in (module.DsparkFutureMap.__doc__ or "")
@@ -89,7 +89,7 @@ def test_any_field_reaches_the_confidence_hook_the_spec_maps_it_to(tmp_path: Pat
     assert torch.equal(fmap.resolve_confidence_cpu(batch).confidence, rows)
     wrong = [
         *renamed[:2],
-        ("\nprefill:", "\nsglang: {hooks: {confidence: bonus_tokens}}\nprefill:"),
+        ("  members: [DSPARK]\n", "  members: [DSPARK]\n  hooks: {confidence: bonus_tokens}\n"),
     ]
     with pytest.raises(SpecErrors) as exc:
         compile_sglang([edited(tmp_path, "dspark", *wrong, to="wrong")], "o")

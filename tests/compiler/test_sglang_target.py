@@ -37,7 +37,7 @@ DROP_IN_FILES = {"overlap_utils.py", "relayc_relay_runtime.py"}
 # The whole drop-in, every file it imports: 1,489 lines before issue #51, whose goal is
 # SGLang 0.5.23's own 720; this bound is what the straight-line rewrite reached (976; where
 # the lines go and what would unblock 720: docs/sglang.md).
-DROP_IN_LINES = 980
+DROP_IN_LINES = 958
 # scripts/test-sglang.sh sets RELAYC_REQUIRE_SGLANG=1: there a missing sglang fails, not skips.
 needs_sglang = pytest.mark.skipif(
     not sglang_env.sglang_available() and not os.environ.get("RELAYC_REQUIRE_SGLANG"),
@@ -257,14 +257,43 @@ def test_check_fails_on_a_stale_or_missing_drop_in_file(
 def test_target_errors_are_located(tmp_path: Path) -> None:
     shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
     text = (BUNDLED_DIR / "none.yaml").read_text().replace("algorithm: none", "algorithm: beam")
-    (tmp_path / "beam.yaml").write_text(text)
+    (tmp_path / "beam.yaml").write_text(text.replace("  members: [NONE]", "  members: []"))
+    (tmp_path / "none2.yaml").write_text(text.replace("algorithm: beam", "algorithm: none2"))
+    (tmp_path / "medusa.yaml").write_text(
+        text.replace("algorithm: beam", "algorithm: medusa").replace("[NONE]", "[MEDUSA]")
+    )
+    (tmp_path / "flagged.yaml").write_text(
+        text.replace("algorithm: beam", "algorithm: flagged").replace(
+            "  members: [NONE]", "  members: [NONE]\n  when: not_a_flag"
+        )
+    )
+    specs = ["beam", "none2", "medusa", "flagged"]
     with pytest.raises(SpecErrors) as exc:
         compile_sglang(
-            [tmp_path / "beam.yaml", BUNDLED_DIR / "none.yaml", BUNDLED_DIR / "none.yaml"], "o"
+            [*(tmp_path / f"{n}.yaml" for n in specs), *[BUNDLED_DIR / "none.yaml"] * 2], "o"
         )
     rendered = exc.value.render()
     assert "beam.yaml:1:1: error: the SGLang target has no SGLang algorithm for `beam`" in rendered
+    assert "name the SpeculativeAlgorithm members it relays for" in rendered
     assert "algorithm `none` is also compiled from" in rendered
+    # the member mapping is the specs' data: one spec per member (and flag), SGLang's names
+    assert "error: SGLang's `NONE` is also relayed by" in rendered
+    assert "medusa.yaml:47:3: error: `MEDUSA` is not a member of SGLang 0.5.23's" in rendered
+    assert (
+        "flagged.yaml:47:3: error: `when: not_a_flag` is not a flag the SGLang target" in rendered
+    )
+
+
+def test_a_renamed_spec_relays_the_members_it_lists(tmp_path: Path) -> None:
+    """No algorithm name is switched on: the `sglang:` section maps SGLang's members."""
+    shutil.copy(BUNDLED_DIR / "common.yaml", tmp_path / "common.yaml")
+    text = (BUNDLED_DIR / "dflash.yaml").read_text().replace("algorithm: dflash", "algorithm: blk")
+    (tmp_path / "blk.yaml").write_text(text)
+    module = compile_and_load([tmp_path / "blk.yaml"], tmp_path / "out", "sglang_relay_blk")
+    fmap = module.FutureMap("cpu", FakeAlgorithm("DFLASH"), pool())
+    assert fmap.ALGORITHM == "blk" and type(fmap).SGLANG == ("DFLASH",)
+    with pytest.raises(module.RelayError, match=r"draft_probs.*blk.yaml"):  # DFLASH reads it
+        fmap.stash(torch.tensor([1]), module.RelayPayload(None, draft_probs=torch.rand(1, 3)))
 
 
 # -- the generated module without SGLang ----------------------------------------------------
@@ -375,8 +404,10 @@ def test_block_drafters_map_without_sglang(gen: types.ModuleType) -> None:
 def test_module_without_a_spec_says_which(tmp_path: Path) -> None:
     specs = [p for p in bundled_spec_paths() if p.stem != "dflash"]
     module = compile_and_load(specs, tmp_path / "out", "sglang_relay_without_dflash")
-    with pytest.raises(NotImplementedError, match=r"compiled without a spec for `dflash`"):
+    with pytest.raises(NotImplementedError, match=r"DFLASH.*sglang: \{members: \[DFLASH\]\}"):
         module.FutureMap("cpu", FakeAlgorithm("DFLASH"), pool())
+    with pytest.raises(NotImplementedError, match=r"compiled without a spec for `dflash`"):
+        module.FutureMap("cpu", FakeAlgorithm("DFLASH"), pool(), algorithm="dflash")
 
 
 def test_block_drafters_relay_only_the_bonus_and_refuse_what_sglang_reads(

@@ -55,7 +55,7 @@ def test_the_option_reaches_the_chain_sampler(
     ("algorithm", "sizes", "message"),
     [
         ("none", {}, "`none` does not draft a chain"),
-        ("eagle", {"num_steps": 3, "topk": 2, "num_draft_tokens": 5}, "use `standalone`"),
+        ("eagle", {"num_steps": 3, "topk": 2, "num_draft_tokens": 5}, "relays no `draft_probs`"),
     ],
 )
 def test_algorithms_without_chain_drafts_refuse_the_option(

@@ -153,7 +153,7 @@ def _toy_int8() -> torch.nn.Module:
 def test_toy_speculation_in_int8_equals_none_in_int8(algorithm: str, overlap: bool) -> None:
     """The toy target in int8 with each shipped drafter (float32: only the target's matrix
     products change precision): greedy output is `none`'s in int8, batched."""
-    from relayc.engine.checkpoints.shipped import shipped_drafter
+    from relayc.engine.algorithms import shipped_drafter
     from relayc.engine.serving.algorithms import default_dims
 
     model = _toy_int8()

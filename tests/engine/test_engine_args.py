@@ -199,3 +199,62 @@ def test_a_decode_algorithm_instance_takes_no_module(model: LlamaForCausalLM) ->
     algorithm = Engine(model).algorithm
     with pytest.raises(ValueError, match="a DecodeAlgorithm instance runs its own steps"):
         Engine(model, algorithm=algorithm, relay_module=ngram_module)
+
+
+def test_the_engine_checks_the_rules_of_the_module_it_runs(
+    tmp_path: Path, model: LlamaForCausalLM
+) -> None:
+    """Dims rules live in the spec: a user's spec adding one gets it checked by the engine
+    that runs the module compiled from it, with the rule's own line in the error."""
+    from relayc.cli import main
+    from relayc.specs.loader import BUNDLED_DIR
+
+    for name in ("ngram.yaml", "common.yaml"):
+        (tmp_path / name).write_text((BUNDLED_DIR / name).read_text())
+    spec = tmp_path / "ngram.yaml"
+    text = spec.read_text()
+    lines = text.splitlines(keepends=True)
+    at = lines.index("rules:\n") + 1
+    while at < len(lines) and lines[at].startswith("  "):  # after the spec's own rules
+        at += 1
+    lines.insert(at, "  - {rule: num_draft_tokens <= 5, message: a short window}\n")
+    spec.write_text("".join(lines))
+    line = at + 1
+    assert main(["compile", str(spec), "-o", str(tmp_path / "out")]) == 0
+    module = tmp_path / "out" / "ngram.py"
+    with pytest.raises(
+        ValueError,
+        match=rf"`ngram` cannot run with these dims: rule `num_draft_tokens <= 5` "
+        rf"\(.*ngram.yaml:{line}\) does not hold for num_draft_tokens=6: a short window",
+    ):
+        Engine(model, algorithm="ngram", relay_module=module, num_draft_tokens=6)
+    with Engine(model, algorithm="ngram", relay_module=module) as engine:
+        assert engine.algorithm.module.DIM_RULES[-1].text == "num_draft_tokens <= 5"
+
+
+def test_a_rule_naming_the_vocabulary_is_checked_once_the_model_is_loaded(
+    model: LlamaForCausalLM,
+) -> None:
+    vocab = model.config.vocab_size
+    with pytest.raises(
+        ValueError,
+        match=rf"rule `topk <= vocab` \(relayc/specs/eagle.yaml:\d+\) does not hold for "
+        rf"topk={vocab + 1}, vocab={vocab}: .*\(`topk` must be at most {vocab}\)",
+    ):
+        Engine(model, algorithm="eagle", num_steps=1, topk=vocab + 1, num_draft_tokens=2)
+
+
+def test_a_module_whose_rules_are_missing_or_broken_is_refused(tmp_path: Path) -> None:
+    """A module from before dims rules, or one whose rule was edited into no rule, is
+    refused by name before anything is built (not run unchecked, not a parser traceback)."""
+    source = Path(ngram_module.__file__).read_text()
+    start = source.index("DIM_RULES: tuple[DimRule, ...] = (")
+    end = source.index("\n)\n", start) + 3
+    old = tmp_path / "old_ngram.py"
+    old.write_text(source[:start] + source[end:])
+    _rejected(tmp_path, ValueError, r"lists no dims rules .*regenerate it", algorithm="ngram",
+              relay_module=old)  # fmt: skip
+    edited = tmp_path / "edited_ngram.py"
+    edited.write_text(source.replace('"num_draft_tokens >= 2"', '"num_draft_tokens => 2"'))
+    _rejected(tmp_path, ValueError, r"a dims rule that does not parse, `num_draft_tokens => 2`",
+              algorithm="ngram", relay_module=edited)  # fmt: skip

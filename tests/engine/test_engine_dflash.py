@@ -197,9 +197,16 @@ def test_a_config_it_cannot_run_is_a_located_error(
 
 
 def test_dims_that_are_no_block_are_refused(model: LlamaForCausalLM, drafter_dir: Path) -> None:
-    with pytest.raises(ValueError, match="topk=1"):
+    with pytest.raises(ValueError, match=r"rule `topk == 1` .* topk=2: .*\(set `topk` to 1\)"):
         Engine(model, algorithm="dflash", draft_model=drafter_dir, topk=2)
-    with pytest.raises(ValueError, match="num_steps"):
+    # num_draft_tokens is the drafter's block: the rule is checked once it has loaded
+    block = DFlashDrafter.load(drafter_dir, model).block_size
+    with pytest.raises(
+        ValueError,
+        match=rf"rule `num_steps == num_draft_tokens - 1` \(relayc/specs/dflash.yaml:\d+\) does "
+        rf"not hold for num_steps=2, num_draft_tokens={block} \(the drafter's block_size\): "
+        rf".*set `num_steps` to {block - 1}\)",
+    ):
         Engine(model, algorithm="dflash", draft_model=drafter_dir, num_steps=2)
     with pytest.raises(ValueError, match=">= 2"):
         Engine(model, algorithm="dflash", draft_model=drafter_dir, num_draft_tokens=1)

@@ -294,16 +294,29 @@ def test_small_temperatures_at_or_above_the_minimum_sample_without_collapsing(
 
 # -- construction ------------------------------------------------------------------------------
 BAD_DIMS = [
-    ({"algorithm": "eagle", "topk": 4, "num_draft_tokens": 100}, r"`num_draft_tokens`.*1\.\."),
+    (  # the spec's rule, its line, the values and the bound they give
+        {"algorithm": "eagle", "topk": 4, "num_draft_tokens": 100},
+        r"rule `num_draft_tokens <= 1 \+ topk \+ \(num_steps - 1\) \* topk \* topk` "
+        r"\(relayc/specs/eagle.yaml:\d+\) does not hold for num_draft_tokens=100, topk=4, "
+        r"num_steps=3: .*\(`num_draft_tokens` must be at most 37\)",
+    ),
     ({"algorithm": "eagle", "num_steps": 0}, r"`num_steps` must be a positive integer; got 0"),
     ({"algorithm": "eagle", "topk": 1.5}, r"`topk` must be a positive integer; got 1.5"),
     ({"algorithm": "eagle", "num_draft_tokens": True}, r"`num_draft_tokens` must be a positive"),
-    ({"algorithm": "eagle_multilayer", "num_draft_tokens": 9}, r"`num_draft_tokens`.*1\.\.4"),
+    (
+        {"algorithm": "eagle_multilayer", "num_draft_tokens": 9},
+        r"rule `num_draft_tokens <= 1 \+ topk \* num_steps` .*must be at most 4\)",
+    ),
     (
         {"algorithm": "standalone", "num_draft_tokens": 3},
-        r"needs topk=1 and num_draft_tokens = num_steps \+ 1",
+        r"rule `num_draft_tokens == num_steps \+ 1` \(relayc/specs/standalone.yaml:\d+\) does "
+        r"not hold for num_draft_tokens=3, num_steps=3: .*\(set `num_draft_tokens` to 4\)",
     ),
     ({"algorithm": "ngram", "num_draft_tokens": 0}, r"`num_draft_tokens` must be a positive"),
+    (
+        {"algorithm": "ngram", "num_draft_tokens": 1},
+        r"rule `num_draft_tokens >= 2` .*must be at least 2\)",
+    ),
 ]
 
 

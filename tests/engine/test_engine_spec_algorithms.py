@@ -117,7 +117,9 @@ def test_a_standalone_draft_model_with_another_vocabulary_is_refused_at_load(
 
 
 def test_standalone_needs_a_chain() -> None:
-    with pytest.raises(ValueError, match="needs topk=1 and num_draft_tokens = num_steps \\+ 1"):
+    with pytest.raises(
+        ValueError, match=r"rule `topk == 1` .* topk=2: .*chain \(set `topk` to 1\)"
+    ):
         Engine(random_model(seed=3), algorithm="standalone", topk=2, num_draft_tokens=4)
 
 

@@ -13,11 +13,12 @@ from types import ModuleType
 import pytest
 
 from relayc.engine import Engine, LlamaForCausalLM, SamplingParams, random_model
+from relayc.engine.algorithms import engine_names, lookup
 from relayc.engine.draft import Eagle3Head
-from relayc.engine.draft.speculative import ALGORITHMS
-from relayc.engine.ops import implementations
 from relayc.engine.serving.algorithms import GeneratedAlgorithm
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
+
+ALGORITHMS = engine_names()
 
 # Dims every algorithm accepts (standalone: a chain of num_steps + 1).
 DIMS = {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}
@@ -88,8 +89,7 @@ def test_an_op_the_user_implements_is_not_held_to_the_engines_drafter(
 ) -> None:
     """The drafter an op needs is a property of the engine's implementation: with the user's
     own implementation of every drafting op the module may run under another algorithm."""
-    builtin = implementations()
-    impls = {op: builtin[op] for op in ("ngram_propose", "ngram_splice")}
+    impls = dict(lookup("ngram").impls())  # the engine's own, passed as the user's
     with pytest.raises(ValueError, match="none of its ops drives the drafter of `eagle`"):
         Engine(model, algorithm="eagle", relay_module=_bundled("ngram"), impls=impls, **DIMS)
     # The mismatch it would otherwise report is gone: only the eagle drafter's absence is left.

@@ -6,18 +6,16 @@ from __future__ import annotations
 import pytest
 
 from relayc.engine import Engine, SamplingParams
-from relayc.engine.checkpoints.shipped import (
-    DEMO_DIR,
-    heldout_prompts,
-    shipped_drafter,
-    shipped_target,
-)
+from relayc.engine.algorithms import shipped_drafter
+from relayc.engine.checkpoints.shipped import DEMO_DIR, heldout_prompts, shipped_target
 from relayc.engine.draft import EagleHead, StandaloneDrafter
 from relayc.engine.model.naive import greedy_generate_naive
 from relayc.engine.text.bytes import BOS_ID, ByteTokenizer
-from relayc.tools.demo import ALGORITHMS
+from relayc.tools.demo import toy_algorithms
 from relayc.tools.train import eagle_chain_proposer, simulate_chain, standalone_chain_proposer
 from tests.engine.engine_helpers import one_intra_op_thread  # noqa: F401 - autouse fixture
+
+ALGORITHMS = toy_algorithms()
 
 NEW_TOKENS = 24
 

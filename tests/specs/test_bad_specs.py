@@ -32,7 +32,7 @@ CASES = [
         "unknown_top_key",
         [("algorithm: tiny", "algorithm: tiny\nbogus: 1")],
         [
-            "spec.yaml:2:1: error: unknown key `bogus` in the spec (allowed keys: `version`, `algorithm`, `library`, `description`, `imports`, `ops`, `dims`, `inputs`, `fields`, `prefill`, `steps`, `capture`, `outputs`, `staging`, `sglang`, `vllm`)"
+            "spec.yaml:2:1: error: unknown key `bogus` in the spec (allowed keys: `version`, `algorithm`, `library`, `description`, `imports`, `ops`, `dims`, `rules`, `inputs`, `fields`, `prefill`, `steps`, `capture`, `outputs`, `staging`, `sglang`, `vllm`)"
         ],
     ),
     (

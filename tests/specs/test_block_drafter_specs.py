@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayc.engine.draft.speculative import check_sizes
+from relayc.engine.algorithms import lookup
 from relayc.specs.loader import BUNDLED_DIR, load_spec
 
 BLOCK_DRAFTERS = ("dflash", "dspark", "uno")
@@ -35,4 +35,4 @@ def test_dspark_relays_confidence_to_the_host_two_publishes_late() -> None:
 @pytest.mark.parametrize("algorithm", ("dspark", "uno"))  # dflash runs: test_engine_dflash.py
 def test_engine_refuses_a_spec_without_a_drafter(algorithm: str) -> None:
     with pytest.raises(ValueError, match=rf"cannot run `{algorithm}` yet: relayc/specs/"):
-        check_sizes(algorithm, num_steps=3, topk=1, num_draft_tokens=4)
+        lookup(algorithm, engine=True)

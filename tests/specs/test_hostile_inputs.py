@@ -127,3 +127,33 @@ def test_the_command_line_refuses_it_with_the_spec_exit_code(
     assert main(["compile", str(spec), "-o", str(tmp_path / "out")]) == EXIT_SPEC_ERRORS
     assert "algorithm `torch` is named like an importable module" in capsys.readouterr().err
     assert not (tmp_path / "out" / "torch.py").exists()
+
+
+@pytest.mark.parametrize(
+    ("rule", "col", "says"),
+    [
+        # `rules: [` then the quote: the rule's text starts at column 10
+        ("\"__import__('os').system('touch pwned') == 0\"", 20, "unexpected `(`"),
+        ("'topk.__class__ == 1'", 14, "unexpected `.`"),
+        ("'(' * 5000", 210, "too long"),  # pointed at where the 200 characters end
+        ("\"topk == 1 or __import__('os')\"", 20, "only `and`"),
+    ],
+)
+def test_hostile_rules_are_located_errors_and_never_run(
+    rule: str, col: int, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rule is parsed by relayc's own tiny grammar: text Python would run is a located
+    error, and nothing of it runs (no file appears)."""
+    monkeypatch.chdir(tmp_path)
+    text = rule if not rule.startswith("'(' *") else "'" + "(" * 5000 + "topk" + "'"
+    (error,) = _errors(TINY + f"rules: [{text}]\n")
+    line = len(TINY.splitlines()) + 1
+    assert error.startswith(f"spec.yaml:{line}:{col}: error: rule `"), error
+    assert says in error
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_too_many_rules_are_refused() -> None:
+    rules = "".join(f"  - topk >= {i % 2}\n" for i in range(200))
+    (error,) = _errors(TINY + "rules:\n" + rules)
+    assert "200 rules; a spec holds at most 64" in error

@@ -301,4 +301,6 @@ def test_dflash_num_steps_sets_the_block(capsys: pytest.CaptureFixture[str]) -> 
     assert main([*argv, "--max-new-tokens", "8", "--num-steps", "3"]) == EXIT_OK
     assert "algorithm dflash" in capsys.readouterr().err
     assert main([*argv, "--num-steps", "3", "--num-draft-tokens", "5"]) == EXIT_USAGE
-    assert "leave `num_steps` out or set it to 4" in _error_line(capsys)
+    line = _error_line(capsys)
+    assert "rule `num_steps == num_draft_tokens - 1`" in line and "leave `num_steps` out" in line
+    assert "num_steps=3, num_draft_tokens=5" in line and "(set `num_steps` to 4)" in line

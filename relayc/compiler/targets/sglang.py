@@ -26,12 +26,11 @@ from relayc.compiler.codegen import GENERATED_MARK, pylit, string_literal
 from relayc.compiler.output import Output, comment_text, format_source
 from relayc.compiler.targets import sglang_runtime
 from relayc.compiler.targets.sglang_checks import (
-    FLAT_ROW_ALGORITHMS,
     SGLANG_HOST_RING,
     SGLANG_LAZY,
     SGLANG_PAYLOAD,
-    SGLANG_READS_BACK,
     SGLANG_TARGET,
+    SGLANG_VERSION,
     SGLangAlgorithm,
     check_algorithms,
 )
@@ -42,7 +41,6 @@ from relayc.specs.errors import SpecError, SpecErrors
 
 MODULE_NAME = "overlap_utils.py"
 RUNTIME_MODULE = "relayc_relay_runtime"
-SGLANG_VERSION = "0.5.23"
 # SGLang's ring constants (overlap_utils.CONFIDENCE_RELAY_RING_*), when no spec sets them.
 SGLANG_RING = (2, 3)
 _q = string_literal
@@ -160,13 +158,14 @@ def generate_sglang_module(algorithms: Sequence[SGLangAlgorithm], out_dir: str) 
     _payload(w, algorithms)
     w("\n")
     shared = _shared_poisons(algorithms)
-    members = [_members(algo, ring, shared) for algo in algorithms]
+    members = [_members(algo, ring, shared, algorithms) for algo in algorithms]
     base = _hoisted(members)
     _future_map(w, algorithms, shared, base)
     emitted = {"FutureMap": base}
+    stashes: dict[str, tuple[list[str], str]] = {}
     for algo, body in zip(algorithms, members, strict=True):
         w("\n")
-        _algorithm_class(w, algo, body, emitted)
+        _algorithm_class(w, algo, body, emitted, stashes)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -198,6 +197,12 @@ def _origin(f: RelayField) -> str:
     return comment_text(name).replace('"', "'").replace("\\", "/")
 
 
+def _origin_text(path: str, line: int) -> str:
+    """`file:line` of a spec entry, for a comment (the folder is in the class's header)."""
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    return comment_text(f"{name}:{line}")
+
+
 def _dims(f: RelayField) -> str:
     return ", ".join(str(d) for d in f.shape)
 
@@ -227,8 +232,9 @@ def _payload(w: Callable[[str], None], algorithms: Sequence[SGLangAlgorithm]) ->
         f.name: f"[{', '.join(['bs', *map(str, f.shape)])}] {f.dtype}: {comment_text(f.doc)}"
         for f in stashed
     }
-    by_ngram = {f.name for a in algorithms if a.name == "ngram" for f in a.stashed}
-    by_draft = {f.name for a in algorithms if a.name not in ("none", "ngram") for f in a.stashed}
+    flat = [a for a in algorithms if a.flat_rows is not None]  # SGLang's NgramVerifyInput
+    by_ngram = {f.name for a in flat for f in a.stashed}
+    by_draft = {f.name for a in algorithms if a.speculative and a not in flat for f in a.stashed}
     w("@dataclass")
     w("class RelayPayload:")
     w(
@@ -241,17 +247,16 @@ def _payload(w: Callable[[str], None], algorithms: Sequence[SGLangAlgorithm]) ->
     w("    @classmethod")
     w("    def from_ngram(cls, draft_input: Any) -> RelayPayload:")
     w('        """An NgramVerifyInput\'s payload (its rows are flat: reshaped to rows)."""')
-    ngram = next((a for a in algorithms if a.name == "ngram"), None)
-    if ngram is None:
+    ngram = next((a for a in flat if "NGRAM" in a.members), None)
+    if ngram is None or ngram.flat_rows is None:
         w('        raise NotImplementedError("this module was compiled without an `ngram` spec")')
     else:
-        flat = FLAT_ROW_ALGORITHMS["ngram"]
         w("        return cls(")
         w("            bonus_tokens=None,")
         for f in ngram.stashed:
             value = f"draft_input.{f.name}"
             if f.shape:
-                value += f".reshape(-1, draft_input.{flat[str(f.shape[0])]})"
+                value += f".reshape(-1, draft_input.{ngram.flat_rows[str(f.shape[0])]})"
             w(f"            {f.name}={value},")
         w("        )")
     w("")
@@ -279,7 +284,6 @@ def _future_map(
     w("    the class below generated for the algorithm `spec_algo` maps to (`algorithm=` picks")
     w('    one by relayc name). `publish`, the length and token resolves: the runtime\'s."""\n')
     w("    ALGORITHMS: ClassVar[dict[str, type]] = {}")
-    w("    PLUGINS: ClassVar[dict[str, str]] = {}")
     w("    FLAGS = sys.modules[__name__]  # install() points it at SGLang's overlap_utils")
     for hook, value in shared.items():
         w(f"    {hook} = {value}  # the specs' debug poison")
@@ -302,11 +306,14 @@ def _class_name(algorithm: str) -> str:
 
 
 def _members(
-    algo: SGLangAlgorithm, ring: tuple[int, int, str], shared: dict[str, str]
+    algo: SGLangAlgorithm,
+    ring: tuple[int, int, str],
+    shared: dict[str, str],
+    algorithms: Sequence[SGLangAlgorithm],
 ) -> dict[str, str]:
     """The class body of one algorithm: its attributes and methods' text, by name."""
     members = {
-        "attrs": _attributes(algo, shared),
+        "attrs": _attributes(algo, shared, algorithms),
         "_make_buffers": _init(algo, ring) or _NO_BUFFERS,
         "_stash": _stash(algo, _refused(algo)),
         "_resolve": _resolve(algo),
@@ -328,7 +335,14 @@ def _hoisted(members: Sequence[dict[str, str]]) -> dict[str, str]:
 def _refused(algo: SGLangAlgorithm) -> list[str]:
     # A plugin's spec decides what is relayed for it: nothing SGLang reads back is refused.
     stashed = [f.name for f in algo.stashed]
-    return [n for n in SGLANG_READS_BACK.get(algo.name, ()) if n not in stashed]
+    return [n for n in algo.reads_back if n not in stashed]
+
+
+def _sglang_members(algo: SGLangAlgorithm, algorithms: Sequence[SGLangAlgorithm]) -> list[str]:
+    """The SpeculativeAlgorithm members `algo`'s class relays for: its `members`, and its
+    `fallback` members that no spec of the module lists (under no flag)."""
+    listed = {m for a in algorithms if a.plan.sglang_when is None for m in a.members}
+    return [*algo.members, *(m for m in algo.plan.sglang_fallback if m not in listed)]
 
 
 def _algorithm_class(
@@ -336,9 +350,11 @@ def _algorithm_class(
     algo: SGLangAlgorithm,
     members: dict[str, str],
     emitted: dict[str, dict[str, str]],
+    stashes: dict[str, tuple[list[str], str]],
 ) -> None:
     """One algorithm's class; members equal to its parent's (an earlier class, or the base
-    FutureMap: `emitted["FutureMap"]`) are inherited."""
+    FutureMap: `emitted["FutureMap"]`) are inherited, and a stash that only refuses more
+    than the parent's (`stashes`: each class's refusals and writes) calls the parent's."""
     relayed = [f.name for f in algo.fields]
     refused = _refused(algo)
     dropped = [n for n in SGLANG_PAYLOAD if n not in (*relayed, *refused)]
@@ -353,6 +369,12 @@ def _algorithm_class(
             parent, inherited = name, same
     cls = _class_name(algo.name)
     emitted[cls] = members
+    stashes[cls] = (refused, _stash(algo, []))
+    if "_stash" in members and "_stash" not in inherited and parent in stashes:
+        parent_refused, parent_writes = stashes[parent]
+        if parent_writes == stashes[cls][1] and set(parent_refused) <= set(refused):
+            more = [n for n in refused if n not in parent_refused]
+            members = {**members, "_stash": _stash_as_parent(more)}
     spec = f"{comment_text(algo.plan.spec_path)} (spec hash {algo.plan.spec_hash})"
     w(f"# {spec}: {comment_text(algo.plan.description)}")
     w(f"class {cls}({parent}):")
@@ -374,6 +396,13 @@ def _algorithm_class(
             w(text)
 
 
+def _stash_as_parent(refused: list[str]) -> str:
+    """A stash writing what the parent's writes, refusing more (UNO's is DFLASH's)."""
+    lines = ["    def _stash(self, i: torch.Tensor, payload: RelayPayload) -> None:"]
+    lines += [f"        self._refuse({_q(name)}, payload.{name})" for name in refused]
+    return "\n" + "\n".join([*lines, "        super()._stash(i, payload)"])
+
+
 def _wrap(text: str, indent: int, width: int = 92) -> str:
     lines, line = [], ""
     for word in text.split(" "):
@@ -385,10 +414,17 @@ def _wrap(text: str, indent: int, width: int = 92) -> str:
     return f"\n{' ' * indent}".join([*lines, line])
 
 
-def _attributes(algo: SGLangAlgorithm, shared: dict[str, str]) -> str:
-    lines = []
-    if algo.plugin is not None:
-        lines.append(f"    SGLANG_PLUGIN = {_q(algo.plugin)}  # spec_registry.register_algorithm")
+def _attributes(
+    algo: SGLangAlgorithm, shared: dict[str, str], algorithms: Sequence[SGLangAlgorithm]
+) -> str:
+    names = [_q(m) for m in _sglang_members(algo, algorithms)]
+    members = f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
+    loc = algo.plan.sglang_plugin_loc or algo.plan.loc
+    where = _origin_text(loc.path, loc.line)
+    why = "spec_registry.register_algorithm" if algo.plugin is not None else "members"
+    lines = [f"    SGLANG = {members}  # {where} sglang: {why}"]
+    if algo.plan.sglang_when is not None:
+        lines.append(f"    SGLANG_WHEN = {_q(algo.plan.sglang_when)}  # get_spec()'s flag")
     if algo.plan.staging is not None:
         mode = "LAST" if algo.plan.staging.capture_hidden == "last" else "NULL"
         where = comment_text(str(algo.plan.staging.loc))
@@ -448,33 +484,38 @@ def _init(algo: SGLangAlgorithm, ring: tuple[int, int, str]) -> str:
     return "\n" + "\n".join(head + [f"        {line}" for line in body])
 
 
+def _in_payload_order(algo: SGLangAlgorithm) -> list[RelayField]:
+    """The fields a stash writes, in SGLang's payload order (then the spec's own), so that
+    algorithms relaying the same fields write and read them in one order and share code."""
+    order = {name: i for i, name in enumerate(SGLANG_PAYLOAD)}
+    return sorted(algo.stashed, key=lambda f: order.get(f.name, len(order)))
+
+
 def _stash(algo: SGLangAlgorithm, refused: list[str]) -> str:
     lines = ["    def _stash(self, i: torch.Tensor, payload: RelayPayload) -> None:"]
     for name in refused:
         lines.append(f"        self._refuse({_q(name)}, payload.{name})")
-    for f in algo.stashed:
+    for f in _in_payload_order(algo):
         value, buf = f"payload.{f.name}", f"self.{_buf(f.name)}"
         write = f"self._write({buf}, i, {value}, {_q(f.name)})"
-        if f.owner == "graph" and f.name == "bonus_tokens":  # unless the graph scattered it
-            lines += [f"        if not self._scattered_bonus({value}):", f"            {write}"]
-            continue
-        if _lazy(f):
-            args = f"{_q(f.name)}, {value}, {_dtype(f)}, {_q(_dims(f))}"
+        if _lazy(f):  # made by the first stash carrying it
+            args = [buf, "i", value, _q(f.name), _dtype(f)]
+            if sum(_lazy(g) and g.shape == f.shape for g in algo.stashed) > 1:
+                args.append(_q(_dims(f)))  # rows that must agree with another field's
             if f.init != "empty":
-                args += f", {pylit(f.init)}"
-            lines.append(f"        if {buf} is None and {value} is not None:")
-            lines.append(f"            {buf} = self._lazy({args})")
+                args.append(f"init={pylit(f.init)}")
+            write = f"{buf} = self._store({', '.join(args)})"
         lines.append(f"        {write}")
     return "\n" + "\n".join(lines)
 
 
 def _resolve(algo: SGLangAlgorithm) -> str:
-    if algo.name == "none":
+    if not algo.speculative:
         return ""  # non-speculative: nothing relayed but the input tokens
-    flat = algo.name in FLAT_ROW_ALGORITHMS
+    flat = algo.flat_rows is not None
     lines = ["    def _resolve(self, draft_input: Any, i: torch.Tensor) -> None:"]
     names = {f.name for f in algo.stashed}
-    for f in algo.stashed:
+    for f in _in_payload_order(algo):
         target, buf = f"draft_input.{f.name}", f"self.{_buf(f.name)}"
         if f.name in SGLANG_LAZY and not flat:  # read only for a draft input flagged so
             lines.append(f"        {target} = self._seeds(draft_input, i, True)")
@@ -489,7 +530,8 @@ def _resolve(algo: SGLangAlgorithm) -> str:
             lines.append(f"        {target} = {buf}.index_select(0, i)")
     if "dsa_topk_indices" not in names and not flat:  # refused if a draft input has them
         lines.append("        draft_input.dsa_topk_indices = self._seeds(draft_input, i, False)")
-    for f in algo.stashed:  # debug mode: rows read must be written again before the next read
+    # Debug mode: rows read must be written again before the next read.
+    for f in _in_payload_order(algo):
         if f.name == "bonus_tokens" and _consume_once(f):
             lines.append("        self._consume_tokens(draft_input.bonus_tokens, i)")
         elif _consume_once(f):

@@ -14,6 +14,8 @@ from relayc.plan import HostMirror, RelayField, RelayPlan
 from relayc.plan.support import CONSTRUCTS, TargetSupport
 from relayc.specs.errors import SourceLoc, SpecError
 
+SGLANG_VERSION = "0.5.23"  # the SGLang whose overlap_utils the target replaces
+
 # SGLang's RelayPayload fields, in its order.
 SGLANG_PAYLOAD = (
     "bonus_tokens",
@@ -25,44 +27,35 @@ SGLANG_PAYLOAD = (
     "accept_tokens",
     "accept_lens",
 )
-# The relayc algorithms SGLang's algorithms map to, and, per algorithm, the payload
-# fields SGLang 0.5.23 reads back into the next iteration: a spec that does not relay
-# one of these would silently lose it, so its stash refuses the field. Other fields a
+# Per SpeculativeAlgorithm member, the payload fields SGLang 0.5.23 reads back into the
+# next iteration: a spec relaying for the member (`sglang: {members: [...]}`) that does not
+# relay one of these would silently lose it, so its stash refuses the field. Other fields a
 # spec does not relay are dropped, as SGLang drops them (n-gram relays only its accept
-# rows; STANDALONE and multi-layer EAGLE gate hidden states off).
+# rows; STANDALONE gates hidden states off).
+_EAGLE_READS = ("bonus_tokens", "topk_p", "topk_index", "hidden_states", "draft_probs")
 SGLANG_READS_BACK: dict[str, tuple[str, ...]] = {
-    "none": ("bonus_tokens",),
-    "eagle": (
-        "bonus_tokens",
-        "topk_p",
-        "topk_index",
-        "hidden_states",
-        "draft_probs",
-        "dsa_topk_indices",
-    ),
-    # SGLang's FutureMap relays EAGLE3 exactly as EAGLE (same buffers, `is_eagle()`); what
-    # differs lives in the worker: topk_index holds draft-vocabulary ids, hidden_states the
-    # head's own [hidden] output, and the three-layer features never cross an iteration.
-    "eagle3": (
-        "bonus_tokens",
-        "topk_p",
-        "topk_index",
-        "hidden_states",
-        "draft_probs",
-        "dsa_topk_indices",
-    ),
-    "eagle_multilayer": ("bonus_tokens", "topk_p", "topk_index", "draft_probs", "dsa_topk_indices"),
-    "standalone": ("bonus_tokens", "topk_p", "topk_index", "draft_probs", "dsa_topk_indices"),
-    "ngram": ("accept_tokens", "accept_lens"),
+    "NONE": ("bonus_tokens",),
+    # SGLang's FutureMap relays EAGLE3 and FROZEN_KV_MTP exactly as EAGLE (`is_eagle()`);
+    # what differs lives in the worker: EAGLE3's topk_index holds draft-vocabulary ids,
+    # hidden_states the head's own [hidden] output, and the three-layer features never
+    # cross an iteration.
+    "EAGLE": (*_EAGLE_READS, "dsa_topk_indices"),
+    "EAGLE3": (*_EAGLE_READS, "dsa_topk_indices"),
+    "FROZEN_KV_MTP": (*_EAGLE_READS, "dsa_topk_indices"),
+    "STANDALONE": ("bonus_tokens", "topk_p", "topk_index", "draft_probs", "dsa_topk_indices"),
+    "NGRAM": ("accept_tokens", "accept_lens"),
     # need_topk() is False for the block drafters, and spec_need_hidden_states() too for
     # DFLASH and DSPARK; any algorithm relays draft_probs a payload carries.
-    "dflash": ("bonus_tokens", "draft_probs", "dsa_topk_indices"),
-    "dspark": ("bonus_tokens", "draft_probs", "dsa_topk_indices"),
-    "uno": ("bonus_tokens", "hidden_states", "draft_probs", "dsa_topk_indices"),
+    "DFLASH": ("bonus_tokens", "draft_probs", "dsa_topk_indices"),
+    "DSPARK": ("bonus_tokens", "draft_probs", "dsa_topk_indices"),
+    "UNO": ("bonus_tokens", "hidden_states", "draft_probs", "dsa_topk_indices"),
 }
-# Algorithms whose SGLang draft input holds multi-element rows flattened ([bs * row]):
+# SGLang config flags (`sglang: {when: ...}`) under which it reads fewer fields back:
+# multi-layer EAGLE relays the whole top-k and no hidden states (spec_need_hidden_states()).
+SGLANG_FLAG_GATES = {"enable_multi_layer_eagle": ("hidden_states",)}
+# Members whose SGLang draft input holds multi-element rows flattened ([bs * row]):
 # NgramVerifyInput; its row width is the attribute named here per dim.
-FLAT_ROW_ALGORITHMS = {"ngram": {"num_draft_tokens": "draft_token_num"}}
+FLAT_ROW_MEMBERS = {"NGRAM": {"num_draft_tokens": "draft_token_num"}}
 # SGLang's FutureMap publishes exactly these: new_seq_lens with a host copy the host read
 # waits for, and DSPARK's confidence to a host ring read late (publish(..., confidence=),
 # resolve_confidence_cpu).
@@ -87,18 +80,7 @@ SGLANG_TARGET = TargetSupport(
     },
 )
 # SpeculativeAlgorithm's members and the NEXTN alias: names a plugin cannot register.
-SGLANG_BUILTINS = (
-    "NONE",
-    "EAGLE",
-    "EAGLE3",
-    "FROZEN_KV_MTP",
-    "STANDALONE",
-    "NGRAM",
-    "DFLASH",
-    "UNO",
-    "DSPARK",
-    "NEXTN",
-)
+SGLANG_BUILTINS = (*SGLANG_READS_BACK, "NEXTN")
 
 
 @dataclass(frozen=True)
@@ -116,6 +98,29 @@ class SGLangAlgorithm:
         """The SGLang plugin name (upper case, as SGLang registers it), if it is one."""
         plugin = self.plan.sglang_plugin
         return None if plugin is None else plugin.upper()
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The SpeculativeAlgorithm members it relays for, its fallbacks aside."""
+        return (self.plugin,) if self.plugin is not None else self.plan.sglang_members
+
+    @property
+    def speculative(self) -> bool:
+        return "NONE" not in self.members
+
+    @property
+    def flat_rows(self) -> dict[str, str] | None:
+        """How its SGLang draft input holds multi-element rows flat (None: as rows)."""
+        return next((FLAT_ROW_MEMBERS[m] for m in self.members if m in FLAT_ROW_MEMBERS), None)
+
+    @property
+    def reads_back(self) -> tuple[str, ...]:
+        """The payload fields SGLang reads back for its members (a plugin's: none, its
+        spec decides)."""
+        gated = SGLANG_FLAG_GATES.get(self.plan.sglang_when or "", ())
+        members = (*self.members, *self.plan.sglang_fallback)
+        reads = [n for m in members for n in SGLANG_READS_BACK.get(m, ()) if n not in gated]
+        return tuple(dict.fromkeys(reads))
 
     @property
     def fields(self) -> tuple[RelayField, ...]:
@@ -157,6 +162,7 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
     seen: dict[str, SGLangAlgorithm] = {}
     dtypes: dict[str, tuple[str, SGLangAlgorithm]] = {}
     plugins: dict[str, SGLangAlgorithm] = {}
+    claimed: dict[tuple[str, str | None], SGLangAlgorithm] = {}
     for algo in algorithms:
         plugin = algo.plugin
         if plugin is not None and algo.plan.sglang_plugin_loc is not None:
@@ -179,15 +185,26 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                     )
                 )
             plugins[plugin] = algo
-        elif algo.name not in SGLANG_READS_BACK:
+            if algo.plan.sglang_members or algo.plan.sglang_fallback:
+                errors.append(
+                    SpecError(
+                        where,
+                        f"plugin `{plugin}` also lists SGLang members, which are SGLang's own "
+                        "algorithms",
+                        "drop `members` / `fallback`: a plugin relays for its registered name",
+                    )
+                )
+        elif not algo.members:
             errors.append(
                 SpecError(
                     _where(algo),
                     f"the SGLang target has no SGLang algorithm for `{algo.name}`",
-                    f"name the algorithm one of {', '.join(SGLANG_READS_BACK)}, or relay a "
-                    "plugin registered with SGLang: `sglang: {plugin: NAME}`",
+                    "name the SpeculativeAlgorithm members it relays for, e.g. `sglang: "
+                    f"{{members: [EAGLE]}}` (one of {', '.join(SGLANG_READS_BACK)}), or relay "
+                    "a plugin registered with SGLang: `sglang: {plugin: NAME}`",
                 )
             )
+        errors += _member_errors(algo, claimed)
         if algo.name in seen:
             errors.append(
                 SpecError(
@@ -211,7 +228,7 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                 )
             )
         staging = algo.plan.staging
-        if staging is not None and (algo.name in FLAT_ROW_ALGORITHMS or algo.name == "none"):
+        if staging is not None and (algo.flat_rows is not None or not algo.speculative):
             errors.append(
                 SpecError(
                     staging.loc,
@@ -311,7 +328,7 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                         "declare it with the same dtype in every spec",
                     )
                 )
-            flat = FLAT_ROW_ALGORITHMS.get(algo.name)
+            flat = algo.flat_rows
             if flat is not None and f.publish != "early" and f.shape:
                 if len(f.shape) != 1 or f.shape[0] not in flat:
                     errors.append(
@@ -322,6 +339,43 @@ def check_algorithms(algorithms: Sequence[SGLangAlgorithm]) -> list[SpecError]:
                             f"shape it [{next(iter(flat))}] or make it a scalar",
                         )
                     )
+    return errors
+
+
+def _member_errors(
+    algo: SGLangAlgorithm, claimed: dict[tuple[str, str | None], SGLangAlgorithm]
+) -> list[SpecError]:
+    """Members that are not SGLang's, or that another spec relays under the same flag."""
+    errors = []
+    where = algo.plan.sglang_plugin_loc or algo.plan.loc
+    for member in (*algo.plan.sglang_members, *algo.plan.sglang_fallback):
+        if member not in SGLANG_READS_BACK:
+            errors.append(
+                SpecError(
+                    where,
+                    f"`{member}` is not a member of SGLang {SGLANG_VERSION}'s SpeculativeAlgorithm",
+                    f"name one of {', '.join(SGLANG_READS_BACK)} (a plugin: `plugin: NAME`)",
+                )
+            )
+    for member in algo.plan.sglang_members:
+        other = claimed.setdefault((member, algo.plan.sglang_when), algo)
+        if other is not algo:
+            errors.append(
+                SpecError(
+                    where,
+                    f"SGLang's `{member}` is also relayed by {other.plan.spec_path}"
+                    + (f" under `{algo.plan.sglang_when}`" if algo.plan.sglang_when else ""),
+                    "list it in one spec's `members` (another may name it in `fallback`)",
+                )
+            )
+    if algo.plan.sglang_when is not None and algo.plan.sglang_when not in SGLANG_FLAG_GATES:
+        errors.append(
+            SpecError(
+                where,
+                f"`when: {algo.plan.sglang_when}` is not a flag the SGLang target knows",
+                f"use one of {', '.join(SGLANG_FLAG_GATES)}",
+            )
+        )
     return errors
 
 

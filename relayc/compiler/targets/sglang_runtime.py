@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
 
-RUNTIME_VERSION = 1
+RUNTIME_VERSION = 2
 
 
 def check_version(generated_for: int, module: str) -> None:
@@ -74,12 +75,12 @@ def offer_future_relay_buffers(relay: FutureRelayBuffers) -> None:
     _offered_relay = relay
 
 
+@dataclass
 class ResolvedConfidence:
     """A batch's host rows of a ring field and their requests' generations (or None)."""
 
-    def __init__(self, confidence: torch.Tensor, generation: torch.Tensor | None) -> None:
-        self.confidence = confidence
-        self.generation = generation
+    confidence: torch.Tensor
+    generation: torch.Tensor | None
 
 
 class HostRing:
@@ -146,30 +147,26 @@ class HostRing:
         return ResolvedConfidence(self.ring[slot][rows], generation)
 
 
-# SpeculativeAlgorithm members relayed by the relayc algorithm of their name in lower case
-# (the is_eagle() ones are picked in relay_algorithm).
-_SGLANG_ALGORITHMS = ("NONE", "STANDALONE", "NGRAM", "DFLASH", "UNO", "DSPARK")
-
-
-def relay_algorithm(spec_algo: Any, algorithms: dict[str, Any], plugins: dict[str, str]) -> str:
-    """The relayc algorithm that relays for SGLang's `SpeculativeAlgorithm` `spec_algo`."""
+def relay_algorithm(spec_algo: Any, algorithms: dict[str, Any]) -> str:
+    """The relayc algorithm that relays for SGLang's `SpeculativeAlgorithm` `spec_algo`: the
+    class naming it in `SGLANG` (its spec's `sglang:` section), one relaying under a set
+    `SGLANG_WHEN` flag of SGLang's speculative config before one relaying always."""
     name = str(getattr(spec_algo, "name", spec_algo)).upper()
-    if name in ("EAGLE", "EAGLE3", "FROZEN_KV_MTP"):
-        from sglang.srt.runtime_context import get_spec
-
-        if get_spec().enable_multi_layer_eagle:  # [num_steps, topk] top-k, no hidden states
-            return "eagle_multilayer"
-        # SGLang relays EAGLE3 with EAGLE's buffers: without an eagle3 spec, eagle serves it.
-        return "eagle3" if name == "EAGLE3" and "eagle3" in algorithms else "eagle"
-    if name in _SGLANG_ALGORITHMS:
-        return name.lower()
-    if name in plugins:  # registered with SGLang's spec_registry
-        return plugins[name]
+    relaying = [c for c in algorithms.values() if name in c.SGLANG]
+    for cls in sorted(relaying, key=lambda c: not c.SGLANG_WHEN):
+        if not cls.SGLANG_WHEN or _config_flag(cls.SGLANG_WHEN):
+            return str(cls.ALGORITHM)
     raise NotImplementedError(
         f"no relayc spec covers SGLang's speculative algorithm {name}; this module relays "
-        f"{', '.join(sorted(algorithms))} (a plugin registered with SGLang needs a spec with "
-        f"`sglang: {{plugin: {name}}}` compiled into the module)"
+        f"{', '.join(sorted(algorithms))} (compile a spec with `sglang: {{members: [{name}]}}`, "
+        f"or for a plugin registered with SGLang `sglang: {{plugin: {name}}}`, into the module)"
     )
+
+
+def _config_flag(name: str) -> bool:
+    from sglang.srt.runtime_context import get_spec
+
+    return bool(getattr(get_spec(), name))
 
 
 def _host_sum(lengths: torch.Tensor) -> int:
@@ -187,9 +184,9 @@ class RelayMap:
     returns the class generated for the algorithm `spec_algo` maps to."""
 
     ALGORITHMS: ClassVar[dict[str, type]] = {}  # relayc algorithm -> generated class
-    PLUGINS: ClassVar[dict[str, str]] = {}  # SGLang plugin name -> relayc algorithm
     FLAGS: ClassVar[Any] = None  # the module whose _is_cuda, _is_hip, _DEBUG_ASSERT rule
-    ALGORITHM = SPEC = SGLANG_PLUGIN = ""
+    ALGORITHM = SPEC = SGLANG_WHEN = ""
+    SGLANG: tuple[str, ...] = ()  # the SpeculativeAlgorithm members (or plugin) relayed
     STAGING = ""  # CaptureHiddenMode member of a staged draft input (`staging:`); "": refused
     TOKENS_POISON = LENGTHS_POISON = None  # the spec's debug poison (None: dtype's minimum)
     # SGLang's hooks' buffers (None where the algorithm does not relay the field) and ring.
@@ -197,20 +194,17 @@ class RelayMap:
     output_tokens_buf: Any = None
     dsa_topk_indices_buf: Any = None
     confidence_relay: Any = None
+    _relay: FutureRelayBuffers | None = None  # adopted (_adopt); also on object.__new__ maps
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.ALGORITHM:
             cls.ALGORITHMS[cls.ALGORITHM] = cls
-        if cls.SGLANG_PLUGIN:
-            cls.PLUGINS[cls.SGLANG_PLUGIN] = cls.ALGORITHM
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if not cls.ALGORITHM:  # the factory: SGLang builds FutureMap(...)
             spec_algo = kwargs["spec_algo"] if "spec_algo" in kwargs else args[1]
-            name = kwargs.get("algorithm") or relay_algorithm(
-                spec_algo, cls.ALGORITHMS, cls.PLUGINS
-            )
+            name = kwargs.get("algorithm") or relay_algorithm(spec_algo, cls.ALGORITHMS)
             if name not in cls.ALGORITHMS:
                 raise NotImplementedError(
                     f"this module was compiled without a spec for `{name}` (it relays "
@@ -241,7 +235,6 @@ class RelayMap:
         self._dims: dict[str, int] = {}  # row shape -> elements, fixed by its first stash
         self.publish_ready: Any = None  # lazy device Event; speculative algorithms only
         self._publish_fresh = False  # debug: armed by a publish, consumed by a resolve
-        self._relay: FutureRelayBuffers | None = None
         self.new_seq_lens_cpu_pinned: Any = None  # CUDA only, like the private D2H stream
         self.fwd_prepare_d2h_stream: Any = None
         if self.FLAGS._is_cuda:
@@ -263,22 +256,36 @@ class RelayMap:
             return torch.zeros(shape, dtype=dtype, device=self.device)
         return torch.full(shape, init, dtype=dtype, device=self.device)
 
-    def _lazy(self, name: str, rows: Any, dtype: Any, dims: str, init: Any = "empty") -> Any:
-        """Field `name`'s buffer, made by the first stash carrying it: rows shaped like
-        `rows`, each named dim (`dims`, the spec's row shape) agreeing with earlier fields'."""
-        if not isinstance(rows, torch.Tensor) or rows.dim() == 0:
-            self._check_rows(name, rows, -1)
-        if dtype is None:
-            self.model_dtype = self.model_dtype or rows.dtype
-        # Fields of one row shape agree on its element count (SGLang may hold them flat).
-        row = tuple(rows.shape[1:])
-        numel = self._dims.setdefault(dims, int(torch.Size(row).numel()))
-        if numel != torch.Size(row).numel():
-            raise RelayError(
-                f"payload field `{name}` has rows of {list(row)}, but another field of row "
-                f"shape [{dims}] was stashed with {numel} elements per row"
-            )
-        return self._buffer(dtype, init, None, row)
+    def _store(
+        self,
+        buf: Any,
+        i: Any,
+        rows: Any,
+        name: str,
+        dtype: Any,
+        dims: str = "",
+        init: Any = "empty",
+    ) -> Any:
+        """`_write` into field `name`'s lazy buffer `buf`, made first if this is the first stash
+        carrying the field: rows shaped like `rows`, agreeing with earlier fields of its row
+        shape `dims` (given where several fields share one); returns the buffer (None: still
+        not carried)."""
+        if buf is None and rows is not None:
+            if not isinstance(rows, torch.Tensor) or rows.dim() == 0:
+                self._check_rows(name, rows, -1)
+            if dtype is None:
+                self.model_dtype = self.model_dtype or rows.dtype
+            # Fields of one row shape agree on its element count (SGLang may hold them flat).
+            row = tuple(rows.shape[1:])
+            numel = self._dims.setdefault(dims or f"field {name}", int(torch.Size(row).numel()))
+            if numel != torch.Size(row).numel():
+                raise RelayError(
+                    f"payload field `{name}` has rows of {list(row)}, but another field of row "
+                    f"shape [{dims}] was stashed with {numel} elements per row"
+                )
+            buf = self._buffer(dtype, init, None, row)
+        self._write(buf, i, rows, name)
+        return buf
 
     def _check_rows(self, name: str, value: Any, n: int) -> None:
         if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != n:
@@ -345,15 +352,6 @@ class RelayMap:
         if self.FLAGS._DEBUG_ASSERT:
             buf.fill_(_poison(buf.dtype) if poison is None else poison)
         return buf
-
-    def _scattered_bonus(self, bonus: Any) -> bool:
-        """Whether `bonus` is what the adopted buffers' graph already scattered (consumed:
-        the next stash writes)."""
-        relay = self._relay
-        if relay is None or bonus is not relay.published_bonus:
-            return False
-        relay.published_bonus = None
-        return True
 
     def _gated(self, buf: torch.Tensor | None, indices: torch.Tensor, name: str) -> torch.Tensor:
         if buf is None:
@@ -516,9 +514,15 @@ class RelayMap:
         )
 
     def stash(self, future_indices: torch.Tensor, payload: Any) -> None:
-        """Write the payload's relayed rows (`_stash`, generated per algorithm)."""
+        """Write the payload's relayed rows (`_stash`, generated per algorithm), but not bonus
+        tokens an adopted buffer's graph already scattered (as `publish` skips lengths)."""
         if future_indices.shape[0]:  # else DP idle: the payload is an empty stub
             i = future_indices if future_indices.dtype is torch.int64 else future_indices.long()
+            relay = self._relay
+            if relay is not None and self.output_tokens_buf is relay.output_tokens:
+                if payload.bonus_tokens is relay.published_bonus:  # consumed: the next writes
+                    relay.published_bonus = None
+                    payload = replace(payload, bonus_tokens=None)
             self._stash(i, payload)
 
     def _resolve_spec_extras(self, batch: Any) -> None:

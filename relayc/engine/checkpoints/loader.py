@@ -52,7 +52,7 @@ class LoadedModel:
     shipped: bool = False  # the demo target: `draft_model=None` means the shipped drafter
     tokenizer_error: str | None = None  # why `tokenizer` is None, when it should not be
     name: str | None = (
-        None  # the named model loaded (relayc.engine.checkpoints.shipped.NAMED_DRAFTERS)
+        None  # the named model loaded (its drafters: each algorithm's `named_drafters`)
     )
 
 

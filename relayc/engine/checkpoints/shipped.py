@@ -1,14 +1,15 @@
 """The trained models shipped in the package (``relayc/assets``, see the MODEL_CARDs).
 
 ``Engine(model=None)`` loads the shipped byte-level target, and for a speculative
-algorithm with a trained drafter (``eagle``, ``eagle_multilayer``, ``standalone``,
-``eagle3``, ``dflash``) ``draft_model=None`` then means the shipped drafter for it. ``model="random"``
-is the same architecture with seeded random weights (the tests' default: fast, and
-no draft model ever agrees with it).
+algorithm with a trained drafter ``draft_model=None`` then means the drafter shipped for it
+(its folder under ``assets/demo``; each algorithm's module says which: ``relayc.engine.
+algorithms``). ``model="random"`` is the same architecture with seeded random weights (the
+tests' default: fast, and no draft model ever agrees with it).
 
-Named models (``Engine(model="smollm2")``) ship drafters too (``NAMED_DRAFTERS``): the
-loader marks the model it loads by name (:func:`mark_named_target`), and the drafter
-factory looks the head up by that mark (:func:`named_drafter`).
+Named models (``Engine(model="smollm2")``) ship drafters too (an algorithm's
+``named_drafters``): the loader marks the model it loads by name
+(:func:`mark_named_target`), and the drafter factory looks the drafter up by that mark
+(:func:`named_target`, :func:`named_drafter`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,6 @@ from pathlib import Path
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 DEMO_DIR = ASSETS_DIR / "demo"
 RANDOM = "random"  # `Engine(model=RANDOM)`: the tiny default config, random weights
-# subdirectories of DEMO_DIR
-_DRAFTERS = ("eagle", "eagle_multilayer", "standalone", "eagle3", "dflash")
-# {named model: {algorithm: subdirectory of ASSETS_DIR}}
-NAMED_DRAFTERS = {"smollm2": {"eagle3": "smollm2/eagle3", "dflash": "smollm2/dflash"}}
 _named_targets: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
 
@@ -32,73 +29,39 @@ def mark_named_target(model: object, name: str) -> None:
     _named_targets[model] = name
 
 
-def named_drafter(model: object, algorithm: str) -> Path | None:
-    """The drafter of ``algorithm`` shipped for ``model`` when it was loaded by a name that
-    ships one (None otherwise); FileNotFoundError when the install lacks its files."""
-    name = _named_targets.get(model)
-    subdir = NAMED_DRAFTERS.get(name or "", {}).get(algorithm)
-    if subdir is None:
-        return None
-    directory = ASSETS_DIR / subdir
+def named_target(model: object) -> str | None:
+    """The name ``model`` was loaded by (``"smollm2"``), None for a file or a random model."""
+    return _named_targets.get(model)
+
+
+def named_drafter(algorithm: str, model_name: str, folder: str) -> Path:
+    """The drafter of ``algorithm`` shipped for the named model in ``ASSETS_DIR / folder``;
+    FileNotFoundError when the install lacks its files."""
+    directory = ASSETS_DIR / folder
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(
-            f"the `{algorithm}` drafter shipped for {name!r} is missing from {directory}; "
-            "reinstall relayc or pass draft_model=DIR"
+            f"the `{algorithm}` drafter shipped for {model_name!r} is missing from "
+            f"{directory}; reinstall relayc or pass draft_model=DIR"
         )
     return directory
 
 
-def refuse_untrained_drafter(model: object, algorithm: str) -> None:
-    """``ValueError`` when ``model`` was loaded by name and ``algorithm`` would draft for it
-    with random weights (no ``draft_model``, none shipped): it accepts next to nothing, and
-    silently. Names what ships for the model instead."""
-    name = _named_targets.get(model)
-    if name is None:
-        return
-    ships = ", ".join(f"`{a}`" for a in NAMED_DRAFTERS.get(name, {})) or "no drafter"
-    raise ValueError(
-        f"no `{algorithm}` drafter ships for {name!r} and a random one would draft garbage: "
-        f"use an algorithm whose drafter ships ({ships}) or `ngram` (needs none), or pass "
-        "a trained one as draft_model=DIR (`--draft-model DIR`)"
-    )
+def demo_drafter(algorithm: str, folder: str) -> Path:
+    """The drafter of ``algorithm`` shipped for the byte-level demo target in
+    ``DEMO_DIR / folder``; FileNotFoundError when the install lacks it."""
+    directory = DEMO_DIR / folder
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"the shipped `{algorithm}` drafter is missing from {directory}; reinstall relayc "
+            "or pass draft_model=DIR"
+        )
+    return directory
 
 
 def shipped_target() -> Path | None:
     """The shipped target's checkpoint directory, or None in an install without it."""
     target = DEMO_DIR / "target"
     return target if (target / "config.json").is_file() else None
-
-
-def shipped_drafter(algorithm: str, num_steps: int) -> Path | None:
-    """The shipped drafter of ``algorithm`` (None for ``none`` / ``ngram``).
-
-    The MTP drafter has one layer per draft step, so it serves only its own ``num_steps``.
-    """
-    if algorithm not in _DRAFTERS:
-        return None
-    directory = DEMO_DIR / algorithm
-    if not directory.is_dir():
-        raise FileNotFoundError(
-            f"the shipped `{algorithm}` drafter is missing from {directory}; reinstall relayc "
-            "or pass draft_model=DIR"
-        )
-    if algorithm == "eagle_multilayer":
-        layers = _mtp_layers(directory)
-        if layers is not None and layers != num_steps:
-            raise ValueError(
-                f"the shipped eagle_multilayer drafter has {layers} layers, one per draft step: "
-                f"use num_steps={layers}, or pass draft_model=DIR (a drafter trained for "
-                f"num_steps={num_steps})"
-            )
-    return directory
-
-
-def _mtp_layers(directory: Path) -> int | None:
-    path = directory / "config.json"
-    if not path.is_file():
-        return None
-    value = json.loads(path.read_text()).get("num_steps")
-    return int(value) if isinstance(value, int) else None
 
 
 def heldout_prompts() -> list[str]:

@@ -12,7 +12,7 @@ ngram.py       NgramIndex / NgramProposer: host-side suffix-match trees, lag-key
 dflash.py      DFlashDrafter: one non-causal forward over [bonus, masks] drafts a block
 dflash_config.py  a DFlash checkpoint's config.json: block size, tapped layers, mask token
 weights.py     seeded init and config.json + model.safetensors checkpoints of the heads
-speculative.py each algorithm's drafter and decode KV window (the engine builds them here)
+speculative.py Drafting: a drafter and its decode KV window; the size rules
 """
 
 from __future__ import annotations

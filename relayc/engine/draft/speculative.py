@@ -2,38 +2,18 @@
 
 The generated steps of every algorithm run the same way (`relayc.engine.serving.algorithms`);
 what differs is the drafter the draft ops read as ``ctx.drafter`` and how many KV slots
-a decode step needs per request. :func:`make_drafting` builds both for an algorithm
-name; ``none`` drafts nothing and decodes one token per request in a one-slot window.
-This module sits below ``algorithms``: it knows the drafters, not the algorithm class.
+a decode step needs per request: a :class:`Drafting`, which each algorithm's module
+(:mod:`relayc.engine.algorithms`) builds. ``none`` drafts nothing and decodes one token per
+request in a one-slot window. This module sits below them: it knows the drafters' shared
+types, not the algorithms (their dims rules live in their specs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from relayc.engine.checkpoints.shipped import named_drafter, refuse_untrained_drafter
 from relayc.engine.core.config import ModelConfig
-from relayc.engine.draft import (
-    Eagle3Head,
-    EagleHead,
-    MtpDrafter,
-    NgramProposer,
-    StandaloneDrafter,
-)
-from relayc.engine.draft.dflash import DFlashDrafter
-from relayc.engine.draft.standalone import default_standalone_config
-from relayc.engine.model.llama import LlamaForCausalLM
-
-ALGORITHMS = ("none", "eagle", "eagle3", "eagle_multilayer", "ngram", "standalone", "dflash")
-# Bundled specs the reference engine has no drafter for yet (SGLang-target specs), with
-# what running them here would take.
-NO_ENGINE_DRAFTER = {
-    "dspark": "a DSpark drafter (the DFlash drafter plus a Markov head)",
-    "uno": "an UNO LoRA self-drafter",
-}
-TREE_DRAFTING = ("eagle", "eagle3")  # a head drafting a tree level by level in scratch slots
 
 
 @dataclass(frozen=True)
@@ -47,34 +27,9 @@ class Drafting:
     bonus_slots: int = 0
     num_steps: int | None = None  # the dims the step runs with (dflash: from the block)
     num_draft_tokens: int | None = None
-
-    @property
-    def tracks_history(self) -> bool:
-        """n-gram proposes from each request's token history, kept on the host."""
-        return isinstance(self.drafter, NgramProposer)
-
-
-def check_sizes(name: str, *, num_steps: int, topk: int, num_draft_tokens: int) -> None:
-    """Raise before any allocation when the sizes do not fit algorithm ``name``."""
-    if name in NO_ENGINE_DRAFTER:
-        raise ValueError(
-            f"the reference engine cannot run `{name}` yet: relayc/specs/{name}.yaml needs "
-            f"{NO_ENGINE_DRAFTER[name]}, which the engine does not have; compile the spec for "
-            "SGLang (`relayc compile --target sglang`), or pick one of " + ", ".join(ALGORITHMS)
-        )
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm `{name}` (known: {', '.join(ALGORITHMS)})")
-    if name == "standalone" and (topk != 1 or num_draft_tokens != num_steps + 1):
-        raise ValueError(
-            "the standalone draft model drafts a chain: it needs topk=1 and "
-            f"num_draft_tokens = num_steps + 1 = {num_steps + 1}; got topk={topk}, "
-            f"num_draft_tokens={num_draft_tokens}"
-        )
-    if name == "eagle_multilayer" and num_draft_tokens - 1 > topk * num_steps:
-        raise ValueError(
-            f"eagle_multilayer drafts at most topk*num_steps = "
-            f"{topk * num_steps} tokens; num_draft_tokens={num_draft_tokens}"
-        )
+    # The drafter proposes from each request's token history, kept on the host: the engine
+    # feeds it (`add_request(slot, prompt_ids)`, `update(slot, tokens)`, `remove_request`).
+    tracks_history: bool = False
 
 
 def check_draft_vocabulary(draft: ModelConfig, target: ModelConfig, source: object) -> None:
@@ -86,121 +41,3 @@ def check_draft_vocabulary(draft: ModelConfig, target: ModelConfig, source: obje
             f"tokens but the target has {target.vocab_size}: a draft model must share the "
             "target's tokenizer and vocabulary (e.g. a smaller model of the same family)"
         )
-
-
-def make_drafting(
-    name: str,
-    model: LlamaForCausalLM,
-    req_pool_size: int,
-    *,
-    num_steps: int,
-    topk: int,
-    num_draft_tokens: int,
-    draft_model: str | Path | None,
-    seed: int,
-) -> Drafting:
-    """The drafter of ``name`` (seeded random weights, or loaded from ``draft_model``)."""
-    if name == "dflash":
-        return _block_drafting(model, draft_model, num_steps, num_draft_tokens, seed)
-    check_sizes(name, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
-    if name == "none":
-        return Drafting(drafter=None, decode_width=1, max_tokens_per_step=1)
-    drafter = _make_drafter(
-        name,
-        model,
-        draft_model,
-        num_steps=num_steps,
-        topk=topk,
-        num_draft_tokens=num_draft_tokens,
-        seed=seed,
-    )
-    # EAGLE drafts a tree: its draft steps need scratch KV slots beyond the verify tree.
-    scratch = topk * (num_steps - 1) if name in TREE_DRAFTING else 0
-    return Drafting(
-        drafter=drafter,
-        decode_width=num_draft_tokens + scratch,
-        max_tokens_per_step=num_draft_tokens,
-        bonus_slots=req_pool_size + 1 if name == "standalone" else 0,
-        num_steps=num_steps,
-        num_draft_tokens=num_draft_tokens,
-    )
-
-
-def _block_drafting(
-    model: LlamaForCausalLM,
-    draft_model: str | Path | None,
-    num_steps: int | None,
-    num_draft_tokens: int | None,
-    seed: int,
-) -> Drafting:
-    """DFlash: the drafter (shipped, loaded or seeded random), and a verify window of its
-    block unless ``num_draft_tokens`` names another width."""
-    if draft_model is None:
-        draft_model = named_drafter(model, "dflash")
-    if draft_model is None:
-        refuse_untrained_drafter(model, "dflash")
-        drafter = DFlashDrafter.random(model, seed + 1)
-    else:
-        drafter = DFlashDrafter.load(draft_model, model)
-    width = drafter.block_size if num_draft_tokens is None else num_draft_tokens
-    if num_steps is not None and num_steps != width - 1:
-        raise ValueError(
-            f"`dflash` drafts num_draft_tokens - 1 = {width - 1} tokens a block (the drafter's "
-            f"block_size is {drafter.block_size}); got num_steps={num_steps}"
-        )
-    return Drafting(
-        drafter=drafter,
-        decode_width=width,
-        max_tokens_per_step=width,
-        num_steps=width - 1,
-        num_draft_tokens=width,
-    )
-
-
-def _make_drafter(
-    name: str,
-    model: LlamaForCausalLM,
-    draft_model: str | Path | None,
-    *,
-    num_steps: int,
-    topk: int,
-    num_draft_tokens: int,
-    seed: int,
-) -> Any:
-    if draft_model is None and name in ("standalone", "eagle", "eagle_multilayer"):
-        refuse_untrained_drafter(model, name)  # a named model: random weights draft garbage
-    if name == "standalone":
-        if draft_model is not None:
-            drafter = StandaloneDrafter.load(draft_model, model.device)
-            check_draft_vocabulary(drafter.model.config, model.config, draft_model)
-            return drafter
-        return StandaloneDrafter.random(
-            default_standalone_config(model.config), seed + 1, model.device
-        )
-    if name == "ngram":
-        return NgramProposer(num_draft_tokens=num_draft_tokens, max_depth=num_draft_tokens - 1)
-    if name == "eagle":
-        if draft_model is not None:
-            return EagleHead.load(draft_model, model)
-        return EagleHead.random(model, seed=seed + 1)
-    if name == "eagle3":
-        if draft_model is None:
-            draft_model = named_drafter(model, "eagle3")
-        if draft_model is None:
-            # A random head would only ever draft garbage: ask for a real one.
-            raise ValueError(
-                "no EAGLE-3 head ships for this target: pass draft_model=DIR, a directory "
-                "with an EAGLE-3 head's config.json and safetensors (SGLang's layout; "
-                "relayc.engine.draft.Eagle3Head.random(target, seed, layer_ids=...).save(DIR) "
-                "builds an untrained one for tests)"
-            )
-        head = Eagle3Head.load(draft_model, model)
-        if topk > head.draft_vocab_size:
-            raise ValueError(
-                f"`topk` ({topk}) exceeds the EAGLE-3 head's draft vocabulary "
-                f"({head.draft_vocab_size} tokens, {draft_model})"
-            )
-        return head
-    if draft_model is not None:
-        return MtpDrafter.load(draft_model, model)
-    return MtpDrafter.random(model, num_steps, seed=seed + 1)

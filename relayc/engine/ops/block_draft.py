@@ -16,12 +16,10 @@ import torch
 from relayc.engine.draft.paged import gather_rows
 from relayc.engine.draft.tree import chain_tree
 from relayc.engine.ops.context import StepContext
-from relayc.engine.ops.registry import implements
 from relayc.engine.ops.target import greedy_tokens, target_prefill
 from relayc.engine.ops.verify import _verify, verify_slots
 
 
-@implements("dflash_prefill", drafter="dflash")
 def impl_dflash_prefill(
     ctx: StepContext, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -37,7 +35,6 @@ def impl_dflash_prefill(
     return {"next_tokens": next_tokens, "seq_lens": committed}
 
 
-@implements("dflash_draft", drafter="dflash")
 def impl_dflash_draft(
     ctx: StepContext,
     *,
@@ -66,7 +63,6 @@ def impl_dflash_draft(
     }
 
 
-@implements("dflash_verify", drafter="dflash")
 def impl_dflash_verify(
     ctx: StepContext,
     *,
@@ -86,7 +82,6 @@ def impl_dflash_verify(
     return {"logits": logits, "hidden_states": context}
 
 
-@implements("dflash_inject_kv", drafter="dflash")
 def impl_dflash_inject_kv(
     ctx: StepContext,
     *,

@@ -91,8 +91,6 @@ def _draft_extend_prompts(ctx: StepContext, next_tokens: torch.Tensor, hidden: t
     )
 
 
-@implements("eagle_prefill", drafter="eagle")
-@implements("mtp_prefill", drafter="eagle_multilayer")
 def impl_eagle_prefill(
     ctx: StepContext, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -110,7 +108,6 @@ def impl_eagle_prefill(
     return outputs
 
 
-@implements("eagle3_prefill", drafter="eagle3")
 def impl_eagle3_prefill(
     ctx: StepContext, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -159,7 +156,6 @@ def _draft_extend_accepted(
     )
 
 
-@implements("eagle_draft_extend", drafter="eagle")
 def impl_eagle_draft_extend(ctx: StepContext, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
     draft = _draft_extend_accepted(ctx, **inputs)
     return {
@@ -170,7 +166,6 @@ def impl_eagle_draft_extend(ctx: StepContext, **inputs: torch.Tensor) -> dict[st
     }
 
 
-@implements("eagle3_draft_extend", drafter="eagle3")
 def impl_eagle3_draft_extend(
     ctx: StepContext, *, aux_hidden_states: torch.Tensor, **inputs: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -182,7 +177,6 @@ def impl_eagle3_draft_extend(
     }
 
 
-@implements("draft_to_target", drafter="eagle3")
 def impl_draft_to_target(
     ctx: StepContext, *, draft_tokens: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -190,14 +184,11 @@ def impl_draft_to_target(
     return {"draft_tokens": ctx.drafter.to_target_ids(draft_tokens)}
 
 
-@implements("mtp_draft_extend", drafter="eagle_multilayer")
 def impl_mtp_draft_extend(ctx: StepContext, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
     draft = _draft_extend_accepted(ctx, **inputs)
     return {"topk_p": draft.topk_p, "topk_index": draft.topk_index}
 
 
-@implements("eagle_draft", drafter="eagle")
-@implements("eagle3_draft", drafter="eagle3")
 def impl_eagle_draft(
     ctx: StepContext,
     *,
@@ -270,7 +261,6 @@ def _bonus_slots(ctx: StepContext, req_pool_indices: torch.Tensor) -> torch.Tens
     return ctx.extras["bonus_slot_base"] + req_pool_indices.long()
 
 
-@implements("standalone_prefill", drafter="standalone")
 def impl_standalone_prefill(
     ctx: StepContext, *, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -310,7 +300,6 @@ def impl_standalone_prefill(
     }
 
 
-@implements("standalone_draft", drafter="standalone")
 def impl_standalone_draft(
     ctx: StepContext,
     *,
@@ -359,7 +348,6 @@ def impl_standalone_draft(
     }
 
 
-@implements("standalone_draft_extend", drafter="standalone")
 def impl_standalone_draft_extend(
     ctx: StepContext,
     *,
@@ -426,7 +414,6 @@ DRAFT_STREAM = 2  # keyed_uniforms stream of sampled drafts (0, 1: acceptance, f
 _PROPOSER_LOCK = threading.Lock()  # the host thread updates histories while a job proposes
 
 
-@implements("ngram_propose", drafter="ngram")
 def impl_ngram_propose(
     ctx: StepContext, *, req_pool_indices: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -441,7 +428,6 @@ def impl_ngram_propose(
     }
 
 
-@implements("ngram_splice", drafter="ngram")
 def impl_ngram_splice(
     ctx: StepContext,
     *,

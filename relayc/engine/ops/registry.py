@@ -1,9 +1,10 @@
-"""The reference engine's op implementations, by op name (filled by ``@implements``), and the
-contract every implementation -- the engine's or a user's -- is held to when a step runs it.
+"""The reference engine's shared op implementations, by op name (filled by ``@implements``),
+and the contract every implementation -- the engine's or a user's -- is held to when a step
+runs it.
 
-``@implements(op, drafter=ALGORITHM)`` also records that the implementation drives the
-drafter of ``ALGORITHM`` (``ctx.drafter``): a relay module whose ops need one algorithm's
-drafter cannot run under another's (``relayc.engine.serving.algorithms.check_pairing``).
+The implementations of ops that drive one algorithm's drafter (``ctx.drafter``) are not
+registered here: that algorithm's module names them (``Algorithm.impls``,
+:mod:`relayc.engine.algorithms`), which is how the engine knows whose drafter they need.
 
 :func:`checked` wraps an implementation so that what it returns is checked against the
 op's declaration (:mod:`relayc.nodes`) when the op returns, before the next step of the
@@ -29,18 +30,14 @@ from relayc.runtime.dims import torch_dtype
 
 Impl = Callable[..., dict[str, torch.Tensor]]
 IMPLS: dict[str, Impl] = {}
-# op name -> the algorithm whose drafter the engine's implementation drives (ctx.drafter).
-DRAFTER_OF: dict[str, str] = {}
 
 
-def implements(op_name: str, *, drafter: str | None = None) -> Callable[[Impl], Impl]:
-    """Register ``fn`` as the engine's implementation of the op ``op_name``; ``drafter``: the
-    algorithm whose drafter it calls through ``ctx.drafter`` (None: it uses none)."""
+def implements(op_name: str) -> Callable[[Impl], Impl]:
+    """Register ``fn`` as the engine's implementation of the op ``op_name``, one any
+    algorithm's step may run (it uses no drafter)."""
 
     def register(fn: Impl) -> Impl:
         IMPLS[op_name] = fn
-        if drafter is not None:
-            DRAFTER_OF[op_name] = drafter
         return fn
 
     return register

@@ -23,9 +23,10 @@ view lags one iteration; see ``relayc.engine.serving.overlap``).
 
 Every bundled algorithm, ``none`` included, is one :class:`GeneratedAlgorithm`: the
 ``PrefillStep`` / ``DecodeStep`` relayc generated from ``relayc/specs/NAME.yaml``, run
-on the engine's op implementations (:mod:`relayc.engine.ops`) with the drafter of
-:mod:`relayc.engine.draft.speculative`. The engine reads what the spec's ``outputs:`` section
-names, as attributes of the generated ``PrefillOutputs`` / ``DecodeOutputs``.
+on the engine's op implementations (:mod:`relayc.engine.ops`) with the drafter its
+algorithm's module builds (:mod:`relayc.engine.algorithms`). The engine reads what the
+spec's ``outputs:`` section names, as attributes of the generated ``PrefillOutputs`` /
+``DecodeOutputs``.
 """
 
 from __future__ import annotations
@@ -43,16 +44,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from relayc.engine.algorithms.registry import (
+    DraftingRequest,
+    drafter_of,
+    drafting_implementations,
+    engine_algorithms,
+    lookup,
+)
+from relayc.engine.algorithms.registry import default_dims as default_dims  # Engine's import
 from relayc.engine.core.forward_batch import ForwardBatch
 from relayc.engine.core.sampling import SamplingBatch
-from relayc.engine.draft.speculative import ALGORITHMS, Drafting, check_sizes, make_drafting
+from relayc.engine.draft.speculative import Drafting
 from relayc.engine.draft.standalone import DraftConfidence
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.engine.ops import implementations
 from relayc.engine.ops.context import StepContext
 from relayc.engine.ops.draft import proposer_lock
-from relayc.engine.ops.registry import DRAFTER_OF, checked, declaration
+from relayc.engine.ops.registry import checked, declaration
 from relayc.engine.serving.graphs import EAGER, DecodeGraphs
+from relayc.runtime.rules import check_dim_rules
 
 
 @dataclass
@@ -147,8 +157,9 @@ Impls = Mapping[str, Callable[..., dict[str, torch.Tensor]]]
 class GeneratedAlgorithm(DecodeAlgorithm):
     """An algorithm's generated relay module run on op implementations.
 
-    ``module``: the generated module (``relayc.generated.<name>`` by default; a user's own
-    spec compiled with ``relayc compile`` otherwise), run with the drafter of ``name``.
+    ``module``: the generated module (the algorithm's own, ``relayc.generated.<name>`` for
+    relayc's; a user's own spec compiled with ``relayc compile`` otherwise), run with the
+    drafter of ``name``.
     ``impls``: op implementations merged over the engine's own (:mod:`relayc.engine.ops`),
     for user ops or to replace a built-in one.
     """
@@ -171,7 +182,8 @@ class GeneratedAlgorithm(DecodeAlgorithm):
         draft_confidence: float | None = None,
     ) -> None:
         super().__init__(model)
-        module = module or importlib.import_module(f"relayc.generated.{name}")
+        algorithm = lookup(name, engine=True)
+        module = module or importlib.import_module(algorithm.module_name)
         all_impls = check_generated(
             name,
             module,
@@ -181,18 +193,23 @@ class GeneratedAlgorithm(DecodeAlgorithm):
         )
         self.name = name
         self.module = module
-        self.drafting: Drafting = make_drafting(
-            name,
-            model,
-            req_pool_size,
-            num_steps=num_steps,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            draft_model=draft_model,
-            seed=seed,
+        if num_steps is not None and num_draft_tokens is not None:
+            dims = {"num_steps": num_steps, "topk": topk, "num_draft_tokens": num_draft_tokens}
+            check_dim_rules(name, module.DIM_RULES, dims)  # the rules of the module it runs
+        assert algorithm.make_drafting is not None  # lookup(engine=True) guarantees it
+        self.drafting: Drafting = algorithm.make_drafting(
+            DraftingRequest(
+                model=model,
+                req_pool_size=req_pool_size,
+                num_steps=num_steps,
+                topk=topk,
+                num_draft_tokens=num_draft_tokens,
+                draft_model=draft_model,
+                seed=seed,
+            )
         )
         self.drafter = self.drafting.drafter
-        # dflash: the block the drafter was built for, where the caller left it open
+        # the dims the drafter settled (dflash: its block), where the caller left them open
         if self.drafting.num_draft_tokens is not None:
             num_steps, num_draft_tokens = self.drafting.num_steps, self.drafting.num_draft_tokens
         if num_steps is None or num_draft_tokens is None:
@@ -314,7 +331,8 @@ class GeneratedAlgorithm(DecodeAlgorithm):
         module = drafter if isinstance(drafter, nn.Module) else getattr(drafter, "model", None)
         return (module,) if isinstance(module, nn.Module) else ()
 
-    # n-gram keeps each request's token history on the host (one iteration behind).
+    # A history-tracking drafter (n-gram) keeps each request's tokens on the host (one
+    # iteration behind).
     def on_prompt(self, req_pool_index: int, prompt_ids: list[int]) -> None:
         if self.drafting.tracks_history:
             with proposer_lock():
@@ -361,7 +379,7 @@ def merged_impls(module: ModuleType, impls: Impls | None) -> dict[str, Callable[
                 f"`impls` names op `{op_name}`, which module `{module.__name__}` does not run "
                 f"(its ops: {', '.join(f'`{n}`' for n in needed)}){hint}"
             )
-    merged = {**implementations(), **user}
+    merged = {**implementations(), **drafting_implementations(), **user}
     missing = [op_name for op_name in needed if op_name not in merged]
     if missing:
         listed = ", ".join(f"`{op_name}`" for op_name in missing)
@@ -398,19 +416,19 @@ _GENERATED = ("ALGORITHM", "FIELDS", "FutureMap", "PrefillStep", "DecodeStep", "
 def check_pairing(name: str, module: ModuleType, impls: Impls | None = None) -> None:
     """Raise ``ValueError`` unless the generated ``module`` can run with the drafter of ``name``.
 
-    The engine's implementation of a drafting op drives one algorithm's drafter
-    (``@implements(op, drafter=...)``): every such op the module runs with the engine's
+    The engine's implementation of a drafting op drives one algorithm's drafter (its
+    module's ``Algorithm.impls``): every such op the module runs with the engine's
     implementation must be one of ``name``'s, and a speculative ``name`` needs at least
     one op that drives its drafter (else nothing drafts). Checked when the engine is
     built, so a module compiled for another algorithm fails here, not inside a step.
     """
     ops = module_ops(module)
     own = set(impls or {})
-    foreign = {
-        op: DRAFTER_OF[op] for op in ops if op not in own and DRAFTER_OF.get(op, name) != name
-    }
-    drives = [op for op in ops if DRAFTER_OF.get(op) == name]
-    if not foreign and (name == "none" or drives):
+    owners = drafter_of()
+    foreign = {op: owners[op] for op in ops if op not in own and owners.get(op, name) != name}
+    drives = [op for op in ops if owners.get(op) == name]
+    theirs = sorted(op for op, drafter in owners.items() if drafter == name)
+    if not foreign and (drives or not theirs):  # no ops of its own: it drafts nothing
         return
     compiled_for = getattr(module, "ALGORITHM", "?")
     head = (
@@ -422,17 +440,16 @@ def check_pairing(name: str, module: ModuleType, impls: Impls | None = None) -> 
         why = (
             f"its ops {', '.join(f'`{op}`' for op in foreign)} drive the drafter of "
             f"{' and '.join(f'`{d}`' for d in drafters)}, and `{name}` "
-            + ("drafts nothing" if name == "none" else "has its own")
+            + ("has its own" if theirs else "drafts nothing")
         )
     else:
-        theirs = sorted(op for op, drafter in DRAFTER_OF.items() if drafter == name)
         why = (
             f"none of its ops drives the drafter of `{name}` "
             f"({', '.join(f'`{op}`' for op in theirs)}), so it would never draft"
         )
     fix = (
         f'pass `algorithm="{compiled_for}"`'
-        if compiled_for != name and compiled_for in ALGORITHMS
+        if compiled_for != name and compiled_for in {a.name for a in engine_algorithms()}
         else "pass the algorithm its spec was written for"
     )
     raise ValueError(f"{head}{why}; {fix}, or a module compiled from a spec for `{name}`")
@@ -465,36 +482,30 @@ def check_generated(
             f"(it has no {', '.join(f'`{a}`' for a in absent)}); compile your spec with "
             "`relayc compile SPEC -o DIR` and pass the module it writes"
         )
+    algorithm = lookup(name, engine=True)
     merged = merged_impls(module, impls)
     check_pairing(name, module, impls)
     if block_verification and not chain_drafts(module):
         raise ValueError(
             "`block_verification` verifies chain drafts with their draft probabilities; "
-            f"algorithm `{name}` does not draft a chain (use `standalone`)"
+            f"algorithm `{name}` does not draft a chain (its spec relays no `draft_probs`)"
         )
-    if draft_confidence is not None and (name != "standalone" or not 0 < draft_confidence <= 1):
+    dynamic = [f"`{a.name}`" for a in engine_algorithms() if a.dynamic_draft_length]
+    if draft_confidence is not None and (
+        not algorithm.dynamic_draft_length or not 0 < draft_confidence <= 1
+    ):
         raise ValueError(
             "`draft_confidence` (dynamic draft length) is a probability in (0, 1] "
-            "for an algorithm that drafts a chain with a draft model (`standalone`); "
-            f"got {draft_confidence!r} for `{name}`"
+            "for an algorithm that drafts a chain with a draft model "
+            f"({', '.join(dynamic) or 'none is installed'}); got {draft_confidence!r} for "
+            f"`{name}`"
         )
     return merged
 
 
-def default_dims(name: str, num_steps: int | None, num_draft_tokens: int | None) -> tuple[Any, Any]:
-    """``(num_steps, num_draft_tokens)`` with the defaults filled in: 3 and 4, except for
-    ``dflash``, whose drafter's ``block_size`` decides what is left None when it loads."""
-    if name == "dflash":
-        return num_steps, num_draft_tokens
-    return (
-        3 if num_steps is None else num_steps,
-        4 if num_draft_tokens is None else num_draft_tokens,
-    )
-
-
 def check_algorithm(name: str) -> None:
-    """Raise before any allocation when ``name`` is not an algorithm."""
-    check_sizes(name, num_steps=1, topk=1, num_draft_tokens=2)
+    """Raise before any allocation when ``name`` is not an algorithm the engine runs."""
+    lookup(name, engine=True)
 
 
 # What the engine builds for an algorithm name: the constructor takes exactly its arguments,

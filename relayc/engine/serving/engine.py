@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
+from relayc.engine.algorithms import shipped_drafter
 from relayc.engine.checkpoints.loader import AnyTokenizer, Progress, load_model, resolve_dtype
 from relayc.engine.checkpoints.quantize import quantize_linears
-from relayc.engine.checkpoints.shipped import shipped_drafter
 from relayc.engine.core.sampling import SamplingParams
 from relayc.engine.model.llama import (
     LlamaForCausalLM,
@@ -224,7 +224,6 @@ class Engine:
         if not isinstance(algorithm, DecodeAlgorithm):
             check_algorithm(algorithm)
             num_steps, num_draft_tokens = default_dims(algorithm, num_steps, num_draft_tokens)
-            check_decode_dims(algorithm, num_steps, topk, num_draft_tokens)
         args = check_engine_args(
             algorithm,
             overlap=overlap,
@@ -240,6 +239,9 @@ class Engine:
             req_pool_size=req_pool_size,
             kv_pool_tokens=kv_pool_tokens,
             max_prefill_tokens=max_prefill_tokens,
+            num_steps=num_steps,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
         )
         model_dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
@@ -265,6 +267,7 @@ class Engine:
         if isinstance(algorithm, str):
             check_decode_dims(
                 algorithm,
+                args.dim_rules,
                 num_steps,
                 topk,
                 num_draft_tokens,

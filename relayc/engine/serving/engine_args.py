@@ -21,9 +21,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from relayc.engine.algorithms import lookup
 from relayc.engine.checkpoints.quantize import QUANTIZATIONS
 from relayc.engine.serving.algorithms import DecodeAlgorithm, check_generated
 from relayc.engine.serving.graphs import check_batch_sizes
+from relayc.runtime.rules import DimRule, RuleSyntaxError, check_dim_rules, parse_rule
 
 
 class EngineArgumentError(ValueError):
@@ -140,6 +142,7 @@ class EngineArgs:
     capture_batch_sizes: tuple[int, ...] | None
     draft_confidence: float | None
     draft_quantization: str | None = None
+    dim_rules: tuple[DimRule, ...] = ()  # the spec's rules, checked again once vocab is known
 
 
 def check_engine_args(
@@ -158,8 +161,12 @@ def check_engine_args(
     req_pool_size: object = None,
     kv_pool_tokens: object = 16384,
     max_prefill_tokens: object = 4096,
+    num_steps: object = None,
+    topk: object = 1,
+    num_draft_tokens: object = None,
 ) -> EngineArgs:
-    """Check what ``Engine`` takes besides the model and the decode dims; see the module doc."""
+    """Check what ``Engine`` takes besides the model, the decode dims included (against the
+    dims rules of the module that runs ``algorithm``); see the module doc."""
     optional_positive_int("max_context", max_context, "the model's context length")
     optional_positive_int("req_pool_size", req_pool_size, "2 * max_batch_size")
     positive_int("kv_pool_tokens", kv_pool_tokens)
@@ -172,7 +179,8 @@ def check_engine_args(
         check_flag(name, flag)
     confidence = check_draft_confidence(draft_confidence)
     quantization = check_draft_quantization(draft_quantization)
-    if quantization is not None and algorithm in ("none", "ngram"):
+    drafts_without_weights = isinstance(algorithm, str) and not lookup(algorithm).drafter_weights
+    if quantization is not None and drafts_without_weights:
         raise EngineArgumentError(
             f"`draft_quantization={quantization!r}` quantizes a drafter's weights; "
             f"`{algorithm}` drafts without any: drop it"
@@ -180,6 +188,7 @@ def check_engine_args(
     batch = positive_int("max_batch_size", max_batch_size)
     sizes = check_batch_sizes(capture_batch_sizes, batch)
     module = resolve_relay_module(relay_module)
+    rules: tuple[DimRule, ...] = ()
     if isinstance(algorithm, DecodeAlgorithm):
         if module is not None or impls is not None:
             raise EngineArgumentError(
@@ -187,78 +196,60 @@ def check_engine_args(
                 "DecodeAlgorithm instance runs its own steps: drop them"
             )
     else:
+        generated = module or importlib.import_module(lookup(algorithm, engine=True).module_name)
         check_generated(
             algorithm,
-            module or importlib.import_module(f"relayc.generated.{algorithm}"),
+            generated,
             impls,
             block_verification=bool(block_verification),
             draft_confidence=confidence,
         )
-    return EngineArgs(module, sizes, confidence, quantization)
+        rules = dim_rules(algorithm, generated)
+        check_decode_dims(algorithm, rules, num_steps, topk, num_draft_tokens)
+    return EngineArgs(module, sizes, confidence, quantization, rules)
+
+
+def dim_rules(algorithm: str, module: ModuleType) -> tuple[DimRule, ...]:
+    """The dims rules of ``algorithm``'s generated module (its spec's `rules:`)."""
+    rules = getattr(module, "DIM_RULES", None)
+    if not isinstance(rules, tuple) or not all(isinstance(r, DimRule) for r in rules):
+        raise EngineArgumentError(
+            f"module `{module.__name__}` lists no dims rules (`DIM_RULES`): it was generated "
+            f"by an older relayc; regenerate it (`relayc compile SPEC -o DIR`) to run `{algorithm}`"
+        )
+    for rule in rules:  # relayc compile only writes rules that parse: this one was edited
+        try:
+            parse_rule(rule.text)
+        except RuleSyntaxError as exc:
+            raise EngineArgumentError(
+                f"module `{module.__name__}` has a dims rule that does not parse, "
+                f"`{rule.text}` ({rule.origin}): {exc.message}; regenerate the module from "
+                "its spec (`relayc compile SPEC -o DIR`), which checks its rules"
+            ) from None
+    return rules
 
 
 def check_decode_dims(
     algorithm: str,
+    rules: Sequence[DimRule],
     num_steps: object,
     topk: object,
     num_draft_tokens: object,
     *,
     vocab_size: int | None = None,
 ) -> None:
-    """Raise ``ValueError`` when the dims cannot run ``algorithm``, before anything is built.
+    """Raise ``EngineArgumentError`` when the dims are no counts or break ``algorithm``'s
+    dims rules (its spec's `rules:`), before anything is built.
 
     Otherwise the first decode step fails, with requests already holding KV slots.
-    ``vocab_size`` (known once the model is loaded) bounds ``topk`` too.
+    ``num_steps`` / ``num_draft_tokens`` may be None where the drafter decides them when it
+    loads (DFlash's block): rules naming them are checked then. ``vocab_size`` (known once
+    the model is loaded) binds ``vocab``.
     """
-    if algorithm == "none":
-        return  # no drafts: the dims are unused
-    if algorithm == "dflash":
-        _check_block_dims(num_steps, topk, num_draft_tokens)
-        return
-    steps = positive_int("num_steps", num_steps)
-    k = positive_int("topk", topk)
-    n = positive_int("num_draft_tokens", num_draft_tokens)
-    # The root plus the candidates drafting produces (drafts beyond them have no source);
-    # eagle's count is relayc.engine.draft.tree.max_candidates, kept out of this import.
-    most = {"eagle": k + (steps - 1) * k * k + 1, "eagle_multilayer": k * steps + 1}
-    most["eagle3"] = most["eagle"]  # EAGLE-3 drafts the same tree
-    if algorithm in most and n > most[algorithm]:
-        tree = algorithm in ("eagle", "eagle3")
-        shape = "topk + (num_steps - 1) * topk**2" if tree else "topk * num_steps"
-        raise EngineArgumentError(
-            f"`num_draft_tokens` must lie in 1..{most[algorithm]} for `{algorithm}` with "
-            f"topk={k}, num_steps={steps} (the root plus {shape} drafted candidates); "
-            f"got {n}: lower it or raise `topk` / `num_steps`"
-        )
-    if algorithm == "ngram" and n < 2:
-        raise EngineArgumentError(
-            f"`num_draft_tokens` must be >= 2 for `ngram` (root + drafts); got {n}"
-        )
-    if algorithm == "standalone" and (k != 1 or n != steps + 1):
-        raise EngineArgumentError(
-            "`standalone` drafts a chain: it needs topk=1 and num_draft_tokens = "
-            f"num_steps + 1 = {steps + 1}; got topk={k}, num_draft_tokens={n}"
-        )
-    if vocab_size is not None and algorithm in most and k > vocab_size:
-        raise EngineArgumentError(
-            f"`topk` must not exceed the vocabulary size {vocab_size}; got {k}"
-        )
-
-
-def _check_block_dims(num_steps: object, topk: object, num_draft_tokens: object) -> None:
-    """DFlash drafts one chain of ``num_draft_tokens - 1`` tokens (None: the drafter's
-    ``block_size`` decides, once it is loaded)."""
-    if positive_int("topk", topk) != 1:
-        raise EngineArgumentError(f"`dflash` drafts a chain: it needs topk=1; got topk={topk}")
-    n = None if num_draft_tokens is None else positive_int("num_draft_tokens", num_draft_tokens)
-    if n is not None and n < 2:
-        raise EngineArgumentError(
-            f"`num_draft_tokens` must be >= 2 for `dflash` (bonus + drafts); got {n}"
-        )
-    if num_steps is not None:
-        steps = positive_int("num_steps", num_steps)
-        if n is not None and steps != n - 1:
-            raise EngineArgumentError(
-                "`dflash` drafts num_draft_tokens - 1 tokens in one block forward: leave "
-                f"`num_steps` out or set it to {n - 1}; got num_steps={steps}"
-            )
+    values = {"topk": positive_int("topk", topk)}
+    for name, value in (("num_steps", num_steps), ("num_draft_tokens", num_draft_tokens)):
+        if value is not None:
+            values[name] = positive_int(name, value)
+    if vocab_size is not None:
+        values["vocab"] = vocab_size
+    check_dim_rules(algorithm, rules, values, error=EngineArgumentError)

