@@ -72,6 +72,8 @@ _OWNERS: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[Any]]] = {}
 
 def register(state: SlotHistory, *tensors: torch.Tensor) -> None:
     """Let the functions find ``state``'s slot history from its tensors."""
+    for key in [key for key, (tensor, _) in _OWNERS.items() if tensor() is None]:
+        del _OWNERS[key]  # a dropped state's entries, whose ids Python may hand out again
     for tensor in tensors:
         _OWNERS[id(tensor)] = (weakref.ref(tensor), weakref.ref(state))
 
