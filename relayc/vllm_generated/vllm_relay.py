@@ -428,7 +428,7 @@ class EagleMultilayerRelayState:
 
 
 class NoneRelayState:
-    """vLLM no speculation: the relay of relayc's `none` (none.yaml).
+    """vLLM without speculation: the relay of relayc's `none` (none.yaml).
 
     Plain autoregressive decoding with overlap scheduling.
     """
@@ -475,18 +475,6 @@ class NoneRelayState:
         self.num_computed_tokens_np[req_idx] = num_computed_tokens
         self.has_sampled[req_idx] = 0
         self.has_drafts[req_idx] = 0
-
-    def store_draft_tokens(self, idx_mapping: torch.Tensor, draft_tokens: torch.Tensor) -> None:
-        """The drafter's tokens for the batch rows (model_runner's
-        `req_states.draft_tokens[idx_mapping] = draft_tokens`)."""
-        if draft_tokens.shape != (idx_mapping.shape[0], self.num_speculative_steps):
-            raise runtime.RelayError(
-                f"store_draft_tokens(): `draft_tokens` has shape {list(draft_tokens.shape)}, "
-                f"expected [{idx_mapping.shape[0]}, {self.num_speculative_steps}] "
-                "(one row per request, num_speculative_steps wide)"
-            )
-        self.draft_tokens[idx_mapping] = draft_tokens
-        self.has_drafts[idx_mapping] = 1
 
 
 # vLLM's `speculative_config.method` (None: no speculation) -> its relay state.

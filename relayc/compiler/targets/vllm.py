@@ -285,7 +285,7 @@ def _doc(text: str) -> str:
 def _state_class(w: Callable[[str], None], algo: VLLMAlgorithm) -> None:
     plan = algo.plan
     spec = _doc(plan.spec_path.replace("\\", "/").rsplit("/", 1)[-1])
-    method = f"`{algo.method}`" if algo.method else "no speculation"
+    method = f"`{algo.method}`" if algo.method else "without speculation"
     speculative = algo.method is not None
     w(f"class {algo.class_name}:")
     w(f'    """vLLM {method}: the relay of relayc\'s `{plan.algorithm}` ({spec}).\n')
@@ -410,7 +410,10 @@ def _state_class(w: Callable[[str], None], algo: VLLMAlgorithm) -> None:
         w("        self.stale_confidences[self.stale_idx][req_idx] = 1.0")
         w("        self.pending_resets.append(req_idx)")
     w("        self.has_sampled[req_idx] = 0")
-    w("        self.has_drafts[req_idx] = 0\n")
+    w("        self.has_drafts[req_idx] = 0")
+    if not speculative:
+        return
+    w("")
 
     w(
         "    def store_draft_tokens(self, idx_mapping: torch.Tensor, draft_tokens: torch.Tensor) -> None:"
