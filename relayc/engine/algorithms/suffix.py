@@ -224,12 +224,50 @@ def make_drafting(request: DraftingRequest) -> Drafting:
     )
 
 
-def impls() -> Mapping[str, Callable[..., Any]]:
-    # n-gram's host step and device splice serve any NgramProposer: the proposer is the
-    # only part that differs.
-    from relayc.engine.ops import draft
+def impl_suffix_splice(
+    ctx: Any,
+    *,
+    accept_tokens: torch.Tensor,
+    accept_lens: torch.Tensor,
+    proposals: torch.Tensor,
+    proposal_keys: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """n-gram's device splice, and the verify's width: the largest tree spliced.
 
-    return {"suffix_propose": draft.impl_ngram_propose, "suffix_splice": draft.impl_ngram_splice}
+    A step with nothing matched verifies the root alone, a one-token decode's cost, rather
+    than the window's ``num_draft_tokens`` rows (on a CPU a verify of 8 rows costs about
+    two decodes): suffix costs little where nothing matches. Only where the host may read
+    the device for free (the CPU) and the step is neither recorded nor captured, whose
+    replays keep the width they were recorded with, as the standalone drafter's dynamic
+    draft length does."""
+    from relayc.engine.draft.ngram import splice_proposals
+    from relayc.engine.draft.tree import tree_from_parents
+    from relayc.runtime.backend import graph_safe
+    from relayc.runtime.tape import recording
+
+    tokens, parents, valid = splice_proposals(accept_tokens, accept_lens, proposals, proposal_keys)
+    layout = tree_from_parents(parents, valid, seq_lens, ctx.drafter.max_depth)
+    if ctx.extras is not None:
+        eager = tokens.device.type == "cpu" and not graph_safe() and recording() is None
+        # Valid nodes lead each row (pack_tree): the widest tree is its count of them.
+        ctx.extras["verify_len"] = int(valid.sum(dim=1).max()) if eager else None
+    batch, n = tokens.shape
+    return {
+        "candidates": tokens,
+        "tree_mask": layout.tree_mask,
+        "positions": layout.positions.view(batch, n),
+        "retrive_index": layout.retrive_index,
+        "retrive_next_token": layout.retrive_next_token,
+        "retrive_next_sibling": layout.retrive_next_sibling,
+    }
+
+
+def impls() -> Mapping[str, Callable[..., Any]]:
+    # n-gram's host step serves any NgramProposer's rows.
+    from relayc.engine.ops.draft import impl_ngram_propose
+
+    return {"suffix_propose": impl_ngram_propose, "suffix_splice": impl_suffix_splice}
 
 
 def _renamed(op_name: str, name: str, doc: str) -> Op:
