@@ -184,7 +184,7 @@ def test_without_arctic_inference_the_error_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding", None)
-    with pytest.raises(ValueError, match=r"pip install 'relayc\[suffix\]'.*no-build-isolation"):
+    with pytest.raises(ValueError, match=r"pip install 'relayc\[suffix\]'.*docs/suffix.md#install"):
         suffix.SuffixProposer(4)
 
 

@@ -69,9 +69,8 @@ def _suffix_cache_class() -> Any:
         raise ValueError(
             f"algorithm `suffix` drafts with arctic-inference's suffix cache, which is not "
             f"installed ({exc}): `pip install 'relayc[suffix]'` (or `pip install {ARCTIC}`; "
-            "on a CPU-only machine add `--no-build-isolation` after `pip install setuptools "
-            "wheel ninja cmake nanobind==2.9.2 grpcio-tools`, so its build uses the installed "
-            "torch instead of fetching a CUDA one)"
+            "on a CPU-only machine build it on the installed torch instead of a fetched CUDA "
+            "one: docs/suffix.md#install)"
         ) from None
     return SuffixDecodingCache
 
