@@ -129,7 +129,9 @@ def relayc_peers(max_new_tokens: int, overlap: bool, graphs: str = "auto") -> li
         *((label, algorithm, sizes, overlap) for label, algorithm, sizes in relayc_rows(False)),
         (other, "none", {}, not overlap),
     ]:
-        engine = Engine(None, algorithm=algorithm, overlap=row_overlap, graphs=graphs, **sizes)
+        engine = Engine(
+            None, algorithm=algorithm, overlap=row_overlap, **{"graphs": graphs, **sizes}
+        )
         peers.append(engine_peer(label, engine, params))
     return peers
 
@@ -137,7 +139,13 @@ def relayc_peers(max_new_tokens: int, overlap: bool, graphs: str = "auto") -> li
 def engine_peer(label: str, engine: Any, params: Any) -> Peer:
     """An engine as a peer: the prompts in groups of ``group`` concurrent requests."""
 
+    # A drafter that learns across requests (suffix's global tree) starts every run empty:
+    # a benchmark repeating its prompts must not draft from its own earlier answers.
+    forget = getattr(getattr(engine.algorithm, "drafter", None), "forget_outputs", None)
+
     def run(prompts: list[list[int]], group: int) -> tuple[list[list[int]], list[float]]:
+        if forget is not None:
+            forget()
         outs = [
             out
             for g in range(0, len(prompts), group)
@@ -471,17 +479,16 @@ def real_relayc_peers(
         try:
             if first is None:
                 engine = first = Engine(
-                    "smollm2", dtype=dtype, overlap=overlap, graphs=graphs, **sizes
+                    "smollm2", dtype=dtype, overlap=overlap, **{"graphs": graphs, **sizes}
                 )
             else:
                 engine = Engine(
                     first.model,
                     algorithm=algorithm,
                     overlap=overlap,
-                    graphs=graphs,
                     tokenizer=first.tokenizer,
                     draft_model=None,
-                    **sizes,
+                    **{"graphs": graphs, **sizes},  # a row may run another mode (suffix: off)
                 )
         except (ValueError, FileNotFoundError) as exc:  # no head ships for it yet
             print(f"{label} skipped: {exc}")
@@ -524,7 +531,8 @@ def real_model_main(args: argparse.Namespace) -> None:
     from relayc.tools.demo import chat_prompts
     from relayc.tools.peers import HFTarget
 
-    chats = chat_prompts()[: args.prompts]
+    chats = chat_prompts({"all": None, "quoting": True, "other": False}[args.chats])
+    chats = chats[: args.prompts]
     workdir = Path(tempfile.mkdtemp(prefix="relayc-peers-"))
     by_batch: dict[str, dict[str, float]] = {}
     by_batch_cpu: dict[str, dict[str, float]] = {}
@@ -682,6 +690,12 @@ def main() -> None:
         "--dtypes", default="float32,bfloat16", help="--model smollm2: precisions, one table each"
     )
     parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument(
+        "--chats",
+        choices=("all", "quoting", "other"),
+        default="all",
+        help="--model smollm2: the chat prompts that quote their input, the others, or all",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (best of N)")
     parser.add_argument("--batch-sizes", default="1,8", help="concurrent requests, one table each")

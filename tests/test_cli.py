@@ -337,12 +337,12 @@ def test_printable_keeps_text_and_layout() -> None:
 
 
 def test_an_algorithm_without_a_drafter_names_what_runs(capsys, no_model_loads: None) -> None:
-    from relayc.engine.algorithms.registry import shipping_for
+    from relayc.engine.algorithms.registry import drafter_free, shipping_for
 
     for algorithm in ("eagle", "eagle_multilayer", "standalone"):
         assert main(["generate", "--chat", "hi", "--algorithm", algorithm]) == EXIT_USAGE
         line = _one_line(capsys, "generate")
-        runs = ", ".join(f"`{a}`" for a in ("none", "ngram", *shipping_for("smollm2")))
+        runs = ", ".join(f"`{a}`" for a in (*drafter_free(), *shipping_for("smollm2")))
         assert f"with it run {runs}, or bring a trained `{algorithm}` drafter" in line
         assert line.endswith("with --draft-model DIR")
 
@@ -350,8 +350,11 @@ def test_an_algorithm_without_a_drafter_names_what_runs(capsys, no_model_loads: 
 def test_help_lists_per_model_what_runs(capsys) -> None:
     assert main(["generate", "--help"]) == EXIT_OK
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
-    assert "with smollm2 (the default): none, ngram, eagle3, dflash;" in text
-    assert "with --toy: none, ngram, eagle, eagle3, eagle_multilayer, standalone, dflash;" in text
+    assert "with smollm2 (the default): none, ngram, suffix, eagle3, dflash;" in text
+    assert (
+        "with --toy: none, ngram, suffix, eagle, eagle3, eagle_multilayer, standalone, dflash;"
+        in text
+    )
 
 
 def test_the_command_line_offers_what_the_registry_lists(capsys) -> None:

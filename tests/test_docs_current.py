@@ -21,6 +21,7 @@ DRAFTER_NAMES = {
     "eagle3": "EAGLE-3",
     "eagle_multilayer": "MTP",
     "ngram": "n-gram",
+    "suffix": "suffix",
     "standalone": "standalone",
     "dflash": "DFlash",
 }

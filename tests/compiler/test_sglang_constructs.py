@@ -236,6 +236,7 @@ def test_staging_is_generated_from_the_specs(gen: types.ModuleType) -> None:
         "standalone": "NULL",
         "none": None,
         "ngram": None,
+        "suffix": None,
         "dflash": None,
         "dspark": None,
         "uno": None,

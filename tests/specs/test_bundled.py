@@ -23,6 +23,7 @@ ALGORITHMS = [
     "ngram",
     "none",
     "standalone",
+    "suffix",
     "uno",
 ]
 

@@ -205,7 +205,9 @@ def test_a_drafter_that_would_be_random_on_the_real_model_is_refused(
         assert main(["generate", "--chat", "hi", "--algorithm", algorithm]) == EXIT_USAGE
         line = _error_line(capsys)  # the only line: no model was read
         assert f"no `{algorithm}` drafter ships for 'smollm2'" in line
-        assert "`none`, `ngram`, `eagle3`, `dflash`" in line and "--draft-model DIR" in line
+        assert (
+            "`none`, `ngram`, `suffix`, `eagle3`, `dflash`" in line and "--draft-model DIR" in line
+        )
     argv = ["generate", "--toy", "--prompt", "def f(x):", "--max-new-tokens", "2"]
     assert main([*argv, "--algorithm", "eagle"]) == EXIT_OK
     capsys.readouterr()
