@@ -54,16 +54,16 @@ __all__ = [
 ]
 
 
-class DflashRelayState:
-    """vLLM `dflash`: the relay of relayc's `dflash` (dflash.yaml).
+class EagleRelayState:
+    """vLLM `eagle`: the relay of relayc's `eagle` (eagle.yaml).
 
-    DFlash block drafting (topk 1) with one draft forward per chain, conditioned on target features in the draft KV cache.
+    EAGLE (EAGLE-1/2) tree drafting (topk >= 1) with a one-layer draft head over the target's last hidden state.
 
-    Relay fields vLLM does not carry across steps: `dsa_topk_indices` (its drafter runs
+    Relay fields vLLM does not carry across steps: `topk_p`, `topk_index`, `hidden_states`, `dsa_topk_indices` (its drafter runs
     at the end of a step and relays the drafted tokens instead).
     """
 
-    method: str | None = "dflash"
+    method: str | None = "eagle"
 
     def __init__(
         self,
@@ -73,8 +73,8 @@ class DflashRelayState:
     ) -> None:
         if num_speculative_steps < 1:
             raise runtime.RelayError(
-                f"DflashRelayState: num_speculative_steps is {num_speculative_steps}; "
-                "vLLM's `dflash` drafts at least 1 token per step"
+                f"{type(self).__name__}: num_speculative_steps is {num_speculative_steps}; "
+                f"vLLM's `{self.method}` drafts at least 1 token per step"
             )
         self.max_num_reqs = max_num_reqs
         self.num_speculative_steps = num_speculative_steps
@@ -122,6 +122,48 @@ class DflashRelayState:
         self.has_drafts[idx_mapping] = 1
 
 
+class Eagle3RelayState(EagleRelayState):
+    """vLLM `eagle3`: the relay of relayc's `eagle3` (eagle3.yaml).
+
+    EAGLE-3 tree drafting (topk >= 1) with three target layers' features and a draft vocabulary.
+
+    Relay fields vLLM does not carry across steps: `topk_p`, `topk_index`, `hidden_states`, `dsa_topk_indices` (its drafter runs
+    at the end of a step and relays the drafted tokens instead).
+
+    __init__, add_request, store_draft_tokens: as EagleRelayState's.
+    """
+
+    method: str | None = "eagle3"
+
+
+class EagleMultilayerRelayState(EagleRelayState):
+    """vLLM `mtp`: the relay of relayc's `eagle_multilayer` (eagle_multilayer.yaml).
+
+    Multi-token-prediction drafting, one draft layer per step.
+
+    Relay fields vLLM does not carry across steps: `dsa_topk_indices`, `topk_p`, `topk_index` (its drafter runs
+    at the end of a step and relays the drafted tokens instead).
+
+    __init__, add_request, store_draft_tokens: as EagleRelayState's.
+    """
+
+    method: str | None = "mtp"
+
+
+class DflashRelayState(EagleRelayState):
+    """vLLM `dflash`: the relay of relayc's `dflash` (dflash.yaml).
+
+    DFlash block drafting (topk 1) with one draft forward per chain, conditioned on target features in the draft KV cache.
+
+    Relay fields vLLM does not carry across steps: `dsa_topk_indices` (its drafter runs
+    at the end of a step and relays the drafted tokens instead).
+
+    __init__, add_request, store_draft_tokens: as EagleRelayState's.
+    """
+
+    method: str | None = "dflash"
+
+
 class DsparkRelayState:
     """vLLM `dspark`: the relay of relayc's `dspark` (dspark.yaml).
 
@@ -141,8 +183,8 @@ class DsparkRelayState:
     ) -> None:
         if num_speculative_steps < 1:
             raise runtime.RelayError(
-                f"DsparkRelayState: num_speculative_steps is {num_speculative_steps}; "
-                "vLLM's `dspark` drafts at least 1 token per step"
+                f"{type(self).__name__}: num_speculative_steps is {num_speculative_steps}; "
+                f"vLLM's `{self.method}` drafts at least 1 token per step"
             )
         self.max_num_reqs = max_num_reqs
         self.num_speculative_steps = num_speculative_steps
@@ -223,210 +265,6 @@ class DsparkRelayState:
         return self.stale_confidences[self.stale_idx].numpy()[slots]
 
 
-class EagleRelayState:
-    """vLLM `eagle`: the relay of relayc's `eagle` (eagle.yaml).
-
-    EAGLE (EAGLE-1/2) tree drafting (topk >= 1) with a one-layer draft head over the target's last hidden state.
-
-    Relay fields vLLM does not carry across steps: `topk_p`, `topk_index`, `hidden_states`, `dsa_topk_indices` (its drafter runs
-    at the end of a step and relays the drafted tokens instead).
-    """
-
-    method: str | None = "eagle"
-
-    def __init__(
-        self,
-        max_num_reqs: int,
-        num_speculative_steps: int,
-        device: torch.device | str,
-    ) -> None:
-        if num_speculative_steps < 1:
-            raise runtime.RelayError(
-                f"EagleRelayState: num_speculative_steps is {num_speculative_steps}; "
-                "vLLM's `eagle` drafts at least 1 token per step"
-            )
-        self.max_num_reqs = max_num_reqs
-        self.num_speculative_steps = num_speculative_steps
-        # common.yaml:48 bonus_tokens: Next input token of each request (the bonus token under speculation).
-        # [max_num_reqs, 1] int64
-        self.last_sampled_tokens = torch.zeros(max_num_reqs, 1, dtype=torch.int64, device=device)
-        # common.yaml:59 new_seq_lens: Committed KV length of each request after this iteration's accepted tokens.
-        # [max_num_reqs] int32 (vLLM counts computed tokens, the KV length, in int32)
-        self.num_computed_tokens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
-        # Its host mirror: an upper bound the scheduler reads without waiting.
-        self.num_computed_tokens_np = np.zeros(max_num_reqs, dtype=np.int32)
-        # vLLM's: tokens in all_token_ids (prompt and output). [max_num_reqs] int32
-        self.total_len = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
-        # The drafter's tokens, the next step's input. [max_num_reqs, num_speculative_steps]
-        # int64; 0 is vLLM's placeholder until the drafter runs for the slot.
-        self.draft_tokens = torch.zeros(
-            max_num_reqs, num_speculative_steps, dtype=torch.int64, device=device
-        )
-        # Per slot, since add_request: was a token sampled, were drafts stored (1), for the
-        # placeholder-leak check of combine_sampled_and_draft_tokens. int8: the updates
-        # store into it without a host sync, which bool arithmetic does not allow.
-        self.has_sampled = torch.zeros(max_num_reqs, dtype=torch.int8, device=device)
-        self.has_drafts = torch.zeros(max_num_reqs, dtype=torch.int8, device=device)
-        runtime.register(self, self.last_sampled_tokens, self.draft_tokens)
-
-    def add_request(self, req_idx: int, prefill_len: int, num_computed_tokens: int) -> None:
-        """A new or resumed request in slot `req_idx` (RequestState.add_request)."""
-        self.total_len[req_idx] = prefill_len
-        self.num_computed_tokens[req_idx] = num_computed_tokens
-        self.num_computed_tokens_np[req_idx] = num_computed_tokens
-        self.draft_tokens[req_idx] = 0
-        self.has_sampled[req_idx] = 0
-        self.has_drafts[req_idx] = 0
-
-    def store_draft_tokens(self, idx_mapping: torch.Tensor, draft_tokens: torch.Tensor) -> None:
-        """The drafter's tokens for the batch rows (model_runner's
-        `req_states.draft_tokens[idx_mapping] = draft_tokens`)."""
-        if draft_tokens.shape != (idx_mapping.shape[0], self.num_speculative_steps):
-            raise runtime.RelayError(
-                f"store_draft_tokens(): `draft_tokens` has shape {list(draft_tokens.shape)}, "
-                f"expected [{idx_mapping.shape[0]}, {self.num_speculative_steps}] "
-                "(one row per request, num_speculative_steps wide)"
-            )
-        self.draft_tokens[idx_mapping] = draft_tokens
-        self.has_drafts[idx_mapping] = 1
-
-
-class Eagle3RelayState:
-    """vLLM `eagle3`: the relay of relayc's `eagle3` (eagle3.yaml).
-
-    EAGLE-3 tree drafting (topk >= 1) with three target layers' features and a draft vocabulary.
-
-    Relay fields vLLM does not carry across steps: `topk_p`, `topk_index`, `hidden_states`, `dsa_topk_indices` (its drafter runs
-    at the end of a step and relays the drafted tokens instead).
-    """
-
-    method: str | None = "eagle3"
-
-    def __init__(
-        self,
-        max_num_reqs: int,
-        num_speculative_steps: int,
-        device: torch.device | str,
-    ) -> None:
-        if num_speculative_steps < 1:
-            raise runtime.RelayError(
-                f"Eagle3RelayState: num_speculative_steps is {num_speculative_steps}; "
-                "vLLM's `eagle3` drafts at least 1 token per step"
-            )
-        self.max_num_reqs = max_num_reqs
-        self.num_speculative_steps = num_speculative_steps
-        # common.yaml:48 bonus_tokens: Next input token of each request (the bonus token under speculation).
-        # [max_num_reqs, 1] int64
-        self.last_sampled_tokens = torch.zeros(max_num_reqs, 1, dtype=torch.int64, device=device)
-        # common.yaml:59 new_seq_lens: Committed KV length of each request after this iteration's accepted tokens.
-        # [max_num_reqs] int32 (vLLM counts computed tokens, the KV length, in int32)
-        self.num_computed_tokens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
-        # Its host mirror: an upper bound the scheduler reads without waiting.
-        self.num_computed_tokens_np = np.zeros(max_num_reqs, dtype=np.int32)
-        # vLLM's: tokens in all_token_ids (prompt and output). [max_num_reqs] int32
-        self.total_len = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
-        # The drafter's tokens, the next step's input. [max_num_reqs, num_speculative_steps]
-        # int64; 0 is vLLM's placeholder until the drafter runs for the slot.
-        self.draft_tokens = torch.zeros(
-            max_num_reqs, num_speculative_steps, dtype=torch.int64, device=device
-        )
-        # Per slot, since add_request: was a token sampled, were drafts stored (1), for the
-        # placeholder-leak check of combine_sampled_and_draft_tokens. int8: the updates
-        # store into it without a host sync, which bool arithmetic does not allow.
-        self.has_sampled = torch.zeros(max_num_reqs, dtype=torch.int8, device=device)
-        self.has_drafts = torch.zeros(max_num_reqs, dtype=torch.int8, device=device)
-        runtime.register(self, self.last_sampled_tokens, self.draft_tokens)
-
-    def add_request(self, req_idx: int, prefill_len: int, num_computed_tokens: int) -> None:
-        """A new or resumed request in slot `req_idx` (RequestState.add_request)."""
-        self.total_len[req_idx] = prefill_len
-        self.num_computed_tokens[req_idx] = num_computed_tokens
-        self.num_computed_tokens_np[req_idx] = num_computed_tokens
-        self.draft_tokens[req_idx] = 0
-        self.has_sampled[req_idx] = 0
-        self.has_drafts[req_idx] = 0
-
-    def store_draft_tokens(self, idx_mapping: torch.Tensor, draft_tokens: torch.Tensor) -> None:
-        """The drafter's tokens for the batch rows (model_runner's
-        `req_states.draft_tokens[idx_mapping] = draft_tokens`)."""
-        if draft_tokens.shape != (idx_mapping.shape[0], self.num_speculative_steps):
-            raise runtime.RelayError(
-                f"store_draft_tokens(): `draft_tokens` has shape {list(draft_tokens.shape)}, "
-                f"expected [{idx_mapping.shape[0]}, {self.num_speculative_steps}] "
-                "(one row per request, num_speculative_steps wide)"
-            )
-        self.draft_tokens[idx_mapping] = draft_tokens
-        self.has_drafts[idx_mapping] = 1
-
-
-class EagleMultilayerRelayState:
-    """vLLM `mtp`: the relay of relayc's `eagle_multilayer` (eagle_multilayer.yaml).
-
-    Multi-token-prediction drafting, one draft layer per step.
-
-    Relay fields vLLM does not carry across steps: `dsa_topk_indices`, `topk_p`, `topk_index` (its drafter runs
-    at the end of a step and relays the drafted tokens instead).
-    """
-
-    method: str | None = "mtp"
-
-    def __init__(
-        self,
-        max_num_reqs: int,
-        num_speculative_steps: int,
-        device: torch.device | str,
-    ) -> None:
-        if num_speculative_steps < 1:
-            raise runtime.RelayError(
-                f"EagleMultilayerRelayState: num_speculative_steps is {num_speculative_steps}; "
-                "vLLM's `mtp` drafts at least 1 token per step"
-            )
-        self.max_num_reqs = max_num_reqs
-        self.num_speculative_steps = num_speculative_steps
-        # common.yaml:48 bonus_tokens: Next input token of each request (the bonus token under speculation).
-        # [max_num_reqs, 1] int64
-        self.last_sampled_tokens = torch.zeros(max_num_reqs, 1, dtype=torch.int64, device=device)
-        # common.yaml:59 new_seq_lens: Committed KV length of each request after this iteration's accepted tokens.
-        # [max_num_reqs] int32 (vLLM counts computed tokens, the KV length, in int32)
-        self.num_computed_tokens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
-        # Its host mirror: an upper bound the scheduler reads without waiting.
-        self.num_computed_tokens_np = np.zeros(max_num_reqs, dtype=np.int32)
-        # vLLM's: tokens in all_token_ids (prompt and output). [max_num_reqs] int32
-        self.total_len = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
-        # The drafter's tokens, the next step's input. [max_num_reqs, num_speculative_steps]
-        # int64; 0 is vLLM's placeholder until the drafter runs for the slot.
-        self.draft_tokens = torch.zeros(
-            max_num_reqs, num_speculative_steps, dtype=torch.int64, device=device
-        )
-        # Per slot, since add_request: was a token sampled, were drafts stored (1), for the
-        # placeholder-leak check of combine_sampled_and_draft_tokens. int8: the updates
-        # store into it without a host sync, which bool arithmetic does not allow.
-        self.has_sampled = torch.zeros(max_num_reqs, dtype=torch.int8, device=device)
-        self.has_drafts = torch.zeros(max_num_reqs, dtype=torch.int8, device=device)
-        runtime.register(self, self.last_sampled_tokens, self.draft_tokens)
-
-    def add_request(self, req_idx: int, prefill_len: int, num_computed_tokens: int) -> None:
-        """A new or resumed request in slot `req_idx` (RequestState.add_request)."""
-        self.total_len[req_idx] = prefill_len
-        self.num_computed_tokens[req_idx] = num_computed_tokens
-        self.num_computed_tokens_np[req_idx] = num_computed_tokens
-        self.draft_tokens[req_idx] = 0
-        self.has_sampled[req_idx] = 0
-        self.has_drafts[req_idx] = 0
-
-    def store_draft_tokens(self, idx_mapping: torch.Tensor, draft_tokens: torch.Tensor) -> None:
-        """The drafter's tokens for the batch rows (model_runner's
-        `req_states.draft_tokens[idx_mapping] = draft_tokens`)."""
-        if draft_tokens.shape != (idx_mapping.shape[0], self.num_speculative_steps):
-            raise runtime.RelayError(
-                f"store_draft_tokens(): `draft_tokens` has shape {list(draft_tokens.shape)}, "
-                f"expected [{idx_mapping.shape[0]}, {self.num_speculative_steps}] "
-                "(one row per request, num_speculative_steps wide)"
-            )
-        self.draft_tokens[idx_mapping] = draft_tokens
-        self.has_drafts[idx_mapping] = 1
-
-
 class NoneRelayState:
     """vLLM without speculation: the relay of relayc's `none` (none.yaml).
 
@@ -443,7 +281,7 @@ class NoneRelayState:
     ) -> None:
         if num_speculative_steps != 0:
             raise runtime.RelayError(
-                f"NoneRelayState: num_speculative_steps is {num_speculative_steps}; "
+                f"{type(self).__name__}: num_speculative_steps is {num_speculative_steps}; "
                 "plain decoding drafts none (give 0)"
             )
         self.max_num_reqs = max_num_reqs

@@ -359,3 +359,27 @@ def test_install_points_vllms_modules_at_the_generated_functions(gen: types.Modu
     assert input_batch.prepare_pos_seq_lens is gen.prepare_pos_seq_lens
     assert model_runner.post_update is gen.post_update and model_runner.unrelated is vllms_own
     assert not hasattr(model_runner, "prepare_pos_seq_lens")  # only names vLLM's module has
+
+
+def test_a_class_equal_to_an_earlier_one_derives_from_it(gen: types.ModuleType) -> None:
+    eagle = gen.EagleRelayState
+    for derived in (gen.Eagle3RelayState, gen.EagleMultilayerRelayState, gen.DflashRelayState):
+        assert (
+            derived.__bases__ == (eagle,)
+            and set(vars(derived)) & {"__init__", "add_request"} == set()
+        )
+        assert "__init__, add_request, store_draft_tokens: as EagleRelayState's." in derived.__doc__
+    # DSpark holds the confidence relay and plain decoding no drafts: each its own class.
+    assert gen.DsparkRelayState.__bases__ == gen.NoneRelayState.__bases__ == (object,)
+    with pytest.raises(gen.RelayError, match=r"Eagle3RelayState: .* vLLM's `eagle3` drafts"):
+        gen.Eagle3RelayState(8, 0, "cpu")
+    assert gen.STATES["mtp"](8, 2, "cpu").draft_tokens.shape == (8, 2)
+
+
+def test_a_class_whose_fields_differ_is_written_out(tmp_path: Path) -> None:
+    # EAGLE3 holding num_computed_tokens in another field: not EAGLE's __init__.
+    path = _edited(tmp_path, "eagle3.yaml", "method: eagle3\n",
+                   "method: eagle3\n  hooks: {num_computed_tokens: bonus_tokens}\n")  # fmt: skip
+    text = compile_vllm([SPECS / "eagle.yaml", path], tmp_path / "out")[0].text
+    assert "class Eagle3RelayState:" in text and "as EagleRelayState's" not in text
+    assert text.count("# [max_num_reqs] int32 (vLLM counts computed tokens") == 2

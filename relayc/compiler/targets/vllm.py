@@ -15,6 +15,10 @@ vLLM's relay differs from SGLang's: its drafter runs at the end of a step and re
 drafted tokens (`draft_tokens`), where SGLang's relays the draft head's top-k and hidden
 state. A spec names which of its relay fields vLLM's tensors hold (`vllm: hooks:`); the
 fields vLLM does not carry across steps are listed in each class's docstring.
+
+Identical classes are written once, as the SGLang target does: a class whose fields and
+hooks equal an earlier method's derives from that class and says so (EAGLE3's, MTP's and
+DFlash's are EAGLE's relay).
 """
 
 from __future__ import annotations
@@ -68,6 +72,9 @@ DEFAULT_HOOKS = {
     "draft_logits": "draft_probs",
     "confidence": "confidence",
 }
+# vLLM's speculative methods (`speculative_config.method`) in the order it added them;
+# None, no speculation, last.
+VLLM_METHODS: tuple[str | None, ...] = ("eagle", "eagle3", "mtp", "dflash", "dspark", None)
 # The vLLM methods with an adaptive-verification confidence relay.
 CONFIDENCE_METHODS = ("dspark",)
 _FUNCTIONS = (
@@ -254,8 +261,9 @@ def generate_vllm_module(algorithms: Sequence[VLLMAlgorithm], out_dir: str) -> s
     exported = sorted([*_FUNCTIONS, "RelayError", "STATES", "install", *classes], key=_isort)
     w(f"__all__ = {exported!r}".replace("'", '"'))
     w("\n")
-    for algo in algorithms:
-        _state_class(w, algo)
+    emitted: dict[str, dict[str, str]] = {}
+    for algo in sorted(algorithms, key=_method_order):
+        _state_class(w, algo, emitted)
         w("\n")
     w("# vLLM's `speculative_config.method` (None: no speculation) -> its relay state.")
     w("STATES: dict[str | None, type[Any]] = {")
@@ -265,6 +273,13 @@ def generate_vllm_module(algorithms: Sequence[VLLMAlgorithm], out_dir: str) -> s
     w("}\n\n")
     _install(w)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _method_order(algo: VLLMAlgorithm) -> int:
+    """Classes in the order vLLM added its methods, so a later method's class can derive
+    from an earlier one it equals (EAGLE3's, MTP's and DFlash's from EAGLE's)."""
+    known = algo.method in VLLM_METHODS
+    return VLLM_METHODS.index(algo.method) if known else len(VLLM_METHODS)
 
 
 def _isort(name: str) -> tuple[int, str]:
@@ -282,12 +297,19 @@ def _doc(text: str) -> str:
     return comment_text(text).replace('"', "'").replace("\\", "/")
 
 
-def _state_class(w: Callable[[str], None], algo: VLLMAlgorithm) -> None:
+def _state_class(
+    w: Callable[[str], None], algo: VLLMAlgorithm, emitted: dict[str, dict[str, str]]
+) -> None:
+    """One algorithm's class. When its members (fields, hooks and so every method's text)
+    equal an earlier class's, it derives from that class and says so, as the SGLang
+    target's FutureMaps do: each class stays named, its own buffers readable in one place."""
     plan = algo.plan
+    members = _members(algo)
+    parent = next((name for name, other in emitted.items() if other == members), None)
+    emitted[algo.class_name] = members
     spec = _doc(plan.spec_path.replace("\\", "/").rsplit("/", 1)[-1])
     method = f"`{algo.method}`" if algo.method else "without speculation"
-    speculative = algo.method is not None
-    w(f"class {algo.class_name}:")
+    w(f"class {algo.class_name}{f'({parent})' if parent else ''}:")
     w(f'    """vLLM {method}: the relay of relayc\'s `{plan.algorithm}` ({spec}).\n')
     w(f"    {_doc(plan.description)}")
     if algo.elsewhere:
@@ -295,8 +317,33 @@ def _state_class(w: Callable[[str], None], algo: VLLMAlgorithm) -> None:
         w("")
         w(f"    Relay fields vLLM does not carry across steps: {listed} (its drafter runs")
         w("    at the end of a step and relays the drafted tokens instead).")
+    if parent:
+        w("")
+        w(f"    {', '.join(members)}: as {parent}'s.")
     w('    """\n')
-    w(f"    method: str | None = {_doc(repr(algo.method))}\n")
+    w(f"    method: str | None = {_doc(repr(algo.method))}")
+    if parent is None:
+        for text in members.values():
+            w("")
+            w(text)
+
+
+def _members(algo: VLLMAlgorithm) -> dict[str, str]:
+    """The methods of one algorithm's class, their text by name."""
+    members = {"__init__": _init(algo), "add_request": _add_request(algo)}
+    if algo.method is not None:
+        members["store_draft_tokens"] = _store_draft_tokens()
+    if algo.confidence is not None:
+        members["record_confidences"] = _record_confidences()
+        members["read_stale_confidences"] = _read_stale_confidences()
+    return members
+
+
+def _init(algo: VLLMAlgorithm) -> str:
+    plan = algo.plan
+    speculative = algo.method is not None
+    lines: list[str] = []
+    w = lines.append
     w("    def __init__(")
     w("        self,")
     w("        max_num_reqs: int,")
@@ -306,19 +353,22 @@ def _state_class(w: Callable[[str], None], algo: VLLMAlgorithm) -> None:
         w("        vocab_size: int = 0,")
         w("        draft_logits_dtype: torch.dtype = torch.float32,")
     w("    ) -> None:")
+    # The messages name the class and method from self, so a derived class's read right.
     if speculative:
         w("        if num_speculative_steps < 1:")
         w("            raise runtime.RelayError(")
         w(
-            f'                f"{algo.class_name}: num_speculative_steps is {{num_speculative_steps}}; "'
+            '                f"{type(self).__name__}: num_speculative_steps is '
+            '{num_speculative_steps}; "'
         )
-        w(f'                "vLLM\'s `{algo.method}` drafts at least 1 token per step"')
+        w('                f"vLLM\'s `{self.method}` drafts at least 1 token per step"')
         w("            )")
     else:
         w("        if num_speculative_steps != 0:")
         w("            raise runtime.RelayError(")
         w(
-            f'                f"{algo.class_name}: num_speculative_steps is {{num_speculative_steps}}; "'
+            '                f"{type(self).__name__}: num_speculative_steps is '
+            '{num_speculative_steps}; "'
         )
         w('                "plain decoding drafts none (give 0)"')
         w("            )")
@@ -394,8 +444,13 @@ def _state_class(w: Callable[[str], None], algo: VLLMAlgorithm) -> None:
     w("        # store into it without a host sync, which bool arithmetic does not allow.")
     w("        self.has_sampled = torch.zeros(max_num_reqs, dtype=torch.int8, device=device)")
     w("        self.has_drafts = torch.zeros(max_num_reqs, dtype=torch.int8, device=device)")
-    w("        runtime.register(self, self.last_sampled_tokens, self.draft_tokens)\n")
+    w("        runtime.register(self, self.last_sampled_tokens, self.draft_tokens)")
+    return "\n".join(lines)
 
+
+def _add_request(algo: VLLMAlgorithm) -> str:
+    lines: list[str] = []
+    w = lines.append
     w(
         "    def add_request(self, req_idx: int, prefill_len: int, num_computed_tokens: int) -> None:"
     )
@@ -403,55 +458,54 @@ def _state_class(w: Callable[[str], None], algo: VLLMAlgorithm) -> None:
     w("        self.total_len[req_idx] = prefill_len")
     w("        self.num_computed_tokens[req_idx] = num_computed_tokens")
     w("        self.num_computed_tokens_np[req_idx] = num_computed_tokens")
-    if speculative:
+    if algo.method is not None:
         w("        self.draft_tokens[req_idx] = 0")
-    if conf is not None:
+    if algo.confidence is not None:
         w("        self.confidence_probs[req_idx] = 1.0")
         w("        self.stale_confidences[self.stale_idx][req_idx] = 1.0")
         w("        self.pending_resets.append(req_idx)")
     w("        self.has_sampled[req_idx] = 0")
     w("        self.has_drafts[req_idx] = 0")
-    if not speculative:
-        return
-    w("")
-
-    w(
-        "    def store_draft_tokens(self, idx_mapping: torch.Tensor, draft_tokens: torch.Tensor) -> None:"
-    )
-    w('        """The drafter\'s tokens for the batch rows (model_runner\'s')
-    w('        `req_states.draft_tokens[idx_mapping] = draft_tokens`)."""')
-    w("        if draft_tokens.shape != (idx_mapping.shape[0], self.num_speculative_steps):")
-    w("            raise runtime.RelayError(")
-    w(
-        '                f"store_draft_tokens(): `draft_tokens` has shape {list(draft_tokens.shape)}, "'
-    )
-    w('                f"expected [{idx_mapping.shape[0]}, {self.num_speculative_steps}] "')
-    w('                "(one row per request, num_speculative_steps wide)"')
-    w("            )")
-    w("        self.draft_tokens[idx_mapping] = draft_tokens")
-    w("        self.has_drafts[idx_mapping] = 1")
-    if conf is not None:
-        w("")
-        _record_confidences(w)
+    return "\n".join(lines)
 
 
-def _record_confidences(w: Callable[[str], None]) -> None:
-    w("    def record_confidences(")
-    w("        self, confidence_probs: torch.Tensor, idx_mapping: torch.Tensor, num_reqs: int")
-    w("    ) -> None:")
-    w('        """This step\'s confidences for the batch rows; copied to the host, where a later')
-    w("        step's draft budget reads them (AdaptiveVerification.record_confidences). The")
-    w('        copy finishes before this returns: one step late, as vLLM\'s event wait."""')
-    w("        ready_idx = self.stale_idx ^ 1")
-    w("        if self.pending_resets:")
-    w("            self.stale_confidences[ready_idx][self.pending_resets] = 1.0")
-    w("            self.pending_resets.clear()")
-    w("        self.stale_idx, write_idx = ready_idx, self.stale_idx")
-    w("        self.confidence_probs[idx_mapping] = confidence_probs[:num_reqs]")
-    w("        self.stale_confidences[write_idx].copy_(self.confidence_probs)\n")
-    w("    def read_stale_confidences(self, slots: np.ndarray) -> np.ndarray:")
-    w('        """The host copy of the slots\' confidences a draft budget reads."""')
-    w("        return self.stale_confidences[self.stale_idx].numpy()[slots]")
+def _store_draft_tokens() -> str:
+    return """\
+    def store_draft_tokens(self, idx_mapping: torch.Tensor, draft_tokens: torch.Tensor) -> None:
+        \"\"\"The drafter's tokens for the batch rows (model_runner's
+        `req_states.draft_tokens[idx_mapping] = draft_tokens`).\"\"\"
+        if draft_tokens.shape != (idx_mapping.shape[0], self.num_speculative_steps):
+            raise runtime.RelayError(
+                f"store_draft_tokens(): `draft_tokens` has shape {list(draft_tokens.shape)}, "
+                f"expected [{idx_mapping.shape[0]}, {self.num_speculative_steps}] "
+                "(one row per request, num_speculative_steps wide)"
+            )
+        self.draft_tokens[idx_mapping] = draft_tokens
+        self.has_drafts[idx_mapping] = 1"""
+
+
+def _record_confidences() -> str:
+    return """\
+    def record_confidences(
+        self, confidence_probs: torch.Tensor, idx_mapping: torch.Tensor, num_reqs: int
+    ) -> None:
+        \"\"\"This step's confidences for the batch rows; copied to the host, where a later
+        step's draft budget reads them (AdaptiveVerification.record_confidences). The
+        copy finishes before this returns: one step late, as vLLM's event wait.\"\"\"
+        ready_idx = self.stale_idx ^ 1
+        if self.pending_resets:
+            self.stale_confidences[ready_idx][self.pending_resets] = 1.0
+            self.pending_resets.clear()
+        self.stale_idx, write_idx = ready_idx, self.stale_idx
+        self.confidence_probs[idx_mapping] = confidence_probs[:num_reqs]
+        self.stale_confidences[write_idx].copy_(self.confidence_probs)"""
+
+
+def _read_stale_confidences() -> str:
+    return """\
+    def read_stale_confidences(self, slots: np.ndarray) -> np.ndarray:
+        \"\"\"The host copy of the slots' confidences a draft budget reads.\"\"\"
+        return self.stale_confidences[self.stale_idx].numpy()[slots]"""
 
 
 def _install(w: Callable[[str], None]) -> None:
