@@ -1,1 +1,1 @@
-"""The vLLM relay for the bundled specs: the generated vllm_relay.py and the hand-written runtime it imports, relayc_vllm_runtime.py. Do not edit them: run `relayc compile --bundled`."""
+"""The vLLM relay for the bundled specs: the generated vllm_relay.py, the hand-written runtime it imports (relayc_vllm_runtime.py) and the hand-written plugin that installs it into vLLM (relayc_vllm_plugin.py). Do not edit them: run `relayc compile --bundled`."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relayc.compiler.targets.vllm import MODULE_NAME, RUNTIME_MODULE, compile_vllm
+from relayc.compiler.targets.vllm import MODULE_NAME, PLUGIN_MODULE, RUNTIME_MODULE, compile_vllm
 from relayc.compiler.writer import VLLM_GENERATED_DIR, vllm_specs
 from relayc.specs.errors import SpecErrors
 from relayc.specs.loader import bundled_spec_paths
@@ -76,6 +76,15 @@ def test_generated_module_imports_nothing_from_vllm() -> None:
         assert "vllm" not in imported, name
         assert imported <= {"__future__", "numpy", "torch", "os", "weakref", "typing",
                             RUNTIME_MODULE}, imported  # fmt: skip
+    # The plugin reaches vLLM only when vLLM calls it, by module name (importlib).
+    plugin = ast.parse((VLLM_GENERATED_DIR / f"{PLUGIN_MODULE}.py").read_text(encoding="utf-8"))
+    assert not [
+        node
+        for node in ast.walk(plugin)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        and any("vllm" in (a.name if isinstance(node, ast.Import) else node.module or "")
+                for a in node.names)
+    ]  # fmt: skip
 
 
 def test_vllms_names_and_signatures(gen: types.ModuleType) -> None:
@@ -383,3 +392,14 @@ def test_a_class_whose_fields_differ_is_written_out(tmp_path: Path) -> None:
     text = compile_vllm([SPECS / "eagle.yaml", path], tmp_path / "out")[0].text
     assert "class Eagle3RelayState:" in text and "as EagleRelayState's" not in text
     assert text.count("# [max_num_reqs] int32 (vLLM counts computed tokens") == 2
+
+
+def test_the_plugin_picks_the_state_class_of_vllms_method() -> None:
+    from relayc.vllm_generated import relayc_vllm_plugin as plugin
+    from relayc.vllm_generated import vllm_relay as gen
+
+    assert plugin.relay_state_class("dspark", 2) is gen.DsparkRelayState
+    assert plugin.relay_state_class("mtp", 2) is gen.EagleMultilayerRelayState
+    assert plugin.relay_state_class("eagle", 0) is gen.NoneRelayState  # no speculative steps
+    with pytest.raises(gen.RelayError, match=r"method 'ngram'.*RELAYC_VLLM_METHOD"):
+        plugin.relay_state_class("ngram", 2)

@@ -1,6 +1,6 @@
 """The vLLM target: the per-request relay of vLLM 0.33.0's Model Runner V2, from several specs.
 
-`relayc compile --target vllm SPEC... -o DIR` writes two files:
+`relayc compile --target vllm SPEC... -o DIR` writes three files:
 
 - `DIR/vllm_relay.py`, generated: one `<Algorithm>RelayState` class per spec, the
   speculative part of vLLM's `RequestState` (vllm/v1/worker/gpu/states.py) for the vLLM
@@ -10,6 +10,9 @@
   re-exports input_batch.py's five relay updates under vLLM's names.
 - `DIR/relayc_vllm_runtime.py`, hand-written: `vllm_runtime.py` beside this file, copied
   unchanged (the five updates and their checks, which depend on no spec).
+- `DIR/relayc_vllm_plugin.py`, hand-written: `vllm_plugin.py` beside this file, copied
+  unchanged: the `vllm.general_plugins` entry point that installs the two into vLLM (the
+  only one of the three that touches vLLM, and only when vLLM calls it).
 
 vLLM's relay differs from SGLang's: its drafter runs at the end of a step and relays the
 drafted tokens (`draft_tokens`), where SGLang's relays the draft head's top-k and hidden
@@ -29,7 +32,7 @@ from pathlib import Path
 
 from relayc.compiler.codegen import GENERATED_MARK
 from relayc.compiler.output import Output, comment_text, format_source
-from relayc.compiler.targets import vllm_runtime
+from relayc.compiler.targets import vllm_plugin, vllm_runtime
 from relayc.nodes.registry import builtin_op_names
 from relayc.plan import RelayField, RelayPlan, plan_spec_file
 from relayc.plan.support import TargetSupport, unsupported
@@ -37,6 +40,7 @@ from relayc.specs.errors import SpecError, SpecErrors
 
 MODULE_NAME = "vllm_relay.py"
 RUNTIME_MODULE = "relayc_vllm_runtime"
+PLUGIN_MODULE = "relayc_vllm_plugin"
 VLLM_VERSION = vllm_runtime.VLLM_VERSION
 
 # UNO's self-drafting ops: vLLM 0.33.0 has no speculator running them.
@@ -186,8 +190,8 @@ def _misfit(plan: RelayPlan, f: RelayField, hook: str, why: str) -> SpecError:
 def compile_vllm(
     spec_paths: Sequence[str | Path], out_dir: str | Path, *, ops: Sequence[str] = ()
 ) -> list[Output]:
-    """The vLLM relay of ``spec_paths``: its generated `vllm_relay.py` and the runtime beside
-    it; raises SpecErrors (all of them)."""
+    """The vLLM relay of ``spec_paths``: its generated `vllm_relay.py`, and the runtime and
+    the plugin beside it; raises SpecErrors (all of them)."""
     algorithms: list[VLLMAlgorithm] = []
     errors: list[SpecError] = []
     for path in spec_paths:
@@ -204,9 +208,11 @@ def compile_vllm(
         raise SpecErrors(errors)
     module = format_source(generate_vllm_module(algorithms, Path(out_dir).as_posix()), MODULE_NAME)
     runtime = Path(vllm_runtime.__file__).read_text(encoding="utf-8")
+    plugin = Path(vllm_plugin.__file__).read_text(encoding="utf-8")
     return [
         Output(Path(out_dir) / MODULE_NAME, module),
         Output(Path(out_dir) / f"{RUNTIME_MODULE}.py", runtime),
+        Output(Path(out_dir) / f"{PLUGIN_MODULE}.py", plugin),
     ]
 
 
