@@ -47,7 +47,6 @@ __all__ = [
     "RelayError",
     "combine_sampled_and_draft_tokens",
     "get_num_sampled_and_rejected",
-    "install",
     "post_update",
     "post_update_num_computed_tokens",
     "prepare_pos_seq_lens",
@@ -324,20 +323,3 @@ STATES: dict[str | None, type[Any]] = {
     "mtp": EagleMultilayerRelayState,
     None: NoneRelayState,
 }
-
-
-def install(*modules: Any) -> None:
-    """Point vLLM at these functions: pass `vllm.v1.worker.gpu.input_batch` and
-    `vllm.v1.worker.gpu.model_runner` (which imports them by name), e.g. from a
-    `vllm.general_plugins` entry point (docs/vllm.md); this module imports no vLLM."""
-    for module in modules:
-        if hasattr(module, "combine_sampled_and_draft_tokens"):
-            module.combine_sampled_and_draft_tokens = combine_sampled_and_draft_tokens
-        if hasattr(module, "get_num_sampled_and_rejected"):
-            module.get_num_sampled_and_rejected = get_num_sampled_and_rejected
-        if hasattr(module, "post_update"):
-            module.post_update = post_update
-        if hasattr(module, "post_update_num_computed_tokens"):
-            module.post_update_num_computed_tokens = post_update_num_computed_tokens
-        if hasattr(module, "prepare_pos_seq_lens"):
-            module.prepare_pos_seq_lens = prepare_pos_seq_lens

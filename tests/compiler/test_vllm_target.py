@@ -358,16 +358,43 @@ def test_the_cli_compiles_for_vllm_and_locates_what_it_refuses(
     assert len(_load(tmp_path / "b", "vllm_relay").STATES) == 6
 
 
-def test_install_points_vllms_modules_at_the_generated_functions(gen: types.ModuleType) -> None:
-    def vllms_own() -> None: ...
+def test_the_plugin_replaces_vllms_objects_by_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plugin.install() on stand-ins for vLLM's modules (tests/vllm/test_vllm_plugin.py runs
+    it on vLLM's own): what imported vLLM's functions or RequestState by name is pointed at
+    the generated ones; a same-named object of another module is left alone."""
+    from relayc.vllm_generated import relayc_vllm_plugin as plugin
+    from relayc.vllm_generated import vllm_relay as gen
 
-    input_batch = types.SimpleNamespace(post_update=vllms_own, prepare_pos_seq_lens=vllms_own)
-    model_runner = types.SimpleNamespace(post_update=vllms_own, unrelated=vllms_own)
-    gen.install(input_batch, model_runner)
-    assert input_batch.post_update is gen.post_update
-    assert input_batch.prepare_pos_seq_lens is gen.prepare_pos_seq_lens
-    assert model_runner.post_update is gen.post_update and model_runner.unrelated is vllms_own
-    assert not hasattr(model_runner, "prepare_pos_seq_lens")  # only names vLLM's module has
+    def unrelated_post_update() -> None: ...
+
+    class RequestState:
+        def __init__(self, max_num_reqs: int, num_speculative_steps: int, device: str) -> None:
+            self.last_sampled_tokens = torch.zeros(max_num_reqs, 1, dtype=torch.int64)
+            self.draft_tokens = torch.zeros(max_num_reqs, num_speculative_steps, dtype=torch.int64)
+
+    input_batch = types.ModuleType(plugin.VLLM_INPUT_BATCH)
+    for name in plugin.FUNCTIONS:  # vLLM's own, one function each
+        setattr(input_batch, name, types.FunctionType(unrelated_post_update.__code__, {}, name))
+    states = types.ModuleType(plugin.VLLM_STATES)
+    states.RequestState = RequestState  # type: ignore[attr-defined]
+    model_runner = types.ModuleType("vllm.v1.worker.gpu.model_runner")
+    model_runner.post_update = input_batch.post_update  # type: ignore[attr-defined]
+    model_runner.RequestState = RequestState  # type: ignore[attr-defined]
+    other = types.ModuleType("vllm.v1.worker.gpu.other")
+    other.post_update = unrelated_post_update  # type: ignore[attr-defined]
+    for module in (input_batch, states, model_runner, other):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    relayed = plugin.install("eagle3")
+    assert plugin.install("dspark") is relayed  # vLLM may load a plugin twice
+    for name in plugin.FUNCTIONS:
+        assert getattr(input_batch, name) is getattr(gen, name)
+    assert model_runner.post_update is gen.post_update
+    assert states.RequestState is model_runner.RequestState is relayed
+    assert other.post_update is unrelated_post_update
+    req_states = relayed(max_num_reqs=4, num_speculative_steps=2, device="cpu")
+    assert type(req_states.relay) is gen.Eagle3RelayState
+    assert req_states.draft_tokens is req_states.relay.draft_tokens
+    assert req_states.last_sampled_tokens is req_states.relay.last_sampled_tokens
 
 
 def test_a_class_equal_to_an_earlier_one_derives_from_it(gen: types.ModuleType) -> None:

@@ -264,7 +264,7 @@ def generate_vllm_module(algorithms: Sequence[VLLMAlgorithm], out_dir: str) -> s
         w(f"{name} = runtime.{name}")
     w("RelayError = runtime.RelayError\n")
     classes = [a.class_name for a in algorithms]
-    exported = sorted([*_FUNCTIONS, "RelayError", "STATES", "install", *classes], key=_isort)
+    exported = sorted([*_FUNCTIONS, "RelayError", "STATES", *classes], key=_isort)
     w(f"__all__ = {exported!r}".replace("'", '"'))
     w("\n")
     emitted: dict[str, dict[str, str]] = {}
@@ -276,8 +276,7 @@ def generate_vllm_module(algorithms: Sequence[VLLMAlgorithm], out_dir: str) -> s
     for algo in algorithms:
         key = "None" if algo.method is None else f'"{algo.method}"'
         w(f"    {key}: {algo.class_name},")
-    w("}\n\n")
-    _install(w)
+    w("}")
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -512,14 +511,3 @@ def _read_stale_confidences() -> str:
     def read_stale_confidences(self, slots: np.ndarray) -> np.ndarray:
         \"\"\"The host copy of the slots' confidences a draft budget reads.\"\"\"
         return self.stale_confidences[self.stale_idx].numpy()[slots]"""
-
-
-def _install(w: Callable[[str], None]) -> None:
-    w("def install(*modules: Any) -> None:")
-    w('    """Point vLLM at these functions: pass `vllm.v1.worker.gpu.input_batch` and')
-    w("    `vllm.v1.worker.gpu.model_runner` (which imports them by name), e.g. from a")
-    w('    `vllm.general_plugins` entry point (docs/vllm.md); this module imports no vLLM."""')
-    w("    for module in modules:")
-    for name in _FUNCTIONS:
-        w(f"        if hasattr(module, {name!r}):".replace("'", '"'))
-        w(f"            module.{name} = {name}")
