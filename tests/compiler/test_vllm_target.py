@@ -430,3 +430,5 @@ def test_the_plugin_picks_the_state_class_of_vllms_method() -> None:
     assert plugin.relay_state_class("eagle", 0) is gen.NoneRelayState  # no speculative steps
     with pytest.raises(gen.RelayError, match=r"method 'ngram'.*RELAYC_VLLM_METHOD"):
         plugin.relay_state_class("ngram", 2)
+    with pytest.raises(gen.RelayError, match="2 speculative steps but the method is unknown"):
+        plugin.relay_state_class(None, 2)

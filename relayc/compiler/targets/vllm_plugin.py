@@ -76,6 +76,12 @@ def relay_state_class(method: str | None, num_speculative_steps: int) -> type[An
     vllm_relay = relay_module()
     if num_speculative_steps == 0:
         method = None
+    elif method is None:
+        raise vllm_relay.RelayError(
+            f"relayc's vLLM plugin: RequestState has {num_speculative_steps} speculative "
+            f"steps but the method is unknown ({METHOD_ENV} is unset and vLLM's current "
+            f"config gives none); set {METHOD_ENV} to vLLM's `speculative_config.method`"
+        )
     if method not in vllm_relay.STATES:
         served = ", ".join(sorted(str(m) for m in vllm_relay.STATES))
         raise vllm_relay.RelayError(
