@@ -3,6 +3,7 @@ drafting a tree; ships for SmolLM2 (``assets/smollm2/eagle3``) and the toy model
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from relayc.engine.algorithms.eagle import tree_drafting
@@ -15,6 +16,7 @@ from relayc.engine.algorithms.registry import (
     trained_drafter,
 )
 from relayc.engine.checkpoints.shipped import demo_drafter
+from relayc.runtime.rules import check_dim_rules
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -37,11 +39,13 @@ def make_drafting(request: DraftingRequest) -> Drafting:
             "builds an untrained one for tests)"
         )
     head = Eagle3Head.load(directory, request.model)
-    if request.topk > head.draft_vocab_size:
-        raise ValueError(
-            f"`topk` ({request.topk}) exceeds the EAGLE-3 head's draft vocabulary "
-            f"({head.draft_vocab_size} tokens, {directory})"
-        )
+    # The spec's rules, now that the head supplies its draft vocabulary (relayc/specs/eagle3.yaml).
+    check_dim_rules(
+        "eagle3",
+        importlib.import_module(ALGORITHM.module_name).DIM_RULES,
+        {"topk": request.topk, "draft_vocab": head.draft_vocab_size},
+        sources={"draft_vocab": f"the EAGLE-3 head's draft_vocab_size, {directory}"},
+    )
     return tree_drafting("eagle3", head, request)
 
 
