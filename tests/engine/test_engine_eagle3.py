@@ -102,8 +102,14 @@ def test_static_graph_path_matches_eager(model: LlamaForCausalLM, head_dir: Path
 def test_a_missing_or_unfit_head_is_a_clear_error(model: LlamaForCausalLM, head_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"no EAGLE-3 head ships .* pass draft_model=DIR"):
         Engine(model, algorithm="eagle3")
-    with pytest.raises(ValueError, match=r"`topk` \(12\) exceeds the EAGLE-3 head's draft vocab"):
+    # The spec's rule `topk <= draft_vocab`, the head supplying its draft vocabulary.
+    with pytest.raises(ValueError) as caught:
         Engine(model, algorithm="eagle3", draft_model=head_dir, topk=12, num_draft_tokens=8)
+    message = str(caught.value)
+    assert "rule `topk <= draft_vocab` (relayc/specs/eagle3.yaml:" in message
+    assert f"topk=12, draft_vocab=10 (the EAGLE-3 head's draft_vocab_size, {head_dir})" in message
+    assert "the EAGLE-3 head's draft vocabulary: lower `topk`" in message
+    assert message.endswith("(`topk` must be at most 10)")
     with pytest.raises(
         ValueError, match=r"`eagle3` cannot run .* \(`num_draft_tokens` must be at most 3\)"
     ):

@@ -86,7 +86,11 @@ def test_rules_may_name_imported_and_supplied_dims(tmp_path: Path) -> None:
 BUNDLED_RULES = {
     "none": [],
     "eagle": ["num_draft_tokens <= 1 + topk + (num_steps - 1) * topk * topk", "topk <= vocab"],
-    "eagle3": ["num_draft_tokens <= 1 + topk + (num_steps - 1) * topk * topk", "topk <= vocab"],
+    "eagle3": [
+        "num_draft_tokens <= 1 + topk + (num_steps - 1) * topk * topk",
+        "topk <= vocab",
+        "topk <= draft_vocab",
+    ],
     "eagle_multilayer": ["num_draft_tokens <= 1 + topk * num_steps", "topk <= vocab"],
     "ngram": ["num_draft_tokens >= 2"],
     "standalone": ["topk == 1", "num_draft_tokens == num_steps + 1"],

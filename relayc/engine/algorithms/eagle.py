@@ -14,6 +14,8 @@ from relayc.engine.algorithms.registry import (
     trained_drafter,
 )
 from relayc.engine.checkpoints.shipped import demo_drafter
+from relayc.nodes import Op, TensorType
+from relayc.nodes.signatures import DRAFTING, EXTEND_INPUTS, FIRST_TOP_K, LENS, PREFILLED, SLOTS, N
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -63,12 +65,50 @@ def shipped_drafter(num_steps: int) -> Path:
     return demo_drafter("eagle", "eagle")
 
 
+# The ops eagle.yaml names beyond the shared ones (relayc.nodes.ops).
+OPS = (
+    Op(
+        "eagle_prefill",
+        {**SLOTS, **LENS},
+        {
+            **PREFILLED,
+            **FIRST_TOP_K,
+            "hidden_states": TensorType("model", ("hidden",)),
+            "draft_probs": TensorType("float32", ("vocab",)),
+        },
+        doc="target prefill, then the draft head over the prompt",
+    ),
+    Op(
+        "eagle_draft",
+        {
+            **FIRST_TOP_K,
+            "hidden_states": TensorType("model", ("hidden",)),
+            "draft_probs": TensorType("float32", ("vocab",), optional=True),
+            **LENS,
+            **SLOTS,
+        },
+        {**DRAFTING, "chain_draft_probs": TensorType("float32", ("num_steps", "vocab"))},
+        doc="expand the relayed top-k for num_steps draft-head steps",
+    ),
+    Op(
+        "eagle_draft_extend",
+        {"hidden_states": TensorType("model", (N, "hidden")), **EXTEND_INPUTS},
+        {
+            **FIRST_TOP_K,
+            "hidden_states": TensorType("model", ("hidden",)),
+            "draft_probs": TensorType("float32", ("vocab",)),
+        },
+        doc="draft head over the accepted tokens; next top-k",
+    ),
+)
+
 ALGORITHM = Algorithm(
     name="eagle",
     spec=SPECS_DIR / "eagle.yaml",
     summary="an EAGLE head drafts a tree from the target's hidden states",
     make_drafting=make_drafting,
     impls=impls,
+    ops=OPS,
     shipped_drafter=shipped_drafter,
     demo=Demo(
         toy=(

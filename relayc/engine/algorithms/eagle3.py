@@ -3,6 +3,7 @@ drafting a tree; ships for SmolLM2 (``assets/smollm2/eagle3``) and the toy model
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from relayc.engine.algorithms.eagle import tree_drafting
@@ -15,6 +16,18 @@ from relayc.engine.algorithms.registry import (
     trained_drafter,
 )
 from relayc.engine.checkpoints.shipped import demo_drafter
+from relayc.nodes import Op, TensorType
+from relayc.nodes.signatures import (
+    DRAFTING,
+    EXTEND_INPUTS,
+    FIRST_TOP_K,
+    LENS,
+    PREFILLED,
+    SLOTS,
+    VERIFY_INPUTS,
+    N,
+)
+from relayc.runtime.rules import check_dim_rules
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -37,11 +50,13 @@ def make_drafting(request: DraftingRequest) -> Drafting:
             "builds an untrained one for tests)"
         )
     head = Eagle3Head.load(directory, request.model)
-    if request.topk > head.draft_vocab_size:
-        raise ValueError(
-            f"`topk` ({request.topk}) exceeds the EAGLE-3 head's draft vocabulary "
-            f"({head.draft_vocab_size} tokens, {directory})"
-        )
+    # The spec's rules, now that the head supplies its draft vocabulary (relayc/specs/eagle3.yaml).
+    check_dim_rules(
+        "eagle3",
+        importlib.import_module(ALGORITHM.module_name).DIM_RULES,
+        {"topk": request.topk, "draft_vocab": head.draft_vocab_size},
+        sources={"draft_vocab": f"the EAGLE-3 head's draft_vocab_size, {directory}"},
+    )
     return tree_drafting("eagle3", head, request)
 
 
@@ -60,12 +75,52 @@ def shipped_drafter(num_steps: int) -> Path:
     return demo_drafter("eagle3", "eagle3")
 
 
+# The ops eagle3.yaml names beyond the shared ones: the inputs of three target layers feed
+# the head's fc; it drafts in its own (reduced) vocabulary, whose ids a d2t map takes to
+# target ids before the tree is built.
+OPS = (
+    Op(
+        "eagle3_prefill",
+        {**SLOTS, **LENS},
+        {**PREFILLED, **FIRST_TOP_K, "hidden_states": TensorType("model", ("hidden",))},
+        doc="target prefill capturing three layers' inputs, then the head over the prompt",
+    ),
+    Op(
+        "eagle3_draft",
+        {**FIRST_TOP_K, "hidden_states": TensorType("model", ("hidden",)), **LENS, **SLOTS},
+        dict(DRAFTING),
+        doc="expand the relayed top-k for num_steps head steps; draft-vocabulary ids",
+    ),
+    Op(
+        "draft_to_target",
+        {"draft_tokens": DRAFTING["draft_tokens"]},
+        {"draft_tokens": TensorType("int64", (f"{N}-1",), doc="the same tokens as target ids")},
+        doc="map draft-vocabulary ids to target ids (the head's d2t)",
+    ),
+    Op(
+        "target_verify_aux",
+        VERIFY_INPUTS,
+        {
+            "logits": TensorType("float32", (N, "vocab")),
+            "aux_hidden_states": TensorType("model", (N, "3*hidden"), doc="three layers' inputs"),
+        },
+        doc="target_verify, returning the inputs of the three layers the head reads",
+    ),
+    Op(
+        "eagle3_draft_extend",
+        {"aux_hidden_states": TensorType("model", (N, "3*hidden")), **EXTEND_INPUTS},
+        {**FIRST_TOP_K, "hidden_states": TensorType("model", ("hidden",))},
+        doc="head over the accepted tokens and their target features; next top-k",
+    ),
+)
+
 ALGORITHM = Algorithm(
     name="eagle3",
     spec=SPECS_DIR / "eagle3.yaml",
     summary="an EAGLE-3 head over three target layers drafts a tree in its own vocabulary",
     make_drafting=make_drafting,
     impls=impls,
+    ops=OPS,
     shipped_drafter=shipped_drafter,
     named_drafters={"smollm2": "smollm2/eagle3"},
     demo=Demo(

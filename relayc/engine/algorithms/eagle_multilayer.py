@@ -15,6 +15,8 @@ from relayc.engine.algorithms.registry import (
     trained_drafter,
 )
 from relayc.engine.checkpoints.shipped import demo_drafter
+from relayc.nodes import Op, TensorType
+from relayc.nodes.signatures import DRAFTING, EXTEND_INPUTS, LENS, PREFILLED, SLOTS, STEP_TOP_K, N
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -67,12 +69,35 @@ def shipped_drafter(num_steps: int) -> Path:
     return directory
 
 
+# The ops eagle_multilayer.yaml names beyond the shared ones.
+OPS = (
+    Op(
+        "mtp_prefill",
+        {**SLOTS, **LENS},
+        {**PREFILLED, **STEP_TOP_K},
+        doc="target prefill, then every draft layer proposes its step",
+    ),
+    Op(
+        "mtp_select",
+        dict(STEP_TOP_K),
+        dict(DRAFTING),
+        doc="drafting results from the relayed per-step top-k",
+    ),
+    Op(
+        "mtp_draft_extend",
+        {"hidden_states": TensorType("model", (N, "hidden")), **EXTEND_INPUTS},
+        dict(STEP_TOP_K),
+        doc="draft layers over the accepted tokens",
+    ),
+)
+
 ALGORITHM = Algorithm(
     name="eagle_multilayer",
     spec=SPECS_DIR / "eagle_multilayer.yaml",
     summary="an MTP drafter, one draft layer per step, all drafted in draft extend",
     make_drafting=make_drafting,
     impls=impls,
+    ops=OPS,
     shipped_drafter=shipped_drafter,
     demo=Demo(toy=(DemoRun({"num_steps": 3, "topk": 1, "num_draft_tokens": 4}),)),
     rank=30,

@@ -14,6 +14,8 @@ from relayc.engine.algorithms.registry import (
     trained_drafter,
 )
 from relayc.engine.checkpoints.shipped import demo_drafter
+from relayc.nodes import Op, TensorType
+from relayc.nodes.signatures import DRAFTING, EXTEND_INPUTS, FIRST_TOP_K, LENS, PREFILLED, SLOTS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -64,12 +66,38 @@ def shipped_drafter(num_steps: int) -> Path:
     return demo_drafter("standalone", "standalone")
 
 
+# The ops standalone.yaml names beyond the shared ones.
+OPS = (
+    Op(
+        "standalone_prefill",
+        {**SLOTS, **LENS},
+        {**PREFILLED, **FIRST_TOP_K, "draft_probs": TensorType("float32", ("vocab",))},
+        doc="target and draft prefill",
+    ),
+    Op(
+        "standalone_draft",
+        {**FIRST_TOP_K, "draft_probs": TensorType("float32", ("vocab",)), **LENS, **SLOTS},
+        {**DRAFTING, "chain_draft_probs": TensorType("float32", ("num_steps", "vocab"))},
+        doc="continue the chain with num_steps - 1 draft forwards",
+    ),
+    Op(
+        "standalone_draft_extend",
+        {
+            k: EXTEND_INPUTS[k]
+            for k in ("accept_tokens", "accept_lens", "seq_lens", "req_pool_indices")
+        },
+        {**FIRST_TOP_K, "draft_probs": TensorType("float32", ("vocab",))},
+        doc="draft model over the accepted tokens; next top-k",
+    ),
+)
+
 ALGORITHM = Algorithm(
     name="standalone",
     spec=SPECS_DIR / "standalone.yaml",
     summary="a small draft model of the target's vocabulary drafts a chain",
     make_drafting=make_drafting,
     impls=impls,
+    ops=OPS,
     shipped_drafter=shipped_drafter,
     dynamic_draft_length=True,
     demo=Demo(

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from relayc.engine.algorithms.ngram import NGRAM_PREFILL, NGRAM_PROPOSE, NGRAM_SPLICE
 from relayc.engine.algorithms.registry import SPECS_DIR, Algorithm, Demo, DemoRun, DraftingRequest
 from relayc.engine.draft.ngram import (
     EMPTY,
@@ -49,7 +50,7 @@ from relayc.engine.draft.ngram import (
     NgramTree,
     pack_tree,
 )
-from relayc.nodes import Op, get_op
+from relayc.nodes import Op
 
 if TYPE_CHECKING:
     from relayc.engine.draft.speculative import Drafting
@@ -278,21 +279,19 @@ def impls() -> Mapping[str, Callable[..., Any]]:
     return {"suffix_propose": impl_ngram_propose, "suffix_splice": impl_suffix_splice}
 
 
-def _renamed(op_name: str, name: str, doc: str) -> Op:
-    op = get_op(op_name)
-    assert op is not None, f"the built-in op `{op_name}` is gone"
+def _renamed(op: Op, name: str, doc: str) -> Op:
     return Op(name, op.inputs, op.outputs, placement=op.placement, doc=doc, effects=op.effects)
 
 
+# n-gram's prefill as it is, its host step and splice under suffix's names.
 OPS = (
+    NGRAM_PREFILL,
     _renamed(
-        "ngram_propose",
+        NGRAM_PROPOSE,
         "suffix_propose",
         "suffix-tree proposals from the request's tokens and earlier outputs (host)",
     ),
-    _renamed(
-        "ngram_splice", "suffix_splice", "pick proposals for the relayed accepted tokens; tree"
-    ),
+    _renamed(NGRAM_SPLICE, "suffix_splice", "pick proposals for the relayed accepted tokens; tree"),
 )
 
 ALGORITHM = Algorithm(
