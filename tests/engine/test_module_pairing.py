@@ -6,6 +6,7 @@ not match (issue 23, class 3). It used to be accepted and fail inside ``generate
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import itertools
 from pathlib import Path
 from types import ModuleType
@@ -62,6 +63,8 @@ def test_every_mismatched_bundled_pair_fails_in_the_constructor(
 def test_each_bundled_module_runs_with_its_own_algorithm(
     model: LlamaForCausalLM, name: str, tmp_path: Path
 ) -> None:
+    if name == "suffix" and importlib.util.find_spec("arctic_inference") is None:
+        pytest.skip("suffix drafts with arctic-inference, not installed: the `suffix` extra")
     draft = None
     if name == "eagle3":  # no head ships for the random target: an untrained one
         draft = Eagle3Head.random(model, seed=1, layer_ids=[0, 1, 2]).save(tmp_path / "head")
