@@ -12,10 +12,11 @@ tree, the rest are scratch for tree drafting (discarded after the step).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import torch
 
-from relayc.engine.draft.ngram import splice_proposals
+from relayc.engine.draft.ngram import NgramProposer, splice_proposals
 from relayc.engine.draft.paged import gather_rows
 from relayc.engine.draft.standalone import DraftConfidence
 from relayc.engine.draft.tree import mtp_select, tree_from_parents
@@ -453,3 +454,19 @@ def impl_ngram_splice(
 def proposer_lock() -> threading.Lock:
     """Held by the engine while it updates n-gram histories on the host thread."""
     return _PROPOSER_LOCK
+
+
+def proposes_nothing(drafter: object, req_pool_indices: Sequence[int]) -> bool:
+    """Whether a lag-keyed host drafter (an ``NgramProposer``: n-gram, suffix) whose history
+    of each request is current would have the decode step verify the root alone for every
+    one of ``req_pool_indices``.
+
+    With the history current, the relayed last accepted token is the host's last token,
+    so the splice takes the row keyed by it, row 0 of ``propose_for_suffixes``: the tree
+    ``propose`` grows (one lookup, where the rows cost one per guess). Any other drafter:
+    False (the caller runs the decode step).
+    """
+    if not isinstance(drafter, NgramProposer):
+        return False
+    with _PROPOSER_LOCK:
+        return all(len(drafter.propose(req).tokens) == 1 for req in req_pool_indices)

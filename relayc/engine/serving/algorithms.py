@@ -59,7 +59,7 @@ from relayc.engine.draft.standalone import DraftConfidence
 from relayc.engine.model.llama import LlamaForCausalLM
 from relayc.engine.ops import implementations
 from relayc.engine.ops.context import StepContext
-from relayc.engine.ops.draft import proposer_lock
+from relayc.engine.ops.draft import proposer_lock, proposes_nothing
 from relayc.engine.ops.registry import checked, declaration
 from relayc.engine.serving.graphs import EAGER, DecodeGraphs
 from relayc.runtime.rules import check_dim_rules
@@ -140,6 +140,14 @@ class DecodeAlgorithm(ABC):
     def draft_modules(self) -> tuple[nn.Module, ...]:
         """The draft model's modules, if any (the engine sets their CPU weight layout)."""
         return ()
+
+    def drafts_nothing(self, req_pool_indices: Sequence[int]) -> bool:
+        """Whether the next decode step of these requests, whose tokens the host has all
+        seen (no step of theirs in flight), would verify the root alone for each: then the
+        scheduler runs a one-token step instead (:mod:`relayc.engine.serving.undrafted`),
+        through :meth:`prefill`, which must leave the relay as such a decode step would.
+        False (the default): always decode."""
+        return False
 
     def on_prompt(self, req_pool_index: int, prompt_ids: list[int]) -> None:  # noqa: B027
         """A request was admitted into ``req_pool_index`` with these prompt tokens."""
@@ -330,6 +338,14 @@ class GeneratedAlgorithm(DecodeAlgorithm):
         drafter = self.drafter
         module = drafter if isinstance(drafter, nn.Module) else getattr(drafter, "model", None)
         return (module,) if isinstance(module, nn.Module) else ()
+
+    def drafts_nothing(self, req_pool_indices: Sequence[int]) -> bool:
+        # A host drafter's relay is the accepted row alone, which a one-token prefill
+        # stashes as a verify of the root alone would (``ngram_prefill``); a draft model's
+        # relay (hidden states, draft KV) is not known to come out the same.
+        if not (self.multi_token and self.drafting.tracks_history):
+            return False
+        return proposes_nothing(self.drafter, req_pool_indices)
 
     # A history-tracking drafter (n-gram) keeps each request's tokens on the host (one
     # iteration behind).

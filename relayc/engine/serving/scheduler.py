@@ -22,6 +22,7 @@ from relayc.engine.serving.algorithms import DecodeAlgorithm, StepOutput
 from relayc.engine.serving.overlap import ForwardRunner, Pending
 from relayc.engine.serving.request import FinishReason, Request
 from relayc.engine.serving.step_batch import DecodeRows, HostStep, StepKind
+from relayc.engine.serving.undrafted import undrafted
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class SchedulerStats:
     accept_steps: int = 0  # decode rows the host counted in a request's accept_lengths
     accept_tokens: int = 0  # tokens those rows emitted (before truncation)
     tail_steps: int = 0  # one-token steps at the context end (counted as accept rows too)
+    undrafted_steps: int = 0  # one-token steps of rows no draft was proposed for (undrafted.py)
     held_steps: int = 0  # iterations that ran a steady batch's recorded step (_held_step)
 
     @property
@@ -238,7 +240,8 @@ class Scheduler:
     def _steady(self, rows: DecodeRows) -> bool:
         """Whether this iteration would schedule ``rows``' decode step and nothing else:
         nothing arrives, waits or prefills, nothing is in flight, and every request of the
-        batch (the whole running batch when ``_held`` was set) goes on decoding."""
+        batch (the whole running batch when ``_held`` was set) goes on decoding, with a draft
+        (else it runs one-token steps: ``undrafted``)."""
         if self.waiting or self.prefilling or self._inflight:
             return False
         if self._arrivals and self._arrivals[0][0] <= self.iteration:
@@ -247,7 +250,7 @@ class Scheduler:
         for request in rows.requests:
             if request.device_done or request.kv_len > limit:
                 return False
-        return True
+        return not undrafted(self.algorithm, rows.requests)
 
     def _held_step(self, rows: DecodeRows) -> list[Request] | None:
         """The steady batch's next iteration without scheduling it: its KV windows and
@@ -363,6 +366,10 @@ class Scheduler:
                 decoding.append(request)
             elif request.inflight == 0:  # else it waits for its steps' tokens
                 tails.append(request)
+        self.stats.tail_steps += len(tails)
+        if undrafted(self.algorithm, decoding):  # one-token steps, as at the context end
+            self.stats.undrafted_steps += len(decoding)
+            tails, decoding = [*tails, *decoding], []
         chunks = self._plan_prefill()
         steps = []
         if chunks or tails:
@@ -455,7 +462,6 @@ class Scheduler:
             request.kv_len += 1
             request.scheduled_samples += 1
             request.inflight += 1
-        self.stats.tail_steps += len(tails)
         for request, n in plan:
             request.kv_len += n  # the scheduler commits prompt KV itself, so it is known now
             request.inflight += 1
