@@ -172,9 +172,6 @@ class HostStep:
     host_slots: np.ndarray | None = None
     host_rows: Sequence[int] = ()
     host_lengths: HostLengths | None = None
-    # Prefill: every row one token after a committed prefix (tail steps, ``undrafted``):
-    # a decode forward's shape, so it runs as one (the one-call native decoder).
-    decode_shaped: bool = False
 
     @classmethod
     def prefill(
@@ -188,11 +185,9 @@ class HostStep:
         requests = [r for r, _ in plan]
         chunks = [r.uncommitted_ids(n) for r, n in plan]
         prefix = [r.kv_len for r in requests]
-        step = cls._build(
+        return cls._build(
             StepKind.PREFILL, requests, chunks, prefix, max(prefix), out_cache_loc, pin
         )
-        step.decode_shaped = all(n == 1 for _, n in plan) and min(prefix) > 0
-        return step
 
     @classmethod
     def decode(
@@ -315,7 +310,7 @@ class HostStep:
             return t if on_host else t.to(device, non_blocking=True)
 
         tree_mask = None
-        if self.kind is StepKind.PREFILL and not self.decode_shaped:
+        if self.kind is StepKind.PREFILL:
             mode = ForwardMode.EXTEND
         elif self.width == 1:
             mode = ForwardMode.DECODE
