@@ -250,26 +250,16 @@ def impl_suffix_splice(
     the device for free (the CPU) and the step is neither recorded nor captured, whose
     replays keep the width they were recorded with, as the standalone drafter's dynamic
     draft length does."""
-    from relayc.engine.draft.ngram import splice_proposals
-    from relayc.engine.draft.tree import tree_from_parents
+    from relayc.engine.ops.draft import splice_tree
     from relayc.runtime.backend import graph_safe
     from relayc.runtime.tape import recording
 
-    tokens, parents, valid = splice_proposals(accept_tokens, accept_lens, proposals, proposal_keys)
-    layout = tree_from_parents(parents, valid, seq_lens, ctx.drafter.max_depth)
+    tree, valid = splice_tree(ctx, accept_tokens, accept_lens, proposals, proposal_keys, seq_lens)
     if ctx.extras is not None:
-        eager = tokens.device.type == "cpu" and not graph_safe() and recording() is None
+        eager = valid.device.type == "cpu" and not graph_safe() and recording() is None
         # Valid nodes lead each row (pack_tree): the widest tree is its count of them.
         ctx.extras["verify_len"] = int(valid.sum(dim=1).max()) if eager else None
-    batch, n = tokens.shape
-    return {
-        "candidates": tokens,
-        "tree_mask": layout.tree_mask,
-        "positions": layout.positions.view(batch, n),
-        "retrive_index": layout.retrive_index,
-        "retrive_next_token": layout.retrive_next_token,
-        "retrive_next_sibling": layout.retrive_next_sibling,
-    }
+    return tree
 
 
 def impls() -> Mapping[str, Callable[..., Any]]:

@@ -438,10 +438,24 @@ def impl_ngram_splice(
     proposal_keys: torch.Tensor,
     seq_lens: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
+    tree, _ = splice_tree(ctx, accept_tokens, accept_lens, proposals, proposal_keys, seq_lens)
+    return tree
+
+
+def splice_tree(
+    ctx: StepContext,
+    accept_tokens: torch.Tensor,
+    accept_lens: torch.Tensor,
+    proposals: torch.Tensor,
+    proposal_keys: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A host drafter's proposals spliced onto the accepted tokens as a verify tree (the
+    splice step's outputs), and which of each row's nodes are valid (leading each row)."""
     tokens, parents, valid = splice_proposals(accept_tokens, accept_lens, proposals, proposal_keys)
     layout = tree_from_parents(parents, valid, seq_lens, ctx.drafter.max_depth)
     batch, n = tokens.shape
-    return {
+    tree = {
         "candidates": tokens,
         "tree_mask": layout.tree_mask,
         "positions": layout.positions.view(batch, n),
@@ -449,6 +463,7 @@ def impl_ngram_splice(
         "retrive_next_token": layout.retrive_next_token,
         "retrive_next_sibling": layout.retrive_next_sibling,
     }
+    return tree, valid
 
 
 def proposer_lock() -> threading.Lock:
